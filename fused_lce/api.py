@@ -1,0 +1,248 @@
+"""Public API: ``linear_cross_entropy``, ``LinearCrossEntropy``, ``backend_info``.
+
+Validation and option normalisation happen here, once, for every backend; the math runs in the registered
+custom op ``torch.ops.fused_lce.forward`` (see ``fused_lce.ops``).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from . import backends, ops  # noqa: F401  (importing ops registers torch.ops.fused_lce.*)
+
+REDUCTIONS = ("mean", "sum", "none")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_LABEL_DTYPES = (torch.int64, torch.int32)
+
+
+class LCEOutput(NamedTuple):
+    """What ``return_stats=True`` returns. ``lse`` (float32, per token, detached) and ``token_accuracy``
+    (fraction of valid tokens whose first argmax logit is the label) are statistics, not differentiable."""
+
+    loss: torch.Tensor
+    lse: torch.Tensor
+    token_accuracy: torch.Tensor
+    n_valid: torch.Tensor
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    shift: bool = False,
+    num_items: Union[None, int, float, torch.Tensor] = None,
+    return_stats: bool = False,
+    process_group=None,
+    backend: str = "auto",
+    validate: bool = True,
+    tile_budget_mb: Optional[float] = None,
+) -> Union[torch.Tensor, LCEOutput]:
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``labels`` without materialising the logits.
+
+    Args:
+        hidden: ``(..., D)`` float32/bfloat16/float16 activations.
+        weight: ``(V, D)`` output-layer weight, same dtype as ``hidden`` (under autocast both are cast to the
+            autocast dtype, as ``F.linear`` would). With ``process_group`` it is this rank's contiguous shard.
+        labels: ``hidden.shape[:-1]`` int64/int32 class ids (global ids with ``process_group``).
+        bias: optional ``(V,)`` bias.
+        ignore_index: label value that contributes no loss and no gradient.
+        reduction: ``"mean"`` (sum / ``num_items`` or / number of valid tokens), ``"sum"`` or ``"none"``.
+        label_smoothing: in [0, 1]; matches ``F.cross_entropy(label_smoothing=...)``.
+        z_loss: >= 0; adds ``z_loss * lse**2`` per valid token.
+        softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
+        shift: causal-LM shift: ``hidden[..., t, :]`` predicts ``labels[..., t + 1]``, without copying hidden.
+        num_items: divisor for ``"mean"`` instead of the count of valid tokens (HF ``num_items_in_batch``).
+        return_stats: return ``LCEOutput(loss, lse, token_accuracy, n_valid)`` instead of the loss.
+        process_group: vocab-parallel group; ``weight``/``bias`` hold this rank's shard, every rank gets the
+            loss of the unsharded problem, the full dX and its own dW shard.
+        backend: ``"auto"`` or one of ``fused_lce.backends.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
+        validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
+            that token a NaN loss (and NaN gradients), never an out-of-bounds read.
+        tile_budget_mb: bytes of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
+            the backend's default).
+
+    Returns:
+        float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``).
+    """
+    _check_tensor("hidden", hidden)
+    _check_tensor("weight", weight)
+    _check_tensor("labels", labels)
+    if hidden.dtype not in _FLOATS:
+        raise TypeError(f"hidden: expected dtype float32, bfloat16 or float16, got {hidden.dtype}")
+    if hidden.dim() < 1:
+        raise ValueError("hidden: expected shape (..., D) with at least one dimension, got a 0-dim tensor")
+    d = hidden.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != d:
+        raise ValueError(f"weight: expected shape (V, D) with D = hidden.shape[-1] = {d}, got {tuple(weight.shape)}")
+    if labels.dtype not in _LABEL_DTYPES:
+        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    if tuple(labels.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"labels: expected shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
+                         f"got {tuple(labels.shape)}")
+    v = weight.shape[0]
+    if bias is not None:
+        _check_tensor("bias", bias)
+        if tuple(bias.shape) != (v,):
+            raise ValueError(f"bias: expected shape (V,) = ({v},), got {tuple(bias.shape)}")
+    hidden, weight, bias = _common_dtype(hidden, weight, bias)
+    for name, t in (("weight", weight), ("labels", labels), ("bias", bias)):
+        if t is not None and t.device != hidden.device:
+            raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+    label_smoothing = _number("label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing: expected a value in [0, 1], got {label_smoothing}")
+    z_loss = _number("z_loss", z_loss)
+    if not z_loss >= 0.0:
+        raise ValueError(f"z_loss: expected a value >= 0, got {z_loss}")
+    if softcap is not None:
+        softcap = _number("softcap", softcap)
+        if not softcap > 0.0 or softcap == float("inf"):
+            raise ValueError(f"softcap: expected a finite value > 0 or None, got {softcap}")
+    if not isinstance(backend, str) or backend not in ("auto",) + backends.NAMES:
+        raise ValueError(f"backend: expected one of {('auto',) + backends.NAMES}, got {backend!r}")
+    if tile_budget_mb is not None:
+        tile_budget_mb = _number("tile_budget_mb", tile_budget_mb)
+        if not tile_budget_mb > 0:
+            raise ValueError(f"tile_budget_mb: expected a value > 0 or None, got {tile_budget_mb}")
+    num_items_t = _num_items(num_items, hidden.device)
+
+    out_shape = tuple(labels.shape)
+    if shift:
+        if hidden.dim() < 2:
+            raise ValueError("shift=True: hidden needs a sequence dimension, expected shape (..., T, D), "
+                             f"got {tuple(hidden.shape)}")
+        # shift the labels, not the hidden states: position t is scored against label t+1 and the last
+        # position against ignore_index, so hidden is used as is (no copy) and its last row gets zero gradient
+        pad = torch.full_like(labels[..., :1], ignore_index)
+        labels = torch.cat([labels[..., 1:], pad], dim=-1)
+        out_shape = out_shape[:-1] + (max(out_shape[-1] - 1, 0),)
+
+    group_name, vocab_start, vocab_total = "", 0, 0
+    if process_group is not None:
+        from . import distributed
+
+        vocab_start, vocab_total = distributed.shard_layout(process_group, v)
+        group_name = process_group.group_name
+    total = vocab_total or v
+
+    h2 = hidden.reshape(-1, d)
+    y = labels.reshape(-1)
+    if validate and not torch.compiler.is_compiling() and y.numel() > 0:
+        bad = (y != ignore_index) & ((y < 0) | (y >= total))
+        if bool(bad.any()):
+            raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
+                             f"got {int(y[bad][0])}")
+
+    grad_on = torch.is_grad_enabled()
+    grad_mask = [grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+                 grad_on and bias is not None and bias.requires_grad]
+    tile_bytes = int(tile_budget_mb * 2**20) if tile_budget_mb is not None else 0
+    loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(
+        h2, weight, y, bias, num_items_t, reduction, int(ignore_index), label_smoothing, z_loss,
+        softcap or 0.0, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask)
+
+    if reduction == "none":
+        loss = _unshift(loss, labels.shape, out_shape)
+    if not return_stats:
+        return loss
+    n_valid = (y != ignore_index).sum()
+    accuracy = correct.sum().to(torch.float32) / n_valid.clamp(min=1).to(torch.float32)
+    return LCEOutput(loss, _unshift(lse, labels.shape, out_shape), accuracy, n_valid)
+
+
+class LinearCrossEntropy(torch.nn.Module):
+    """``nn.Module`` form of :func:`linear_cross_entropy`; the options are fixed at construction.
+    ``forward(hidden, weight, labels, bias=None)``."""
+
+    def __init__(self, **options):
+        super().__init__()
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise TypeError(f"LinearCrossEntropy: unexpected option(s) {sorted(unknown)}; "
+                            f"expected any of {sorted(_OPTION_NAMES)}")
+        self.options = options
+
+    def forward(self, hidden, weight, labels, bias=None):
+        return linear_cross_entropy(hidden, weight, labels, bias, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if k != "process_group")
+
+
+_OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift", "num_items",
+                 "return_stats", "process_group", "backend", "validate", "tile_budget_mb"}
+
+
+def backend_info() -> dict:
+    """Which backends exist on this host: ``{name: {"available": bool, "reason": str | None, "devices": [...]}}``,
+    plus ``"auto"``: the backend ``backend="auto"`` picks for each device type present."""
+    info = backends.info()
+    auto = {}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if hasattr(torch, "npu"):
+        devices.append("npu")
+    for dev in devices:
+        order = backends.AUTO_ORDER.get(dev, ("torch",))
+        auto[dev] = next((n for n in order if info[n]["available"]), "torch")
+    info["auto"] = auto
+    return info
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def _number(name, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def _num_items(num_items, device):
+    if num_items is None:
+        return None
+    if isinstance(num_items, torch.Tensor):
+        if num_items.numel() != 1:
+            raise ValueError(f"num_items: expected a number or a one-element tensor, got shape "
+                             f"{tuple(num_items.shape)}")
+        return num_items.detach().reshape(()).to(device)
+    if isinstance(num_items, bool) or not isinstance(num_items, numbers.Real):
+        raise TypeError(f"num_items: expected None, a number or a one-element tensor, got {type(num_items).__name__}")
+    if not num_items >= 0:
+        raise ValueError(f"num_items: expected a value >= 0, got {num_items}")
+    return torch.tensor(float(num_items), device=device)
+
+
+def _common_dtype(hidden, weight, bias):
+    """Same dtype for all operands; under autocast the autocast dtype, as F.linear would use."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev) if dev in ("cpu", "cuda", "npu") else False:
+        dt = torch.get_autocast_dtype(dev)
+        cast = lambda t: t if t is None or t.dtype == dt else t.to(dt)  # noqa: E731
+        return cast(hidden), cast(weight), cast(bias)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != hidden.dtype:
+            raise TypeError(f"{name}: expected dtype {hidden.dtype} (same as hidden), got {t.dtype}")
+    return hidden, weight, bias
+
+
+def _unshift(t, shifted_shape, out_shape):
+    t = t.reshape(shifted_shape)
+    if tuple(shifted_shape) != tuple(out_shape):
+        t = t[..., : out_shape[-1]]
+    return t
