@@ -4,3 +4,12 @@ from .api import LCEOutput, LinearCrossEntropy, backend_info, linear_cross_entro
 
 __version__ = "0.1.0"
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LCEOutput", "backend_info", "__version__"]
+
+
+def __getattr__(name):
+    # the HF patchers live outside the core (fused_lce.integrations.hf) and import transformers lazily
+    if name.startswith(("patch", "unpatch")):
+        from .integrations import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module 'fused_lce' has no attribute {name!r}")

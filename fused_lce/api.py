@@ -42,6 +42,7 @@ def linear_cross_entropy(
     num_items: Union[None, int, float, torch.Tensor] = None,
     return_stats: bool = False,
     process_group=None,
+    sequence_parallel: bool = False,
     backend: str = "auto",
     validate: bool = True,
     tile_budget_mb: Optional[float] = None,
@@ -64,6 +65,8 @@ def linear_cross_entropy(
         return_stats: return ``LCEOutput(loss, lse, token_accuracy, n_valid)`` instead of the loss.
         process_group: vocab-parallel group; ``weight``/``bias`` hold this rank's shard, every rank gets the
             loss of the unsharded problem, the full dX and its own dW shard.
+        sequence_parallel: with ``process_group``: ``hidden`` holds this rank's slice of the tokens (Megatron
+            sequence parallelism); see ``fused_lce.distributed.gather_sequence_parallel``.
         backend: ``"auto"`` or one of ``fused_lce.backends.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
         validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
@@ -76,6 +79,13 @@ def linear_cross_entropy(
     _check_tensor("hidden", hidden)
     _check_tensor("weight", weight)
     _check_tensor("labels", labels)
+    if sequence_parallel:
+        if process_group is None:
+            raise ValueError("sequence_parallel=True: expected a process_group, got None")
+        from . import distributed
+
+        # all-gather the token shards (autograd: the backward hands each rank its own rows of dX)
+        hidden = distributed.gather_sequence_parallel(hidden, process_group)
     if hidden.dtype not in _FLOATS:
         raise TypeError(f"hidden: expected dtype float32, bfloat16 or float16, got {hidden.dtype}")
     if hidden.dim() < 1:
@@ -183,7 +193,7 @@ class LinearCrossEntropy(torch.nn.Module):
 
 
 _OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift", "num_items",
-                 "return_stats", "process_group", "backend", "validate", "tile_budget_mb"}
+                 "return_stats", "process_group", "sequence_parallel", "backend", "validate", "tile_budget_mb"}
 
 
 def backend_info() -> dict:

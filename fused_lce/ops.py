@@ -174,3 +174,8 @@ def _backward(ctx, g_loss, *_unused):
 
 
 torch.library.register_autograd("fused_lce::forward", _backward, setup_context=_setup_context, lib=_lib)
+
+
+# A compiled backend registers its native kernels when its module imports (the C++ CPU kernel owns the CPU key
+# from then on), so load it now: dispatch must not change half-way through a run. Failure is recorded, not raised.
+backends.load("cpp")
