@@ -71,6 +71,23 @@ def _empty(t):
     return t.new_empty(0)
 
 
+def _no_autocast(fn):
+    """Backends pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast the
+    fp32 tile GEMMs inside them."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        dev = args[1].device.type
+        if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+            with torch.autocast(dev, enabled=False):
+                return fn(*args)
+        return fn(*args)
+
+    return wrapper
+
+
+@_no_autocast
 def _forward_kernel(hidden, weight, labels, bias, num_items, reduction, ignore_index, label_smoothing, z_loss,
                     softcap, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
     cfg = _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes)
@@ -92,6 +109,7 @@ def _forward_kernel(hidden, weight, labels, bias, num_items, reduction, ignore_i
             _empty(weight) if r.grad_bias is None else r.grad_bias)
 
 
+@_no_autocast
 def _backward_kernel(grad_loss, hidden, weight, labels, bias, lse, ignore_index, label_smoothing, z_loss, softcap,
                      backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
     cfg = _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes)
