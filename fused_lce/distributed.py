@@ -1,9 +1,19 @@
-"""The combine step for a vocab-parallel group: the only place where distributed code touches the math.
+"""Vocab- and sequence-parallel support over ``torch.distributed`` (NCCL, HCCL, gloo: whatever the group uses).
 
-Each rank holds a contiguous shard of the vocabulary. Per token it knows its shard's running max ``m``,
-``s = sum exp(z - m)``, the target logit (0 unless the label is in its shard), ``sum z`` and the first argmax
-(as a global id). ``combine_stats`` turns them into global statistics with three all-reduces of O(N) bytes;
-no logits and no weights ever cross ranks.
+Vocabulary parallelism. Each rank of a group holds a contiguous shard of the vocabulary (rank order = vocabulary
+order; shards may be uneven, one may even be empty). Per token, a backend's statistics pass yields its shard's
+running max ``m``, ``s = sum exp(z - m)``, the target logit (0 unless the label is in the shard), ``sum z`` and the
+first argmax (a global id). :func:`combine_stats` turns them into the global statistics with ONE all-gather of
+20 bytes per token; no logits and no weights ever cross ranks. The gradient pass then gives each rank its own dW
+shard and a partial dX (``dz_shard @ W_shard``) that :func:`all_reduce_sum_` sums in float32.
+
+Sequence parallelism (Megatron SP). :func:`gather_sequence_parallel` all-gathers the token shards of ``hidden``
+(autograd-aware: its backward hands each rank its own rows of dX).
+
+Collective sequence per call of the op, identical on every rank (a collective that one rank skips deadlocks):
+``shard_layout`` (api), ``agree_token_blocks`` (backend, once per statistics pass), one ``combine_stats`` per token
+block, one dX all-reduce. :func:`comm_bytes` is the documented per-step volume; tests/test_distributed.py counts
+the bytes handed to ``torch.distributed`` and asserts it.
 """
 from __future__ import annotations
 
@@ -11,56 +21,230 @@ from typing import Optional
 
 import torch
 
+# bytes of per-token statistics each rank contributes to combine_stats: m, s, target, sum z (float32) + argmax (int32)
+STATS_BYTES_PER_TOKEN = 20
 
-def resolve_group(group_name: str):
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def resolve_group(name: str):
     """The ProcessGroup registered under ``group_name`` ("" means none)."""
-    if not group_name:
+    if not name:
         return None
-    import torch.distributed as dist
-
-    return dist.distributed_c10d._resolve_process_group(group_name)
+    return _dist().distributed_c10d._resolve_process_group(name)
 
 
+def comm_device(process_group) -> torch.device:
+    """Device on which small host-side control tensors must live for this group's backend."""
+    backend = str(_dist().get_backend(process_group)).lower()
+    if "gloo" in backend or "mpi" in backend:  # includes "cpu:gloo,cuda:nccl"
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    if "hccl" in backend:
+        return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
+    return torch.device("cpu")
+
+
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """``out`` (world * rows, ...) <- concatenation of every rank's ``inp`` (rows, ...) along dim 0."""
+    dist = _dist()
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    fn(out, inp, group=group)
+
+
+def _reduce_scatter_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """``out`` (rows, ...) <- this rank's block of rows of the sum over ranks of ``inp`` (world * rows, ...)."""
+    dist = _dist()
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.13
+    fn(out, inp, op=dist.ReduceOp.SUM, group=group)
+
+
+# ------------------------------------------------------------------------------------------- vocab parallel
 def shard_layout(process_group, local_vocab: int) -> tuple[int, int]:
-    """(vocab_start, vocab_total) of this rank's contiguous shard; uneven shards allowed (one all_gather)."""
-    import torch.distributed as dist
-
+    """(vocab_start, vocab_total) of this rank's contiguous shard; uneven shards allowed (one all-gather of 8 bytes
+    per rank, and a host sync)."""
+    dist = _dist()
     world = dist.get_world_size(process_group)
-    device = "cuda" if dist.get_backend(process_group) == "nccl" else "cpu"
-    mine = torch.tensor([local_vocab], dtype=torch.int64, device=device)
-    sizes = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(sizes, mine, group=process_group)
-    sizes = [int(t.item()) for t in sizes]
+    mine = torch.tensor([int(local_vocab)], dtype=torch.int64, device=comm_device(process_group))
+    sizes = torch.empty(world, dtype=torch.int64, device=mine.device)
+    _all_gather_flat(sizes, mine, process_group)
+    sizes = sizes.tolist()
     rank = dist.get_rank(process_group)
     return sum(sizes[:rank]), sum(sizes)
 
 
+def agree_token_blocks(block: int, n_tokens: int, group_name: str) -> int:
+    """The token-block size every rank of the group must use: the smallest one proposed.
+
+    A backend that calls :func:`combine_stats` once per token block must run the same number of blocks (of the
+    same sizes) on every rank, but a plan derived from the local shard size differs between uneven shards (and a
+    collective-size mismatch aborts gloo / hangs NCCL). Taking the minimum keeps every rank within its own tile
+    budget (a smaller block needs less memory). Also checks that every rank has the same number of tokens.
+    One all-reduce of 24 bytes and a host sync; returns ``block`` unchanged without a group.
+    """
+    group = resolve_group(group_name)
+    if group is None:
+        return block
+    dist = _dist()
+    t = torch.tensor([int(block), int(n_tokens), -int(n_tokens)], dtype=torch.int64, device=comm_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    lo, hi = int(t[1]), -int(t[2])
+    if lo != hi:  # every rank sees the same reduced values, so every rank raises
+        raise ValueError(f"hidden/labels: every rank of a vocab-parallel group must hold the same tokens, "
+                         f"got between {lo} and {hi} tokens across ranks (this rank: {n_tokens})")
+    return max(1, int(t[0]))
+
+
 def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: torch.Tensor,
                   argmax: torch.Tensor, group_name: str):
-    """Global (max, sum-exp relative to it, target logit, sum of logits, first argmax) over the group."""
+    """Global (max, sum-exp relative to it, target logit, sum of logits, first argmax) over the group.
+
+    One all-gather of the packed (5, n) float32 statistics (argmax as int32 bits; global ids < 2**31), then the
+    same reduction, in rank order, on every rank, so every rank gets bit-identical results.
+    """
     group = resolve_group(group_name)
     if group is None:
         return m, s, target, zsum, argmax
-    import torch.distributed as dist
-
-    m_all = m.clone()
-    dist.all_reduce(m_all, op=dist.ReduceOp.MAX, group=group)
-    # rescale this shard's sum-exp to the global max; a shard whose max is -inf contributes nothing
-    scale = torch.where(m == m_all, torch.ones_like(m), torch.exp(m - m_all))
-    packed = torch.stack([s * scale, target, zsum])
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
+    world = _dist().get_world_size(group)
+    f32 = torch.float32
+    packed = torch.stack([m.to(f32), s.to(f32), target.to(f32), zsum.to(f32),
+                          argmax.to(torch.int32).view(f32)])  # bit copy: the gather moves bytes, no arithmetic
+    allst = packed.new_empty((world * packed.shape[0], packed.shape[1]))  # gloo wants a dim-0 concatenation
+    _all_gather_flat(allst, packed, group)
+    allst = allst.view(world, *packed.shape)
+    ms, ss = allst[:, 0], allst[:, 1]
+    m_all = ms.amax(dim=0)
+    # rescale each shard's sum-exp to the global max; a shard whose max is -inf (or equals the global) scales by 1
+    top = ms == m_all
+    scale = torch.where(top, torch.ones_like(ms), torch.exp(ms - m_all))
+    s_all = (ss * scale).sum(dim=0)
     # first argmax: among the shards holding the global max, the lowest global id
-    sentinel = torch.iinfo(torch.int64).max
-    cand = torch.where(m == m_all, argmax, torch.full_like(argmax, sentinel))
-    dist.all_reduce(cand, op=dist.ReduceOp.MIN, group=group)
-    return m_all, packed[0], packed[1], packed[2], cand
+    ids = allst[:, 4].contiguous().view(torch.int32).to(torch.int64)
+    cand = torch.where(top, ids, torch.full_like(ids, torch.iinfo(torch.int64).max))
+    return (m_all.to(m.dtype), s_all.to(s.dtype), allst[:, 2].sum(dim=0).to(target.dtype),
+            allst[:, 3].sum(dim=0).to(zsum.dtype), cand.amin(dim=0).to(argmax.dtype))
 
 
 def all_reduce_sum_(t: Optional[torch.Tensor], group_name: str) -> Optional[torch.Tensor]:
     """Sum ``t`` over the group in place (the full dX: every shard contributes dz_shard @ W_shard)."""
     group = resolve_group(group_name)
     if group is not None and t is not None:
-        import torch.distributed as dist
-
+        dist = _dist()
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t
+
+
+# ---------------------------------------------------------------------------------------- sequence parallel
+class _GatherTokens(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, group, dim, grad_is_partial):
+        dist = _dist()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        x = hidden.movedim(dim, 0).contiguous()  # no copy for dim 0 of a contiguous tensor
+        out = x.new_empty((world * x.shape[0],) + tuple(x.shape[1:]))
+        _all_gather_flat(out, x, group)
+        ctx.group, ctx.dim, ctx.rank, ctx.rows, ctx.partial = group, dim, rank, x.shape[0], grad_is_partial
+        return out.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.movedim(ctx.dim, 0)
+        if ctx.partial:  # each rank holds its own contribution to every row: sum them, keep this rank's rows
+            out = g.new_empty((ctx.rows,) + tuple(g.shape[1:]))
+            _reduce_scatter_flat(out, g.contiguous(), ctx.group)
+        else:  # the gradient is already summed over the group (the op all-reduces dX): keep this rank's rows
+            out = g[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+        return out.movedim(0, ctx.dim), None, None, None
+
+
+def gather_sequence_parallel(hidden: torch.Tensor, process_group, dim: int = 0, *,
+                             grad_is_partial: bool = False) -> torch.Tensor:
+    """All-gather the token shards of ``hidden`` along ``dim`` (in rank order), differentiably.
+
+    ``dim = 0`` is the layout of Megatron sequence parallelism, ``[s/tp, b, h] -> [s, b, h]``, and of flattened
+    ``(N/tp, D) -> (N, D)`` tokens; ``linear_cross_entropy(sequence_parallel=True)`` uses it, so its ``labels`` must
+    be the full ``[s, b]`` (or ``(N,)``) of the gathered rows. For an HF-style ``[b, s/tp, h]`` shard use ``dim=1``
+    (or pass ``hidden.transpose(0, 1)`` with ``labels.t()`` to the API). Every rank must hold the same number of
+    rows (as in Megatron: ``s`` divisible by the group size).
+
+    Backward: with ``grad_is_partial=False`` the incoming gradient is assumed to be already summed over the group
+    (``fused_lce``'s op all-reduces dX), so this rank's rows are sliced out (no communication); with True it is a
+    per-rank partial sum and a reduce-scatter sums it and keeps this rank's rows (half an all-reduce's traffic).
+    """
+    if process_group is None or _dist().get_world_size(process_group) == 1:
+        return hidden
+    if hidden.dim() < 2:
+        raise ValueError(f"hidden: sequence_parallel needs shape (..., D) with a token dimension, "
+                         f"got {tuple(hidden.shape)}")
+    nd = hidden.dim() - 1  # the last dimension is D, never gathered
+    if not -nd <= dim < nd:
+        raise ValueError(f"dim: expected a token dimension of hidden in [{-nd}, {nd}), got {dim}")
+    return _GatherTokens.apply(hidden, process_group, dim % hidden.dim(), bool(grad_is_partial))
+
+
+def sp_gather_rows(hidden: torch.Tensor, group_name: str, n_tokens: int) -> torch.Tensor:
+    """For an op that receives this rank's (N/world, D) token rows and the full (N,) labels: the (N, D) rows of
+    the whole group (one all-gather); ``hidden`` itself when there is no group or it already has ``n_tokens`` rows.
+    Not differentiable (meant for inside a custom op; pair it with :func:`reduce_grad_rows`)."""
+    group = resolve_group(group_name)
+    if group is None or hidden.shape[0] == n_tokens:
+        return hidden
+    world = _dist().get_world_size(group)
+    if hidden.shape[0] * world != n_tokens:
+        raise ValueError(f"hidden: expected {n_tokens} // {world} token rows per rank (sequence parallel), "
+                         f"got {hidden.shape[0]}")
+    out = hidden.new_empty((n_tokens,) + tuple(hidden.shape[1:]))
+    _all_gather_flat(out, hidden.contiguous(), group)
+    return out
+
+
+def reduce_grad_rows(grad: torch.Tensor, group_name: str, local_rows: int) -> torch.Tensor:
+    """Sum a per-rank partial dX over the group: an in-place all-reduce when every rank keeps all rows, a
+    reduce-scatter to this rank's ``local_rows`` rows under sequence parallelism (half the traffic)."""
+    group = resolve_group(group_name)
+    if group is None:
+        return grad
+    if grad.shape[0] == local_rows:
+        return all_reduce_sum_(grad, group_name)
+    out = grad.new_empty((local_rows,) + tuple(grad.shape[1:]))
+    _reduce_scatter_flat(out, grad.contiguous(), group)
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- volume
+def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad_hidden: bool = True,
+               sequence_parallel: bool = False, hidden_itemsize: int = 4, sp_reduce_scatter: bool = False,
+               block_agreement: bool = True) -> dict[str, int]:
+    """Bytes this rank hands to each kind of collective in one forward + backward of the loss (payload: the
+    input tensor's size; the wire traffic of ring algorithms is ``(world-1) x`` that for an all-gather,
+    ``2 (world-1)/world x`` for an all-reduce and ``(world-1)/world x`` for a reduce-scatter).
+
+    ``n_tokens`` = N, the tokens of the whole problem (after the sequence-parallel gather), ``token_blocks`` = the
+    number of statistics blocks the backend ran (== the number of ``combine_stats`` calls; only the tiny
+    per-collective latency depends on it, not the volume):
+
+    - all_gather: ``8`` (shard sizes) + ``20 N`` (statistics) [+ ``N/world * D * itemsize`` under SP: hidden]
+    - all_reduce: ``24`` (block agreement; 0 with ``block_agreement=False``, for a backend that plans its token
+      blocks without it) + ``4 N D`` when dX is wanted (float32 partial dX), except with ``sp_reduce_scatter``
+      where dX goes to
+    - reduce_scatter: ``4 N D`` (float32 partial dX in, this rank's ``N/world`` rows out).
+
+    The logits-gathering alternative hands ``N * V/world * 4`` bytes to an all-gather (float32 logits) and the
+    same for their gradient; the statistics cost ``20 / (4 V / world)`` of that, e.g. 1/30000 at V=152k, TP=8.
+    """
+    del token_blocks  # documented above: the volume does not depend on it
+    if world <= 1:
+        return {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0}
+    gather = 8 + STATS_BYTES_PER_TOKEN * n_tokens
+    if sequence_parallel:
+        gather += (n_tokens // world) * d * hidden_itemsize
+    dx = 4 * n_tokens * d if grad_hidden else 0
+    agree = 24 if block_agreement else 0
+    if sp_reduce_scatter and sequence_parallel:
+        return {"all_gather": gather, "all_reduce": agree, "reduce_scatter": dx}
+    return {"all_gather": gather, "all_reduce": agree + dx, "reduce_scatter": 0}

@@ -165,17 +165,27 @@ def _setup_context(ctx, inputs, output):
     ctx.reduction = reduction
     ctx.fused = reduction != "none" and any(grad_mask)
     ctx.mark_non_differentiable(lse, correct, dh, dw, db)
-    ctx.save_for_backward(hidden, weight, labels, bias, num_items, lse, dh, dw, db)
+    ctx.save_for_backward(hidden, weight, labels, bias, num_items, lse)
+    # held outside save_for_backward: they are scaled in place by the first backward (no version-counter check)
+    ctx.precomputed = (dh, dw, db)
 
 
 def _backward(ctx, g_loss, *_unused):
-    hidden, weight, labels, bias, num_items, lse, dh, dw, db = ctx.saved_tensors
+    hidden, weight, labels, bias, num_items, lse = ctx.saved_tensors
+    dh, dw, db = ctx.precomputed
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
     out = [None, None, None]
-    if ctx.fused:
+    if ctx.fused and dh is not None:
+        # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory (dW is
+        # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
+        # Traced (FakeTensor/FunctionalTensor subclasses): out of place, the compiler plans the buffers.
+        eager = all(type(t) is torch.Tensor for t in (dh, dw, db, g_loss))
+        if eager:
+            ctx.precomputed = (None, None, None)
         for k, pre in enumerate((dh, dw, db)):
             if want[k] and pre.numel() > 0:
-                out[k] = pre * g_loss  # exact when the upstream gradient is 1 (the usual case)
+                g = g_loss.to(pre.dtype)  # exact when the upstream gradient is 1 (the usual case)
+                out[k] = pre.mul_(g) if eager else pre * g
     missing = tuple(want[k] and out[k] is None for k in range(3))
     if any(missing):
         n = labels.shape[0]

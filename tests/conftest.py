@@ -49,7 +49,7 @@ def rel_err(a, b):
 
 
 # bound on ||ours - fp64|| / ||fp64|| for each input dtype (gradients are returned in the input dtype)
-GRAD_TOL = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
+GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 LOSS_TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-5, torch.float16: 2e-5}
 
 

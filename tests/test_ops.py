@@ -146,3 +146,17 @@ def test_compile_fullgraph(bd, compiler):
     torch.testing.assert_close(loss_c, loss_e)
     torch.testing.assert_close(gh_c, gh_e)
     torch.testing.assert_close(gw_c, gw_e)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_retain_graph_second_backward(bd):
+    """The forward-computed gradients are scaled in place; a second backward must still be right."""
+    backend, device = bd
+    h, w, y, b, *_ = _fwd_args(device, "mean", OPT_VARIANTS["all"], backend)
+    o = OPT_VARIANTS["all"]
+    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, label_smoothing=o["label_smoothing"],
+                                          z_loss=o["z_loss"], softcap=o["softcap"])
+    g1 = torch.autograd.grad(loss * 3.0, (h, w, b), retain_graph=True)
+    g2 = torch.autograd.grad(loss * 3.0, (h, w, b))
+    for a, c in zip(g1, g2):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)

@@ -80,6 +80,14 @@ class _Problem:
             return torch.mm(a.to(self.h.dtype), b.to(self.h.dtype), out_dtype=torch.float32)
         return a.float() @ b.float()
 
+    def addmm_(self, acc, a, b):
+        """acc += a @ b in place (no temporary the size of acc), fp32 accumulation."""
+        if self.native_lowp:
+            lp = self.h.dtype
+            torch.addmm(acc, a.to(lp), b.to(lp), out_dtype=torch.float32, out=acc)
+        else:
+            acc.addmm_(a if a.dtype == torch.float32 else a.float(), b if b.dtype == torch.float32 else b.float())
+
     def logits(self, h, v0, v1, w=None):
         z = self.mm(h, (self.w_tile(v0, v1) if w is None else w).t())
         if self.b is not None:
@@ -147,9 +155,9 @@ class _Problem:
             if mask[2]:
                 db_acc[v0:v1] += dz.sum(dim=0)
             if mask[0]:
-                dh_acc[i0:i1] += self.mm(dz, wt)
+                self.addmm_(dh_acc[i0:i1], dz, wt)
             if mask[1]:
-                dw_acc[v0:v1] += self.mm(dz.t(), h)
+                self.addmm_(dw_acc[v0:v1], dz.t(), h)
             if kept:
                 kept[k] = None  # free the tile as soon as it is used
 

@@ -1,0 +1,307 @@
+"""``fused-lce bench``: the plain path (F.linear + F.cross_entropy) against every available backend, on this device.
+
+Times forward+backward of the mean loss (median of ``--repeat`` runs after ``--warmup``), measures peak extra
+memory (CUDA: ``max_memory_allocated`` minus what was allocated before; CPU: RSS sampled every millisecond minus RSS
+before), and the errors against a float64 reference (loss absolute error, relative L2 error of dX and dW).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+PRESETS = {  # LM heads: (hidden size, vocabulary)
+    "qwen2.5-0.5b": (896, 151936),
+    "qwen2.5-1.5b": (1536, 151936),
+    "qwen2.5-3b": (2048, 151936),
+    "qwen2.5-7b": (3584, 152064),
+    "qwen2.5-14b": (5120, 152064),
+    "qwen2.5-32b": (5120, 152064),
+    "qwen3-0.6b": (1024, 151936),
+    "qwen3-1.7b": (2048, 151936),
+    "qwen3-4b": (2560, 151936),
+    "qwen3-8b": (4096, 151936),
+    "qwen3-14b": (5120, 151936),
+    "qwen3-32b": (5120, 151936),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _RssSampler:
+    """Peak resident set size of this process while the block runs (Linux /proc; 0 elsewhere)."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+
+    @staticmethod
+    def rss() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.001)
+
+    def __enter__(self):
+        self.base = self.rss()
+        self.peak = self.base
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def _plain(h, w, y, tile_mb):
+    return F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-100)
+
+
+def _fused(name):
+    import fused_lce
+
+    def run(h, w, y, tile_mb):
+        return fused_lce.linear_cross_entropy(h, w, y, backend=name, tile_budget_mb=tile_mb)
+
+    return run
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
+    """(median seconds, peak extra bytes, loss, dX, dW) of forward+backward."""
+    def step():
+        h.grad = None
+        w.grad = None
+        loss = fn(h, w, y, tile_mb)
+        loss.backward()
+        return loss
+
+    for _ in range(warmup):
+        step()
+    h.grad = None  # measure from a state without gradients, so each timed step allocates its own
+    w.grad = None
+    _sync(device)
+    times = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    sampler = _RssSampler() if device.type == "cpu" else None
+    if sampler:
+        sampler.__enter__()
+    try:
+        for _ in range(repeat):
+            h.grad = None
+            w.grad = None
+            _sync(device)
+            t0 = time.perf_counter()
+            loss = step()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    finally:
+        if sampler:
+            sampler.__exit__()
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        peak = sampler.peak - sampler.base
+    return statistics.median(times), peak, loss.item(), h.grad.detach().clone(), w.grad.detach().clone()
+
+
+def reference(h, w, y):
+    """float64 loss and gradients, in token chunks so the reference itself stays small."""
+    hd = h.detach().double()
+    wd = w.detach().double()
+    n = h.shape[0]
+    valid = (y != -100).sum().clamp(min=1).item()
+    total, dh, dw = 0.0, torch.zeros_like(hd), torch.zeros_like(wd)
+    chunk = max(1, 2**26 // max(w.shape[0], 1))
+    for i in range(0, n, chunk):
+        hc = hd[i:i + chunk].clone().requires_grad_()
+        wc = wd.clone().requires_grad_()
+        loss = F.cross_entropy(hc @ wc.t(), y[i:i + chunk], reduction="sum", ignore_index=-100) / valid
+        loss.backward()
+        total += loss.item()
+        dh[i:i + chunk] = hc.grad
+        dw += wc.grad
+    return total, dh, dw
+
+
+def _rel(a, b):
+    b = b.to(a.device).double()
+    return float((a.double() - b).norm() / b.norm().clamp(min=1e-300))
+
+
+def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, tile_mb, check, progress=True):
+    from tqdm import tqdm
+
+    rows = []
+    total = len(tokens) * len(backends)
+    bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
+    for n in tokens:
+        g = torch.Generator().manual_seed(n)
+        h = torch.randn(n, hidden, generator=g).to(dtype).to(device).requires_grad_()
+        w = (torch.randn(vocab, hidden, generator=g) / hidden**0.5).to(dtype).to(device).requires_grad_()
+        y = torch.randint(0, vocab, (n,), generator=g)
+        y[torch.rand(n, generator=g) < 0.15] = -100
+        y = y.to(device)
+        ref = reference(h, w, y) if check else None
+        for name in backends:
+            bar.set_postfix_str(f"N={n} {name}")
+            fn = _plain if name == "plain" else _fused(name)
+            try:
+                sec, peak, loss, dh, dw = measure(fn, h, w, y, device, repeat, warmup, tile_mb)
+                row = {"tokens": n, "hidden": hidden, "vocab": vocab, "path": name, "ms": sec * 1e3,
+                       "peak_extra_mib": peak / 2**20, "loss": loss}
+                if ref is not None:
+                    row.update(loss_abs_err=abs(loss - ref[0]), dx_rel_err=_rel(dh, ref[1]),
+                               dw_rel_err=_rel(dw, ref[2]))
+            except torch.OutOfMemoryError as e:  # the plain path is expected to run out first
+                row = {"tokens": n, "hidden": hidden, "vocab": vocab, "path": name, "error": f"OOM: {e}"[:200]}
+            rows.append(row)
+            h.grad = w.grad = None
+            bar.update()
+    bar.close()
+    return rows
+
+
+def environment(device):
+    env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+           "device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            env["cpu"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return env
+
+
+def table(rows) -> str:
+    head = "| tokens | path | fwd+bwd ms | peak extra MiB | loss | loss abs err | dX rel err | dW rel err |"
+    out = [head, "|" + "---|" * 8]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['tokens']} | {r['path']} | {r['error'][:40]} | | | | | |")
+            continue
+        err = lambda k: f"{r[k]:.2e}" if k in r else "-"  # noqa: E731
+        out.append(f"| {r['tokens']} | {r['path']} | {r['ms']:.1f} | {r['peak_extra_mib']:.1f} | {r['loss']:.5f} "
+                   f"| {err('loss_abs_err')} | {err('dx_rel_err')} | {err('dw_rel_err')} |")
+    return "\n".join(out)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["path"] for r in rows):
+        pts = [r for r in rows if r["path"] == name and "ms" in r]
+        xs = [r["tokens"] for r in pts]
+        axes[0].plot(xs, [r["ms"] for r in pts], marker="o", label=name)
+        axes[1].plot(xs, [r["peak_extra_mib"] for r in pts], marker="o", label=name)
+    axes[0].set(xlabel="tokens", ylabel="fwd+bwd ms", title="time")
+    axes[1].set(xlabel="tokens", ylabel="peak extra MiB", title="memory")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def add_arguments(p: argparse.ArgumentParser):
+    p.add_argument("--preset", default="qwen2.5-0.5b", choices=sorted(PRESETS),
+                   help="LM head shape (hidden, vocab) of a Qwen model (default: qwen2.5-0.5b)")
+    p.add_argument("--tokens", default="256",
+                   help="tokens per step; a comma list sweeps (default: 256, which takes well under a minute on a "
+                        "2-core CPU)")
+    p.add_argument("--hidden", type=int, help="override the preset's hidden size")
+    p.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available, else cpu)")
+    p.add_argument("--backends", default=None,
+                   help="comma list of paths to run: plain and backend names (default: plain + every backend "
+                        "available on the device)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tile-mb", type=float, default=None, help="tile budget in MiB for the fused backends")
+    p.add_argument("--no-check", action="store_true", help="skip the float64 reference (error columns)")
+    p.add_argument("--json", metavar="PATH", help="write the raw results and the environment as JSON")
+    p.add_argument("--plot", metavar="PNG", help="plot time and memory vs tokens (sweeps N/4, N/2, N when "
+                                                 "--tokens is a single value)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main_from_args(args) -> int:
+    import fused_lce
+    from fused_lce import backends as be
+    from fused_lce.backends.base import Config
+
+    hidden, vocab = PRESETS[args.preset]
+    hidden = args.hidden or hidden
+    vocab = args.vocab or vocab
+    tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
+    if not tokens or min(tokens) < 1:
+        raise SystemExit("--tokens: expected positive integers, e.g. 256 or 256,512,1024")
+    if args.plot and len(tokens) == 1:
+        tokens = sorted({max(1, tokens[0] // 4), max(1, tokens[0] // 2), tokens[0]})
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype]
+    if args.backends:
+        paths = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = [b for b in paths if b != "plain" and b not in be.NAMES]
+        if unknown:
+            raise SystemExit(f"--backends: unknown {unknown}; expected plain or any of {be.NAMES}")
+    else:
+        paths = ["plain"] + [n for n in be.NAMES if be.unavailable_reason(n) is None
+                             and be.load(n).unsupported_reason(device, Config(), dtype) is None]
+    rows = run_bench(tokens, hidden, vocab, dtype, device, paths, args.repeat, args.warmup, args.tile_mb,
+                     not args.no_check, progress=not args.quiet)
+    env = environment(device)
+    print(f"# fused-lce bench: {args.preset} head D={hidden} V={vocab}, {args.dtype}, {device}, "
+          f"torch {torch.__version__}, {env.get('gpu') or env.get('cpu', '')} ({env['threads']} threads)")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "args": vars(args), "backend_info": fused_lce.backend_info(),
+                       "results": rows}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="fused-lce bench", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return main_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
