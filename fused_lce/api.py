@@ -65,8 +65,9 @@ def linear_cross_entropy(
         return_stats: return ``LCEOutput(loss, lse, token_accuracy, n_valid)`` instead of the loss.
         process_group: vocab-parallel group; ``weight``/``bias`` hold this rank's shard, every rank gets the
             loss of the unsharded problem, the full dX and its own dW shard.
-        sequence_parallel: with ``process_group``: ``hidden`` holds this rank's slice of the tokens (Megatron
-            sequence parallelism); see ``fused_lce.distributed.gather_sequence_parallel``.
+        sequence_parallel: with ``process_group``: ``hidden`` holds this rank's ``1/world`` of the tokens along
+            its first dimension (Megatron sequence parallelism, ``[s/tp, b, h]``), ``labels`` those of the whole
+            group (``[s, b]``); the op all-gathers the rows and returns dX for this rank's rows (reduce-scatter).
         backend: ``"auto"`` or one of ``fused_lce.backends.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
         validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
@@ -79,13 +80,14 @@ def linear_cross_entropy(
     _check_tensor("hidden", hidden)
     _check_tensor("weight", weight)
     _check_tensor("labels", labels)
+    sp_world = 1
     if sequence_parallel:
         if process_group is None:
             raise ValueError("sequence_parallel=True: expected a process_group, got None")
-        from . import distributed
-
-        # all-gather the token shards (autograd: the backward hands each rank its own rows of dX)
-        hidden = distributed.gather_sequence_parallel(hidden, process_group)
+        if hidden.dim() < 2:
+            raise ValueError(f"hidden: sequence_parallel needs shape (T_local, ..., D), got {tuple(hidden.shape)}")
+        # the op gathers the token rows itself and reduce-scatters dX (fused_lce.distributed.sp_gather_rows)
+        sp_world = torch.distributed.get_world_size(process_group)
     if hidden.dtype not in _FLOATS:
         raise TypeError(f"hidden: expected dtype float32, bfloat16 or float16, got {hidden.dtype}")
     if hidden.dim() < 1:
@@ -95,9 +97,12 @@ def linear_cross_entropy(
         raise ValueError(f"weight: expected shape (V, D) with D = hidden.shape[-1] = {d}, got {tuple(weight.shape)}")
     if labels.dtype not in _LABEL_DTYPES:
         raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
-    if tuple(labels.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(f"labels: expected shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
-                         f"got {tuple(labels.shape)}")
+    tokens = tuple(hidden.shape[:-1])
+    if sp_world > 1:  # the labels of the whole group's tokens
+        tokens = (hidden.shape[0] * sp_world,) + tokens[1:]
+    if tuple(labels.shape) != tokens:
+        what = "hidden.shape[:-1]" if sp_world == 1 else "(world * hidden.shape[0],) + hidden.shape[1:-1]"
+        raise ValueError(f"labels: expected shape {what} = {tokens}, got {tuple(labels.shape)}")
     v = weight.shape[0]
     if bias is not None:
         _check_tensor("bias", bias)

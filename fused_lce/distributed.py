@@ -8,7 +8,9 @@ first argmax (a global id). :func:`combine_stats` turns them into the global sta
 shard and a partial dX (``dz_shard @ W_shard``) that :func:`all_reduce_sum_` sums in float32.
 
 Sequence parallelism (Megatron SP). :func:`gather_sequence_parallel` all-gathers the token shards of ``hidden``
-(autograd-aware: its backward hands each rank its own rows of dX).
+(autograd-aware: its backward hands each rank its own rows of dX); the API uses it in front of the op, whose dX
+is already all-reduced. :func:`sp_gather_rows` / :func:`reduce_grad_rows` are the pair for gathering inside the op
+instead (only the local rows saved for backward, dX reduce-scattered in float32: half the all-reduce's traffic).
 
 Collective sequence per call of the op, identical on every rank (a collective that one rank skips deadlocks):
 ``shard_layout`` (api), ``agree_token_blocks`` (backend, once per statistics pass), one ``combine_stats`` per token
@@ -219,7 +221,7 @@ def reduce_grad_rows(grad: torch.Tensor, group_name: str, local_rows: int) -> to
 # -------------------------------------------------------------------------------------------------- volume
 def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad_hidden: bool = True,
                sequence_parallel: bool = False, hidden_itemsize: int = 4, sp_reduce_scatter: bool = False,
-               block_agreement: bool = True) -> dict[str, int]:
+               recompute: bool = False, block_agreement: bool = True) -> dict[str, int]:
     """Bytes this rank hands to each kind of collective in one forward + backward of the loss (payload: the
     input tensor's size; the wire traffic of ring algorithms is ``(world-1) x`` that for an all-gather,
     ``2 (world-1)/world x`` for an all-reduce and ``(world-1)/world x`` for a reduce-scatter).
@@ -232,7 +234,9 @@ def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad
     - all_reduce: ``24`` (block agreement; 0 with ``block_agreement=False``, for a backend that plans its token
       blocks without it) + ``4 N D`` when dX is wanted (float32 partial dX), except with ``sp_reduce_scatter``
       where dX goes to
-    - reduce_scatter: ``4 N D`` (float32 partial dX in, this rank's ``N/world`` rows out).
+    - reduce_scatter: ``4 N D`` (float32 partial dX in, this rank's ``N/world`` rows out). In that scheme the
+      op gathers hidden itself and keeps only its own rows, so a backward that recomputes (``recompute``:
+      reduction "none") gathers them again: another ``N/world * D * itemsize`` all-gathered.
 
     The logits-gathering alternative hands ``N * V/world * 4`` bytes to an all-gather (float32 logits) and the
     same for their gradient; the statistics cost ``20 / (4 V / world)`` of that, e.g. 1/30000 at V=152k, TP=8.
@@ -246,5 +250,7 @@ def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad
     dx = 4 * n_tokens * d if grad_hidden else 0
     agree = 24 if block_agreement else 0
     if sp_reduce_scatter and sequence_parallel:
+        if recompute:
+            gather += (n_tokens // world) * d * hidden_itemsize
         return {"all_gather": gather, "all_reduce": agree, "reduce_scatter": dx}
     return {"all_gather": gather, "all_reduce": agree + dx, "reduce_scatter": 0}

@@ -17,7 +17,9 @@ Schemas (2-D problems; the public API flattens, shifts and validates first)::
 the gradients of the returned loss computed in the same pass (else empty tensors). ``softcap == 0`` means off,
 ``group_name == ""`` means one device, ``vocab_total == 0`` means ``weight.shape[0]``, ``tile_bytes == 0`` means
 the backend's default, ``backend`` is a backend name or "auto". ``backward`` recomputes the gradients of
-``sum_i grad_loss[i] * loss_i`` (``grad_loss`` float32, (N,)) from the saved ``lse``.
+``sum_i grad_loss[i] * loss_i`` (``grad_loss`` float32, (N,)) from the saved ``lse``. With a group and
+``hidden.shape[0] < labels.shape[0]`` (sequence parallelism), ``hidden`` holds this rank's ``N / world`` rows: the
+ops all-gather them and return this rank's rows of the gradient (reduce-scatter in float32).
 
 Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
 ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
@@ -95,15 +97,16 @@ def _forward_kernel(hidden, weight, labels, bias, num_items, reduction, ignore_i
     mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
     fused = reduction != "none" and any(mask)
     inv = _safe_inverse(_divisor(reduction, num_items, labels, ignore_index))
-    r = impl.forward(hidden, weight, labels, bias, cfg, inv if fused else None, mask)
+    # sequence parallel: hidden holds this rank's N/world token rows, labels all N (one all-gather)
+    full = distributed.sp_gather_rows(hidden, cfg.group_name, labels.shape[0])
+    r = impl.forward(full, weight, labels, bias, cfg, inv if fused else None, mask)
     if reduction == "none":
         loss = r.loss
     else:
         loss = r.loss.sum() * inv
     dh = r.grad_hidden
-    if dh is not None:
-        distributed.all_reduce_sum_(dh, cfg.group_name)
-        dh = dh.to(hidden.dtype)
+    if dh is not None:  # all-reduce, or reduce-scatter to this rank's rows (sequence parallel), in float32
+        dh = distributed.reduce_grad_rows(dh, cfg.group_name, hidden.shape[0]).to(hidden.dtype)
     return (loss, r.lse, r.correct, _empty(hidden) if dh is None else dh,
             _empty(weight) if r.grad_weight is None else r.grad_weight,
             _empty(weight) if r.grad_bias is None else r.grad_bias)
@@ -115,17 +118,17 @@ def _backward_kernel(grad_loss, hidden, weight, labels, bias, lse, ignore_index,
     cfg = _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes)
     impl = backends.resolve(backend, hidden.device, cfg, hidden.dtype)
     mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
-    dh, dw, db = impl.backward(grad_loss, hidden, weight, labels, bias, lse, cfg, mask)
+    full = distributed.sp_gather_rows(hidden, cfg.group_name, labels.shape[0])
+    dh, dw, db = impl.backward(grad_loss, full, weight, labels, bias, lse, cfg, mask)
     if dh is not None:
-        distributed.all_reduce_sum_(dh, cfg.group_name)
-        dh = dh.to(hidden.dtype)
+        dh = distributed.reduce_grad_rows(dh, cfg.group_name, hidden.shape[0]).to(hidden.dtype)
     return (_empty(hidden) if dh is None else dh, _empty(weight) if dw is None else dw,
             _empty(weight) if db is None else db)
 
 
 def _forward_fake(hidden, weight, labels, bias, num_items, reduction, ignore_index, label_smoothing, z_loss,
                   softcap, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
-    n = hidden.shape[0]
+    n = labels.shape[0]  # hidden has N/world rows under sequence parallelism
     mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
     fused = reduction != "none" and any(mask)
     f32 = torch.float32
@@ -168,6 +171,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(hidden, weight, labels, bias, num_items, lse)
     # held outside save_for_backward: they are scaled in place by the first backward (no version-counter check)
     ctx.precomputed = (dh, dw, db)
+    # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every rank
+    # of a group must take the same path here (the recompute path has collectives under sequence parallelism)
+    ctx.pre_mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
 
 
 def _backward(ctx, g_loss, *_unused):
@@ -183,7 +189,7 @@ def _backward(ctx, g_loss, *_unused):
         if eager:
             ctx.precomputed = (None, None, None)
         for k, pre in enumerate((dh, dw, db)):
-            if want[k] and pre.numel() > 0:
+            if want[k] and ctx.pre_mask[k]:
                 g = g_loss.to(pre.dtype)  # exact when the upstream gradient is 1 (the usual case)
                 out[k] = pre.mul_(g) if eager else pre * g
     missing = tuple(want[k] and out[k] is None for k in range(3))

@@ -60,6 +60,8 @@ def info() -> dict[str, dict]:
             "available": reason is None,
             "reason": reason,
             "devices": list(backend.device_types) if backend and backend.device_types else ["any"],
+            # what has been verified of this backend, where that differs from "tested here" (e.g. NPU kernels)
+            "status": getattr(backend, "status", None),
         }
     return out
 

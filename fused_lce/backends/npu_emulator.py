@@ -28,6 +28,9 @@ from typing import Optional
 
 import torch
 
+# upstream weight per token: the scale where valid, 0 where ignored, NaN where the label is out of range
+from .torch_ref import _token_weights as token_weights  # noqa: F401  (re-exported for the NPU backends)
+
 # ---------------------------------------------------------------------------------------------- tiling mirror
 FLAG_BIAS, FLAG_SMOOTHING, FLAG_SOFTCAP, FLAG_BACKWARD = 1, 2, 4, 8
 OK, BAD_DTYPE, EMPTY_DIM, TOO_LARGE, NO_FIT = 0, 1, 2, 3, 4
@@ -357,12 +360,6 @@ def grads(grad_tok, hidden, weight, bias, labels, lse, vocab_start: int, vocab_t
 
 
 # ---------------------------------------------------------------------------------------------- shared finish
-def token_weights(valid: torch.Tensor, bad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Upstream weight per token: ``scale`` where valid, 0 where ignored, NaN where the label is out of range."""
-    g = torch.where(valid, scale.to(torch.float32).expand(valid.shape), torch.zeros((), device=valid.device))
-    return torch.where(bad, torch.full_like(g, math.nan), g)
-
-
 def finish(m, s, zt, zs, amax, labels, ignore_index: int, label_smoothing: float, z_loss: float, vocab_total: int):
     """(loss, lse, correct) per token from global statistics, as in SPEC.md."""
     y = labels.to(torch.int64)

@@ -187,6 +187,8 @@ class TorchBackend(Backend):
         mask = tuple(bool(x) for x in grad_mask) if fused else (False, False, False)
         mask = (mask[0], mask[1], mask[2] and bias is not None)
         nb, vb, keep = plan_tiles(p.n, p.v, p.d, p.budget, fused, p.low and not p.native_lowp)
+        # one combine_stats per token block: every rank of a vocab-parallel group must run the same blocks
+        nb = distributed.agree_token_blocks(nb, p.n, cfg.group_name)
         dev = hidden.device
         loss = torch.empty(p.n, device=dev)
         lse_out = torch.empty(p.n, device=dev)

@@ -44,6 +44,7 @@ import types
 import warnings
 import torch
 
+from .. import backends
 from ..api import linear_cross_entropy
 
 # family -> (transformers.models submodule, causal-LM classes). Qwen2.5 text models are Qwen2ForCausalLM.
@@ -97,7 +98,9 @@ def patch(model, **loss_options):
 
 
 def unpatch(model):
-    """Undo :func:`patch` on ``model`` (no-op if it is not patched); returns ``model``."""
+    """Undo :func:`patch` on ``model`` (no-op if it is not patched); returns ``model``. If another wrapper was
+    installed over the patched forward since (accelerate's autocast wrapper, TRL's fused head), that wrapper is
+    kept and the patch inside it becomes a pass-through to the stock forward."""
     target = _resolve(model, check=False)
     if "_fused_lce_options" not in target.__dict__:
         return model
@@ -199,46 +202,57 @@ def patch_qwen3_vl_moe(**loss_options):
 
 
 def unpatch_qwen2():
+    """Undo :func:`patch_qwen2`; returns the restored classes."""
     return _unpatch_family("qwen2")
 
 
 def unpatch_qwen2_moe():
+    """Undo :func:`patch_qwen2_moe`; returns the restored classes."""
     return _unpatch_family("qwen2_moe")
 
 
 def unpatch_qwen3():
+    """Undo :func:`patch_qwen3`; returns the restored classes."""
     return _unpatch_family("qwen3")
 
 
 def unpatch_qwen3_moe():
+    """Undo :func:`patch_qwen3_moe`; returns the restored classes."""
     return _unpatch_family("qwen3_moe")
 
 
 def unpatch_qwen3_next():
+    """Undo :func:`patch_qwen3_next`; returns the restored classes."""
     return _unpatch_family("qwen3_next")
 
 
 def unpatch_qwen3_5():
+    """Undo :func:`patch_qwen3_5`; returns the restored classes."""
     return _unpatch_family("qwen3_5")
 
 
 def unpatch_qwen3_5_moe():
+    """Undo :func:`patch_qwen3_5_moe`; returns the restored classes."""
     return _unpatch_family("qwen3_5_moe")
 
 
 def unpatch_qwen2_vl():
+    """Undo :func:`patch_qwen2_vl`; returns the restored classes."""
     return _unpatch_family("qwen2_vl")
 
 
 def unpatch_qwen2_5_vl():
+    """Undo :func:`patch_qwen2_5_vl`; returns the restored classes."""
     return _unpatch_family("qwen2_5_vl")
 
 
 def unpatch_qwen3_vl():
+    """Undo :func:`patch_qwen3_vl`; returns the restored classes."""
     return _unpatch_family("qwen3_vl")
 
 
 def unpatch_qwen3_vl_moe():
+    """Undo :func:`patch_qwen3_vl_moe`; returns the restored classes."""
     return _unpatch_family("qwen3_vl_moe")
 
 
@@ -275,9 +289,13 @@ def _check_options(options):
     skip = options.get("skip_logits")
     if skip is not None and not isinstance(skip, bool):
         raise TypeError(f"skip_logits: expected None, True or False, got {skip!r}")
-    # validate the loss options now rather than at the first training step
-    loss_opts = {k: v for k, v in options.items() if k != "skip_logits"}
-    linear_cross_entropy(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), **loss_opts)
+    # validate the loss options now rather than at the first training step, on a tiny CPU problem; the backend
+    # only by name, since it may exist for the model's device and not for the CPU
+    backend = options.get("backend", "auto")
+    if backend != "auto" and backend not in backends.NAMES:
+        raise ValueError(f"backend: expected one of {('auto',) + backends.NAMES}, got {backend!r}")
+    probe = {k: v for k, v in options.items() if k not in ("skip_logits", "backend")}
+    linear_cross_entropy(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), **probe)
     return options
 
 

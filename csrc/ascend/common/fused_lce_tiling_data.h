@@ -1,0 +1,29 @@
+// Tiling data of FusedLceStats / FusedLceGrad, shared by op_host (writes it) and op_kernel (reads it).
+// Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from csrc/include/fused_lce_tiling.h verbatim, the
+// scalar attributes, and the Matmul API tilings of the GEMMs the kernels issue.
+// Status: written, not compiled here (no CANN toolkit), not run on hardware.
+#ifndef FUSED_LCE_TILING_DATA_H_
+#define FUSED_LCE_TILING_DATA_H_
+
+#include <cstdint>
+
+#include "kernel_tiling/kernel_tiling.h"
+// kernel sources define FUSED_LCE_HD as __aicore__ before including this header; host code leaves it empty
+#include "fused_lce_tiling.h"
+
+struct FusedLceTilingData {
+    fused_lce::tiling::Plan plan;
+    int64_t vocabStart;      // first global id of this rank's vocabulary rows
+    int64_t vocabTotal;      // global vocabulary size (label smoothing's uniform term, bad-label test)
+    float softcap;           // 0: off
+    float labelSmoothing;
+    float zLoss;
+    uint32_t gradMask;       // bit0 dX, bit1 dW, bit2 db (FusedLceGrad)
+    uint32_t labelBytes;     // 4 or 8
+    uint32_t hasBias;
+    AscendC::tiling::TCubeTiling mmLogits;  // z = h[rows] @ W[cols].T      (vec_rows x base_n, K = D)
+    AscendC::tiling::TCubeTiling mmDx;      // dX[rows] += dz @ W[cols]     (vec_rows x D,      K = base_n)
+    AscendC::tiling::TCubeTiling mmDw;      // dW[cols] += dz.T @ h[rows]   (base_n x D,        K = vec_rows)
+};
+
+#endif  // FUSED_LCE_TILING_DATA_H_

@@ -1,0 +1,194 @@
+// FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: written, not compiled here (no CANN
+// toolkit), not run on hardware; npu_emulator.grads is its executable spec.
+//
+// Gradients of sum_i g_i * loss_i given the saved lse and per-token upstream weights g (0 for ignored tokens, NaN
+// for out-of-range labels, so a bad label poisons what it touches instead of reading out of bounds). Same tasks
+// and tile order as FusedLceStats. For every tile, each vector core (vec_rows rows):
+//   1. recomputes z = h[rows] @ W[cols].T into its UB (Matmul, float32), adds bias / softcap;
+//   2. forms dz in float32 (TileGradient), adds its column sums into db with a float32 atomic add;
+//   3. rounds dz to the operand dtype and stages it in its slot of the GM workspace (ws_dz);
+//   4. issues dX[rows] += dz @ W[cols] and dW[cols] += dz.T @ h[rows]; the cube writes both through the fixpipe
+//      with float32 atomic adds into the float32 accumulators (outputs of the op; the host casts them).
+// dX of a token block is accumulated in vocabulary-block order by one vector core when the plan has one segment;
+// dW rows receive the token blocks' contributions in an order that depends on core timing (float32 atomics).
+#define FUSED_LCE_HD __aicore__
+#include "kernel_operator.h"
+#include "lib/matmul_intf.h"
+#include "../../common/fused_lce_tiling_data.h"
+#include "../../common/fused_lce_vec.h"
+
+using namespace AscendC;
+using namespace fused_lce_kernel;
+namespace ft = fused_lce::tiling;
+
+template <typename T, typename LabelT>
+class FusedLceGradKernel {
+public:
+    using HType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;
+    using WtType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;   // W[cols] as (D, cols)
+    using WType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;          // W[cols] as (cols, D)
+    using DzType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;         // staged dz (rows, base_n)
+    using DzTType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;  // the same, transposed
+    using CVec = matmul::MatmulType<TPosition::VECIN, CubeFormat::ND, float>;
+    using CGm = matmul::MatmulType<TPosition::GM, CubeFormat::ND, float>;
+    matmul::Matmul<HType, WtType, CVec> mmLogits;
+    matmul::Matmul<DzType, WType, CGm> mmDx;
+    matmul::Matmul<DzTType, HType, CGm> mmDw;
+
+    __aicore__ inline void Init(GM_ADDR gradTok, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
+                                GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
+                                const FusedLceTilingData* td, TPipe* pipe) {
+        td_ = td;
+        p_ = &td->plan;
+        gGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gradTok));
+        hGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(hidden));
+        wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(weight));
+        if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
+        yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(labels));
+        lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
+        dxGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(dx));
+        dwGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(dw));
+        dbGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(db));
+        // dz staging: per vector core, two (vec_rows x base_n) slots in the operand dtype
+        const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
+        dzGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + p_->ws_stats) + GetBlockIdx() * 2 * slot);
+        pipe->InitBuffer(ub_, static_cast<uint32_t>(p_->ub_used));
+        LocalTensor<uint8_t> base = ub_.Get<uint8_t>();
+        c_[0] = base[p_->ub_c0].ReinterpretCast<float>();
+        c_[1] = base[p_->ub_c1].ReinterpretCast<float>();
+        work_ = base[p_->ub_work].ReinterpretCast<float>();
+        work2_ = base[p_->ub_work2].ReinterpretCast<float>();
+        cast_ = base[p_->ub_cast].ReinterpretCast<T>();
+        biasIn_ = base[p_->ub_bias].ReinterpretCast<T>();
+        biasF32_ = base[p_->ub_bias + p_->base_n * sizeof(T)].ReinterpretCast<float>();
+        rows_.base = base[p_->ub_rows].ReinterpretCast<float>();
+        rows_.stride = static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8));
+        colsum_ = base[p_->ub_colsum].ReinterpretCast<float>();
+    }
+
+    __aicore__ inline void Process() {
+        const uint32_t sub = GetSubBlockIdx();
+        const uint64_t core = GetBlockIdx() / GetTaskRation();
+        for (uint64_t t = core; t < p_->tasks; t += p_->used_cores) {
+            uint64_t mIdx, sIdx, r0, nr;
+            ft::task_coords(*p_, t, &mIdx, &sIdx);
+            ft::vec_rows_of(*p_, ft::block_rows(*p_, mIdx), sub, &r0, &nr);
+            if (nr > 0) RunTask(mIdx * p_->base_m + r0, static_cast<uint32_t>(nr), sIdx);
+        }
+        mmLogits.End();
+        mmDx.End();
+        mmDw.End();
+    }
+
+private:
+    // a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, shard-local labels; lse kept in kRowScale
+    __aicore__ inline void LoadRows(uint64_t row0, uint32_t rows) {
+        LocalTensor<int32_t> lab = rows_.slot(kRowLabel).ReinterpretCast<int32_t>();
+        LocalTensor<float> a = rows_.slot(kRowCoefP), t = rows_.slot(kRowCoefT), u = rows_.slot(kRowCoefU);
+        LocalTensor<float> lse = rows_.slot(kRowScale);
+        const int64_t v = static_cast<int64_t>(p_->v);
+        const float eps = td_->labelSmoothing;
+        for (uint32_t r = 0; r < rows; ++r) {
+            const int64_t y = static_cast<int64_t>(yGm_.GetValue(row0 + r)) - td_->vocabStart;
+            lab.SetValue(r, (y >= 0 && y < v) ? static_cast<int32_t>(y) : -1);
+            const float g = gGm_.GetValue(row0 + r);
+            const float l = lseGm_.GetValue(row0 + r);
+            lse.SetValue(r, l);
+            a.SetValue(r, g * (1.0f + 2.0f * td_->zLoss * l));
+            t.SetValue(r, g * (1.0f - eps));
+            u.SetValue(r, g * (eps / static_cast<float>(td_->vocabTotal)));
+        }
+    }
+
+    __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
+        DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        if constexpr (IsSameType<T, float>::value) {
+            DataCopy(biasF32_, biasIn_, static_cast<uint32_t>(ft::align_up(cols, 8)));
+        } else {
+            Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
+        }
+        PipeBarrier<PIPE_V>();
+    }
+
+    __aicore__ inline void RunTask(uint64_t row0, uint32_t rows, uint64_t sIdx) {
+        LoadRows(row0, rows);
+        uint64_t nb0, nb1;
+        ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
+        const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
+        const bool wantDx = td_->gradMask & 1u, wantDw = td_->gradMask & 2u, wantDb = td_->gradMask & 4u;
+        mmLogits.SetTensorA(hGm_[row0 * p_->d]);
+        uint32_t buf = 0;
+        for (uint64_t nb = nb0; nb < nb1; ++nb) {
+            const uint64_t c0 = nb * p_->base_n;
+            const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
+            LocalTensor<float> z = c_[buf];
+            mmLogits.SetTensorB(wGm_[c0 * p_->d], true);
+            mmLogits.SetTail(rows, cols, static_cast<int>(p_->d));
+            mmLogits.template Iterate<true>();
+            mmLogits.template GetTensorC<true>(z, false, true);
+            if (td_->hasBias) LoadBias(c0, cols);
+            VectorLogits(z, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
+            TileGradient(z, work2_, rows_.slot(kRowScale), rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0),
+                         td_->softcap, wantDb, colsum_);
+            if (wantDb) {
+                SetFlag<HardEvent::V_MTE3>(EVENT_ID1);
+                WaitFlag<HardEvent::V_MTE3>(EVENT_ID1);
+                SetAtomicAdd<float>();
+                DataCopyPad(dbGm_[c0], colsum_, {1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0});
+                SetAtomicNone();
+            }
+            // dz in the operand dtype -> this core's staging slot (the cube reads it from there)
+            GlobalTensor<T> dz = dzGm_[buf * slot];
+            if constexpr (IsSameType<T, float>::value) {
+                DataCopy(cast_, z, rows * p_->base_n);
+            } else {
+                Cast(cast_, z, RoundMode::CAST_RINT, rows * p_->base_n);
+            }
+            SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            DataCopy(dz, cast_, rows * p_->base_n);
+            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);  // the staged tile is in GM before the cube is asked to read it
+            if (wantDx) {
+                mmDx.SetTensorA(dz);
+                mmDx.SetTensorB(wGm_[c0 * p_->d]);
+                mmDx.SetTail(rows, static_cast<int>(p_->d), static_cast<int>(p_->base_n));
+                mmDx.IterateAll(dxGm_[row0 * p_->d], 1);  // enAtomic: float32 accumulate into dX
+            }
+            if (wantDw) {
+                mmDw.SetTensorA(dz, true);
+                mmDw.SetTensorB(hGm_[row0 * p_->d]);
+                mmDw.SetTail(cols, static_cast<int>(p_->d), rows);
+                mmDw.IterateAll(dwGm_[c0 * p_->d], 1);
+            }
+            buf ^= 1u;
+        }
+    }
+
+    const FusedLceTilingData* td_;
+    const ft::Plan* p_;
+    GlobalTensor<float> gGm_, lseGm_, dxGm_, dwGm_, dbGm_;
+    GlobalTensor<T> hGm_, wGm_, bGm_, dzGm_;
+    GlobalTensor<LabelT> yGm_;
+    TBuf<TPosition::VECCALC> ub_;
+    LocalTensor<float> c_[2], work_, work2_, biasF32_, colsum_;
+    LocalTensor<T> cast_, biasIn_;
+    RowView rows_;
+};
+
+extern "C" __global__ __aicore__ void fused_lce_grad(GM_ADDR gradTok, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
+                                                     GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db,
+                                                     GM_ADDR workspace, GM_ADDR tiling) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    REGISTER_TILING_DEFAULT(FusedLceTilingData);
+    GET_TILING_DATA(td, tiling);
+    GM_ADDR user = GetUserWorkspace(workspace);
+    TPipe pipe;
+    FusedLceGradKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mmLogits, &td.mmLogits, op.mmDx, &td.mmDx, op.mmDw,
+                      &td.mmDw);
+    op.Init(gradTok, hidden, weight, bias, labels, lse, dx, dw, db, user, &td, &pipe);
+    op.Process();
+}

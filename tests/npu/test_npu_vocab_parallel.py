@@ -1,0 +1,73 @@
+"""Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the CANN-trio
+wrapper (fake torch_npu) and the "npu" backend (emulated kernels) must give every rank the unsharded loss, lse and
+(all-reduced) dX, and each rank its own rows of dW, against the float64 reference."""
+import math
+import os
+import random
+import socket
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+def _worker(rank, world, port, seed):
+    sys.path[:0] = [os.path.join(HERE, "fake_torch_npu"), HERE]
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import torch_npu  # noqa: F401  (the fake)
+        from fused_lce.backends import npu_cann, npu_emulator
+        from fused_lce.backends.base import Config
+        from fused_lce.backends.npu_ascendc import AscendCBackend
+        from fused_lce.reference import reference_loss
+
+        n, d, v = 40, 24, 300
+        g = torch.Generator().manual_seed(seed)
+        h = torch.randn(n, d, generator=g).to(torch.bfloat16)
+        w = (torch.randn(v, d, generator=g) * (3.0 / math.sqrt(d))).to(torch.bfloat16)
+        y = torch.randint(0, v, (n,), generator=g)
+        y[::5] = -100
+        start, stop = (0, 170) if rank == 0 else (170, v)  # uneven shards
+        h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+        per, lse, _, nv = reference_loss(h64, w64, y, reduction="none", z_loss=1e-3)
+        scale = 1.0 / float(nv)
+        (per.sum() * scale).backward()
+        emulated = AscendCBackend()
+        emulated.use_kernels(npu_emulator.Kernels())
+        cfg = Config(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
+                     vocab_total=v)
+        # the trio rounds logits to bf16 (loss / lse ~1e-3); the own kernels keep fp32 logits
+        for name, be, ltol, tol in (("npu_cann", npu_cann.BACKEND, 2e-3, 1.5e-2), ("npu", emulated, 1e-5, 1e-2)):
+            r = be.forward(h, w[start:stop], y, None, cfg, torch.tensor(scale), (True, True, False))
+            dh = r.grad_hidden.float()
+            dist.all_reduce(dh)  # what the op layer does for a group
+            ctx = (name, rank, seed)
+            assert _rel(r.loss, per) < ltol and _rel(r.lse, lse) < ltol, (ctx, _rel(r.loss, per), _rel(r.lse, lse))
+            assert _rel(dh, h64.grad) < tol, (ctx, _rel(dh, h64.grad))
+            assert _rel(r.grad_weight, w64.grad[start:stop]) < tol, (ctx, _rel(r.grad_weight, w64.grad[start:stop]))
+            dh2, dw2, _ = be.backward(torch.full((n,), scale), h, w[start:stop], y, None, r.lse, cfg,
+                                      (True, True, False))
+            dist.all_reduce(dh2)
+            assert _rel(dh2, h64.grad) < tol and _rel(dw2, w64.grad[start:stop]) < tol, ctx
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_vocab_parallel_npu_backends_match_unsharded_reference():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(2, port, random.randrange(2**31)), nprocs=2, join=True)
