@@ -168,6 +168,8 @@ def _setup_context(ctx, inputs, output):
     ctx.reduction = reduction
     ctx.fused = reduction != "none" and any(grad_mask)
     ctx.mark_non_differentiable(lse, correct, dh, dw, db)
+    # no zero-filled gradients for the non-differentiable outputs (one would be the size of dW)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(hidden, weight, labels, bias, num_items, lse)
     # held outside save_for_backward: they are scaled in place by the first backward (no version-counter check)
     ctx.precomputed = (dh, dw, db)
@@ -177,6 +179,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, g_loss, *_unused):
+    if g_loss is None:
+        return (None,) * 16
     hidden, weight, labels, bias, num_items, lse = ctx.saved_tensors
     dh, dw, db = ctx.precomputed
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
@@ -188,10 +192,13 @@ def _backward(ctx, g_loss, *_unused):
         eager = all(type(t) is torch.Tensor for t in (dh, dw, db, g_loss))
         if eager:
             ctx.precomputed = (None, None, None)
-        for k, pre in enumerate((dh, dw, db)):
-            if want[k] and ctx.pre_mask[k]:
-                g = g_loss.to(pre.dtype)  # exact when the upstream gradient is 1 (the usual case)
-                out[k] = pre.mul_(g) if eager else pre * g
+        ready = [k for k, pre in enumerate((dh, dw, db)) if want[k] and ctx.pre_mask[k]]
+        pres = [(dh, dw, db)[k] for k in ready]
+        g = g_loss.to(torch.float32)  # exact when the upstream gradient is 1 (the usual case)
+        if eager and pres:
+            torch._foreach_mul_(pres, g)  # vectorised, reads g on the device (a 0-dim broadcast mul_ is slow)
+        for k, pre in zip(ready, pres):
+            out[k] = pre if eager else pre * g.to(pre.dtype)
     missing = tuple(want[k] and out[k] is None for k in range(3))
     if any(missing):
         n = labels.shape[0]

@@ -10,7 +10,8 @@ import pytest
 import fused_lce
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-REQUIRED = ["transformers", "peft", "trl", "accelerate", "datasets", "tokenizers", "hypothesis", "matplotlib"]
+REQUIRED = ["transformers", "peft", "trl", "accelerate", "datasets", "tokenizers", "hypothesis", "matplotlib",
+            "megatron.core", "triton"]
 
 
 @pytest.mark.skipif(not IN_CI, reason="only enforced in CI (CI=true)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Optional
 
 import torch
@@ -96,10 +97,12 @@ if triton is not None:
         inside = (yl >= 0) & (yl < ncols)
 
         if STATS > 0:
-            m = tl.full([], float("-inf"), tl.float32)
-            s = tl.zeros([], tl.float32)
-            zs = tl.zeros([], tl.float32)
-            am = tl.zeros([], tl.int64)
+            # per-lane online softmax: each lane keeps its own max / sum-exp / first argmax / sum, reduced across
+            # lanes once at the end (no cross-warp reduction inside the loop: the loop just streams)
+            m_v = tl.full([BLOCK], float("-inf"), tl.float32)
+            s_v = tl.zeros([BLOCK], tl.float32)
+            zs_v = tl.zeros([BLOCK], tl.float32)
+            am_v = tl.zeros([BLOCK], tl.int32)
             # last block first: the gradient pass below starts at the first block, which is then still in L2
             for kk in range(0, nblk):
                 k = nblk - 1 - kk
@@ -111,16 +114,22 @@ if triton is not None:
                 if SOFTCAP:
                     z = cap * _tanh(z / cap)
                 if SMOOTH:
-                    zs += tl.sum(tl.where(msk, z, 0.0), axis=0)
+                    zs_v += tl.where(msk, z, 0.0)
                 z = tl.where(msk, z, float("-inf"))
-                bm = tl.max(z, axis=0)
-                bi = tl.argmax(z, axis=0)
-                new_m = tl.maximum(m, bm)
+                up = z > m_v
+                # columns arrive right to left, so a tie moves the lane's first argmax left
+                am_v = tl.where(msk & (z >= m_v), cols, am_v)
+                new_m = tl.maximum(m_v, z)
                 ref = tl.where(new_m == float("-inf"), 0.0, new_m)
-                s = s * tl.exp(m - ref) + tl.sum(tl.exp(z - ref), axis=0)
-                # blocks arrive from the right, so a tie moves the first argmax left
-                am = tl.where(bm >= m, (k * BLOCK + bi).to(tl.int64), am)
-                m = new_m
+                e = tl.exp(tl.minimum(m_v, z) - ref)  # one exp: the larger of the two is exp(0) = 1
+                s_v = tl.where(up, s_v * e + 1.0, s_v + e)
+                s_v = tl.where(z != z, z, s_v)  # a NaN logit poisons the sum (max/min would skip it)
+                m_v = new_m
+            m = tl.max(m_v, axis=0)
+            ref = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(s_v * tl.exp(m_v - ref), axis=0)
+            am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
+            zs = tl.sum(zs_v, axis=0)
             yc = tl.where(inside, yl, 0)
             zt = tl.load(z_row + yc, mask=inside, other=0.0)
             if HAS_BIAS:
@@ -248,16 +257,24 @@ def _mm_acc(acc, a, b):
 
 
 # ---------------------------------------------------------------------------------------------- planning
+_POOL = {}  # device index -> (monotonic time, driver-free + allocator-reserved bytes at that time)
+
+
 def _free_bytes(device: torch.device) -> Optional[int]:
-    """Free device memory plus what the caching allocator holds unused; None when it must not be asked
-    (while a CUDA graph is being captured) or on CPU."""
+    """Free device memory plus what the caching allocator holds unused; None while a CUDA graph is being
+    captured or on CPU. The driver is asked at most once a second (the allocator's own counters in between)."""
     if device.type != "cuda":
         return None
     try:
         if torch.cuda.is_current_stream_capturing():
             return None
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        now = time.monotonic()
+        hit = _POOL.get(idx)
+        if hit is None or now - hit[0] > 1.0:
+            free, _ = torch.cuda.mem_get_info(idx)
+            hit = _POOL[idx] = (now, int(free + torch.cuda.memory_reserved(idx)))
+        return max(0, hit[1] - int(torch.cuda.memory_allocated(idx)))
     except Exception:  # pragma: no cover
         return None
 
@@ -297,13 +314,13 @@ def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always
 
 def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int) -> int:
     """Vocabulary columns per chunk for the compact schedule: the float32 (N, cols) buffer gets a tenth of
-    dX + dW (at least 256 columns)."""
+    dX + dW (at least 32 MiB and 256 columns)."""
     v = max(v, 1)
     col = 4 * max(n, 1)
     if tile_bytes:
         return max(1, min(v, tile_bytes // col))
     grads = (n * d * elt if mask[0] else 0) + (v * d * elt if mask[1] else 0)
-    budget = max(64 * 2**20, grads // 10)
+    budget = max(32 * 2**20, grads // 10)
     cols = max(256, budget // col)
     return int(min(v, -(-cols // 128) * 128))
 
@@ -334,19 +351,20 @@ class _Problem:
             return
         cfg = self.cfg
         ncols = z.shape[1]
-        dummy = z  # never dereferenced when its constexpr flag is off
-        f32 = dummy
-        m_, s_, zt_, zs_, am_ = raw if raw is not None else (f32,) * 5
-        g_t = g if g is not None else f32
+
+        def arg(t):  # pointers whose constexpr flag is off are never dereferenced: pass z in their place
+            return z if t is None else t
+
+        raw = raw if raw is not None else (z,) * 5
+        g_t = arg(g)
         _rows_kernel[(rows,)](
             z, z.stride(0),
-            dz if dz is not None else dummy, dz.stride(0) if dz is not None else 0,
-            b if b is not None else dummy,
+            arg(dz), dz.stride(0) if dz is not None else 0,
+            arg(b),
             y,
             g_t, (1 if g_t.dim() == 1 and g_t.numel() > 1 else 0),
-            lse if lse is not None else f32, loss if loss is not None else f32,
-            correct if correct is not None else f32,
-            m_, s_, zt_, zs_, am_,
+            arg(lse), arg(loss), arg(correct),
+            *raw,
             ncols, int(label_off), int(self.vt), int(cfg.ignore_index),
             float(cfg.label_smoothing), float(cfg.z_loss), float(cfg.softcap or 1.0),
             STATS=stats, MERGE=bool(merge), GRAD=bool(grad), HAS_BIAS=b is not None,
@@ -422,6 +440,8 @@ class _Grads:
     def finish(self, scale, keep_fp32_dx):
         p = self.p
         dx, dw, db = self.dx, self.dw, self.db
+        if dw is not None and not self.dw_started:  # no tokens: nothing was written
+            dw.zero_()
         if dx is not None:
             if p.post_scale:
                 dx = dx.mul_(scale)
@@ -446,12 +466,14 @@ def _token_schedule(p: _Problem, g, lse_in, want_stats: bool):
     ``lse_in``: saved lse (backward) or None (compute the statistics)."""
     cfg = p.cfg
     grad = g is not None and any(p.mask)
-    split = bool(cfg.group_name) or _FORCE_SPLIT[0]  # combine statistics across ranks before the gradients
+    split = bool(cfg.group_name) or FORCE_SPLIT  # combine statistics across ranks before the gradients
     fp32_dx = bool(cfg.group_name)
     p.post_scale = grad and p.dtype == torch.float16 and g.dim() == 0
     acc_always = p.post_scale  # fp16 scales at the end, through the fp32 accumulator
     rows, dw_acc = plan_token_chunk(p.n, p.v, p.d, p.elt, grad and p.mask[1], acc_always, cfg.tile_bytes,
                                     _free_bytes(p.dev))
+    if want_stats and split:  # one combine_stats per chunk: the same chunks on every rank (V_local, free memory)
+        rows = distributed.agree_token_blocks(rows, p.n, cfg.group_name)
     grads = _Grads(p, fp32_dx, dw_acc) if grad else None
     dev = p.dev
     if want_stats:
@@ -567,7 +589,7 @@ def _vocab_schedule(p: _Problem, g, lse_in, want_stats: bool):
     return loss, lse, correct, out
 
 
-_FORCE_SPLIT = [False]  # tests: run the distributed (split statistics / gradient) path on one device
+FORCE_SPLIT = False  # tests: run the distributed (split statistics / gradient) path on one device
 
 
 # ---------------------------------------------------------------------------------------------- backend

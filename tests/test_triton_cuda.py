@@ -1,0 +1,337 @@
+"""The "triton" CUDA backend: its schedules, kernel variants, graph capture and torch.compile on the GPU
+(marked ``cuda``: run on the H200 with ``python -m pytest -m cuda -q tests/``), plus, on CPU (CI), the chunk
+planner and the Triton kernel itself run under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter has to be
+switched on before Triton compiles anything, so it cannot share this process)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fused_lce
+from fused_lce.reference import reference_loss
+
+from .conftest import GRAD_TOL, rel_err
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_TRITON = True
+try:
+    import triton  # noqa: F401
+except Exception:  # noqa: BLE001
+    HAS_TRITON = False
+
+cuda = pytest.mark.cuda
+needs_triton_cuda = pytest.mark.skipif(
+    not (HAS_TRITON and torch.cuda.is_available()), reason="needs Triton and an NVIDIA GPU")
+
+
+def _tc():
+    from fused_lce.backends import triton_cuda
+
+    return triton_cuda
+
+
+# ------------------------------------------------------------------------------------------- planner (CPU)
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("n,d,v", [(8192, 4096, 151936), (32768, 4096, 151936), (4096, 3584, 152064),
+                                   (8191, 5120, 151936), (7, 3, 11), (100000, 512, 32000)])
+def test_token_plan_respects_memory_rule(n, d, v):
+    tc = _tc()
+    for want_dw in (True, False):
+        for free in (None, 140 * 2**30, 6 * 2**30):
+            rows, acc = tc.plan_token_chunk(n, v, d, 2, want_dw, False, 0, free)
+            assert 1 <= rows <= n
+            buf = rows * v * 4
+            if rows == n and not acc:
+                # one chunk: the buffer replaces the fp32 accumulator
+                assert buf <= tc.SLACK + (4 * v * d if want_dw else 0) or rows <= tc.MIN_ROWS
+            else:
+                assert acc == want_dw
+                assert buf <= tc.SLACK + (2 * v * d if want_dw else 0) + 8 * 4 * v or rows == min(n, tc.MIN_ROWS)
+            if free is not None and rows > tc.MIN_ROWS:
+                assert buf + (4 * v * d if acc else 0) <= 0.75 * free + 8 * 4 * v
+    rows, _ = tc.plan_token_chunk(n, v, d, 2, True, False, 1000, None)  # explicit tile budget wins
+    assert rows == max(1, min(n, 1000 // (4 * v)))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_vocab_plan():
+    tc = _tc()
+    cols = tc.plan_vocab_chunk(8192, 151936, 4096, 2, (True, True, False), 0)
+    assert 256 <= cols <= 151936 and cols % 128 == 0
+    assert cols * 8192 * 4 <= max(32 * 2**20, (8192 + 151936) * 4096 * 2 // 10) + 128 * 8192 * 4
+    assert tc.plan_vocab_chunk(10, 50, 4, 4, (True, True, True), 0) == 50
+    assert tc.plan_vocab_chunk(10, 50, 4, 4, (True, True, True), 160) == 4
+
+
+# ------------------------------------------------------------------------------------------- interpreter (CPU)
+INTERP_SCRIPT = r"""
+import json, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+from fused_lce.backends import triton_cuda as tc
+from fused_lce.backends.base import Config
+from fused_lce.reference import reference_loss
+torch.manual_seed(int(sys.argv[2]))
+out = []
+def rel(a, b):
+    a = a.double(); b = b.double()
+    return float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float((a - b).norm())
+cases = [
+    # (dtype, mode, n, d, v, options, tile bytes)
+    ("float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0), 9 * 2100 * 4),
+    ("bfloat16", "default", 23, 12, 2100, dict(label_smoothing=0.1), 0),
+    ("float16", "default", 23, 12, 2100, dict(z_loss=0.02), 0),
+    ("bfloat16", "split", 19, 8, 2100, dict(softcap=3.0, label_smoothing=0.1), 7 * 2100 * 4),
+    ("float32", "compact", 17, 8, 2100, dict(label_smoothing=0.3, z_loss=0.01), 17 * 4 * 900),
+    ("bfloat16", "compact", 17, 8, 700, dict(softcap=2.0), 17 * 4 * 300),
+    ("float16", "compact", 17, 8, 700, dict(), 0),
+]
+for dt, mode, n, d, v, opts, tile in cases:
+    dtype = getattr(torch, dt)
+    h = torch.randn(n, d).to(dtype)
+    w = (torch.randn(v, d) / d ** 0.5 * 2).to(dtype)
+    b = (torch.randn(v) * 0.5).to(dtype)
+    y = torch.randint(0, v, (n,))
+    y[torch.rand(n) < 0.25] = -100
+    y[0] = int(torch.randint(0, v, ()))
+    cfg = Config(ignore_index=-100, label_smoothing=opts.get("label_smoothing", 0.0), z_loss=opts.get("z_loss", 0.0),
+                 softcap=opts.get("softcap", 0.0), tile_bytes=tile, vocab_total=v)
+    os.environ["FUSED_LCE_COMPACT"] = "1" if mode == "compact" else "0"
+    tc.FORCE_SPLIT = mode == "split"
+    scale = torch.tensor(1.0 / n)
+    r = tc.BACKEND.forward(h, w, y, b, cfg, scale, (True, True, True))
+    gl = torch.rand(n)
+    bk = tc.BACKEND.backward(gl, h, w, y, b, r.lse, cfg, (True, True, True))
+    leaves = [t.double().requires_grad_() for t in (h, w, b)]
+    ref, lse, _, _ = reference_loss(*leaves[:2], y, leaves[2], reduction="none", label_smoothing=cfg.label_smoothing,
+                                    z_loss=cfg.z_loss, softcap=cfg.softcap or None)
+    g1 = torch.autograd.grad((ref * 1.0 / n).sum(), leaves, retain_graph=True)
+    g2 = torch.autograd.grad((ref * gl.double()).sum(), leaves)
+    z = (h.double() @ w.double().t() + b.double())
+    if cfg.softcap:
+        z = cfg.softcap * torch.tanh(z / cfg.softcap)
+    valid = y != -100
+    correct = valid & (z.argmax(1) == y)
+    out.append(dict(case=f"{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}", loss=float((r.loss.double() - ref).abs().max()),
+                    lse=float((r.lse.double() - lse).abs().max()), correct=bool((r.correct == correct).all()),
+                    dtypes=[t.dtype == dtype for t in (r.grad_hidden, r.grad_weight, r.grad_bias)],
+                    fwd=[rel(a, b_) for a, b_ in zip((r.grad_hidden, r.grad_weight, r.grad_bias), g1)],
+                    bwd=[rel(a, b_) for a, b_ in zip(bk, g2)], dtype=dt))
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_kernel_under_triton_interpreter(tmp_path, seed):
+    """Every kernel variant (fused stats+gradient, split statistics with merge, gradient only, in-place
+    half-width dz, bias, softcap, smoothing, z-loss, several chunks) on CPU tensors under TRITON_INTERPRET=1,
+    through the backend's own schedules (the GEMMs fall back to CPU matmuls), against the float64 reference."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
+        pytest.skip("this Triton's interpreter cannot run the kernel: " + proc.stderr[-400:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    tol = {"float32": 1e-5, "bfloat16": 1.2e-2, "float16": 2e-3}
+    for r in json.loads(line[len("RESULT"):]):
+        assert r["loss"] < 1e-4 and r["lse"] < 1e-4, r
+        assert all(r["dtypes"]), r
+        assert max(r["fwd"] + r["bwd"]) < tol[r["dtype"]], r
+        if r["dtype"] == "float32":
+            assert r["correct"], r
+
+
+# ------------------------------------------------------------------------------------------- CUDA
+def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    h = (torch.randn(n, d, generator=g) * scale).to(dtype).cuda().requires_grad_()
+    w = (torch.randn(v, d, generator=g) / d**0.5 * 2).to(dtype).cuda().requires_grad_()
+    b = (torch.randn(v, generator=g) * 0.5).to(dtype).cuda().requires_grad_() if bias else None
+    y = torch.randint(0, v, (n,), generator=g)
+    y[torch.rand(n, generator=g) < ignore] = -100
+    return h, w, y.cuda(), b
+
+
+def _compare(h, w, y, b, out, opts, reduction, upstream, dtype):
+    leaves = [t for t in (h, w, b) if t is not None]
+    refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    ref, ref_lse, _, _ = reference_loss(refs[0], refs[1], y.cpu(), refs[2] if b is not None else None,
+                                        reduction=reduction, **opts)
+    grads = torch.autograd.grad(out.loss, leaves, upstream)
+    ref_grads = torch.autograd.grad(ref, refs, upstream.cpu().double())
+    err = float((out.loss.detach().cpu().double() - ref.detach()).abs().max())
+    assert err <= 2e-5 * (1 + float(ref.detach().abs().max())), err
+    torch.testing.assert_close(out.lse.cpu().double(), ref_lse.detach(), rtol=1e-4, atol=1e-4)
+    for name, ours, want, leaf in zip("hwb", grads, ref_grads, leaves):
+        assert ours.dtype == leaf.dtype and ours.shape == leaf.shape
+        e = rel_err(ours.cpu(), want)
+        assert e <= GRAD_TOL[dtype], (name, e)
+
+
+MODES = {"default": ({}, False), "compact": ({"FUSED_LCE_COMPACT": "1"}, False), "split": ({}, True)}
+OPTS = {
+    "plain": {},
+    "everything": {"label_smoothing": 0.2, "z_loss": 0.01, "softcap": 5.0},
+    "smooth_zloss": {"label_smoothing": 0.1, "z_loss": 0.02},
+}
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("opts", list(OPTS))
+@pytest.mark.parametrize("tile", [None, 0.3], ids=["auto", "chunks"])
+def test_schedules_against_reference(mode, dtype, opts, tile, monkeypatch, seed):
+    """V not a multiple of the kernel block, odd N and D, bias, every option, mean (fused gradients) and none
+    (recompute path with a random upstream gradient), default / compact / split schedules."""
+    env, split = MODES[mode]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    tc = _tc()
+    monkeypatch.setattr(tc, "FORCE_SPLIT", split)
+    n, d, v = 157, 40, 2 * tc.BLOCK + 37
+    for reduction in ("mean", "none"):
+        h, w, y, b = _problem(n, d, v, dtype, bias=opts != "plain", seed=seed)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend="triton", return_stats=True,
+                                             tile_budget_mb=tile, **OPTS[opts])
+        up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
+        _compare(h, w, y, b, out, OPTS[opts], reduction, up, dtype)
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("mode", ["default", "compact"])
+def test_offsets_beyond_int32(mode, monkeypatch, seed):
+    """One logits buffer of N*V > 2**31 elements: rows near the end must be read and written correctly."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs a GPU with >= 40 GiB")
+    if mode == "compact":
+        monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    n, d, v = 16640, 32, 131072  # n * v = 2.18e9 > 2**31 - 1
+    tile = (n * v * 4) / 2**20 + 1  # MiB: one chunk covering everything
+    h, w, y, _ = _problem(n, d, v, torch.bfloat16, ignore=0.0, seed=seed)
+    y[: n - 48] = -100  # only the last rows (the highest offsets) carry loss and gradient
+    out = fused_lce.linear_cross_entropy(h, w, y, backend="triton", tile_budget_mb=tile, return_stats=True)
+    gh, gw = torch.autograd.grad(out.loss, (h, w))
+    hv = h.detach()[n - 48:].double()
+    z = hv @ w.detach().double().t()
+    lse = torch.logsumexp(z, 1)
+    yy = y[n - 48:]
+    ref = (lse - z.gather(1, yy[:, None]).squeeze(1)).mean()
+    assert abs(float(out.loss) - float(ref)) < 1e-4
+    torch.testing.assert_close(out.lse[n - 48:].double(), lse, rtol=1e-4, atol=1e-4)
+    dz = torch.softmax(z, 1)
+    dz[torch.arange(48, device=z.device), yy] -= 1
+    dz /= 48
+    assert rel_err(gh[n - 48:], dz @ w.detach().double()) < 1.2e-2
+    assert float(gh[: n - 48].abs().max()) == 0.0
+    assert rel_err(gw, dz.t() @ hv) < 1.2e-2
+
+
+@cuda
+@needs_triton_cuda
+def test_bad_label_nan_no_fault(seed):
+    h, w, y, _ = _problem(33, 16, 5000, torch.bfloat16, seed=seed)
+    y[3] = 5000
+    y[7] = -3
+    loss = fused_lce.linear_cross_entropy(h, w, y, reduction="none", validate=False, backend="triton")
+    assert loss[3].isnan() and loss[7].isnan() and loss[[0, 1, 2]].isfinite().all()
+    mean = fused_lce.linear_cross_entropy(h, w, y, validate=False, backend="triton")
+    gh, gw = torch.autograd.grad(mean, (h, w))
+    assert mean.isnan() and gh.isnan().any() and gw.isnan().any()
+    torch.cuda.synchronize()  # a device-side fault would surface here
+
+
+def _step(h, w, y, b, **opts):
+    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", validate=False, **opts)
+    return (loss,) + torch.autograd.grad(loss, (h, w, b))
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("mode", ["default", "compact"])
+def test_cuda_graph_capture(mode, monkeypatch, seed):
+    """Forward + backward captured in a CUDA graph (validate=False): no host synchronisation anywhere; replays
+    on new inputs match eager."""
+    if mode == "compact":
+        monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    opts = dict(label_smoothing=0.1, z_loss=0.01, softcap=20.0, tile_budget_mb=1.0)  # several chunks
+    h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            _step(h, w, y, b, **opts)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = _step(h, w, y, b, **opts)
+    h2, w2, y2, b2 = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + 1)
+    with torch.no_grad():
+        h.copy_(h2)
+        w.copy_(w2)
+        b.copy_(b2)
+        y.copy_(y2)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = _step(h2, w2, y2, b2, **opts)
+    for a, e in zip(static, eager):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@cuda
+@needs_triton_cuda
+def test_compile_fullgraph(seed):
+    """The public API with validate=False compiles with fullgraph=True and matches eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    h, w, y, b = _problem(70, 32, 2500, torch.bfloat16, bias=True, seed=seed)
+
+    @torch.compile(fullgraph=True)
+    def f(h, w, y, b):
+        return fused_lce.linear_cross_entropy(h, w, y, b, validate=False, label_smoothing=0.1, z_loss=0.01)
+
+    loss = f(h, w, y, b)
+    grads = torch.autograd.grad(loss, (h, w, b))
+    ref = _step(h, w, y, b, label_smoothing=0.1, z_loss=0.01)
+    for a, e in zip((loss,) + grads, ref):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("mode", ["default", "compact"])
+def test_peak_memory_bounds(mode, monkeypatch, seed):
+    """Peak extra memory of the backend's fused forward (loss + dX + dW in one call): default <= dX + dW +
+    4*V*D + 0.5 GiB; compact <= 1.15 (dX + dW) + 2 dX (its float32 dX accumulator, small next to dW here).
+    Measured on the backend itself: the op layer's backward then scales these gradients by the upstream
+    gradient (one more dW-sized tensor, see benchmarks/NOTES-gpu.md)."""
+    if mode == "compact":
+        monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    from fused_lce.backends.base import Config
+
+    tc = _tc()
+    n, d, v = 6144, 1024, 200000
+    h, w, y, _ = _problem(n, d, v, torch.bfloat16, seed=seed)
+    scale = (1.0 / (y != -100).sum().float()).reshape(())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    r = tc.BACKEND.forward(h.detach(), w.detach(), y, None, Config(vocab_total=v), scale, (True, True, False))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    dx, dw = n * d * 2, v * d * 2
+    if mode == "default":
+        assert peak <= dx + dw + 4 * v * d + 0.5 * 2**30, peak / 2**30
+    else:
+        assert peak <= 1.15 * (dx + dw) + 2 * dx, peak / 2**30
+    assert r.grad_hidden.dtype == torch.bfloat16 and r.grad_weight.dtype == torch.bfloat16
+    assert math.isfinite(float(r.loss.nansum()))
