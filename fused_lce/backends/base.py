@@ -7,6 +7,7 @@ vocab-parallel group, and the autograd wiring, so every backend shares those sem
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -62,3 +63,25 @@ class Backend:
     def backward(self, grad_loss, hidden, weight, labels, bias, lse, cfg: Config,
                  grad_mask: tuple[bool, bool, bool]):
         raise NotImplementedError
+
+
+def loss_from_stats(m, s, target, zsum, argmax, labels, ignore_index: int, label_smoothing: float, z_loss: float,
+                    vocab_total: int):
+    """Per-token (loss, lse, correct, valid, bad) from global statistics -- the SPEC formula, shared by every backend.
+
+    ``m``/``s``: max and sum-exp relative to it; ``target``: the label's logit; ``zsum``: sum of the logits;
+    ``argmax``: first argmax as a global id. Ignored tokens get 0; a label outside [0, vocab_total) that is not
+    ignore_index gets NaN (``bad``), so a bad label is visible instead of indexing out of bounds.
+    """
+    y = labels.long()
+    lse = m + torch.log(s)
+    valid = y != ignore_index
+    bad = valid & ((y < 0) | (y >= vocab_total))
+    per = (1.0 - label_smoothing) * (lse - target)
+    if label_smoothing:
+        per = per + label_smoothing * (lse - zsum / vocab_total)
+    if z_loss:
+        per = per + z_loss * lse * lse
+    per = torch.where(valid, per, torch.zeros_like(per))
+    per = torch.where(bad, torch.full_like(per, math.nan), per)
+    return per, lse, valid & (argmax == y), valid, bad

@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 # upstream weight per token: the scale where valid, 0 where ignored, NaN where the label is out of range
+from .base import loss_from_stats
 from .torch_ref import _token_weights as token_weights  # noqa: F401  (re-exported for the NPU backends)
 
 # ---------------------------------------------------------------------------------------------- tiling mirror
@@ -361,19 +362,10 @@ def grads(grad_tok, hidden, weight, bias, labels, lse, vocab_start: int, vocab_t
 
 # ---------------------------------------------------------------------------------------------- shared finish
 def finish(m, s, zt, zs, amax, labels, ignore_index: int, label_smoothing: float, z_loss: float, vocab_total: int):
-    """(loss, lse, correct) per token from global statistics, as in SPEC.md."""
-    y = labels.to(torch.int64)
-    lse = m + torch.log(s)
-    valid = y != ignore_index
-    bad = valid & ((y < 0) | (y >= vocab_total))
-    per = (1.0 - label_smoothing) * (lse - zt)
-    if label_smoothing:
-        per = per + label_smoothing * (lse - zs / vocab_total)
-    if z_loss:
-        per = per + z_loss * lse * lse
-    per = torch.where(valid, per, torch.zeros_like(per))
-    per = torch.where(bad, torch.full_like(per, math.nan), per)
-    return per, lse, valid & (amax == y)
+    """(loss, lse, correct) per token from global statistics, as in SPEC.md (the formula every backend shares)."""
+    per, lse, correct, _, _ = loss_from_stats(m, s, zt, zs, amax, labels, ignore_index, label_smoothing, z_loss,
+                                              vocab_total)
+    return per, lse, correct
 
 
 class Kernels:

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .. import distributed
-from .base import Backend, Config, ForwardResult
+from .base import Backend, Config, ForwardResult, loss_from_stats
 
 DEFAULT_TILE_MB = {"cpu": 256, "cuda": 1024}
 MIN_BLOCK_TOKENS = 8
@@ -200,20 +200,11 @@ class TorchBackend(Backend):
             y = p.labels[i0:i1]
             (m, s, zt, zs, amax), kept = p.stats(h, y, vb, keep)
             m, s, zt, zs, amax = distributed.combine_stats(m, s, zt, zs, amax, cfg.group_name)
-            lse = m + torch.log(s)
-            valid = y != cfg.ignore_index
-            bad = valid & ((y < 0) | (y >= p.vt))
-            eps = cfg.label_smoothing
-            per = (1.0 - eps) * (lse - zt)
-            if eps:
-                per = per + eps * (lse - zs / p.vt)
-            if cfg.z_loss:
-                per = per + cfg.z_loss * lse * lse
-            per = torch.where(valid, per, torch.zeros_like(per))
-            per = torch.where(bad, torch.full_like(per, math.nan), per)
+            per, lse, corr, valid, bad = loss_from_stats(m, s, zt, zs, amax, y, cfg.ignore_index,
+                                                         cfg.label_smoothing, cfg.z_loss, p.vt)
             loss[i0:i1] = per
             lse_out[i0:i1] = lse
-            correct[i0:i1] = valid & (amax == y)
+            correct[i0:i1] = corr
             if fused:
                 g = _token_weights(valid, bad, grad_scale.to(torch.float32))
                 p.grads(i0, i1, h, y, lse, g, vb, kept, dh, dw, db, mask)

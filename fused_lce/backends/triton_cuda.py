@@ -46,7 +46,7 @@ except Exception as e:  # pragma: no cover - depends on the host
     _TRITON_ERROR = f"{type(e).__name__}: {e}"
 
 from .. import distributed
-from .base import Backend, Config, ForwardResult
+from .base import Backend, Config, ForwardResult, loss_from_stats
 
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
@@ -387,19 +387,9 @@ class _Problem:
     def loss_from_raw(self, y, raw):
         """Per-token loss, lse, correct from (combined) raw statistics; the formula of torch_ref."""
         cfg = self.cfg
-        m, s, zt, zs, am = raw
-        lse = m + torch.log(s)
-        valid = y != cfg.ignore_index
-        bad = valid & ((y < 0) | (y >= self.vt))
-        eps = cfg.label_smoothing
-        per = (1.0 - eps) * (lse - zt)
-        if eps:
-            per = per + eps * (lse - zs / self.vt)
-        if cfg.z_loss:
-            per = per + cfg.z_loss * lse * lse
-        per = torch.where(valid, per, torch.zeros_like(per))
-        per = torch.where(bad, torch.full_like(per, math.nan), per)
-        return per, lse, valid & (am == y)
+        per, lse, correct, _, _ = loss_from_stats(*raw, y, cfg.ignore_index, cfg.label_smoothing, cfg.z_loss,
+                                                  self.vt)
+        return per, lse, correct
 
     def new_raw(self, n):
         f = lambda: torch.empty(n, device=self.dev, dtype=torch.float32)  # noqa: E731
