@@ -153,8 +153,9 @@ def linear_cross_entropy(
         group_name = process_group.group_name
     total = vocab_total or v
 
-    h2 = hidden.reshape(-1, d)
     y = labels.reshape(-1)
+    # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
+    h2 = hidden.reshape(y.numel() // sp_world, d)
     if validate and not torch.compiler.is_compiling() and y.numel() > 0:
         bad = (y != ignore_index) & ((y < 0) | (y >= total))
         if bool(bad.any()):

@@ -225,3 +225,11 @@ def test_random_problems(bd, n, d, v, reduction, smoothing, z, cap, bias, ignore
     torch.manual_seed(n * 7919 + d * 104729 + v)
     check(backend, device, (n, d), v, torch.float32, reduction, tile=tile, label_smoothing=smoothing, z_loss=z,
           softcap=cap, bias=bias, ignore_frac=ignore, num_items=num_items)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_zero_hidden_size(bd, seed):
+    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row."""
+    backend, device = bd
+    for use_bias in (False, True):
+        check(backend, device, (5, 0), 7, torch.float32, "mean", bias=use_bias)

@@ -1,0 +1,668 @@
+// CPU kernel of fused_lce: tiles of tokens x vocabulary, GEMMs through ATen, one fused elementwise pass per tile.
+//
+// Forward with gradients (the usual training step, 3 GEMM-equivalents): for each block of nb tokens
+//   pass 1: for every vocabulary tile, Z = H_blk @ W_tile^T into a kept row block (nb x V float32), then, while the
+//           tile is hot, bias + softcap + max/argmax/sum + exp(z - tile_max) stored in place (rows.h);
+//   combine the per-tile statistics of each token in tile order (deterministic) into lse, loss, correct;
+//   pass 2: for every tile, dZ = softmax-derived gradient in place, then dX_blk += dZ @ W_tile and
+//           dW_tile += dZ^T @ H_blk (float32), db_tile += column sums of dZ.
+// When the row block does not fit the tile budget, and in backward (lse given), pass 2 recomputes Z per tile
+// (4 resp. 3 GEMM-equivalents). Vocabulary tiles of a block are split into one contiguous range per thread
+// ("slot"); each slot owns its tiles' rows of dW/db and has its own dX partial, summed in slot order afterwards,
+// so results are deterministic for a given thread count. GEMMs inside a slot are single-threaded (ATen runs
+// nested parallel regions inline); FUSED_LCE_CPP_PARALLEL=gemm instead runs tiles in order with threaded GEMMs.
+// Low precision: the logits must come out float32-exact (the loss is compared with float64 at ~1e-5), so bfloat16
+// inputs use bf16 x bf16 -> fp32 GEMMs where the CPU and the torch build have exact ones (row-major operands only:
+// Z^T = W_tile @ H_blk^T then a transpose in cache; dZ rounded to bf16 for the dX/dW GEMMs, accumulated in fp32);
+// float16 inputs, and bfloat16 elsewhere, convert the tiles of W and H to float32 for float32 GEMMs.
+#include "lce_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/native/CPUBlas.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "rows.h"
+
+namespace fused_lce::cpu {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  char* end = nullptr;
+  long long v = std::strtoll(s, &end, 10);
+  return (end != s && v > 0) ? (int64_t)v : fallback;
+}
+
+bool gemm_parallel_mode() {
+  const char* s = std::getenv("FUSED_LCE_CPP_PARALLEL");
+  return s != nullptr && std::strcmp(s, "gemm") == 0;
+}
+
+int64_t budget_bytes(int64_t tile_bytes) {
+  if (tile_bytes > 0) return tile_bytes;
+  const char* s = std::getenv("FUSED_LCE_TILE_MB");
+  if (s != nullptr && *s != '\0') {
+    double mb = std::strtod(s, nullptr);
+    if (mb > 0) return std::max<int64_t>(1, (int64_t)(mb * 1048576.0));
+  }
+  return 256LL << 20;
+}
+
+// FUSED_LCE_CPP_PROFILE=1: per-phase wall seconds summed over slots, printed to stderr per call (tuning aid).
+enum Phase { kGemmZ, kRows1, kRows2, kGemmDx, kGemmDw, kConvert, kPhases };
+const char* const kPhaseNames[kPhases] = {"gemm_z", "rows1", "rows2", "gemm_dx", "gemm_dw", "convert"};
+
+bool profiling() {
+  static const bool on = [] {
+    const char* s = std::getenv("FUSED_LCE_CPP_PROFILE");
+    return s != nullptr && *s != '\0' && std::strcmp(s, "0") != 0;
+  }();
+  return on;
+}
+
+struct Prof {
+  std::vector<std::array<double, kPhases>> t;  // per slot
+  void reset(int64_t slots) { t.assign(slots, {}); }
+  void report() const {
+    std::array<double, kPhases> sum{};
+    for (const auto& a : t)
+      for (int i = 0; i < kPhases; ++i) sum[i] += a[i];
+    std::fprintf(stderr, "fused_lce cpp profile (slot-seconds):");
+    for (int i = 0; i < kPhases; ++i) std::fprintf(stderr, " %s=%.3f", kPhaseNames[i], sum[i]);
+    std::fprintf(stderr, "\n");
+  }
+};
+
+// Adds the wall time of its scope to one phase of one slot when profiling.
+class Timed {
+ public:
+  Timed(Prof& p, int64_t slot, Phase ph) : p_(profiling() ? &p : nullptr), slot_(slot), ph_(ph) {
+    if (p_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~Timed() { stop(); }
+  void stop() {
+    if (p_) p_->t[slot_][ph_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    p_ = nullptr;
+  }
+
+ private:
+  Prof* p_;
+  int64_t slot_;
+  Phase ph_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// bf16 x bf16 -> fp32 GEMMs: ATen's brgemm entry point with is_vnni=false runs cpublas::gemm for these types
+// (MKL's gemm_bf16bf16f32 in x86 builds; AMX where present). Some builds fall back to a GEMM that rounds its
+// output to bf16, which the loss cannot afford, so the path is used only after a one-time exactness check.
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+#define FLCE_HAS_BF16_GEMM 1
+#endif
+
+// C[M,N] (+)= A[M,K] @ B[K,N], row-major bf16 operands given as raw bits, float32 C.
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+               float* C, int64_t ldc, bool add) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!add)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+#ifdef FLCE_HAS_BF16_GEMM
+  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, reinterpret_cast<const at::BFloat16*>(A),
+                              reinterpret_cast<const at::BFloat16*>(B), C, /*is_vnni=*/false);
+#else
+  (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+  TORCH_CHECK(false, "fused_lce: built against a torch without bf16 brgemm");
+#endif
+}
+
+// One-time check that the bf16 GEMM returns float32-exact sums: 1 + 2^-10 is a float32 but not a bfloat16.
+bool bf16_gemm_exact() {
+  static const bool ok = [] {
+#ifndef FLCE_HAS_BF16_GEMM
+    return false;
+#else
+    try {
+      const int64_t n = 16;
+      std::vector<uint16_t> a(n * n, 0x3f80), b(n * n, 0);  // A = ones
+      for (int64_t j = 0; j < n; ++j) {
+        b[j] = 0x3f80;      // B[0][j] = 1
+        b[n + j] = 0x3a80;  // B[1][j] = 2^-10
+      }
+      std::vector<float> c(n * n, 0.5f);
+      gemm_bf16(n, n, n, a.data(), n, b.data(), n, c.data(), n, /*add=*/true);
+      for (float x : c)
+        if (x != 1.5f + 1.0f / 1024.0f) return false;
+      return true;
+    } catch (...) {
+      return false;
+    }
+#endif
+  }();
+  return ok;
+}
+
+// Whether bf16 inputs use bf16 GEMMs with float32 results; otherwise their tiles are converted to float32 for
+// float32 GEMMs. Env FUSED_LCE_CPP_BF16_GEMM=0 turns it off, =1 skips the CPU feature test (read per call).
+bool bf16_gemm_usable() {
+  const char* env = std::getenv("FUSED_LCE_CPP_BF16_GEMM");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // without native bf16 dot products the library emulates them: no faster than converting tiles ourselves
+  if (!forced && !__builtin_cpu_supports("avx512bf16")) return false;
+#else
+  if (!forced) return false;
+#endif
+  return bf16_gemm_exact();
+}
+
+struct Plan {
+  int64_t nb = 1;      // tokens per block
+  int64_t vb = 1;      // vocabulary rows per tile
+  int64_t ntiles = 0;
+  int64_t slots = 1;   // contiguous tile ranges processed in parallel (1: tiles in order, threaded GEMMs)
+  bool keep = false;   // pass 2 reuses pass 1's row block instead of recomputing it
+};
+
+// Token block and vocabulary tile so that the live float32 tiles stay within the budget. With keep_wanted, the
+// whole row block (nb x V) is kept when at least min(n, 8) rows fit in 3/4 of the budget.
+Plan make_plan(int64_t n, int64_t v, int64_t budget, bool keep_wanted) {
+  Plan p;
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const bool tiles_parallel = !gemm_parallel_mode();
+  const int64_t nb_cap = env_int("FUSED_LCE_CPP_NB", tiles_parallel ? 256 : 512);
+  const int64_t vb_cap = env_int("FUSED_LCE_CPP_VB", tiles_parallel ? 512 : 4096);
+  const int64_t n1 = std::max<int64_t>(n, 1), v1 = std::max<int64_t>(v, 1);
+  const int64_t elems = std::max<int64_t>(budget / 4, 1);
+  if (keep_wanted) {
+    int64_t nb = std::min({n1, nb_cap, elems * 3 / 4 / v1});
+    if (nb >= std::min<int64_t>(n1, 8)) {
+      p.keep = true;
+      p.nb = nb >= 32 ? nb / 16 * 16 : nb;
+    }
+  }
+  int64_t slots = tiles_parallel ? threads : 1;
+  if (!p.keep) p.nb = std::min(n1, nb_cap);
+  const int64_t rest = p.keep ? std::max<int64_t>(elems - p.nb * v1, 16 * p.nb) : elems;
+  const int64_t per_slot = std::max<int64_t>(rest / slots, 1);
+  if (!p.keep)
+    while (p.nb > 8 && p.nb * 16 > per_slot) p.nb = (p.nb + 1) / 2;
+  int64_t vb = std::min({v1, vb_cap, std::max<int64_t>(16, per_slot / p.nb)});
+  if (vb < v1 && vb > 16) vb = vb / 16 * 16;
+  p.vb = std::max<int64_t>(vb, 1);
+  p.ntiles = v > 0 ? (v + p.vb - 1) / p.vb : 0;
+  p.slots = std::max<int64_t>(1, std::min(slots, p.ntiles));
+  return p;
+}
+
+// One flattened problem: inputs, options, plan, per-block scratch, and the passes.
+class Runner {
+ public:
+  Runner(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+         const std::optional<at::Tensor>& bias, const Options& opt, bool keep_wanted)
+      : h_(hidden.detach().contiguous()), w_(weight.detach().contiguous()),
+        y_(labels.detach().to(at::kLong).contiguous()), opt_(opt),
+        rk_(row_kernels()) {
+    n_ = h_.size(0);
+    d_ = h_.size(1);
+    v_ = w_.size(0);
+    vt_ = opt.vocab_total > 0 ? opt.vocab_total : v_;
+    vs_ = opt.vocab_start;
+    low_ = h_.scalar_type() != at::kFloat;
+    g16_ = h_.scalar_type() == at::kBFloat16 && bf16_gemm_usable();
+    eps_ = (float)opt.label_smoothing;
+    zl_ = (float)opt.z_loss;
+    cap_ = (float)opt.softcap;
+    if (bias.has_value() && bias->defined()) {
+      bias_f_ = bias->detach().to(at::kFloat).contiguous();
+      bias_dtype_ = bias->scalar_type();
+    }
+    plan_ = make_plan(n_, v_, budget_bytes(opt.tile_bytes), keep_wanted);
+    const int64_t nb = plan_.nb, nt = plan_.ntiles;
+    tmax_.resize(nb * nt);
+    tsum_.resize(nb * nt);
+    tzs_.resize(nb * nt);
+    targ_.resize(nb * nt);
+    zt_.resize(nb);
+    lse_.resize(nb);
+    g_.resize(nb);
+    yb_ = y_.data_ptr<int64_t>();
+    auto f32 = h_.options().dtype(at::kFloat);
+    if (plan_.keep && nt > 0) keep_ = at::empty({nb * plan_.vb * nt}, f32);
+    prof_.reset(plan_.slots);
+    for (int64_t s = 0; s < plan_.slots; ++s) {
+      if (!plan_.keep) zbuf_.push_back(at::empty({nb * plan_.vb}, f32));
+      if (g16_) {
+        auto b16 = h_.options().dtype(at::kBFloat16);
+        ztb_.push_back(at::empty({plan_.vb * nb}, f32));
+        dz16_.push_back(at::empty({nb * plan_.vb}, b16));
+        dzt16_.push_back(at::empty({plan_.vb * nb}, b16));
+      } else if (low_) {
+        wbuf_.push_back(at::empty({plan_.vb, d_}, f32));
+      }
+    }
+  }
+
+  ~Runner() {
+    if (profiling()) prof_.report();
+  }
+
+  const Plan& plan() const { return plan_; }
+
+  // ---------------------------------------------------------------------------------------------- API
+  TokenResult forward(std::optional<double> grad_scale, std::array<bool, 3> mask, bool fp32_dh) {
+    TokenResult r;
+    auto f32 = h_.options().dtype(at::kFloat);
+    r.loss = at::empty({n_}, f32);
+    r.lse = at::empty({n_}, f32);
+    r.correct = at::empty({n_}, h_.options().dtype(at::kBool));
+    const bool fused = grad_scale.has_value() && (mask[0] || mask[1] || mask[2]);
+    if (fused) alloc_grads(mask, fp32_dh);
+    float* loss = r.loss.data_ptr<float>();
+    float* lse = r.lse.data_ptr<float>();
+    bool* correct = r.correct.data_ptr<bool>();
+    for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
+      const int64_t nbk = std::min(plan_.nb, n_ - i0);
+      set_block(i0, nbk);
+      pass1(i0, nbk);
+      at::parallel_for(0, nbk, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t k = r0; k < r1; ++k) combine_row(i0, k, loss, lse, correct);
+      });
+      if (fused) {
+        const float scale = (float)*grad_scale;
+        for (int64_t k = 0; k < nbk; ++k) g_[k] = token_weight(yb_[i0 + k], scale);
+        pass2(i0, nbk, plan_.keep ? (cap_ > 0 ? GradFrom::kLogits : GradFrom::kProb) : GradFrom::kRaw);
+      }
+    }
+    if (fused) finish_grads(r.grad_hidden, r.grad_weight, r.grad_bias);
+    return r;
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_loss, const at::Tensor& lse,
+                                                          std::array<bool, 3> mask, bool fp32_dh) {
+    alloc_grads(mask, fp32_dh);
+    at::Tensor gl = grad_loss.to(at::kFloat).contiguous(), ls = lse.to(at::kFloat).contiguous();
+    const float* gp = gl.data_ptr<float>();
+    const float* lp = ls.data_ptr<float>();
+    if (mask[0] || mask[1] || (mask[2] && bias_f_.defined())) {
+      for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
+        const int64_t nbk = std::min(plan_.nb, n_ - i0);
+        for (int64_t k = 0; k < nbk; ++k) {
+          lse_[k] = lp[i0 + k];
+          g_[k] = token_weight(yb_[i0 + k], gp[i0 + k]);
+        }
+        set_block(i0, nbk);
+        pass2(i0, nbk, GradFrom::kRaw);
+      }
+    }
+    at::Tensor dh, dw, db;
+    finish_grads(dh, dw, db);
+    return {dh, dw, db};
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stats() {
+    auto f32 = h_.options().dtype(at::kFloat);
+    at::Tensor m = at::empty({n_}, f32), s = at::empty({n_}, f32), zt = at::empty({n_}, f32),
+               zs = at::empty({n_}, f32), am = at::empty({n_}, h_.options().dtype(at::kLong));
+    float *mp = m.data_ptr<float>(), *sp = s.data_ptr<float>(), *tp = zt.data_ptr<float>(),
+          *zp = zs.data_ptr<float>();
+    int64_t* ap = am.data_ptr<int64_t>();
+    for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
+      const int64_t nbk = std::min(plan_.nb, n_ - i0);
+      set_block(i0, nbk);
+      pass1(i0, nbk);
+      for (int64_t k = 0; k < nbk; ++k) {
+        float M, S, ZS;
+        int64_t arg;
+        reduce_tiles(k, M, S, ZS, arg);
+        mp[i0 + k] = M;
+        sp[i0 + k] = S;
+        tp[i0 + k] = zt_[k];
+        zp[i0 + k] = ZS;
+        ap[i0 + k] = arg;
+      }
+    }
+    return {m, s, zt, zs, am};
+  }
+
+ private:
+  // ---------------------------------------------------------------------------------------------- helpers
+  // The token block's rows of H as the GEMMs want them: float32 (a view, or converted), or bf16 plus its
+  // transpose (D x nbk) for the logits GEMM of the bf16 path.
+  void set_block(int64_t i0, int64_t nbk) {
+    hb_ = h_.narrow(0, i0, nbk);
+    if (g16_)
+      ht_ = hb_.t().contiguous();
+    else if (low_)
+      hb_ = hb_.to(at::kFloat);
+  }
+
+  const uint16_t* w16(int64_t v0) const {
+    return reinterpret_cast<const uint16_t*>(w_.data_ptr<at::BFloat16>()) + v0 * d_;
+  }
+  static uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+  // z (nbk x n, float32) = H_blk @ W[v0:v0+n]^T. bf16 path: Z^T = W_tile @ H_blk^T (both operands row-major as
+  // stored), then a transpose in cache. Returns the float32 W tile when one was made (reused by the dX GEMM).
+  at::Tensor gemm_logits(int64_t slot, int64_t v0, int64_t n, int64_t nbk, at::Tensor& z) {
+    if (g16_) {
+      Timed tm(prof_, slot, kGemmZ);
+      float* zt = ztb_[slot].data_ptr<float>();
+      gemm_bf16(n, nbk, d_, w16(v0), d_, bits(ht_), nbk, zt, nbk, false);
+      transpose(zt, n, nbk, nbk, z.data_ptr<float>(), n);
+      return at::Tensor();
+    }
+    at::Tensor wt = w_tile(slot, v0, n);
+    Timed tm(prof_, slot, kGemmZ);
+    at::mm_out(z, hb_, wt.t());
+    return wt;
+  }
+
+  // dX partial of this slot += dZ @ W_tile
+  void gemm_dx(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, at::Tensor wt) {
+    if (g16_) {
+      Timed tm(prof_, slot, kGemmDx);
+      gemm_bf16(nbk, d_, n, bits(dz16_[slot]), n, w16(v0), d_, dxp_[slot].data_ptr<float>(), d_, true);
+      return;
+    }
+    if (!wt.defined()) wt = w_tile(slot, v0, n);
+    Timed tm(prof_, slot, kGemmDx);
+    dxp_[slot].narrow(0, 0, nbk).addmm_(z, wt);
+  }
+
+  // dW[v0:v0+n] (=, on the first block, else +=) dZ^T @ H_blk
+  void gemm_dw(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, bool first) {
+    Timed tm(prof_, slot, kGemmDw);
+    if (g16_) {
+      uint16_t* dzt = bits(dzt16_[slot]);
+      transpose(bits(dz16_[slot]), nbk, n, n, dzt, nbk);
+      gemm_bf16(n, d_, nbk, dzt, nbk, bits(hb_), d_, dw_.data_ptr<float>() + v0 * d_, d_, !first);
+      return;
+    }
+    at::Tensor dwt = dw_.narrow(0, v0, n);
+    if (first)
+      at::mm_out(dwt, z.t(), hb_);
+    else
+      dwt.addmm_(z.t(), hb_);
+  }
+
+  // float32 rows [v0, v0+n) of W: a view, or converted into this slot's buffer
+  at::Tensor w_tile(int64_t slot, int64_t v0, int64_t n) {
+    at::Tensor wt = w_.narrow(0, v0, n);
+    if (!low_) return wt;
+    Timed tm(prof_, slot, kConvert);
+    at::Tensor buf = wbuf_[slot].narrow(0, 0, n);
+    buf.copy_(wt);
+    return buf;
+  }
+
+  at::Tensor z_tile(int64_t slot, int64_t k, int64_t nbk, int64_t n) const {
+    if (plan_.keep) return keep_.narrow(0, k * plan_.nb * plan_.vb, nbk * n).view({nbk, n});
+    return zbuf_[slot].narrow(0, 0, nbk * n).view({nbk, n});
+  }
+
+  // label as an index into tile [v0, v0+n) of this shard, or -1
+  int64_t local_label(int64_t y, int64_t v0, int64_t n) const {
+    if (y == opt_.ignore_index) return -1;
+    const int64_t l = y - vs_ - v0;
+    return (l >= 0 && l < n) ? l : -1;
+  }
+
+  float token_weight(int64_t y, float scale) const {
+    if (y == opt_.ignore_index) return 0.0f;
+    if (y < 0 || y >= vt_) return kNaN;  // a bad label poisons its gradients (never an out-of-bounds read)
+    return scale;
+  }
+
+  // Runs fn(slot, k) for every tile k: slots in parallel, tiles of a slot in order.
+  template <class F>
+  void for_tiles(const F& fn) const {
+    const int64_t slots = plan_.slots, nt = plan_.ntiles;
+    auto run_slot = [&](int64_t s) {
+      const int64_t k0 = nt * s / slots, k1 = nt * (s + 1) / slots;
+      for (int64_t k = k0; k < k1; ++k) fn(s, k);
+    };
+    if (slots == 1) {
+      run_slot(0);
+      return;
+    }
+    at::parallel_for(0, slots, 1, [&](int64_t s0, int64_t s1) {
+      // worker threads start with default dispatch state: skip autograd (inputs are detached anyway)
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (int64_t s = s0; s < s1; ++s) run_slot(s);
+    });
+  }
+
+  // ---------------------------------------------------------------------------------------------- pass 1
+  void pass1(int64_t i0, int64_t nbk) {
+    std::fill(zt_.begin(), zt_.begin() + nbk, 0.0f);
+    const bool store_prob = plan_.keep && cap_ == 0.0f;
+    const bool want_zsum = eps_ != 0.0f;
+    const float* bias = bias_f_.defined() ? bias_f_.data_ptr<float>() : nullptr;
+    for_tiles([&](int64_t slot, int64_t k) {
+      const int64_t v0 = k * plan_.vb, n = std::min(plan_.vb, v_ - v0);
+      at::Tensor z = z_tile(slot, k, nbk, n);
+      gemm_logits(slot, v0, n, nbk, z);
+      Timed tm(prof_, slot, kRows1);
+      float* zp = z.data_ptr<float>();
+      at::parallel_for(0, nbk, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          RowStat st{};
+          const int64_t lab = local_label(yb_[i0 + r], v0, n);
+          rk_.stats(zp + r * n, bias ? bias + v0 : nullptr, n, cap_, lab, want_zsum, store_prob, &st);
+          const int64_t at = k * plan_.nb + r;
+          tmax_[at] = st.max;
+          tsum_[at] = st.sumexp;
+          tzs_[at] = st.zsum;
+          targ_[at] = v0 + vs_ + st.argmax;
+          if (lab >= 0) zt_[r] = st.target;  // exactly one tile holds the label
+        }
+      });
+    });
+  }
+
+  // Online-softmax merge of a token's tile statistics, in tile order.
+  void reduce_tiles(int64_t r, float& M, float& S, float& ZS, int64_t& arg) const {
+    M = -kInf;
+    S = 0.0f;
+    ZS = 0.0f;
+    arg = 0;
+    for (int64_t k = 0; k < plan_.ntiles; ++k) {
+      const int64_t at = k * plan_.nb + r;
+      const float mk = tmax_[at], sk = tsum_[at];
+      if (mk > M) {  // strict: the first argmax wins ties
+        S = S * std::exp(M - mk) + sk;
+        M = mk;
+        arg = targ_[at];
+      } else if (mk != -kInf) {  // an all -inf tile adds nothing (and exp(-inf - -inf) would be NaN)
+        S += sk * std::exp(mk - M);
+      }
+      ZS += tzs_[at];
+    }
+  }
+
+  void combine_row(int64_t i0, int64_t r, float* loss, float* lse_out, bool* correct) {
+    float M, S, ZS;
+    int64_t arg;
+    reduce_tiles(r, M, S, ZS, arg);
+    const float lse = M + std::log(S);
+    const int64_t y = yb_[i0 + r];
+    const bool valid = y != opt_.ignore_index;
+    const bool bad = valid && (y < 0 || y >= vt_);
+    float per = (1.0f - eps_) * (lse - zt_[r]);
+    if (eps_ != 0.0f) per += eps_ * (lse - ZS / (float)vt_);
+    if (zl_ != 0.0f) per += zl_ * lse * lse;
+    if (!valid) per = 0.0f;
+    if (bad) per = kNaN;
+    loss[i0 + r] = per;
+    lse_out[i0 + r] = lse;
+    correct[i0 + r] = valid && arg == y;
+    lse_[r] = lse;
+  }
+
+  // ---------------------------------------------------------------------------------------------- pass 2
+  void alloc_grads(std::array<bool, 3> mask, bool fp32_dh) {
+    want_dh_ = mask[0];
+    want_dw_ = mask[1];
+    want_db_ = mask[2] && bias_f_.defined();
+    auto f32 = h_.options().dtype(at::kFloat);
+    if (want_dh_) {
+      dh_ = at::empty({n_, d_}, fp32_dh ? f32 : h_.options());
+      for (int64_t s = 0; s < plan_.slots; ++s) dxp_.push_back(at::empty({plan_.nb, d_}, f32));
+    }
+    // dW: float32 accumulator (the output itself for float32 weights); written by the first block, so no zeroing
+    if (want_dw_) dw_ = n_ > 0 ? at::empty({v_, d_}, f32) : at::zeros({v_, d_}, f32);
+    if (want_db_) db_ = at::zeros({v_}, f32);
+  }
+
+  void pass2(int64_t i0, int64_t nbk, GradFrom from) {
+    const bool first = i0 == 0;
+    const float* bias = (from == GradFrom::kRaw && bias_f_.defined()) ? bias_f_.data_ptr<float>() : nullptr;
+    // rows of a tile run on one thread when slots run in parallel: db is accumulated in the row kernel then;
+    // otherwise rows run in parallel and db is a column sum afterwards
+    const bool serial_rows = plan_.slots > 1 || at::get_num_threads() == 1;
+    float* db = want_db_ ? db_.data_ptr<float>() : nullptr;
+    for_tiles([&](int64_t slot, int64_t k) {
+      const int64_t v0 = k * plan_.vb, n = std::min(plan_.vb, v_ - v0);
+      at::Tensor z = z_tile(slot, k, nbk, n);
+      at::Tensor wt;
+      if (from == GradFrom::kRaw) wt = gemm_logits(slot, v0, n, nbk, z);
+      uint16_t* z16 = g16_ ? bits(dz16_[slot]) : nullptr;
+      if (want_dh_ && k == nt_first(slot)) dxp_[slot].narrow(0, 0, nbk).zero_();
+      float* zp = z.data_ptr<float>();
+      Timed tm2(prof_, slot, kRows2);
+      at::parallel_for(0, nbk, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          float* row = zp + r * n;
+          const float g = g_[r];
+          if (g == 0.0f) {  // ignored token: no gradient
+            std::memset(row, 0, sizeof(float) * n);
+            if (z16) std::memset(z16 + r * n, 0, sizeof(uint16_t) * n);
+            continue;
+          }
+          const float lse = lse_[r];
+          const float a = g * (1.0f + 2.0f * zl_ * lse), t = g * (1.0f - eps_), u = g * (eps_ / (float)vt_);
+          float scale = 0.0f;
+          if (from == GradFrom::kProb) scale = a * std::exp(tmax_[k * plan_.nb + r] - lse);
+          const int64_t lab = local_label(yb_[i0 + r], v0, n);
+          rk_.grad(row, bias ? bias + v0 : nullptr, n, cap_, lab, from, lse, a, u, t, scale,
+                   (db && serial_rows) ? db + v0 : nullptr, z16 ? z16 + r * n : nullptr);
+        }
+      });
+      if (db && !serial_rows) db_.narrow(0, v0, n).add_(z.sum(0));
+      tm2.stop();
+      if (want_dh_) gemm_dx(slot, v0, n, nbk, z, wt);
+      if (want_dw_) gemm_dw(slot, v0, n, nbk, z, first);
+    });
+    if (want_dh_) {
+      at::Tensor acc = dxp_[0].narrow(0, 0, nbk);
+      for (int64_t s = 1; s < plan_.slots; ++s) acc.add_(dxp_[s].narrow(0, 0, nbk));
+      dh_.narrow(0, i0, nbk).copy_(acc);
+    }
+  }
+
+  int64_t nt_first(int64_t slot) const { return plan_.ntiles * slot / plan_.slots; }
+
+  void finish_grads(at::Tensor& dh, at::Tensor& dw, at::Tensor& db) {
+    if (want_dh_) {
+      if (plan_.ntiles == 0) dh_.zero_();
+      dh = dh_;
+    }
+    if (want_dw_) dw = w_.scalar_type() == at::kFloat ? dw_ : dw_.to(w_.scalar_type());
+    if (want_db_) db = db_.scalar_type() == bias_dtype_ ? db_ : db_.to(bias_dtype_);
+  }
+
+  at::Tensor h_, w_, y_, bias_f_;
+  Options opt_;
+  const RowKernels& rk_;
+  int64_t n_ = 0, d_ = 0, v_ = 0, vt_ = 0, vs_ = 0;
+  bool low_ = false;  // bf16/fp16 inputs
+  bool g16_ = false;  // bf16 inputs with bf16 GEMMs (float32 results); else low_ tiles are converted
+  at::Tensor hb_, ht_;  // current token block (see set_block)
+  at::ScalarType bias_dtype_ = at::kFloat;
+  float eps_ = 0, zl_ = 0, cap_ = 0;
+  Plan plan_;
+  const int64_t* yb_ = nullptr;
+  std::vector<float> tmax_, tsum_, tzs_, zt_, lse_, g_;
+  std::vector<int64_t> targ_;
+  at::Tensor keep_;
+  Prof prof_;
+  std::vector<at::Tensor> zbuf_, wbuf_, dxp_, ztb_, dz16_, dzt16_;
+  bool want_dh_ = false, want_dw_ = false, want_db_ = false;
+  at::Tensor dh_, dw_, db_;
+};
+
+}  // namespace
+
+std::string unsupported(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  auto dt = hidden.scalar_type();
+  if (!hidden.device().is_cpu()) return "the cpp backend runs on CPU tensors";
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf)
+    return std::string("the cpp backend supports float32, bfloat16 and float16, got ") + c10::toString(dt);
+  if (hidden.dim() != 2 || weight.dim() != 2 || weight.size(1) != hidden.size(1))
+    return "the cpp kernel expects hidden (N, D) and weight (V, D)";
+  if (weight.scalar_type() != dt || (bias.has_value() && bias->defined() && bias->scalar_type() != dt))
+    return "the cpp kernel expects hidden, weight and bias of one dtype";
+  return "";
+}
+
+TokenResult forward(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                    const std::optional<at::Tensor>& bias, const Options& opt, std::optional<double> grad_scale,
+                    std::array<bool, 3> mask, bool fp32_grad_hidden) {
+  const std::string why = unsupported(hidden, weight, bias);
+  TORCH_CHECK(why.empty(), why);
+  const bool fused = grad_scale.has_value() && (mask[0] || mask[1] || mask[2]);
+  Runner run(hidden, weight, labels, bias, opt, fused);
+  return run.forward(grad_scale, mask, fp32_grad_hidden);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_loss, const at::Tensor& hidden,
+                                                        const at::Tensor& weight, const at::Tensor& labels,
+                                                        const std::optional<at::Tensor>& bias, const at::Tensor& lse,
+                                                        const Options& opt, std::array<bool, 3> mask,
+                                                        bool fp32_grad_hidden) {
+  const std::string why = unsupported(hidden, weight, bias);
+  TORCH_CHECK(why.empty(), why);
+  Runner run(hidden, weight, labels, bias, opt, false);
+  return run.backward(grad_loss, lse, mask, fp32_grad_hidden);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stats(const at::Tensor& hidden,
+                                                                             const at::Tensor& weight,
+                                                                             const at::Tensor& labels,
+                                                                             const std::optional<at::Tensor>& bias,
+                                                                             const Options& opt) {
+  const std::string why = unsupported(hidden, weight, bias);
+  TORCH_CHECK(why.empty(), why);
+  Runner run(hidden, weight, labels, bias, opt, false);
+  return run.stats();
+}
+
+std::string describe(int64_t n, int64_t v, int64_t d, bool low_precision, int64_t tile_bytes, bool fused) {
+  (void)d;
+  const Plan p = make_plan(n, v, budget_bytes(tile_bytes), fused);
+  const char* gemm = !low_precision ? "fp32" : bf16_gemm_usable() ? "bf16(fp16: convert-fp32)" : "convert-fp32";
+  return std::string("isa=") + row_kernels().isa + " parallel=" + (gemm_parallel_mode() ? "gemm" : "tiles") +
+         " threads=" + std::to_string(at::get_num_threads()) + " gemm=" + gemm + " nb=" + std::to_string(p.nb) +
+         " vb=" + std::to_string(p.vb) + " tiles=" + std::to_string(p.ntiles) + " slots=" + std::to_string(p.slots) +
+         " keep=" + (p.keep ? "1" : "0");
+}
+
+}  // namespace fused_lce::cpu
