@@ -7,15 +7,16 @@ first argmax (a global id). :func:`combine_stats` turns them into the global sta
 20 bytes per token; no logits and no weights ever cross ranks. The gradient pass then gives each rank its own dW
 shard and a partial dX (``dz_shard @ W_shard``) that :func:`all_reduce_sum_` sums in float32.
 
-Sequence parallelism (Megatron SP). :func:`gather_sequence_parallel` all-gathers the token shards of ``hidden``
-(autograd-aware: its backward hands each rank its own rows of dX); the API uses it in front of the op, whose dX
-is already all-reduced. :func:`sp_gather_rows` / :func:`reduce_grad_rows` are the pair for gathering inside the op
-instead (only the local rows saved for backward, dX reduce-scattered in float32: half the all-reduce's traffic).
+Sequence parallelism (Megatron SP). ``sequence_parallel=True`` gathers inside the op: :func:`sp_gather_rows` /
+:func:`reduce_grad_rows` all-gather the token rows and reduce-scatter dX in float32 (only the local rows are saved for
+backward; half the all-reduce's traffic). :func:`gather_sequence_parallel` is the standalone autograd-aware gather
+for callers who shard along another dimension (e.g. HF-style ``[b, s/tp, h]`` with ``dim=1``) and then call the op
+on the gathered tensor.
 
 Collective sequence per call of the op, identical on every rank (a collective that one rank skips deadlocks):
 ``shard_layout`` (api), ``agree_token_blocks`` (backend, once per statistics pass), one ``combine_stats`` per token
-block, one dX all-reduce. :func:`comm_bytes` is the documented per-step volume; tests/test_distributed.py counts
-the bytes handed to ``torch.distributed`` and asserts it.
+block, one dX all-reduce (a reduce-scatter under sequence parallelism). :func:`comm_bytes` is the documented
+per-step volume; tests/test_distributed.py counts the bytes handed to ``torch.distributed`` and asserts it.
 """
 from __future__ import annotations
 

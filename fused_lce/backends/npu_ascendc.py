@@ -27,7 +27,7 @@ import torch
 
 from .. import distributed
 from .base import Backend, Config, ForwardResult
-from .npu_cann import import_torch_npu, npu_device_reason
+from .npu_cann import usable_torch_npu
 from .npu_emulator import finish, token_weights
 
 STATUS = "AscendC kernels: written, not compiled here, not run on hardware"
@@ -99,11 +99,7 @@ class AscendCBackend(Backend):
     def _first_failing_step(self) -> Optional[str]:
         if self.kernels is not None:
             return None
-        try:
-            tnpu = import_torch_npu()
-        except Exception as e:
-            return f"torch_npu is not importable ({type(e).__name__}: {e})"
-        reason = npu_device_reason(tnpu)
+        _, reason = usable_torch_npu()
         if reason:
             return reason
         lib, where = find_custom_opp()

@@ -67,6 +67,16 @@ def npu_device_reason(torch_npu) -> Optional[str]:
     return None
 
 
+def usable_torch_npu():
+    """(torch_npu, None) when it imports and sees a device, else (None, the first failing step)."""
+    try:
+        tnpu = import_torch_npu()
+    except Exception as e:
+        return None, f"torch_npu is not importable ({type(e).__name__}: {e})"
+    reason = npu_device_reason(tnpu)
+    return (None, reason) if reason else (tnpu, None)
+
+
 def parse_cann_version(text: str) -> Optional[tuple[int, int]]:
     """(major, minor) of a CANN version string such as '9.0.0', '8.3.RC1' or '9.0.T5'; None if unreadable."""
     m = re.match(r"\s*(\d+)\.(\d+)", text or "")
@@ -91,11 +101,7 @@ class CannTrioBackend(Backend):
 
     # -- availability --------------------------------------------------------------------------------------
     def unavailable_reason(self) -> Optional[str]:
-        try:
-            tnpu = import_torch_npu()
-        except Exception as e:
-            return f"torch_npu is not importable ({type(e).__name__}: {e})"
-        reason = npu_device_reason(tnpu)
+        tnpu, reason = usable_torch_npu()
         if reason:
             return reason
         missing = [f for f in TRIO if not callable(getattr(tnpu, f, None))]
