@@ -94,7 +94,11 @@ def test_env_override(monkeypatch):
 def test_valid_ignore_index_inside_vocab_is_not_an_error():
     h, w, y = _p()
     y[0] = 3
-    lce(h, w, y, ignore_index=3)
+    y[1:] = torch.where(y[1:] == 3, torch.zeros_like(y[1:]), y[1:])
+    per = lce(h, w, y, ignore_index=3, reduction="none")
+    plain = torch.nn.functional.cross_entropy(h @ w.t(), y, ignore_index=3, reduction="none")
+    assert per[0] == 0.0
+    torch.testing.assert_close(per, plain)
 
 
 def test_module_form_and_repr():

@@ -17,7 +17,7 @@ REQUIRED = ["transformers", "peft", "trl", "accelerate", "datasets", "tokenizers
 @pytest.mark.skipif(not IN_CI, reason="only enforced in CI (CI=true)")
 @pytest.mark.parametrize("module", REQUIRED)
 def test_dependency_installed_in_ci(module):
-    importlib.import_module(module)
+    assert importlib.import_module(module).__name__ == module
 
 
 @pytest.mark.skipif(not IN_CI, reason="only enforced in CI (CI=true)")
