@@ -6,11 +6,13 @@ custom op ``torch.ops.fused_lce.forward`` (see ``fused_lce.ops``).
 from __future__ import annotations
 
 import numbers
+import os
 from typing import NamedTuple, Optional, Union
 
 import torch
 
-from . import backends, ops  # noqa: F401  (importing ops registers torch.ops.fused_lce.*)
+from . import ops, registry  # importing ops registers torch.ops.fused_lce.*
+from .backends.base import OPTION_FIELDS, Options
 
 REDUCTIONS = ("mean", "sum", "none")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -68,7 +70,7 @@ def linear_cross_entropy(
         sequence_parallel: with ``process_group``: ``hidden`` holds this rank's ``1/world`` of the tokens along
             its first dimension (Megatron sequence parallelism, ``[s/tp, b, h]``), ``labels`` those of the whole
             group (``[s, b]``); the op all-gathers the rows and returns dX for this rank's rows (reduce-scatter).
-        backend: ``"auto"`` or one of ``fused_lce.backends.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
+        backend: ``"auto"`` or one of ``fused_lce.registry.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
         validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
         tile_budget_mb: bytes of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
@@ -77,9 +79,47 @@ def linear_cross_entropy(
     Returns:
         float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``).
     """
+    call = _normalise(hidden, weight, labels, bias, ignore_index=ignore_index, reduction=reduction,
+                      label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, shift=shift,
+                      num_items=num_items, process_group=process_group, sequence_parallel=sequence_parallel,
+                      backend=backend, validate=validate, tile_budget_mb=tile_budget_mb)
+    grad_on = torch.is_grad_enabled()
+    grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
+                 grad_on and call.bias is not None and call.bias.requires_grad]
+    o = call.opts
+    loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(
+        call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
+        *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
+    if reduction == "none":
+        loss = _unshift(loss, call.labels_shape, call.out_shape)
+    if not return_stats:
+        return loss
+    n_valid = (call.labels != ignore_index).sum()
+    accuracy = correct.sum().to(torch.float32) / n_valid.clamp(min=1).to(torch.float32)
+    return LCEOutput(loss, _unshift(lse, call.labels_shape, call.out_shape), accuracy, n_valid)
+
+
+class _Call(NamedTuple):
+    """A validated, flattened call of the op."""
+
+    hidden: torch.Tensor  # (N, D), or (N / world, D) under sequence parallelism
+    weight: torch.Tensor
+    labels: torch.Tensor  # (N,), shifted when asked
+    bias: Optional[torch.Tensor]
+    num_items: Optional[torch.Tensor]
+    opts: Options
+    labels_shape: tuple  # shape of the (shifted) labels before flattening
+    out_shape: tuple  # shape of a "none" loss
+
+
+def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_smoothing, z_loss, softcap, shift,
+               num_items, process_group, sequence_parallel, backend, validate, tile_budget_mb) -> _Call:
+    """Check every argument (ValueError/TypeError naming it) and build the op's flattened inputs and Options."""
     _check_tensor("hidden", hidden)
     _check_tensor("weight", weight)
     _check_tensor("labels", labels)
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel: expected a bool, got {type(sequence_parallel).__name__}")
     sp_world = 1
     if sequence_parallel:
         if process_group is None:
@@ -114,24 +154,23 @@ def linear_cross_entropy(
             raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
     if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
+    if not -2**63 <= int(ignore_index) < 2**63:
+        raise ValueError(f"ignore_index: expected a 64-bit integer, got {ignore_index}")
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
     label_smoothing = _number("label_smoothing", label_smoothing)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing: expected a value in [0, 1], got {label_smoothing}")
     z_loss = _number("z_loss", z_loss)
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss: expected a value >= 0, got {z_loss}")
     if softcap is not None:
         softcap = _number("softcap", softcap)
         if not softcap > 0.0 or softcap == float("inf"):
             raise ValueError(f"softcap: expected a finite value > 0 or None, got {softcap}")
-    if not isinstance(backend, str) or backend not in ("auto",) + backends.NAMES:
-        raise ValueError(f"backend: expected one of {('auto',) + backends.NAMES}, got {backend!r}")
-    if tile_budget_mb is not None:
-        tile_budget_mb = _number("tile_budget_mb", tile_budget_mb)
-        if not tile_budget_mb > 0:
-            raise ValueError(f"tile_budget_mb: expected a value > 0 or None, got {tile_budget_mb}")
+    if not isinstance(shift, bool):
+        raise TypeError(f"shift: expected a bool, got {type(shift).__name__} {shift!r} (it shifts by one position)")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+    if not isinstance(backend, str) or backend not in ("auto",) + registry.names():
+        raise ValueError(f"backend: expected one of {('auto',) + registry.names()}, got {backend!r}")
+    tile_bytes = _tile_bytes(tile_budget_mb)
     num_items_t = _num_items(num_items, hidden.device)
 
     out_shape = tuple(labels.shape)
@@ -156,27 +195,14 @@ def linear_cross_entropy(
     y = labels.reshape(-1)
     # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
     h2 = hidden.reshape(y.numel() // sp_world, d)
-    if validate and not torch.compiler.is_compiling() and y.numel() > 0:
+    if validate and y.numel() > 0 and not torch.compiler.is_compiling() and not _values_hidden(y):
         bad = (y != ignore_index) & ((y < 0) | (y >= total))
         if bool(bad.any()):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
                              f"got {int(y[bad][0])}")
-
-    grad_on = torch.is_grad_enabled()
-    grad_mask = [grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
-                 grad_on and bias is not None and bias.requires_grad]
-    tile_bytes = int(tile_budget_mb * 2**20) if tile_budget_mb is not None else 0
-    loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(
-        h2, weight, y, bias, num_items_t, reduction, int(ignore_index), label_smoothing, z_loss,
-        softcap or 0.0, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask)
-
-    if reduction == "none":
-        loss = _unshift(loss, labels.shape, out_shape)
-    if not return_stats:
-        return loss
-    n_valid = (y != ignore_index).sum()
-    accuracy = correct.sum().to(torch.float32) / n_valid.clamp(min=1).to(torch.float32)
-    return LCEOutput(loss, _unshift(lse, labels.shape, out_shape), accuracy, n_valid)
+    opts = ops.make_options(int(ignore_index), label_smoothing, z_loss, softcap or 0.0, backend, group_name,
+                            vocab_start, vocab_total, tile_bytes)
+    return _Call(h2, weight, y, bias, num_items_t, opts, tuple(labels.shape), out_shape)
 
 
 class LinearCrossEntropy(torch.nn.Module):
@@ -203,17 +229,14 @@ _OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "soft
 
 
 def backend_info() -> dict:
-    """Which backends exist on this host: ``{name: {"available": bool, "reason": str | None, "devices": [...]}}``,
-    plus ``"auto"``: the backend ``backend="auto"`` picks for each device type present."""
-    info = backends.info()
-    auto = {}
+    """Which backends exist on this host: ``{name: {"available": bool, "reason": str | None, "devices": [...],
+    "status": str | None}}``, plus ``"auto"``: the backend ``backend="auto"`` picks for a float32 problem on
+    each device type present (a provider may still decline a particular shape: ``resolve`` then takes the next)."""
+    info = registry.info()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if hasattr(torch, "npu"):
         devices.append("npu")
-    for dev in devices:
-        order = backends.AUTO_ORDER.get(dev, ("torch",))
-        auto[dev] = next((n for n in order if info[n]["available"]), "torch")
-    info["auto"] = auto
+    info["auto"] = {dev: registry.auto_choice(dev) for dev in devices}
     return info
 
 
@@ -229,6 +252,30 @@ def _number(name, x) -> float:
     return float(x)
 
 
+def _values_hidden(t: torch.Tensor) -> bool:
+    """Meta / fake tensors (tracing): shapes only, values cannot be checked."""
+    return t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter))
+
+
+def _tile_bytes(tile_budget_mb) -> int:
+    """Bytes of logits tiles a provider may keep live: the argument, else env FUSED_LCE_TILE_MB, else 0 (each
+    provider's default). Read here, once, so every provider means the same thing by it."""
+    name, value = "tile_budget_mb", tile_budget_mb
+    if value is None:
+        env = os.environ.get("FUSED_LCE_TILE_MB", "").strip()
+        if not env:
+            return 0
+        name = "FUSED_LCE_TILE_MB"
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}") from None
+    value = _number(name, value)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}: expected a number of MiB > 0, got {value}")
+    return max(1, int(value * 2**20))
+
+
 def _num_items(num_items, device):
     if num_items is None:
         return None
@@ -236,11 +283,11 @@ def _num_items(num_items, device):
         if num_items.numel() != 1:
             raise ValueError(f"num_items: expected a number or a one-element tensor, got shape "
                              f"{tuple(num_items.shape)}")
-        return num_items.detach().reshape(()).to(device)
+        return num_items.detach().reshape(()).to(device)  # its value is checked by the op (ops.check_num_items)
     if isinstance(num_items, bool) or not isinstance(num_items, numbers.Real):
         raise TypeError(f"num_items: expected None, a number or a one-element tensor, got {type(num_items).__name__}")
-    if not num_items >= 0:
-        raise ValueError(f"num_items: expected a value >= 0, got {num_items}")
+    if not 0 <= num_items < float("inf"):
+        raise ValueError(f"num_items: expected a finite value >= 0, got {num_items}")
     return torch.tensor(float(num_items), device=device)
 
 

@@ -261,8 +261,8 @@ def add_arguments(p: argparse.ArgumentParser):
 
 def main_from_args(args) -> int:
     import fused_lce
-    from fused_lce import backends as be
-    from fused_lce.backends.base import Config
+    from fused_lce import registry
+    from fused_lce.backends.base import Options, Problem
 
     hidden, vocab = PRESETS[args.preset]
     hidden = args.hidden or hidden
@@ -276,12 +276,12 @@ def main_from_args(args) -> int:
     dtype = DTYPES[args.dtype]
     if args.backends:
         paths = [b.strip() for b in args.backends.split(",") if b.strip()]
-        unknown = [b for b in paths if b != "plain" and b not in be.NAMES]
+        unknown = [b for b in paths if b != "plain" and b not in registry.NAMES]
         if unknown:
-            raise SystemExit(f"--backends: unknown {unknown}; expected plain or any of {be.NAMES}")
+            raise SystemExit(f"--backends: unknown {unknown}; expected plain or any of {registry.NAMES}")
     else:
-        paths = ["plain"] + [n for n in be.NAMES if be.unavailable_reason(n) is None
-                             and be.load(n).unsupported_reason(device, Config(), dtype) is None]
+        p = Problem(256, hidden, vocab, dtype, device, False, Options())
+        paths = ["plain"] + [n for n in registry.NAMES if registry.why_not(n, p) is None]
     rows = run_bench(tokens, hidden, vocab, dtype, device, paths, args.repeat, args.warmup, args.tile_mb,
                      not args.no_check, progress=not args.quiet)
     env = environment(device)

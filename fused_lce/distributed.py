@@ -14,7 +14,7 @@ for callers who shard along another dimension (e.g. HF-style ``[b, s/tp, h]`` wi
 on the gathered tensor.
 
 Collective sequence per call of the op, identical on every rank (a collective that one rank skips deadlocks):
-``shard_layout`` (api), ``agree_token_blocks`` (backend, once per statistics pass), one ``combine_stats`` per token
+``shard_layout`` (api), ``agree_token_blocks`` (driver, once per pass), one ``combine_stats`` per token
 block, one dX all-reduce (a reduce-scatter under sequence parallelism). :func:`comm_bytes` is the documented
 per-step volume; tests/test_distributed.py counts the bytes handed to ``torch.distributed`` and asserts it.
 """
@@ -220,21 +220,19 @@ def reduce_grad_rows(grad: torch.Tensor, group_name: str, local_rows: int) -> to
 
 
 # -------------------------------------------------------------------------------------------------- volume
-def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad_hidden: bool = True,
+def comm_bytes(n_tokens: int, d: int, world: int, *, grad_hidden: bool = True,
                sequence_parallel: bool = False, hidden_itemsize: int = 4, sp_reduce_scatter: bool = False,
-               recompute: bool = False, block_agreement: bool = True) -> dict[str, int]:
+               recompute: bool = False) -> dict[str, int]:
     """Bytes this rank hands to each kind of collective in one forward + backward of the loss (payload: the
     input tensor's size; the wire traffic of ring algorithms is ``(world-1) x`` that for an all-gather,
     ``2 (world-1)/world x`` for an all-reduce and ``(world-1)/world x`` for a reduce-scatter).
 
-    ``n_tokens`` = N, the tokens of the whole problem (after the sequence-parallel gather), ``token_blocks`` = the
-    number of statistics blocks the backend ran (== the number of ``combine_stats`` calls; only the tiny
-    per-collective latency depends on it, not the volume):
+    ``n_tokens`` = N, the tokens of the whole problem (after the sequence-parallel gather); the volume does not
+    depend on how many token blocks the driver ran (only the tiny per-collective latency does):
 
     - all_gather: ``8`` (shard sizes) + ``20 N`` (statistics) [+ ``N/world * D * itemsize`` under SP: hidden]
-    - all_reduce: ``24`` (block agreement; 0 with ``block_agreement=False``, for a backend that plans its token
-      blocks without it) + ``4 N D`` when dX is wanted (float32 partial dX), except with ``sp_reduce_scatter``
-      where dX goes to
+    - all_reduce: ``24`` (the driver's token-block agreement) + ``4 N D`` when dX is wanted (float32 partial dX),
+      except with ``sp_reduce_scatter`` where dX goes to
     - reduce_scatter: ``4 N D`` (float32 partial dX in, this rank's ``N/world`` rows out). In that scheme the
       op gathers hidden itself and keeps only its own rows, so a backward that recomputes (``recompute``:
       reduction "none") gathers them again: another ``N/world * D * itemsize`` all-gathered.
@@ -242,14 +240,13 @@ def comm_bytes(n_tokens: int, d: int, world: int, *, token_blocks: int = 1, grad
     The logits-gathering alternative hands ``N * V/world * 4`` bytes to an all-gather (float32 logits) and the
     same for their gradient; the statistics cost ``20 / (4 V / world)`` of that, e.g. 1/30000 at V=152k, TP=8.
     """
-    del token_blocks  # documented above: the volume does not depend on it
     if world <= 1:
         return {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0}
     gather = 8 + STATS_BYTES_PER_TOKEN * n_tokens
     if sequence_parallel:
         gather += (n_tokens // world) * d * hidden_itemsize
     dx = 4 * n_tokens * d if grad_hidden else 0
-    agree = 24 if block_agreement else 0
+    agree = 24
     if sp_reduce_scatter and sequence_parallel:
         if recompute:
             gather += (n_tokens // world) * d * hidden_itemsize

@@ -1,6 +1,8 @@
-"""The registered custom ops ``torch.ops.fused_lce.forward`` / ``torch.ops.fused_lce.backward``.
+"""The registered custom ops ``torch.ops.fused_lce.forward`` / ``torch.ops.fused_lce.backward``: schemas, input
+checks, fake kernels and autograd -- once, for every device. Their kernels are ``fused_lce.driver.forward`` /
+``backward``; native libraries register only private kernel ops (``fused_lce::_cpu_*``, ``_npu_*``).
 
-Schemas (2-D problems; the public API flattens, shifts and validates first)::
+Schemas (2-D problems; the public API flattens, shifts and validates labels first)::
 
     fused_lce::forward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items,
         str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, str backend,
@@ -12,71 +14,147 @@ Schemas (2-D problems; the public API flattens, shifts and validates first)::
         int vocab_start, int vocab_total, int tile_bytes, bool[3] grad_mask)
         -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
 
+The options block (``ignore_index`` .. ``tile_bytes``) is ``fused_lce.backends.base.Options`` field by field.
 ``forward`` returns the reduced float32 loss (0-dim for "sum"/"mean", (N,) for "none"), per-token ``lse``
 (float32) and ``correct`` (bool), and -- when ``reduction != "none"`` and ``grad_mask`` asks for any gradient --
 the gradients of the returned loss computed in the same pass (else empty tensors). ``softcap == 0`` means off,
 ``group_name == ""`` means one device, ``vocab_total == 0`` means ``weight.shape[0]``, ``tile_bytes == 0`` means
-the backend's default, ``backend`` is a backend name or "auto". ``backward`` recomputes the gradients of
+the provider's default, ``backend`` is a provider name or "auto". ``backward`` recomputes the gradients of
 ``sum_i grad_loss[i] * loss_i`` (``grad_loss`` float32, (N,)) from the saved ``lse``. With a group and
 ``hidden.shape[0] < labels.shape[0]`` (sequence parallelism), ``hidden`` holds this rank's ``N / world`` rows: the
-ops all-gather them and return this rank's rows of the gradient (reduce-scatter in float32).
+ops all-gather them and return this rank's rows of the gradient (reduce-scatter in float32). Every input is
+checked here (shapes, dtypes, devices, option ranges): a bad one raises ValueError/TypeError naming it; a label
+outside ``[0, vocab_total)`` that is not ``ignore_index`` gives that token a NaN loss and NaN gradients.
 
 Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
 ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
-``grad_mask``). Every device runs the Python router below unless a native library owns its dispatch key (the C++
-CPU kernel in ``fused_lce._C``); such a kernel hands other backends back through ``fused_lce::_route_forward``
-/ ``_route_backward``, which have the same schemas.
+``grad_mask``). Double backward (``create_graph=True``) raises.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import backends, distributed
-from .backends.base import Config
+from . import distributed, driver, registry
+from .backends.base import OPTION_FIELDS, Options, options_schema
 
-_FWD_ARGS = ("Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items, str reduction, "
-             "int ignore_index, float label_smoothing, float z_loss, float softcap, str backend, str group_name, "
-             "int vocab_start, int vocab_total, int tile_bytes, bool[3] grad_mask")
-_FWD_RET = "(Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)"
-_BWD_ARGS = ("Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse, "
-             "int ignore_index, float label_smoothing, float z_loss, float softcap, str backend, str group_name, "
-             "int vocab_start, int vocab_total, int tile_bytes, bool[3] grad_mask")
-_BWD_RET = "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)"
+REDUCTIONS = ("mean", "sum", "none")
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+LABEL_DTYPES = (torch.int64, torch.int32)
+
+_OPTS = options_schema()
+_FWD = (f"forward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items, str reduction, "
+        f"{_OPTS}, bool[3] grad_mask) -> (Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, "
+        f"Tensor grad_weight, Tensor grad_bias)")
+_BWD = (f"backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse, "
+        f"{_OPTS}, bool[3] grad_mask) -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
+_N_OPTS = len(OPTION_FIELDS)
 
 _lib = torch.library.Library("fused_lce", "DEF")
-for _name in ("forward", "_route_forward"):
-    _lib.define(f"{_name}({_FWD_ARGS}) -> {_FWD_RET}")
-for _name in ("backward", "_route_backward"):
-    _lib.define(f"{_name}({_BWD_ARGS}) -> {_BWD_RET}")
+_lib.define(_FWD)
+_lib.define(_BWD)
 
 
-def _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes):
-    return Config(int(ignore_index), float(label_smoothing), float(z_loss), float(softcap), int(tile_bytes),
-                  str(group_name), int(vocab_start), int(vocab_total))
+# ------------------------------------------------------------------------------------------------ input checks
+def make_options(*values) -> Options:
+    """The Options of an op call, range-checked (ValueError/TypeError naming the argument)."""
+    o = Options(*values)
+    for name in ("ignore_index", "vocab_start", "vocab_total", "tile_bytes"):
+        x = getattr(o, name)
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
+    for name in ("label_smoothing", "z_loss", "softcap"):
+        x = getattr(o, name)
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
+    if not 0.0 <= o.label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing: expected a value in [0, 1], got {o.label_smoothing}")
+    if not 0.0 <= o.z_loss < float("inf"):
+        raise ValueError(f"z_loss: expected a finite value >= 0, got {o.z_loss}")
+    if not 0.0 <= o.softcap < float("inf"):
+        raise ValueError(f"softcap: expected a finite value > 0, or 0 for off, got {o.softcap}")
+    for name in ("vocab_start", "vocab_total", "tile_bytes"):
+        if getattr(o, name) < 0:
+            raise ValueError(f"{name}: expected a value >= 0, got {getattr(o, name)}")
+    if not isinstance(o.backend, str) or o.backend not in ("auto",) + registry.names():
+        raise ValueError(f"backend: expected one of {('auto',) + registry.names()}, got {o.backend!r}")
+    if not isinstance(o.group_name, str):
+        raise TypeError(f"group_name: expected a str, got {type(o.group_name).__name__}")
+    return o
 
 
-def _divisor(reduction, num_items, labels, ignore_index):
-    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"."""
-    if reduction != "mean":
-        return torch.ones((), device=labels.device)
-    if num_items is not None:
-        return num_items.to(device=labels.device, dtype=torch.float32).reshape(())
-    return (labels != ignore_index).sum().to(torch.float32)
+def _is_traced(t: torch.Tensor) -> bool:
+    """Fake / meta / functional tensors: shapes only, no values."""
+    return t.device.type == "meta" or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)
 
 
-def _safe_inverse(div):
-    # all tokens ignored (or num_items == 0): the loss and its gradients are 0, never NaN
-    return torch.where(div > 0, 1.0 / torch.where(div > 0, div, torch.ones_like(div)), torch.zeros_like(div))
+def check_problem(hidden, weight, labels, bias, opts: Options) -> None:
+    """Shapes, dtypes and devices of the tensors both ops share."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a Tensor, got {type(t).__name__}")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: expected shape (N, D), got {tuple(hidden.shape)}")
+    if hidden.dtype not in FLOATS:
+        raise TypeError(f"hidden: expected dtype float32, bfloat16 or float16, got {hidden.dtype}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"weight: expected shape (V, D) with D = {hidden.shape[1]}, got {tuple(weight.shape)}")
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight: expected dtype {hidden.dtype} (same as hidden), got {weight.dtype}")
+    if labels.dtype not in LABEL_DTYPES:
+        raise TypeError(f"labels: expected dtype int64 or int32, got {labels.dtype}")
+    rows = hidden.shape[0]
+    if labels.dim() != 1 or labels.shape[0] not in (rows, rows * _sp_world(opts, rows, labels)):
+        raise ValueError(f"labels: expected shape (N,) with N = hidden.shape[0] = {rows}, got {tuple(labels.shape)}")
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias: expected shape (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype != hidden.dtype:
+            raise TypeError(f"bias: expected dtype {hidden.dtype} (same as hidden), got {bias.dtype}")
+    for name, t in (("weight", weight), ("labels", labels), ("bias", bias)):
+        if t is not None and t.device != hidden.device:
+            raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
+    if opts.vocab_total and opts.vocab_start + weight.shape[0] > opts.vocab_total:
+        raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
+                         f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")
 
 
-def _empty(t):
-    return t.new_empty(0)
+def _sp_world(opts: Options, rows: int, labels) -> int:
+    """World size when labels cover a sequence-parallel group's rows (else 1)."""
+    if not opts.group_name or labels.dim() != 1 or labels.shape[0] == rows:
+        return 1
+    group = distributed.resolve_group(opts.group_name)
+    return torch.distributed.get_world_size(group) if group is not None else 1
+
+
+def check_per_token(name: str, t, n: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a Tensor, got {type(t).__name__}")
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{name}: expected shape ({n},) (one value per token), got {tuple(t.shape)}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on hidden's device {device}, got {t.device}")
+
+
+def check_num_items(num_items, device) -> None:
+    if num_items is None:
+        return
+    if num_items.numel() != 1:
+        raise ValueError(f"num_items: expected a one-element tensor, got shape {tuple(num_items.shape)}")
+    if num_items.dtype == torch.bool or num_items.is_complex():
+        raise TypeError(f"num_items: expected a real number, got dtype {num_items.dtype}")
+    if not _is_traced(num_items) and not torch.compiler.is_compiling():
+        value = float(num_items.detach().reshape(()).to("cpu", torch.float64))
+        if not value >= 0 or value == float("inf"):  # NaN fails too
+            raise ValueError(f"num_items: expected a finite value >= 0, got {value}")
 
 
 def _no_autocast(fn):
-    """Backends pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast the
+    """Providers pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast the
     fp32 tile GEMMs inside them."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -89,47 +167,53 @@ def _no_autocast(fn):
     return wrapper
 
 
+def _empty(t):
+    return t.new_empty(0)
+
+
+def _split_forward(args):
+    hidden, weight, labels, bias, num_items, reduction = args[:6]
+    opts = make_options(*args[6:6 + _N_OPTS])
+    grad_mask = args[6 + _N_OPTS]
+    check_problem(hidden, weight, labels, bias, opts)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+    check_num_items(num_items, hidden.device)
+    return hidden, weight, labels, bias, num_items, reduction, opts, grad_mask
+
+
+def _split_backward(args):
+    grad_loss, hidden, weight, labels, bias, lse = args[:6]
+    opts = make_options(*args[6:6 + _N_OPTS])
+    grad_mask = args[6 + _N_OPTS]
+    check_problem(hidden, weight, labels, bias, opts)
+    check_per_token("grad_loss", grad_loss, labels.shape[0], hidden.device)
+    check_per_token("lse", lse, labels.shape[0], hidden.device)
+    return grad_loss, hidden, weight, labels, bias, lse, opts, grad_mask
+
+
+# ------------------------------------------------------------------------------------------------ kernels
 @_no_autocast
-def _forward_kernel(hidden, weight, labels, bias, num_items, reduction, ignore_index, label_smoothing, z_loss,
-                    softcap, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
-    cfg = _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes)
-    impl = backends.resolve(backend, hidden.device, cfg, hidden.dtype)
-    mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
-    fused = reduction != "none" and any(mask)
-    inv = _safe_inverse(_divisor(reduction, num_items, labels, ignore_index))
-    # sequence parallel: hidden holds this rank's N/world token rows, labels all N (one all-gather)
-    full = distributed.sp_gather_rows(hidden, cfg.group_name, labels.shape[0])
-    r = impl.forward(full, weight, labels, bias, cfg, inv if fused else None, mask)
-    if reduction == "none":
-        loss = r.loss
-    else:
-        loss = r.loss.sum() * inv
-    dh = r.grad_hidden
-    if dh is not None:  # all-reduce, or reduce-scatter to this rank's rows (sequence parallel), in float32
-        dh = distributed.reduce_grad_rows(dh, cfg.group_name, hidden.shape[0]).to(hidden.dtype)
-    return (loss, r.lse, r.correct, _empty(hidden) if dh is None else dh,
-            _empty(weight) if r.grad_weight is None else r.grad_weight,
-            _empty(weight) if r.grad_bias is None else r.grad_bias)
+def _forward_kernel(*args):
+    hidden, weight, labels, bias, num_items, reduction, opts, grad_mask = _split_forward(args)
+    loss, lse, correct, dh, dw, db = driver.forward(hidden, weight, labels, bias, num_items, reduction, opts,
+                                                    grad_mask)
+    return (loss, lse, correct, _empty(hidden) if dh is None else dh, _empty(weight) if dw is None else dw,
+            _empty(weight) if db is None else db)
 
 
 @_no_autocast
-def _backward_kernel(grad_loss, hidden, weight, labels, bias, lse, ignore_index, label_smoothing, z_loss, softcap,
-                     backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
-    cfg = _config(ignore_index, label_smoothing, z_loss, softcap, group_name, vocab_start, vocab_total, tile_bytes)
-    impl = backends.resolve(backend, hidden.device, cfg, hidden.dtype)
-    mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
-    full = distributed.sp_gather_rows(hidden, cfg.group_name, labels.shape[0])
-    dh, dw, db = impl.backward(grad_loss, full, weight, labels, bias, lse, cfg, mask)
-    if dh is not None:
-        dh = distributed.reduce_grad_rows(dh, cfg.group_name, hidden.shape[0]).to(hidden.dtype)
+def _backward_kernel(*args):
+    grad_loss, hidden, weight, labels, bias, lse, opts, grad_mask = _split_backward(args)
+    dh, dw, db = driver.backward(grad_loss, hidden, weight, labels, bias, lse, opts, grad_mask)
     return (_empty(hidden) if dh is None else dh, _empty(weight) if dw is None else dw,
             _empty(weight) if db is None else db)
 
 
-def _forward_fake(hidden, weight, labels, bias, num_items, reduction, ignore_index, label_smoothing, z_loss,
-                  softcap, backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
+def _forward_fake(*args):
+    hidden, weight, labels, bias, _num_items, reduction, _opts, grad_mask = _split_forward(args)
     n = labels.shape[0]  # hidden has N/world rows under sequence parallelism
-    mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
+    mask = driver.normalise_mask(grad_mask, bias)
     fused = reduction != "none" and any(mask)
     f32 = torch.float32
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=f32)
@@ -139,32 +223,26 @@ def _forward_fake(hidden, weight, labels, bias, num_items, reduction, ignore_ind
             torch.empty_like(bias) if fused and mask[2] else _empty(weight))
 
 
-def _backward_fake(grad_loss, hidden, weight, labels, bias, lse, ignore_index, label_smoothing, z_loss, softcap,
-                   backend, group_name, vocab_start, vocab_total, tile_bytes, grad_mask):
-    mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
+def _backward_fake(*args):
+    _g, hidden, weight, _labels, bias, _lse, _opts, grad_mask = _split_backward(args)
+    mask = driver.normalise_mask(grad_mask, bias)
     return (torch.empty_like(hidden) if mask[0] else _empty(hidden),
             torch.empty_like(weight) if mask[1] else _empty(weight),
             torch.empty_like(bias) if mask[2] else _empty(weight))
 
 
-for _name in ("forward", "_route_forward"):
-    _lib.impl(_name, _forward_kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"fused_lce::{_name}", _forward_fake, lib=_lib)
-for _name in ("backward", "_route_backward"):
-    _lib.impl(_name, _backward_kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"fused_lce::{_name}", _backward_fake, lib=_lib)
+_lib.impl("forward", _forward_kernel, "CompositeExplicitAutograd")
+_lib.impl("backward", _backward_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake("fused_lce::forward", _forward_fake, lib=_lib)
+torch.library.register_fake("fused_lce::backward", _backward_fake, lib=_lib)
 
 
-# ---------------------------------------------------------------------------------------------- autograd
-_OPTS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "group_name", "vocab_start",
-         "vocab_total", "tile_bytes")
-
-
+# ------------------------------------------------------------------------------------------------ autograd
 def _setup_context(ctx, inputs, output):
     hidden, weight, labels, bias, num_items, reduction = inputs[:6]
-    ctx.opts = inputs[6:15]
-    grad_mask = inputs[15]
-    loss, lse, correct, dh, dw, db = output
+    ctx.opts = tuple(inputs[6:6 + _N_OPTS])
+    grad_mask = inputs[6 + _N_OPTS]
+    _loss, lse, correct, dh, dw, db = output
     ctx.reduction = reduction
     ctx.fused = reduction != "none" and any(grad_mask)
     ctx.mark_non_differentiable(lse, correct, dh, dw, db)
@@ -175,12 +253,16 @@ def _setup_context(ctx, inputs, output):
     ctx.precomputed = (dh, dw, db)
     # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every rank
     # of a group must take the same path here (the recompute path has collectives under sequence parallelism)
-    ctx.pre_mask = (bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None)
+    ctx.pre_mask = driver.normalise_mask(grad_mask, bias)
 
 
 def _backward(ctx, g_loss, *_unused):
+    n_inputs = 7 + _N_OPTS
     if g_loss is None:
-        return (None,) * 16
+        return (None,) * n_inputs
+    if torch.is_grad_enabled():
+        raise RuntimeError("fused_lce: double backward (create_graph=True) through linear_cross_entropy is not "
+                           "supported; its gradients are computed by fused kernels, not by differentiable ops")
     hidden, weight, labels, bias, num_items, lse = ctx.saved_tensors
     dh, dw, db = ctx.precomputed
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
@@ -205,18 +287,13 @@ def _backward(ctx, g_loss, *_unused):
         if ctx.reduction == "none":
             g_tok = g_loss.to(torch.float32)
         else:
-            inv = _safe_inverse(_divisor(ctx.reduction, num_items, labels, ctx.opts[0]))
+            inv = driver.safe_inverse(driver.mean_divisor(ctx.reduction, num_items, labels, ctx.opts[0]))
             g_tok = (g_loss.to(torch.float32) * inv).expand(n).contiguous()
         rh, rw, rb = torch.ops.fused_lce.backward(g_tok, hidden, weight, labels, bias, lse, *ctx.opts, list(missing))
         for k, r in enumerate((rh, rw, rb)):
             if missing[k]:
                 out[k] = r
-    return out[0], out[1], None, out[2], None, *([None] * 11)
+    return (out[0], out[1], None, out[2]) + (None,) * (n_inputs - 4)
 
 
 torch.library.register_autograd("fused_lce::forward", _backward, setup_context=_setup_context, lib=_lib)
-
-
-# A compiled backend registers its native kernels when its module imports (the C++ CPU kernel owns the CPU key
-# from then on), so load it now: dispatch must not change half-way through a run. Failure is recorded, not raised.
-backends.load("cpp")

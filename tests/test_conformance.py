@@ -233,3 +233,29 @@ def test_zero_hidden_size(bd, seed):
     backend, device = bd
     for use_bias in (False, True):
         check(backend, device, (5, 0), 7, torch.float32, "mean", bias=use_bias)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+@pytest.mark.parametrize("tile", [TINY, None], ids=["tiny", "default"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
+    """A -inf bias over the first 200 vocabulary entries (a masked vocabulary): the online softmax starts on rows
+    whose running max is -inf for several whole tiles, which must not become NaN (F.cross_entropy is finite)."""
+    backend, device = bd
+    h, w, _, b = make_problem((13, 8), 301, torch.float32, device, bias=True)
+    with torch.no_grad():
+        b[:200] = -math.inf
+    y = torch.randint(200, 301, (13,))
+    y[::4] = -100
+    y = y.to(device)
+    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, tile_budget_mb=tile, reduction=reduction)
+    hr, wr, br = (t.detach().cpu().double().requires_grad_() for t in (h, w, b))
+    ref = torch.nn.functional.cross_entropy(hr @ wr.t() + br, y.cpu(), reduction=reduction)
+    assert torch.isfinite(loss).all()
+    torch.testing.assert_close(loss.detach().cpu().double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    g = torch.rand_like(loss)
+    grads = torch.autograd.grad(loss, (h, w, b), g)
+    ref_grads = torch.autograd.grad(ref, (hr, wr, br), g.cpu().double())
+    for name, ours, want in zip("hwb", grads, ref_grads):
+        assert torch.isfinite(ours).all(), name
+        assert rel_err(ours.cpu(), want) <= GRAD_TOL[torch.float32], (name, rel_err(ours.cpu(), want))

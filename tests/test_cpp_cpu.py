@@ -2,7 +2,7 @@
 
 It is really loaded and owns the CPU kernels of the ops; it matches the float64 reference on every code path of the
 kernel (kept row block / recompute, bf16 GEMMs / converted tiles, each row-kernel instruction set, both parallel
-schemes, 1 or 2 threads); it hands other backends back to the Python router; it is deterministic; it indexes past
+schemes, 1 or 2 threads); the registry routes to it and away from it as asked; it is deterministic; it indexes past
 2^31 logits; the ops pass opcheck with it. The shared conformance suite (tests/test_conformance.py) runs on "cpp"
 too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
 """
@@ -15,33 +15,38 @@ import pytest
 import torch
 
 import fused_lce
-from fused_lce import backends
-from fused_lce.backends.base import Config
+from fused_lce import driver, registry
+from fused_lce.backends.base import Options, Problem, Tensors
 from fused_lce.reference import reference_loss
 
 from .conftest import GRAD_TOL, LOSS_TOL, rel_err
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-REASON = backends.unavailable_reason("cpp")
+REASON = registry.unavailable_reason("cpp")
 pytestmark = pytest.mark.skipif(REASON is not None and not IN_CI, reason=f"cpp backend unavailable: {REASON}")
 
 
 def test_compiled_library_is_loaded(monkeypatch):
-    """The installed package loaded fused_lce._C and CPU calls of the ops run in it, not in the Python router."""
+    """The installed package loaded fused_lce._C, whose private kernel ops run the "cpp" provider: the fused
+    one-pass kernel for a training step, statistics + recompute for reduction "none"."""
     assert REASON is None, f"the C++ extension is missing: {REASON}"
     from fused_lce import _C
-    from fused_lce.backends import cpp_cpu
+    from fused_lce.backends import cpp
 
     assert os.path.basename(_C.__file__).startswith("_C.") and _C.__file__.endswith((".so", ".pyd"))
-    assert "csrc/ops.cpp" in torch._C._dispatch_dump("fused_lce::forward").split("CPU: registered at ")[1]
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("fused_lce::backward", "CPU")
+    for kernel in ("_cpu_stats", "_cpu_grads", "_cpu_fused"):
+        assert "csrc/ops.cpp" in torch._C._dispatch_dump(f"fused_lce::{kernel}").split("CPU: registered at ")[1]
+    # the public ops have one implementation for every device: the Python driver
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("fused_lce::forward", "CPU")
     assert fused_lce.backend_info()["auto"]["cpu"] == "cpp"
-    assert cpp_cpu.describe(64, 1000, 32).startswith("isa=")
-    calls = _count_python_calls(monkeypatch)
+    assert cpp.describe(64, 1000, 32).startswith("isa=")
+    calls = _count_kernel_calls(monkeypatch)
     h, w, y, _ = _problem(16, 8, 40, torch.float32)
     fused_lce.linear_cross_entropy(h, w, y, backend="cpp").backward()
+    assert calls["cpp"] == ["fused"] and calls["torch"] == []
+    calls["cpp"].clear()
     fused_lce.linear_cross_entropy(h, w, y, backend="cpp", reduction="none").sum().backward()
-    assert calls == {"torch": 0, "cpp": 0}  # the C++ op kernel ran it natively
+    assert calls["cpp"] == ["stats", "grads"] and calls["torch"] == []
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -55,16 +60,16 @@ def _problem(n, d, v, dtype, *, bias=False, ignore_frac=0.2, ignore_index=-100, 
     return h, w, y, b
 
 
-def _count_python_calls(monkeypatch):
-    """Counts calls of the backends' Python methods (the router's way in); the native C++ path makes none."""
-    calls = {"torch": 0, "cpp": 0}
+def _count_kernel_calls(monkeypatch):
+    """Records which kernels of the torch and cpp providers the driver calls."""
+    calls = {"torch": [], "cpp": []}
     for name in calls:
-        impl = backends.load(name)
-        for meth in ("forward", "backward"):
+        impl = registry.load(name)
+        for meth in ("stats", "grads", "fused"):
             orig = getattr(impl, meth)
 
-            def wrapped(*a, _orig=orig, _name=name, **k):
-                calls[_name] += 1
+            def wrapped(*a, _orig=orig, _name=name, _meth=meth, **k):
+                calls[_name].append(_meth)
                 return _orig(*a, **k)
 
             monkeypatch.setattr(impl, meth, wrapped)
@@ -124,7 +129,7 @@ def test_paths_match_reference(dtype, path):
 @pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517)], ids=["even", "odd"])
 def test_bfloat16_gemm_and_converted_tiles(monkeypatch, bf16_gemm, shape):
     """bf16 inputs: bf16 x bf16 -> fp32 GEMMs where the CPU has them, else tiles converted to float32."""
-    from fused_lce.backends import cpp_cpu
+    from fused_lce.backends import cpp as cpp_cpu
 
     if bf16_gemm == "0":
         monkeypatch.setenv("FUSED_LCE_CPP_BF16_GEMM", "0")
@@ -163,7 +168,7 @@ def test_partial_gradients(want):
 @pytest.mark.parametrize("isa", ["default", "avx2", "avx512"])
 def test_row_kernel_isas_agree(monkeypatch, isa):
     """Every instruction-set variant of the row kernels (the best one the CPU has, when it lacks `isa`)."""
-    from fused_lce.backends import cpp_cpu
+    from fused_lce.backends import cpp as cpp_cpu
 
     monkeypatch.setenv("FUSED_LCE_CPP_ISA", isa)
     picked = cpp_cpu.describe(64, 1000, 32).split()[0]
@@ -175,7 +180,7 @@ def test_row_kernel_isas_agree(monkeypatch, isa):
 @pytest.mark.parametrize("mode", ["tiles", "gemm"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_parallel_schemes(monkeypatch, mode, threads):
-    from fused_lce.backends import cpp_cpu
+    from fused_lce.backends import cpp as cpp_cpu
 
     monkeypatch.setenv("FUSED_LCE_CPP_PARALLEL", mode)
     old = torch.get_num_threads()
@@ -205,37 +210,34 @@ def test_bad_labels_and_all_ignored():
 
 
 # ----------------------------------------------------------------------------------------------- routing
-def test_other_backends_go_through_the_router(monkeypatch):
-    calls = _count_python_calls(monkeypatch)
+def test_registry_routes_to_and_away_from_cpp(monkeypatch):
+    calls = _count_kernel_calls(monkeypatch)
     _check(torch.float32, backend="torch", bias=True)
-    assert calls["torch"] >= 1 and calls["cpp"] == 0
-    _check(torch.float32, backend="torch", reduction="none")  # backward op routed too
-    n_torch = calls["torch"]
+    assert calls["torch"] and not calls["cpp"]
+    calls["torch"].clear()
     _check(torch.float32, backend="auto", reduction="none")
-    assert calls["torch"] == n_torch and calls["cpp"] == 0  # auto on CPU: native cpp
+    assert calls["cpp"] == ["stats", "grads"] and not calls["torch"]  # auto on CPU: cpp
     monkeypatch.setenv("FUSED_LCE_BACKEND", "torch")
     _check(torch.float32, backend="auto")
-    assert calls["torch"] > n_torch and calls["cpp"] == 0
+    assert calls["torch"]
     monkeypatch.setenv("FUSED_LCE_BACKEND", "cpp")
-    n_torch = calls["torch"]
+    calls["torch"].clear()
     _check(torch.float32, backend="auto")
-    assert calls["torch"] == n_torch and calls["cpp"] == 0
-    with pytest.raises(ValueError, match="backend='cpp' is not available"):  # float64: router explains
-        fused_lce.ops.backends.resolve("cpp", torch.device("cpu"), Config(), torch.float64)
+    assert not calls["torch"] and calls["cpp"][-1] == "fused"
+    p = Problem(4, 4, 4, torch.float64, torch.device("cpu"), False, Options())
+    with pytest.raises(ValueError, match="backend='cpp' is not available: .*float64"):
+        registry.resolve("cpp", p)
 
 
-def test_vocab_parallel_methods(monkeypatch):
-    """The Python methods the router calls for a vocab-parallel group: shard statistics in C++ (checked on two
-    emulated shards against the full vocabulary), combine, gradients in C++ from the global lse."""
-    from fused_lce import _C
-    from fused_lce.backends import cpp_cpu
-
+def test_vocab_parallel_kernels(monkeypatch):
+    """The kernels the driver uses for a vocab-parallel group: shard statistics (checked on two emulated shards
+    against the full vocabulary), and the whole group path with an identity combine (one rank holding the full
+    vocabulary): statistics, combine, gradients from the global lse, float32 dX for the all-reduce."""
     n, d, v, cut = 29, 12, 90, 41
     h, w, y, b = _problem(n, d, v, torch.float32, bias=True)
-    args = (-100, 0.1, 3.0)
-    full = _C.stats(h.detach(), w.detach(), y, b.detach(), *args[:2], args[2], 0, v, 0)
-    shards = [_C.stats(h.detach(), w.detach()[a:z], y, b.detach()[a:z], *args[:2], args[2], a, v, 0)
-              for a, z in ((0, cut), (cut, v))]
+    hd, wd, bd = h.detach(), w.detach(), b.detach()
+    full = torch.ops.fused_lce._cpu_stats(hd, wd, y, bd, 0, 3.0, True, 0)
+    shards = [torch.ops.fused_lce._cpu_stats(hd, wd[a:z], y, bd[a:z], a, 3.0, True, 0) for a, z in ((0, cut), (cut, v))]
     m = torch.maximum(shards[0][0], shards[1][0])
     s = sum(sh[1] * torch.exp(sh[0] - m) for sh in shards)
     first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])  # lowest id among shards holding the max
@@ -243,19 +245,22 @@ def test_vocab_parallel_methods(monkeypatch):
     torch.testing.assert_close(shards[0][2] + shards[1][2], full[2])  # target logit lives in exactly one shard
     torch.testing.assert_close(shards[0][3] + shards[1][3], full[3])
     assert torch.equal(first, full[4])
-    # the whole group path with an identity combine (one rank holding the full vocabulary)
-    monkeypatch.setattr(cpp_cpu.distributed, "combine_stats", lambda *t: t[:5])
-    cfg = Config(label_smoothing=0.1, z_loss=0.01, softcap=3.0, group_name="emulated", vocab_total=v)
+    monkeypatch.setattr(driver.distributed, "combine_stats", lambda *t: t[:5])
+    monkeypatch.setattr(driver.distributed, "agree_token_blocks", lambda nb, n, g: nb)
+    opts = Options(label_smoothing=0.1, z_loss=0.01, softcap=3.0, group_name="emulated", vocab_total=v)
     valid = (y != -100).sum()
-    r = backends.load("cpp").forward(h.detach(), w.detach(), y, b.detach(), cfg, torch.tensor(1.0) / valid,
-                                     (True, True, True))
-    hr, wr, br = (t.detach().double().requires_grad_() for t in (h, w, b))
+    inv = torch.tensor(1.0) / valid
+    g = driver.token_weights(*driver.label_classes(y, opts, v))
+    t = Tensors(hd, wd, y, bd)
+    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True))
+    per, lse, _ = driver.loss_from_stats(st, y, opts, v)
+    hr, wr, br = (x.detach().double().requires_grad_() for x in (h, w, b))
     ref, ref_lse, _, _ = reference_loss(hr, wr, y, br, label_smoothing=0.1, z_loss=0.01, softcap=3.0)
     ref.backward()
-    assert abs(float(r.loss.sum() / valid) - float(ref.detach())) < 1e-5 * (1 + abs(float(ref.detach())))
-    torch.testing.assert_close(r.lse.double(), ref_lse.detach(), rtol=1e-5, atol=1e-5)
-    assert r.grad_hidden.dtype == torch.float32  # the router all-reduces it before casting
-    for ours, theirs in zip((r.grad_hidden, r.grad_weight, r.grad_bias), (hr.grad, wr.grad, br.grad)):
+    assert abs(float(per.sum() / valid) - float(ref.detach())) < 1e-5 * (1 + abs(float(ref.detach())))
+    torch.testing.assert_close(lse.double(), ref_lse.detach(), rtol=1e-5, atol=1e-5)
+    assert dh.dtype == torch.float32  # the driver all-reduces it before casting
+    for ours, theirs in zip((dh, dw, db), (hr.grad, wr.grad, br.grad)):
         assert rel_err(ours, theirs) < GRAD_TOL[torch.float32]
 
 
@@ -315,9 +320,12 @@ def test_more_than_2_31_logits():
 def test_opcheck(dtype, reduction):
     h, w, y, b = _problem(11, 8, 37, dtype, bias=True)
     fwd = (h, w, y, b, None, reduction, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0, [True, True, True])
+    # the private kernel's schema against what it does (no fake kernel: it only runs inside the public op)
+    g = torch.rand(11)
+    torch.library.opcheck(torch.ops.fused_lce._cpu_fused, (h.detach(), w.detach(), y, b.detach(), g, 0.5, 37, 0.1,
+                                                           0.01, 3.0, 0, [True, True, True]), test_utils="test_schema")
     torch.library.opcheck(torch.ops.fused_lce.forward, fwd)
     lse = torch.ops.fused_lce.forward(*fwd)[1]
-    g = torch.rand(11)
     bwd = (g, h.detach(), w.detach(), y, b.detach(), lse, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0,
            [True, False, True])
     torch.library.opcheck(torch.ops.fused_lce.backward, bwd)

@@ -9,7 +9,6 @@ must equal ``fused_lce.distributed.comm_bytes``.
 from __future__ import annotations
 
 import datetime
-import inspect
 import io
 import multiprocessing
 import os
@@ -24,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 import fused_lce
-from fused_lce import backends
 from fused_lce import distributed as fdist
-from fused_lce.backends.base import Config
+from fused_lce import registry
+from fused_lce.backends.base import Options, Problem
 from fused_lce.reference import reference_loss
 
 from .conftest import GRAD_TOL, LOSS_TOL, rel_err
@@ -36,21 +35,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 TINY = 0.002  # MiB: many token blocks of 8 tokens once every shard has >= 22 vocabulary rows
 # the other CPU backends that run vocab-parallel problems here (auto picks them on CPU)
-OTHER_CPU = [n for n in backends.NAMES if n != "torch" and backends.unavailable_reason(n) is None
-             and backends.load(n).unsupported_reason(torch.device("cpu"), Config(group_name="g"), torch.float32)
-             is None]
-
-
-def agrees(backend: str) -> bool:
-    """Whether the backend agrees on its token blocks across ranks (distributed.agree_token_blocks: 24 bytes)
-    before running one combine_stats per block."""
-    return "agree_token_blocks" in inspect.getsource(sys.modules[type(backends.load(backend)).__module__])
-
-
-AGREES = agrees("torch")  # needed when uneven shards would plan different token blocks
-# sequence parallel inside the op: gather of hidden + reduce-scatter of dX (else the API's autograd gather and
-# the op's all-reduce of dX)
-SP_IN_OP = "reduce_grad_rows" in inspect.getsource(fused_lce.ops)
+OTHER_CPU = [n for n in registry.NAMES if n != "torch" and registry.why_not(
+    n, Problem(8, 8, 8, torch.float32, torch.device("cpu"), False, Options(group_name="g"))) is None]
 
 
 # ------------------------------------------------------------------------------------------- process pool
@@ -315,7 +301,7 @@ def check_case(pool, *, lead=(37,), d=24, sizes=(31, 44), dtype=torch.float32, r
         n_tok = int(torch.tensor(lead).prod())
         expect = fdist.comm_bytes(n_tok, d, gw, sequence_parallel=sp is not None,
                                   hidden_itemsize=torch.tensor([], dtype=dtype).element_size(),
-                                  block_agreement=agrees(opts["backend"]), sp_reduce_scatter=SP_IN_OP,
+                                  sp_reduce_scatter=True,
                                   recompute=reduction == "none")
         for r in mine:
             assert r["bytes"]["other"] == 0
@@ -388,8 +374,6 @@ def test_labels_in_one_shard_and_all_ignored(pools, world, sizes):
 def test_empty_and_tiny_shards_need_agreement(pools):
     """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without an
     agreed block size the ranks would run different numbers of combine_stats collectives."""
-    if not AGREES:
-        pytest.skip("torch_ref does not call distributed.agree_token_blocks yet (see issue 6 report)")
     pool = pools(4)
     for reduction in ("mean", "none"):
         check_case(pool, sizes=(3, 0, 120, 9), reduction=reduction, tile=TINY, **OPTION_SETS["everything"])

@@ -31,9 +31,9 @@ needs_triton_cuda = pytest.mark.skipif(
 
 
 def _tc():
-    from fused_lce.backends import triton_cuda
+    from fused_lce.backends import triton as tc
 
-    return triton_cuda
+    return tc
 
 
 # ------------------------------------------------------------------------------------------- planner (CPU)
@@ -73,8 +73,9 @@ def test_vocab_plan():
 INTERP_SCRIPT = r"""
 import json, os, sys, torch
 sys.path.insert(0, sys.argv[1])
-from fused_lce.backends import triton_cuda as tc
-from fused_lce.backends.base import Config
+from fused_lce import driver
+from fused_lce.backends import triton as tc
+from fused_lce.backends.base import Options, Tensors
 from fused_lce.reference import reference_loss
 torch.manual_seed(int(sys.argv[2]))
 out = []
@@ -91,6 +92,7 @@ cases = [
     ("bfloat16", "compact", 17, 8, 700, dict(softcap=2.0), 17 * 4 * 300),
     ("float16", "compact", 17, 8, 700, dict(), 0),
 ]
+fused = tc.TritonProvider.has_fused
 for dt, mode, n, d, v, opts, tile in cases:
     dtype = getattr(torch, dt)
     h = torch.randn(n, d).to(dtype)
@@ -99,28 +101,33 @@ for dt, mode, n, d, v, opts, tile in cases:
     y = torch.randint(0, v, (n,))
     y[torch.rand(n) < 0.25] = -100
     y[0] = int(torch.randint(0, v, ()))
-    cfg = Config(ignore_index=-100, label_smoothing=opts.get("label_smoothing", 0.0), z_loss=opts.get("z_loss", 0.0),
-                 softcap=opts.get("softcap", 0.0), tile_bytes=tile, vocab_total=v)
+    o = Options(label_smoothing=opts.get("label_smoothing", 0.0), z_loss=opts.get("z_loss", 0.0),
+                softcap=opts.get("softcap", 0.0), tile_bytes=tile, vocab_total=v, backend="triton")
     os.environ["FUSED_LCE_COMPACT"] = "1" if mode == "compact" else "0"
-    tc.FORCE_SPLIT = mode == "split"
+    # "split": the statistics -> combine -> gradients path a vocab-parallel group takes (kept logits tiles)
+    tc.TritonProvider.has_fused = property(lambda self: False) if mode == "split" else fused
+    t = Tensors(h, w, y, b)
     scale = torch.tensor(1.0 / n)
-    r = tc.BACKEND.forward(h, w, y, b, cfg, scale, (True, True, True))
+    g = driver.token_weights(*driver.label_classes(y, o, v))
+    st, grads = driver.run_forward(tc.PROVIDER, t, o, g, scale, (True, True, True))
+    per, lse_ours, correct_ours = driver.loss_from_stats(st, y, o, v)
     gl = torch.rand(n)
-    bk = tc.BACKEND.backward(gl, h, w, y, b, r.lse, cfg, (True, True, True))
-    leaves = [t.double().requires_grad_() for t in (h, w, b)]
-    ref, lse, _, _ = reference_loss(*leaves[:2], y, leaves[2], reduction="none", label_smoothing=cfg.label_smoothing,
-                                    z_loss=cfg.z_loss, softcap=cfg.softcap or None)
+    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, driver.token_weights(*driver.label_classes(y, o, v), gl), o,
+                             (True, True, True))
+    leaves = [t_.double().requires_grad_() for t_ in (h, w, b)]
+    ref, lse, _, _ = reference_loss(*leaves[:2], y, leaves[2], reduction="none", label_smoothing=o.label_smoothing,
+                                    z_loss=o.z_loss, softcap=o.softcap or None)
     g1 = torch.autograd.grad((ref * 1.0 / n).sum(), leaves, retain_graph=True)
     g2 = torch.autograd.grad((ref * gl.double()).sum(), leaves)
     z = (h.double() @ w.double().t() + b.double())
-    if cfg.softcap:
-        z = cfg.softcap * torch.tanh(z / cfg.softcap)
+    if o.softcap:
+        z = o.softcap * torch.tanh(z / o.softcap)
     valid = y != -100
     correct = valid & (z.argmax(1) == y)
-    out.append(dict(case=f"{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}", loss=float((r.loss.double() - ref).abs().max()),
-                    lse=float((r.lse.double() - lse).abs().max()), correct=bool((r.correct == correct).all()),
-                    dtypes=[t.dtype == dtype for t in (r.grad_hidden, r.grad_weight, r.grad_bias)],
-                    fwd=[rel(a, b_) for a, b_ in zip((r.grad_hidden, r.grad_weight, r.grad_bias), g1)],
+    out.append(dict(case=f"{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}", loss=float((per.double() - ref).abs().max()),
+                    lse=float((lse_ours.double() - lse).abs().max()), correct=bool((correct_ours == correct).all()),
+                    dtypes=[t_.dtype == dtype for t_ in grads],
+                    fwd=[rel(a, b_) for a, b_ in zip(grads, g1)],
                     bwd=[rel(a, b_) for a, b_ in zip(bk, g2)], dtype=dt))
 print("RESULT" + json.dumps(out))
 """
@@ -174,6 +181,7 @@ def _compare(h, w, y, b, out, opts, reduction, upstream, dtype):
         assert e <= GRAD_TOL[dtype], (name, e)
 
 
+# split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one device
 MODES = {"default": ({}, False), "compact": ({"FUSED_LCE_COMPACT": "1"}, False), "split": ({}, True)}
 OPTS = {
     "plain": {},
@@ -195,7 +203,8 @@ def test_schedules_against_reference(mode, dtype, opts, tile, monkeypatch, seed)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     tc = _tc()
-    monkeypatch.setattr(tc, "FORCE_SPLIT", split)
+    if split:
+        monkeypatch.setattr(tc.TritonProvider, "has_fused", property(lambda self: False))
     n, d, v = 157, 40, 2 * tc.BLOCK + 37
     for reduction in ("mean", "none"):
         h, w, y, b = _problem(n, d, v, dtype, bias=opts != "plain", seed=seed)
@@ -316,16 +325,20 @@ def test_peak_memory_bounds(mode, monkeypatch, seed):
     gradient (one more dW-sized tensor, see benchmarks/NOTES-gpu.md)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
-    from fused_lce.backends.base import Config
+    from fused_lce import driver
+    from fused_lce.backends.base import Options, Tensors
 
     tc = _tc()
     n, d, v = 6144, 1024, 200000
     h, w, y, _ = _problem(n, d, v, torch.bfloat16, seed=seed)
+    opts = Options(vocab_total=v)
     scale = (1.0 / (y != -100).sum().float()).reshape(())
+    g = driver.token_weights(*driver.label_classes(y, opts, v))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    r = tc.BACKEND.forward(h.detach(), w.detach(), y, None, Config(vocab_total=v), scale, (True, True, False))
+    st, (dh, dw_, _) = driver.run_forward(tc.PROVIDER, Tensors(h.detach(), w.detach(), y, None), opts, g, scale,
+                                          (True, True, False))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     dx, dw = n * d * 2, v * d * 2
@@ -333,5 +346,5 @@ def test_peak_memory_bounds(mode, monkeypatch, seed):
         assert peak <= dx + dw + 4 * v * d + 0.5 * 2**30, peak / 2**30
     else:
         assert peak <= 1.15 * (dx + dw) + 2 * dx, peak / 2**30
-    assert r.grad_hidden.dtype == torch.bfloat16 and r.grad_weight.dtype == torch.bfloat16
-    assert math.isfinite(float(r.loss.nansum()))
+    assert dh.dtype == torch.bfloat16 and dw_.dtype == torch.bfloat16
+    assert math.isfinite(float(driver.loss_from_stats(st, y, opts, v)[0].nansum()))

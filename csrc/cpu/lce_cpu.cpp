@@ -38,7 +38,6 @@ namespace fused_lce::cpu {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* s = std::getenv(name);
@@ -53,15 +52,8 @@ bool gemm_parallel_mode() {
   return s != nullptr && std::strcmp(s, "gemm") == 0;
 }
 
-int64_t budget_bytes(int64_t tile_bytes) {
-  if (tile_bytes > 0) return tile_bytes;
-  const char* s = std::getenv("FUSED_LCE_TILE_MB");
-  if (s != nullptr && *s != '\0') {
-    double mb = std::strtod(s, nullptr);
-    if (mb > 0) return std::max<int64_t>(1, (int64_t)(mb * 1048576.0));
-  }
-  return 256LL << 20;
-}
+// The tile budget comes from Options (tile_budget_mb / FUSED_LCE_TILE_MB are read once, in Python); 0: default.
+int64_t budget_bytes(int64_t tile_bytes) { return tile_bytes > 0 ? tile_bytes : (256LL << 20); }
 
 // FUSED_LCE_CPP_PROFILE=1: per-phase wall seconds summed over slots, printed to stderr per call (tuning aid).
 enum Phase { kGemmZ, kRows1, kRows2, kGemmDx, kGemmDw, kConvert, kPhases };
@@ -267,79 +259,60 @@ class Runner {
   const Plan& plan() const { return plan_; }
 
   // ---------------------------------------------------------------------------------------------- API
-  TokenResult forward(std::optional<double> grad_scale, std::array<bool, 3> mask, bool fp32_dh) {
-    TokenResult r;
-    auto f32 = h_.options().dtype(at::kFloat);
-    r.loss = at::empty({n_}, f32);
-    r.lse = at::empty({n_}, f32);
-    r.correct = at::empty({n_}, h_.options().dtype(at::kBool));
-    const bool fused = grad_scale.has_value() && (mask[0] || mask[1] || mask[2]);
-    if (fused) alloc_grads(mask, fp32_dh);
-    float* loss = r.loss.data_ptr<float>();
-    float* lse = r.lse.data_ptr<float>();
-    bool* correct = r.correct.data_ptr<bool>();
+  // Statistics of every token and the gradients of scale * sum_i g_i loss_i, one token block at a time: pass 1,
+  // the token's lse from its tile statistics, pass 2 (from the kept tiles when they fit).
+  std::pair<StatsOut, GradsOut> fused(const at::Tensor& g, double scale, std::array<bool, 3> mask) {
+    StatsOut st = new_stats();
+    alloc_grads(mask, false);
+    const at::Tensor gw = g.to(at::kFloat).contiguous();
+    const float* gp = gw.data_ptr<float>();
+    float* mp = st.m.data_ptr<float>();
+    float* sp = st.s.data_ptr<float>();
     for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
       const int64_t nbk = std::min(plan_.nb, n_ - i0);
       set_block(i0, nbk);
       pass1(i0, nbk);
       at::parallel_for(0, nbk, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t k = r0; k < r1; ++k) combine_row(i0, k, loss, lse, correct);
+        for (int64_t k = r0; k < r1; ++k) {
+          write_stats(st, i0, k);
+          lse_[k] = mp[i0 + k] + std::log(sp[i0 + k]);
+        }
       });
-      if (fused) {
-        const float scale = (float)*grad_scale;
-        for (int64_t k = 0; k < nbk; ++k) g_[k] = token_weight(yb_[i0 + k], scale);
-        pass2(i0, nbk, plan_.keep ? (cap_ > 0 ? GradFrom::kLogits : GradFrom::kProb) : GradFrom::kRaw);
-      }
+      for (int64_t k = 0; k < nbk; ++k) g_[k] = gp[i0 + k] * (float)scale;
+      pass2(i0, nbk, plan_.keep ? (cap_ > 0 ? GradFrom::kLogits : GradFrom::kProb) : GradFrom::kRaw);
     }
-    if (fused) finish_grads(r.grad_hidden, r.grad_weight, r.grad_bias);
-    return r;
+    return {st, finish_grads()};
   }
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_loss, const at::Tensor& lse,
-                                                          std::array<bool, 3> mask, bool fp32_dh) {
+  GradsOut grads(const at::Tensor& lse, const at::Tensor& g, double scale, std::array<bool, 3> mask,
+                 bool fp32_dh) {
     alloc_grads(mask, fp32_dh);
-    at::Tensor gl = grad_loss.to(at::kFloat).contiguous(), ls = lse.to(at::kFloat).contiguous();
-    const float* gp = gl.data_ptr<float>();
+    at::Tensor gw = g.to(at::kFloat).contiguous(), ls = lse.to(at::kFloat).contiguous();
+    const float* gp = gw.data_ptr<float>();
     const float* lp = ls.data_ptr<float>();
-    if (mask[0] || mask[1] || (mask[2] && bias_f_.defined())) {
+    if (want_dh_ || want_dw_ || want_db_) {
       for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
         const int64_t nbk = std::min(plan_.nb, n_ - i0);
         for (int64_t k = 0; k < nbk; ++k) {
           lse_[k] = lp[i0 + k];
-          g_[k] = token_weight(yb_[i0 + k], gp[i0 + k]);
+          g_[k] = gp[i0 + k] * (float)scale;
         }
         set_block(i0, nbk);
         pass2(i0, nbk, GradFrom::kRaw);
       }
     }
-    at::Tensor dh, dw, db;
-    finish_grads(dh, dw, db);
-    return {dh, dw, db};
+    return finish_grads();
   }
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stats() {
-    auto f32 = h_.options().dtype(at::kFloat);
-    at::Tensor m = at::empty({n_}, f32), s = at::empty({n_}, f32), zt = at::empty({n_}, f32),
-               zs = at::empty({n_}, f32), am = at::empty({n_}, h_.options().dtype(at::kLong));
-    float *mp = m.data_ptr<float>(), *sp = s.data_ptr<float>(), *tp = zt.data_ptr<float>(),
-          *zp = zs.data_ptr<float>();
-    int64_t* ap = am.data_ptr<int64_t>();
+  StatsOut stats() {
+    StatsOut st = new_stats();
     for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
       const int64_t nbk = std::min(plan_.nb, n_ - i0);
       set_block(i0, nbk);
       pass1(i0, nbk);
-      for (int64_t k = 0; k < nbk; ++k) {
-        float M, S, ZS;
-        int64_t arg;
-        reduce_tiles(k, M, S, ZS, arg);
-        mp[i0 + k] = M;
-        sp[i0 + k] = S;
-        tp[i0 + k] = zt_[k];
-        zp[i0 + k] = ZS;
-        ap[i0 + k] = arg;
-      }
+      for (int64_t k = 0; k < nbk; ++k) write_stats(st, i0, k);
     }
-    return {m, s, zt, zs, am};
+    return st;
   }
 
  private:
@@ -418,17 +391,11 @@ class Runner {
     return zbuf_[slot].narrow(0, 0, nbk * n).view({nbk, n});
   }
 
-  // label as an index into tile [v0, v0+n) of this shard, or -1
+  // label as an index into tile [v0, v0+n) of this shard, or -1 (ignored and bad labels carry a token weight of
+  // 0 / NaN from the driver, so their target logit is never used)
   int64_t local_label(int64_t y, int64_t v0, int64_t n) const {
-    if (y == opt_.ignore_index) return -1;
     const int64_t l = y - vs_ - v0;
     return (l >= 0 && l < n) ? l : -1;
-  }
-
-  float token_weight(int64_t y, float scale) const {
-    if (y == opt_.ignore_index) return 0.0f;
-    if (y < 0 || y >= vt_) return kNaN;  // a bad label poisons its gradients (never an out-of-bounds read)
-    return scale;
   }
 
   // Runs fn(slot, k) for every tile k: slots in parallel, tiles of a slot in order.
@@ -498,23 +465,22 @@ class Runner {
     }
   }
 
-  void combine_row(int64_t i0, int64_t r, float* loss, float* lse_out, bool* correct) {
+  StatsOut new_stats() const {
+    auto f32 = h_.options().dtype(at::kFloat);
+    return {at::empty({n_}, f32), at::empty({n_}, f32), at::empty({n_}, f32), at::empty({n_}, f32),
+            at::empty({n_}, h_.options().dtype(at::kLong))};
+  }
+
+  // The token's statistics over every tile of this shard into the outputs.
+  void write_stats(StatsOut& st, int64_t i0, int64_t r) const {
     float M, S, ZS;
     int64_t arg;
     reduce_tiles(r, M, S, ZS, arg);
-    const float lse = M + std::log(S);
-    const int64_t y = yb_[i0 + r];
-    const bool valid = y != opt_.ignore_index;
-    const bool bad = valid && (y < 0 || y >= vt_);
-    float per = (1.0f - eps_) * (lse - zt_[r]);
-    if (eps_ != 0.0f) per += eps_ * (lse - ZS / (float)vt_);
-    if (zl_ != 0.0f) per += zl_ * lse * lse;
-    if (!valid) per = 0.0f;
-    if (bad) per = kNaN;
-    loss[i0 + r] = per;
-    lse_out[i0 + r] = lse;
-    correct[i0 + r] = valid && arg == y;
-    lse_[r] = lse;
+    st.m.data_ptr<float>()[i0 + r] = M;
+    st.s.data_ptr<float>()[i0 + r] = S;
+    st.target.data_ptr<float>()[i0 + r] = zt_[r];
+    st.zsum.data_ptr<float>()[i0 + r] = ZS;
+    st.argmax.data_ptr<int64_t>()[i0 + r] = arg;
   }
 
   // ---------------------------------------------------------------------------------------------- pass 2
@@ -580,13 +546,15 @@ class Runner {
 
   int64_t nt_first(int64_t slot) const { return plan_.ntiles * slot / plan_.slots; }
 
-  void finish_grads(at::Tensor& dh, at::Tensor& dw, at::Tensor& db) {
+  GradsOut finish_grads() {
+    GradsOut g;
     if (want_dh_) {
       if (plan_.ntiles == 0) dh_.zero_();
-      dh = dh_;
+      g.grad_hidden = dh_;
     }
-    if (want_dw_) dw = w_.scalar_type() == at::kFloat ? dw_ : dw_.to(w_.scalar_type());
-    if (want_db_) db = db_.scalar_type() == bias_dtype_ ? db_ : db_.to(bias_dtype_);
+    if (want_dw_) g.grad_weight = w_.scalar_type() == at::kFloat ? dw_ : dw_.to(w_.scalar_type());
+    if (want_db_) g.grad_bias = db_.scalar_type() == bias_dtype_ ? db_ : db_.to(bias_dtype_);
+    return g;
   }
 
   at::Tensor h_, w_, y_, bias_f_;
@@ -611,48 +579,60 @@ class Runner {
 
 }  // namespace
 
-std::string unsupported(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+// Every size the kernel reads is checked: a short labels / bias / lse / g would be read past its end.
+static void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                  const std::optional<at::Tensor>& bias) {
   auto dt = hidden.scalar_type();
-  if (!hidden.device().is_cpu()) return "the cpp backend runs on CPU tensors";
-  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf)
-    return std::string("the cpp backend supports float32, bfloat16 and float16, got ") + c10::toString(dt);
-  if (hidden.dim() != 2 || weight.dim() != 2 || weight.size(1) != hidden.size(1))
-    return "the cpp kernel expects hidden (N, D) and weight (V, D)";
-  if (weight.scalar_type() != dt || (bias.has_value() && bias->defined() && bias->scalar_type() != dt))
-    return "the cpp kernel expects hidden, weight and bias of one dtype";
-  return "";
+  TORCH_CHECK(hidden.device().is_cpu() && weight.device().is_cpu() && labels.device().is_cpu(),
+              "fused_lce cpp kernel: expected CPU tensors");
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "fused_lce cpp kernel: hidden must be float32, bfloat16 or float16, got ", c10::toString(dt));
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && weight.size(1) == hidden.size(1),
+              "fused_lce cpp kernel: expected hidden (N, D) and weight (V, D), got ", hidden.sizes(), " and ",
+              weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == dt, "fused_lce cpp kernel: weight must have hidden's dtype");
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "fused_lce cpp kernel: labels must be (N,) = (",
+              hidden.size(0), "), got ", labels.sizes());
+  TORCH_CHECK(labels.scalar_type() == at::kLong || labels.scalar_type() == at::kInt,
+              "fused_lce cpp kernel: labels must be int64 or int32");
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "fused_lce cpp kernel: bias must be (V,) = (",
+                weight.size(0), "), got ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == dt && bias->device().is_cpu(),
+                "fused_lce cpp kernel: bias must be a CPU tensor of hidden's dtype");
+  }
 }
 
-TokenResult forward(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                    const std::optional<at::Tensor>& bias, const Options& opt, std::optional<double> grad_scale,
-                    std::array<bool, 3> mask, bool fp32_grad_hidden) {
-  const std::string why = unsupported(hidden, weight, bias);
-  TORCH_CHECK(why.empty(), why);
-  const bool fused = grad_scale.has_value() && (mask[0] || mask[1] || mask[2]);
-  Runner run(hidden, weight, labels, bias, opt, fused);
-  return run.forward(grad_scale, mask, fp32_grad_hidden);
+static void check_per_token(const char* name, const at::Tensor& t, int64_t n) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 1 && t.size(0) == n && t.is_floating_point(),
+              "fused_lce cpp kernel: ", name, " must be a floating-point CPU tensor of shape (", n, "), got ",
+              t.sizes());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_loss, const at::Tensor& hidden,
-                                                        const at::Tensor& weight, const at::Tensor& labels,
-                                                        const std::optional<at::Tensor>& bias, const at::Tensor& lse,
-                                                        const Options& opt, std::array<bool, 3> mask,
-                                                        bool fp32_grad_hidden) {
-  const std::string why = unsupported(hidden, weight, bias);
-  TORCH_CHECK(why.empty(), why);
-  Runner run(hidden, weight, labels, bias, opt, false);
-  return run.backward(grad_loss, lse, mask, fp32_grad_hidden);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stats(const at::Tensor& hidden,
-                                                                             const at::Tensor& weight,
-                                                                             const at::Tensor& labels,
-                                                                             const std::optional<at::Tensor>& bias,
-                                                                             const Options& opt) {
-  const std::string why = unsupported(hidden, weight, bias);
-  TORCH_CHECK(why.empty(), why);
+StatsOut stats(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+               const std::optional<at::Tensor>& bias, const Options& opt) {
+  check_inputs(hidden, weight, labels, bias);
   Runner run(hidden, weight, labels, bias, opt, false);
   return run.stats();
+}
+
+GradsOut grads(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+               const std::optional<at::Tensor>& bias, const at::Tensor& lse, const at::Tensor& g, double scale,
+               const Options& opt, std::array<bool, 3> mask, bool fp32_grad_hidden) {
+  check_inputs(hidden, weight, labels, bias);
+  check_per_token("lse", lse, hidden.size(0));
+  check_per_token("g", g, hidden.size(0));
+  Runner run(hidden, weight, labels, bias, opt, false);
+  return run.grads(lse, g, scale, mask, fp32_grad_hidden);
+}
+
+std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& g, double scale,
+                                    const Options& opt, std::array<bool, 3> mask) {
+  check_inputs(hidden, weight, labels, bias);
+  check_per_token("g", g, hidden.size(0));
+  Runner run(hidden, weight, labels, bias, opt, mask[0] || mask[1] || mask[2]);
+  return run.fused(g, scale, mask);
 }
 
 std::string describe(int64_t n, int64_t v, int64_t d, bool low_precision, int64_t tile_bytes, bool fused) {

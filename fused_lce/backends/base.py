@@ -1,87 +1,214 @@
-"""The one interface every backend implements.
+"""The interface between the driver (``fused_lce.driver``) and the kernel providers in this package.
 
-A backend receives 2-D problems that the public API has already validated and flattened:
-``hidden (N, D)``, ``weight (V_local, D)``, ``labels (N,)`` (global vocabulary ids), ``bias (V_local,)`` or None.
-It never reduces over tokens; the op layer (``fused_lce.ops``) does the reduction, the dX all-reduce across a
-vocab-parallel group, and the autograd wiring, so every backend shares those semantics by construction.
+The driver owns the algorithm -- token blocks, the vocab-parallel combine, the loss formula, the per-token
+weights, the reduction and autograd. A provider owns kernels only:
+
+* ``stats(t, rows, opts, keep)``: per-token statistics of this rank's vocabulary shard for the token rows
+  ``rows`` -- running max ``m``, ``s = sum exp(z - m)``, the label's logit (0 when the label is not in the shard),
+  ``sum z`` and the first argmax as a global id -- plus an opaque cache (e.g. logits tiles kept for ``grads``);
+* ``grads(t, rows, lse, g, scale, opts, out, cache)``: adds the gradients of ``scale * sum_i g_i * loss_i`` over
+  those rows into ``out`` (float32 accumulators), from the global ``lse``;
+* optionally ``fused(t, g, scale, opts, out)``: both at once on one device (the gradients need only the row's own
+  statistics there), for providers whose kernels do that in one pass;
+* ``supports(problem)``: None, or why this provider cannot run this problem (shapes, dtype, device, options),
+  so every fallback is decided by the registry and reported by ``backend_info()``.
+
+Here ``z = softcap(hidden @ weight.T + bias)`` and ``g`` is the per-token weight: the upstream gradient where
+the label is valid, 0 where it is ignored, NaN where it is out of range (it must poison, never index).
+``loss_i`` is the per-token loss of SPEC (docs/spec.md) with ``opts.label_smoothing`` and ``opts.z_loss``.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
 
 @dataclass(frozen=True)
-class Config:
-    """Loss options, normalised. ``softcap == 0`` means off; ``group_name == ""`` means one device."""
+class Options:
+    """Every loss option, normalised once by ``fused_lce.api`` and carried unchanged to the providers.
+
+    The field order is the order of the options block in the schemas of ``torch.ops.fused_lce.forward`` /
+    ``backward`` (``fused_lce.ops`` builds that part of the schema from these fields), so adding an option means:
+    a field here, the API argument, the formula in the driver, and the kernels that implement it.
+    """
 
     ignore_index: int = -100
     label_smoothing: float = 0.0
     z_loss: float = 0.0
-    softcap: float = 0.0
-    tile_bytes: int = 0  # 0: the backend's default
-    group_name: str = ""
-    vocab_start: int = 0  # first global vocabulary id held by this rank's weight shard
-    vocab_total: int = 0  # global vocabulary size (== V_local on one device)
+    softcap: float = 0.0  # 0: off
+    backend: str = "auto"  # a registry name or "auto"
+    group_name: str = ""  # "": one device; else the vocab-parallel process group
+    vocab_start: int = 0  # first global vocabulary id of this rank's weight shard
+    vocab_total: int = 0  # global vocabulary size; 0: weight.shape[0]
+    tile_bytes: int = 0  # bytes of logits tiles a provider may keep live; 0: the provider's default
+
+    def vocab(self, v_local: int) -> int:
+        return self.vocab_total or v_local
 
 
-class ForwardResult(NamedTuple):
-    loss: torch.Tensor  # (N,) float32 per-token loss; 0 where ignored, NaN where the label is out of range
-    lse: torch.Tensor  # (N,) float32 global log-sum-exp
-    correct: torch.Tensor  # (N,) bool: valid token whose (first) argmax logit is the label
-    grad_hidden: Optional[torch.Tensor]  # (N, D); float32 when a group is set (all-reduced later), else hidden.dtype
-    grad_weight: Optional[torch.Tensor]  # (V_local, D) weight.dtype
-    grad_bias: Optional[torch.Tensor]  # (V_local,) bias.dtype
+OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+_SCHEMA_TYPES = {int: "int", float: "float", str: "str", "int": "int", "float": "float", "str": "str"}
 
 
-class Backend:
-    """Subclass per backend. ``forward`` returns per-token results and, when ``grad_scale`` is given, the
-    gradients of ``grad_scale * sum_i loss_i`` (computed in the same pass). ``backward`` recomputes the
-    gradients of ``sum_i grad_loss_i * loss_i`` from the saved ``lse``."""
+def options_schema() -> str:
+    """``"int ignore_index, float label_smoothing, ..."``: the options block of the op schemas."""
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options))
+
+
+class Tensors(NamedTuple):
+    """One flattened 2-D problem: ``hidden (N, D)``, ``weight (V_local, D)``, ``labels (N,)`` (global ids),
+    ``bias (V_local,)`` or None. Contiguous, validated by the driver."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    labels: torch.Tensor
+    bias: Optional[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What ``supports`` sees: shapes, dtype, device, options and the gradients wanted."""
+
+    n: int
+    d: int
+    v: int  # vocabulary rows on this rank
+    dtype: torch.dtype
+    device: torch.device
+    has_bias: bool
+    opts: Options
+    mask: tuple[bool, bool, bool] = (False, False, False)  # gradients of hidden, weight, bias
+
+    @staticmethod
+    def of(t: Tensors, opts: Options, mask=(False, False, False)) -> "Problem":
+        return Problem(t.hidden.shape[0], t.hidden.shape[1], t.weight.shape[0], t.hidden.dtype, t.hidden.device,
+                       t.bias is not None, opts, tuple(bool(x) for x in mask))
+
+
+class Stats(NamedTuple):
+    """Per-token statistics over a vocabulary shard (float32, argmax int64 global ids)."""
+
+    m: torch.Tensor
+    s: torch.Tensor
+    target: torch.Tensor
+    zsum: torch.Tensor
+    argmax: torch.Tensor
+
+
+@dataclass
+class Grads:
+    """Gradient buffers of one call. ``dh`` rows are written once per token block (its full sum over this rank's
+    vocabulary); ``dw`` and ``db`` accumulate over token blocks. ``None`` where not wanted. Providers may allocate
+    other dtypes (``new_grads``) as long as ``finish`` returns the right ones."""
+
+    dh: Optional[torch.Tensor]
+    dw: Optional[torch.Tensor]
+    db: Optional[torch.Tensor]
+    fp32_dh: bool = False  # dh stays float32 (a vocab-parallel group sums it before the cast)
+    extra: Any = None  # provider-private state (e.g. "dw written yet")
+
+
+class Provider:
+    """Base class of the kernel providers. Subclasses set ``name`` / ``device_types`` and implement ``stats`` and
+    ``grads`` (and optionally ``fused``)."""
 
     name: str = ""
-    #: device types this backend can run on ("cpu", "cuda", "npu", ...); None means any
+    #: device types this provider runs on ("cpu", "cuda", "npu", ...); None means any
     device_types: Optional[tuple[str, ...]] = None
+    #: dtypes its kernels take
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+    #: what has been verified of it, where that differs from "tested here" (shown by backend_info)
+    status: Optional[str] = None
 
+    # -- availability ----------------------------------------------------------------------------------------
     def unavailable_reason(self) -> Optional[str]:
-        """None when usable on this host, else a sentence saying why not (shown by backend_info())."""
+        """None when usable on this host, else a sentence saying why not."""
         return None
 
-    def unsupported_reason(self, device: torch.device, cfg: Config, dtype: torch.dtype) -> Optional[str]:
-        """None when this backend can run these tensors and options, else why not."""
-        if self.device_types is not None and device.type not in self.device_types:
-            return f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, got device {device.type!r}"
+    def supports(self, p: Problem) -> Optional[str]:
+        """None when this provider can run ``p``, else why not. Subclasses extend it (call super first)."""
+        if self.device_types is not None and p.device.type not in self.device_types:
+            return f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, got device {p.device.type!r}"
+        if p.dtype not in self.dtypes:
+            names = "/".join(str(d).replace("torch.", "") for d in self.dtypes)
+            return f"backend {self.name!r} takes {names} inputs, got {p.dtype}"
         return None
 
-    def forward(self, hidden, weight, labels, bias, cfg: Config, grad_scale: Optional[torch.Tensor],
-                grad_mask: tuple[bool, bool, bool]) -> ForwardResult:
+    # -- planning ----------------------------------------------------------------------------------------------
+    def token_block(self, p: Problem, keep: bool) -> int:
+        """Tokens per driver block (every rank of a group uses the smallest proposal). ``keep``: the caller will
+        ask for gradients right after the statistics of each block. Default: one block (the kernels tile)."""
+        return max(p.n, 1)
+
+    # -- kernels -------------------------------------------------------------------------------------------------
+    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool) -> tuple[Stats, Any]:
         raise NotImplementedError
 
-    def backward(self, grad_loss, hidden, weight, labels, bias, lse, cfg: Config,
-                 grad_mask: tuple[bool, bool, bool]):
+    def grads(self, t: Tensors, rows: slice, lse: torch.Tensor, g: torch.Tensor, scale: Optional[torch.Tensor],
+              opts: Options, out: Grads, cache: Any = None) -> None:
         raise NotImplementedError
 
+    #: providers with a single-device one-pass kernel set this and implement ``fused``
+    has_fused: bool = False
 
-def loss_from_stats(m, s, target, zsum, argmax, labels, ignore_index: int, label_smoothing: float, z_loss: float,
-                    vocab_total: int):
-    """Per-token (loss, lse, correct, valid, bad) from global statistics -- the SPEC formula, shared by every backend.
+    def fused(self, t: Tensors, g: torch.Tensor, scale: torch.Tensor, opts: Options, out: Grads) -> Stats:
+        """Statistics of all rows and the gradients of ``scale * sum_i g_i * loss_i`` into ``out``, on one
+        device (no vocab-parallel group)."""
+        raise NotImplementedError
 
-    ``m``/``s``: max and sum-exp relative to it; ``target``: the label's logit; ``zsum``: sum of the logits;
-    ``argmax``: first argmax as a global id. Ignored tokens get 0; a label outside [0, vocab_total) that is not
-    ignore_index gets NaN (``bad``), so a bad label is visible instead of indexing out of bounds.
-    """
-    y = labels.long()
-    lse = m + torch.log(s)
-    valid = y != ignore_index
-    bad = valid & ((y < 0) | (y >= vocab_total))
-    per = (1.0 - label_smoothing) * (lse - target)
-    if label_smoothing:
-        per = per + label_smoothing * (lse - zsum / vocab_total)
-    if z_loss:
-        per = per + z_loss * lse * lse
-    per = torch.where(valid, per, torch.zeros_like(per))
-    per = torch.where(bad, torch.full_like(per, math.nan), per)
-    return per, lse, valid & (argmax == y), valid, bad
+    # -- gradient buffers ------------------------------------------------------------------------------------------
+    def new_grads(self, t: Tensors, mask: tuple[bool, bool, bool], fp32_dh: bool, scaled: bool = False) -> Grads:
+        """float32 zero accumulators for the wanted gradients. ``scaled``: a uniform ``scale`` will be passed."""
+        h, w, b = t.hidden, t.weight, t.bias
+        f32 = torch.float32
+        return Grads(torch.zeros(h.shape, device=h.device, dtype=f32) if mask[0] else None,
+                     torch.zeros(w.shape, device=w.device, dtype=f32) if mask[1] else None,
+                     torch.zeros(w.shape[0], device=w.device, dtype=f32) if mask[2] and b is not None else None,
+                     fp32_dh)
+
+    def finish(self, t: Tensors, out: Grads, scale: Optional[torch.Tensor]):
+        """(dh, dw, db) in their inputs' dtypes (dh float32 when ``out.fp32_dh``); ``scale`` is applied here when
+        the provider left it out of ``grads`` (``grads_scaled`` False)."""
+        def cast(x, like, keep32=False):
+            if x is None:
+                return None
+            if scale is not None and not self.grads_scaled:
+                x = x.mul_(scale)
+            return x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
+
+        return (cast(out.dh, t.hidden, out.fp32_dh), cast(out.dw, t.weight),
+                cast(out.db, t.bias) if t.bias is not None else None)
+
+    #: True when ``grads`` / ``fused`` apply ``scale`` themselves (else ``finish`` does, in float32)
+    grads_scaled: bool = False
+
+
+class WholeRowsProvider(Provider):
+    """A provider whose kernels tile the tokens themselves and allocate their own outputs: one driver block covers
+    every row (the default ``token_block``; every rank of a group holds the same tokens, so every rank agrees),
+    ``grads`` stores what the kernel returned (``store``), ``finish`` casts to the inputs' dtypes."""
+
+    grads_scaled = True  # the kernels take the scaled token weights
+
+    def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
+        return Grads(None, None, None, fp32_dh, extra=tuple(bool(x) for x in mask))
+
+    @staticmethod
+    def store(t: Tensors, rows: slice, out: Grads, dh, dw, db) -> None:
+        if rows.start != 0 or rows.stop != t.hidden.shape[0]:
+            raise RuntimeError("fused_lce: this provider expects one token block covering every row")
+        m = out.extra
+        out.dh = dh if m[0] else None
+        out.dw = dw if m[1] else None
+        out.db = db if m[2] and t.bias is not None else None
+
+    def finish(self, t: Tensors, out: Grads, scale):
+        def cast(x, like, keep32=False):
+            return None if x is None or like is None else x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
+
+        return cast(out.dh, t.hidden, out.fp32_dh), cast(out.dw, t.weight), cast(out.db, t.bias)
+
+
+__all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "options_schema", "Tensors", "Problem", "Stats", "Grads", "Provider"]

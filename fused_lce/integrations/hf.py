@@ -44,7 +44,7 @@ import types
 import warnings
 import torch
 
-from .. import backends
+from .. import registry
 from ..api import linear_cross_entropy
 
 # family -> (transformers.models submodule, causal-LM classes). Qwen2.5 text models are Qwen2ForCausalLM.
@@ -292,8 +292,8 @@ def _check_options(options):
     # validate the loss options now rather than at the first training step, on a tiny CPU problem; the backend
     # only by name, since it may exist for the model's device and not for the CPU
     backend = options.get("backend", "auto")
-    if backend != "auto" and backend not in backends.NAMES:
-        raise ValueError(f"backend: expected one of {('auto',) + backends.NAMES}, got {backend!r}")
+    if backend != "auto" and backend not in registry.names():
+        raise ValueError(f"backend: expected one of {('auto',) + registry.names()}, got {backend!r}")
     probe = {k: v for k, v in options.items() if k not in ("skip_logits", "backend")}
     linear_cross_entropy(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), **probe)
     return options

@@ -28,10 +28,29 @@ import fused_lce  # noqa: E402
 
 ASSERT_NO_TORCH_NPU_AT_IMPORT = "torch_npu" not in sys.modules
 
+import npu_emulator  # noqa: E402
 import torch_npu  # noqa: E402  (the fake)
-from fused_lce.backends import npu_ascendc, npu_cann, npu_emulator  # noqa: E402
+from fused_lce import registry  # noqa: E402
+from fused_lce.backends import npu as npu_ascendc  # noqa: E402
+from fused_lce.backends import npu_cann  # noqa: E402
 from fused_lce.reference import reference_loss  # noqa: E402
 from npu_sim import NpuMode, cpu  # noqa: E402
+
+
+def fake_cann_home(symbols) -> str:
+    """An $ASCEND_HOME_PATH whose lib64/libopapi.so exports ``symbols`` (CANN's op-api library, as op-plugin
+    looks it up): the trio's aclnn kernels are "installed" when their names are exported."""
+    home = tempfile.mkdtemp(prefix="fake_cann_")
+    os.makedirs(os.path.join(home, "lib64"))
+    src = os.path.join(home, "opapi.c")
+    with open(src, "w") as f:
+        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or "int unused_symbol(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")], check=True)
+    return home
+
+
+TRIO_SYMBOLS = [n + suffix for n in npu_cann.ACLNN for suffix in ("", "GetWorkspaceSize")]
+os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS)
 
 SCENARIOS = {}
 
@@ -114,8 +133,7 @@ def auto_uses_trio_bf16_all_reductions():
         before = dict(torch_npu.calls)
         got, ref = run_both(h, w, None, y, up, reduction=reduction, num_items=num_items, z_loss=z_loss)
         after = torch_npu.calls
-        for f in npu_cann.TRIO[:2]:
-            assert after[f] > before.get(f, 0), (reduction, f)
+        assert after[npu_cann.TRIO[0]] > before.get(npu_cann.TRIO[0], 0), reduction
         # reduction "none" recomputes its gradients through the trio's backward; the others get them in forward
         assert after[npu_cann.TRIO[2]] > before.get(npu_cann.TRIO[2], 0), reduction
         assert got[1].dtype == torch.bfloat16 and got[2].dtype == torch.bfloat16
@@ -144,16 +162,21 @@ def fp32_and_unsupported_options_route_to_torch():
 
 
 @scenario
-def trio_shape_limits_fall_back_inside():
-    be = npu_cann.BACKEND
-    h, w, b, y = problem(20, 16, 300, torch.bfloat16, 4, bias=True)  # a bias: the trio has no bias input
-    got, ref = run_both(h, w, b, y)
-    assert "no bias" in be.last_fallback
-    check(got, ref, 1e-5, 1e-2)
-    h, w, _, y = problem(20, 16, 100, torch.bfloat16, 4)  # < 128 vocabulary rows: the trio's backward refuses
-    got, ref = run_both(h, w, None, y)
-    assert "128 vocabulary rows" in be.last_fallback, be.last_fallback
-    check(got, ref, 1e-5, 1e-2)
+def trio_shape_limits_route_to_torch():
+    """Shapes the trio refuses are declined by npu_cann's supports(): auto takes torch, an explicit request
+    says why."""
+    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"), ((20, 16, 100, False), "128 vocabulary rows")):
+        h, w, b, y = problem(n, d, v, torch.bfloat16, 4, bias=bias)
+        n0 = calls()
+        got, ref = run_both(h, w, b, y)
+        assert calls() == n0, why  # the trio was not used
+        check(got, ref, 1e-5, 1e-2)
+        try:
+            run_both(h, w, b, y, backend="npu_cann")
+        except ValueError as e:
+            assert why in str(e), str(e)
+        else:
+            raise AssertionError(f"backend='npu_cann' ran a problem it cannot run ({why})")
 
 
 @scenario
@@ -186,20 +209,21 @@ def env_override_and_explicit_backends():
 @scenario
 def first_failing_step_is_reported():
     def reasons():
-        npu_ascendc.BACKEND.reset()
+        npu_ascendc.PROVIDER.reset()
         info = fused_lce.backend_info()
         return info["npu"]["reason"] or "", info["npu_cann"]["reason"] or ""
 
-    os.environ["FAKE_CANN_VERSION"] = "8.3.RC1"
+    home = os.environ["ASCEND_HOME_PATH"]
+    os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS[:2])  # a CANN without the backward kernel
     try:
-        assert "CANN 8.3.RC1 < 9.0" in reasons()[1]
+        assert "aclnn kernel(s) aclnnFusedLinearCrossEntropyLossGrad, " in reasons()[1], reasons()[1]
         h, w, _, y = problem(12, 8, 200, torch.bfloat16, 1)
         n0 = calls()
         got, ref = run_both(h, w, None, y)  # auto: trio unavailable -> torch
         assert calls() == n0
         check(got, ref, 1e-5, 1e-2)
     finally:
-        del os.environ["FAKE_CANN_VERSION"]
+        os.environ["ASCEND_HOME_PATH"] = home
     os.environ["FAKE_NO_TRIO"] = "1"
     try:
         assert "has no npu_fused_linear_online_max_sum" in reasons()[1]
@@ -229,7 +253,7 @@ def first_failing_step_is_reported():
                 assert reasons()[0].startswith(expect), reasons()[0]
             finally:
                 del os.environ["ASCEND_CUSTOM_OPP_PATH"]
-    npu_ascendc.BACKEND.reset()
+    npu_ascendc.PROVIDER.reset()
 
 
 @scenario
@@ -246,7 +270,7 @@ def own_kernels_first_when_available():
             counted["grads"] += 1
             return super().grads(*a)
 
-    npu_ascendc.BACKEND.use_kernels(Counting())
+    registry.register(npu_ascendc.AscendCProvider("npu", kernels=Counting()))
     try:
         assert fused_lce.backend_info()["auto"]["npu"] == "npu"
         for dtype, opts, tol in ((torch.bfloat16, dict(label_smoothing=0.1, z_loss=1e-3, softcap=8.0), 1e-2),
@@ -267,7 +291,7 @@ def own_kernels_first_when_available():
         finally:
             del os.environ["FUSED_LCE_BACKEND"]
     finally:
-        npu_ascendc.BACKEND.use_kernels(None)
+        registry.unregister("npu")
 
 
 def main():

@@ -9,11 +9,12 @@ import sys
 import pytest
 
 import fused_lce
-from fused_lce.backends import npu_ascendc, npu_cann
+from fused_lce.backends import npu as npu_ascendc
+from fused_lce.backends import npu_cann
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
-             "fp32_and_unsupported_options_route_to_torch", "trio_shape_limits_fall_back_inside",
+             "fp32_and_unsupported_options_route_to_torch", "trio_shape_limits_route_to_torch",
              "env_override_and_explicit_backends", "first_failing_step_is_reported",
              "own_kernels_first_when_available"]
 
@@ -48,15 +49,40 @@ def test_this_host_reports_the_first_failing_step():
     assert info["npu_cann"]["reason"].startswith("torch_npu is not importable")
 
 
-def test_trio_mask_packing_and_version_parsing():
+def test_trio_mask_packing():
     import torch
 
     out = torch.tensor([True, False, False, True, False, False, False, False, True, False])
     packed = npu_cann.pack_out_of_shard(out)
     assert packed.tolist() == [0b00001001, 0b11111101]  # token 8k+j -> bit j of byte k, padding bits set
-    assert npu_cann.parse_cann_version("9.0.0") == (9, 0)
-    assert npu_cann.parse_cann_version("8.3.RC1") == (8, 3)
-    assert npu_cann.parse_cann_version("") is None
+
+
+def test_trio_detected_by_its_kernels_not_a_version(tmp_path):
+    """npu_cann is available when CANN's op-api libraries export the trio's aclnn kernels (ops-nn ships them
+    before CANN 9.0), looked up where op-plugin looks: $ASCEND_HOME_PATH/lib64/libopapi_*.so, libopapi.so, ..."""
+    loaded = {}
+
+    class Lib:
+        def __init__(self, syms):
+            for s in syms:
+                setattr(self, s, object())
+
+    def load(path):
+        if path not in loaded:
+            raise OSError(path)
+        return Lib(loaded[path])
+
+    lib64 = tmp_path / "lib64"
+    lib64.mkdir()
+    (lib64 / "libopapi_nn.so").write_bytes(b"")
+    env = {"ASCEND_HOME_PATH": str(tmp_path)}
+    all_syms = [n + s for n in npu_cann.ACLNN for s in ("", "GetWorkspaceSize")]
+    loaded[str(lib64 / "libopapi_nn.so")] = all_syms
+    assert npu_cann.find_aclnn(env=env, load=load) is None
+    loaded[str(lib64 / "libopapi_nn.so")] = all_syms[:3]
+    assert "aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize" in npu_cann.find_aclnn(env=env, load=load)
+    loaded[str(lib64 / "libopapi.so")] = all_syms[3:]  # split across two libraries is fine
+    assert npu_cann.find_aclnn(env=env, load=load) is None
 
 
 def test_find_custom_opp(tmp_path):

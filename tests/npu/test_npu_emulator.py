@@ -10,10 +10,13 @@ import random
 import pytest
 import torch
 
-from fused_lce.backends import npu_emulator as E
-from fused_lce.backends.base import Config
-from fused_lce.backends.npu_ascendc import AscendCBackend
+from fused_lce import driver
+from fused_lce.backends.base import Options
+from fused_lce.backends.npu import AscendCProvider
 from fused_lce.reference import reference_loss
+
+from ..conftest import run_provider, run_provider_backward
+from . import npu_emulator as E
 
 # a tiny part: small tiles, several K chunks, token tails and vocabulary segments on 130 x 517 problems
 SMALL_HW = E.HwSpec(cube_cores=5, ub_bytes=40 * 1024, l1_bytes=64 * 1024, l0a_bytes=16 * 1024,
@@ -72,7 +75,7 @@ def test_emulator_matches_fp64_reference(hw, dtype, opts):
     valid = y != -100
     assert torch.equal(correct, valid & (r_argmax == y)), ctx
     assert torch.all(loss[~valid] == 0), ctx
-    g_tok = E.token_weights(valid, torch.zeros_like(valid), upstream)
+    g_tok = driver.token_weights(valid, torch.zeros_like(valid), upstream)
     dx, dw, db = E.grads(g_tok, h, w, b, y, lse, 0, v, ls, z, cap, [True, True, True], hw)
     assert dx.dtype == dw.dtype == torch.float32  # float32 accumulators
     tol = GRAD_TOL[dtype]
@@ -108,7 +111,7 @@ def test_bad_labels_poison_and_all_ignored_is_zero():
     assert torch.isfinite(loss[6:]).all()
     valid = y != -100
     bad = valid & ((y < 0) | (y >= 200))
-    dx, dw, _ = E.grads(E.token_weights(valid, bad, torch.ones(20)), h, w, None, y, lse, 0, 200, 0.0, 0.0, 0.0,
+    dx, dw, _ = E.grads(driver.token_weights(valid, bad, torch.ones(20)), h, w, None, y, lse, 0, 200, 0.0, 0.0, 0.0,
                         [True, True, False])
     assert torch.isnan(dx[4]).all() and torch.isfinite(dx[6:]).all() and torch.isnan(dw).any()
     yi = torch.full((20,), -100)
@@ -129,23 +132,22 @@ def test_no_tokens():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_npu_backend_glue_with_emulated_kernels(dtype):
-    """The "npu" backend's Python side (finish, token weights, fused gradients, casts) on CPU tensors, with the
+    """The "npu" provider's Python side (statistics, gradients, casts) through the driver on CPU tensors, with the
     emulator standing in for the compiled kernels."""
     seed = random.randrange(2**31)
-    be = AscendCBackend()
-    be.use_kernels(E.Kernels())
+    be = AscendCProvider("npu_emulated", kernels=E.Kernels(), device_types=("cpu",))
     assert be.unavailable_reason() is None
     h, w, b, y, g = make(45, 24, 260, dtype, seed, bias=True)
-    cfg = Config(ignore_index=-100, label_smoothing=0.1, z_loss=1e-3, softcap=6.0)
+    cfg = Options(ignore_index=-100, label_smoothing=0.1, z_loss=1e-3, softcap=6.0)
     valid = y != -100
     scale = torch.tensor(1.0 / float(valid.sum()))
-    r = be.forward(h, w, y, b, cfg, scale, (True, True, True))
+    loss, lse, _, (dh, dw, db) = run_provider(be, h, w, y, b, cfg, scale)
     r_loss, r_lse, _, r_dh, r_dw, r_db = reference(h, w, b, y, 0.1, 1e-3, 6.0, torch.full((45,), float(scale)))
-    assert rel(r.loss, r_loss) < 1e-6 and rel(r.lse, r_lse) < 1e-6, seed
-    assert r.grad_hidden.dtype == dtype and r.grad_weight.dtype == dtype and r.grad_bias.dtype == dtype
+    assert rel(loss, r_loss) < 1e-6 and rel(lse, r_lse) < 1e-6, seed
+    assert dh.dtype == dtype and dw.dtype == dtype and db.dtype == dtype
     tol = GRAD_TOL[dtype] * 2
-    assert rel(r.grad_hidden, r_dh) < tol and rel(r.grad_weight, r_dw) < tol and rel(r.grad_bias, r_db) < tol, seed
+    assert rel(dh, r_dh) < tol and rel(dw, r_dw) < tol and rel(db, r_db) < tol, seed
     up = torch.rand(45, generator=g)
-    dh, dw, db = be.backward(up, h, w, y, b, r.lse, cfg, (True, False, True))
+    dh, dw, db = run_provider_backward(be, up, h, w, y, b, lse, cfg, (True, False, True))
     _, _, _, r_dh2, _, r_db2 = reference(h, w, b, y, 0.1, 1e-3, 6.0, up)
     assert dw is None and rel(dh, r_dh2) < tol and rel(db, r_db2) < tol, seed

@@ -5,7 +5,7 @@ import random
 import re
 import subprocess
 
-from fused_lce.backends import npu_emulator as E
+from . import npu_emulator as E
 
 
 def test_header_unit_tests(tiling_binary):

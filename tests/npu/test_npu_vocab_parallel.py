@@ -20,7 +20,7 @@ def _rel(a, b):
 
 
 def _worker(rank, world, port, seed):
-    sys.path[:0] = [os.path.join(HERE, "fake_torch_npu"), HERE]
+    sys.path[:0] = [os.path.join(HERE, "fake_torch_npu"), os.path.dirname(os.path.dirname(HERE))]
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -28,9 +28,12 @@ def _worker(rank, world, port, seed):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         import torch_npu  # noqa: F401  (the fake)
-        from fused_lce.backends import npu_cann, npu_emulator
-        from fused_lce.backends.base import Config
-        from fused_lce.backends.npu_ascendc import AscendCBackend
+        from tests.conftest import run_provider, run_provider_backward
+        from tests.npu import npu_emulator
+
+        from fused_lce.backends import npu_cann
+        from fused_lce.backends.base import Options
+        from fused_lce.backends.npu import AscendCProvider
         from fused_lce.reference import reference_loss
 
         n, d, v = 40, 24, 300
@@ -44,21 +47,21 @@ def _worker(rank, world, port, seed):
         per, lse, _, nv = reference_loss(h64, w64, y, reduction="none", z_loss=1e-3)
         scale = 1.0 / float(nv)
         (per.sum() * scale).backward()
-        emulated = AscendCBackend()
-        emulated.use_kernels(npu_emulator.Kernels())
-        cfg = Config(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
-                     vocab_total=v)
+        emulated = AscendCProvider("npu_emulated", kernels=npu_emulator.Kernels(), device_types=("cpu",))
+        cfg = Options(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
+                      vocab_total=v)
         # the trio rounds logits to bf16 (loss / lse ~1e-3); the own kernels keep fp32 logits
-        for name, be, ltol, tol in (("npu_cann", npu_cann.BACKEND, 2e-3, 1.5e-2), ("npu", emulated, 1e-5, 1e-2)):
-            r = be.forward(h, w[start:stop], y, None, cfg, torch.tensor(scale), (True, True, False))
-            dh = r.grad_hidden.float()
-            dist.all_reduce(dh)  # what the op layer does for a group
+        for name, be, ltol, tol in (("npu_cann", npu_cann.PROVIDER, 2e-3, 1.5e-2), ("npu", emulated, 1e-5, 1e-2)):
+            loss, lse_o, _, (dh, dw, _) = run_provider(be, h, w[start:stop], y, None, cfg, torch.tensor(scale),
+                                                       (True, True, False))
+            dh = dh.float()
+            dist.all_reduce(dh)  # what the driver does for a group
             ctx = (name, rank, seed)
-            assert _rel(r.loss, per) < ltol and _rel(r.lse, lse) < ltol, (ctx, _rel(r.loss, per), _rel(r.lse, lse))
+            assert _rel(loss, per) < ltol and _rel(lse_o, lse) < ltol, (ctx, _rel(loss, per), _rel(lse_o, lse))
             assert _rel(dh, h64.grad) < tol, (ctx, _rel(dh, h64.grad))
-            assert _rel(r.grad_weight, w64.grad[start:stop]) < tol, (ctx, _rel(r.grad_weight, w64.grad[start:stop]))
-            dh2, dw2, _ = be.backward(torch.full((n,), scale), h, w[start:stop], y, None, r.lse, cfg,
-                                      (True, True, False))
+            assert _rel(dw, w64.grad[start:stop]) < tol, (ctx, _rel(dw, w64.grad[start:stop]))
+            dh2, dw2, _ = run_provider_backward(be, torch.full((n,), scale), h, w[start:stop], y, None, lse_o, cfg,
+                                                (True, True, False))
             dist.all_reduce(dh2)
             assert _rel(dh2, h64.grad) < tol and _rel(dw2, w64.grad[start:stop]) < tol, ctx
     finally:

@@ -1,4 +1,4 @@
-"""Python tile emulator of the AscendC kernels in ``csrc/ascend/`` -- the executable spec they must match.
+"""Python tile emulator of the AscendC kernels in ``csrc/ascend/`` (test-only: the spec they were written to).
 
 It runs on any device with plain torch and follows the kernels step by step:
 
@@ -28,9 +28,8 @@ from typing import Optional
 
 import torch
 
-# upstream weight per token: the scale where valid, 0 where ignored, NaN where the label is out of range
-from .base import loss_from_stats
-from .torch_ref import _token_weights as token_weights  # noqa: F401  (re-exported for the NPU backends)
+from fused_lce import driver
+from fused_lce.backends.base import Options, Stats
 
 # ---------------------------------------------------------------------------------------------- tiling mirror
 FLAG_BIAS, FLAG_SMOOTHING, FLAG_SOFTCAP, FLAG_BACKWARD = 1, 2, 4, 8
@@ -362,10 +361,9 @@ def grads(grad_tok, hidden, weight, bias, labels, lse, vocab_start: int, vocab_t
 
 # ---------------------------------------------------------------------------------------------- shared finish
 def finish(m, s, zt, zs, amax, labels, ignore_index: int, label_smoothing: float, z_loss: float, vocab_total: int):
-    """(loss, lse, correct) per token from global statistics, as in SPEC.md (the formula every backend shares)."""
-    per, lse, correct, _, _ = loss_from_stats(m, s, zt, zs, amax, labels, ignore_index, label_smoothing, z_loss,
-                                              vocab_total)
-    return per, lse, correct
+    """(loss, lse, correct) per token from global statistics: the driver's formula."""
+    opts = Options(ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss, vocab_total=vocab_total)
+    return driver.loss_from_stats(Stats(m, s, zt, zs, amax), labels, opts, vocab_total)
 
 
 class Kernels:

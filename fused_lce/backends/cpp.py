@@ -1,0 +1,84 @@
+"""The "cpp" provider: the compiled CPU kernels of ``fused_lce._C`` (csrc/cpu/), registered as the private ops
+``torch.ops.fused_lce._cpu_stats`` / ``_cpu_grads`` / ``_cpu_fused``.
+
+The kernels tile tokens and vocabulary themselves (one driver block covers all rows): on one device
+``_cpu_fused`` computes the statistics and the gradients of each token block in one pass (logits kept between the
+two passes when the row block fits the tile budget: 3 GEMM-equivalents); with a vocab-parallel group the driver
+runs ``_cpu_stats``, the combine, then ``_cpu_grads`` (one GEMM more).
+
+Environment knobs of the kernel, read per call (tile-parallel is the default because it measured faster than
+gemm-parallel on 2 cores): ``FUSED_LCE_CPP_PARALLEL`` "tiles" (vocabulary tiles split across threads,
+single-threaded GEMMs) or "gemm" (tiles in order, threaded GEMMs), ``FUSED_LCE_CPP_NB`` / ``FUSED_LCE_CPP_VB``
+caps on the token block / vocabulary tile, ``FUSED_LCE_CPP_ISA`` "avx512" | "avx2" | "default" (row kernels'
+instruction set, when the CPU has it), ``FUSED_LCE_CPP_BF16_GEMM`` "0" (bf16 inputs: convert tiles to float32
+instead of bf16 x bf16 -> fp32 GEMMs), ``FUSED_LCE_CPP_PROFILE`` "1" (per-phase times on stderr). The tile budget
+is ``Options.tile_bytes`` (``tile_budget_mb`` / ``FUSED_LCE_TILE_MB``; default 256 MiB; the kept row block uses up
+to 3/4 of it). ``describe()`` says what a problem gets.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .base import Grads, Options, Stats, Tensors, WholeRowsProvider
+
+_C = None
+_IMPORT_ERROR: Optional[str] = None
+try:
+    from .. import _C  # noqa: F811  (loading it registers the kernels)
+except ImportError as e:
+    _IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+
+def _missing_reason() -> str:
+    """Why _C is not importable: the build's own note (fused_lce/_build_status.txt) when setup.py left one."""
+    status = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_build_status.txt")
+    if os.path.exists(status):
+        with open(status) as f:
+            return f.read().strip()
+    if _IMPORT_ERROR and "No module named" in _IMPORT_ERROR:
+        return ("not built: fused_lce._C is missing (install with a C++ compiler: "
+                "`pip install --no-build-isolation .`)")
+    return f"fused_lce._C failed to load ({_IMPORT_ERROR})"
+
+
+class CppProvider(WholeRowsProvider):
+    name = "cpp"
+    device_types = ("cpu",)
+    has_fused = True
+
+    def unavailable_reason(self) -> Optional[str]:
+        return None if _C is not None else _missing_reason()
+
+    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+        r = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.labels[rows], t.bias, opts.vocab_start,
+                                           opts.softcap, opts.label_smoothing != 0, opts.tile_bytes)
+        return Stats(*r), None
+
+    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+        s = 1.0 if scale is None else float(scale)
+        dh, dw, db = torch.ops.fused_lce._cpu_grads(
+            t.hidden[rows], t.weight, t.labels[rows], t.bias, lse, g, s, opts.vocab_start,
+            opts.vocab(t.weight.shape[0]), opts.label_smoothing, opts.z_loss, opts.softcap, opts.tile_bytes,
+            list(out.extra), out.fp32_dh)
+        self.store(t, rows, out, dh, dw, db)
+
+    def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:
+        r = torch.ops.fused_lce._cpu_fused(t.hidden, t.weight, t.labels, t.bias, g, float(scale),
+                                           opts.vocab(t.weight.shape[0]), opts.label_smoothing, opts.z_loss,
+                                           opts.softcap, opts.tile_bytes, list(out.extra))
+        self.store(t, slice(0, t.hidden.shape[0]), out, *r[5:])
+        return Stats(*r[:5])
+
+
+def describe(n: int, v: int, d: int, dtype=torch.float32, tile_mb: Optional[float] = None, fused=True) -> str:
+    """The instruction set, GEMM path and tiling the kernel picks for an (n, v, d) problem (tests, benchmarks)."""
+    if _C is None:
+        return f"unavailable: {_missing_reason()}"
+    tile_bytes = int(tile_mb * 2**20) if tile_mb else 0
+    return _C.describe(n, v, d, dtype != torch.float32, tile_bytes, fused)
+
+
+PROVIDER = CppProvider()

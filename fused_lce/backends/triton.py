@@ -1,0 +1,522 @@
+"""The "triton" backend: cuBLAS for the three big products, one fused Triton kernel for everything in between.
+
+Default mode (token chunks, 3 GEMM-equivalents). For each chunk of ``nc`` tokens:
+
+1. ``z = h_c @ W.T`` into a float32 buffer (cuBLAS, ``out_dtype=float32``: logits are never rounded to bf16,
+   so the loss and the softmax keep float32 accuracy);
+2. one Triton program per token reads its logits row twice -- once (last block first) for the online max /
+   sum-exp / target logit / sum / first argmax, once (first block first, so the blocks read last are still in
+   L2) to write ``dz`` -- and writes the loss, lse and ``correct``. For bf16/fp16 inputs ``dz`` is written in
+   the input dtype *into the same buffer* (row ``r`` of ``dz`` occupies the first half of row ``r`` of ``z``), so
+   the gradient tile costs no extra memory;
+3. ``dX_c = dz @ W`` (cuBLAS, written straight into dX: the sum over the vocabulary is inside one GEMM);
+4. ``dW += dz.T @ h_c`` into a float32 accumulator (cuBLAS ``addmm`` with ``out_dtype=float32``), or written
+   straight in the weight dtype when a single chunk covers all tokens (no accumulator at all).
+
+The chunk size comes from the shapes and the free device memory: the buffer may use the room the final dW will
+take (it is allocated only after the buffer is freed) plus ``SLACK``; a single chunk is used when its buffer fits
+in the room of the float32 accumulator it makes unnecessary.
+
+Compact mode (``FUSED_LCE_COMPACT=1``; vocabulary chunks, 4 GEMM-equivalents): a statistics pass over vocabulary
+chunks, then per chunk ``z`` again, ``dz``, ``dW_c = dz.T @ h`` written once in the weight dtype (the sum over
+tokens is inside one GEMM) and ``dX += dz @ W_c`` into a float32 (N, D) accumulator. No (V, D) float32 buffer.
+
+With a vocab-parallel group the statistics of each chunk are combined across ranks
+(``fused_lce.distributed.combine_stats``) between the statistics kernel and the gradient kernel, and dX is
+returned in float32 (the op layer all-reduces, then casts). Nothing here reads a device value on the host, so
+forward and backward are CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Optional
+
+import torch
+
+try:  # a missing Triton must not break `import fused_lce`; unavailable_reason() reports it
+    import triton
+    import triton.language as tl
+
+    _TRITON_ERROR: Optional[str] = None
+except Exception as e:  # pragma: no cover - depends on the host
+    triton = None
+    tl = None
+    _TRITON_ERROR = f"{type(e).__name__}: {e}"
+
+from .base import Grads, Options, Problem, Provider, Stats, Tensors
+
+GiB = 2**30
+SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
+MIN_ROWS = 64  # smallest default token chunk: below this the GEMMs stop filling the GPU
+BLOCK = 2048  # logits per loop iteration of the row kernel
+NUM_WARPS = 8
+
+_ADDMM_FP32 = [None]  # does torch.addmm(fp32, bf16, bf16, out_dtype=fp32, out=fp32) work here? (probed lazily)
+
+
+def compact_mode() -> bool:
+    """True when FUSED_LCE_COMPACT asks for the low-memory (vocabulary-chunked, 4 GEMM-equivalent) schedule."""
+    return os.environ.get("FUSED_LCE_COMPACT", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        # from exp(-2|x|) in (0, 1]: exact limits at +-inf, no overflow, no libdevice (runs under the interpreter)
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
+
+    @triton.jit
+    def _rows_kernel(
+        z_ptr, stride_z,  # float32 logits rows (bias and softcap not applied yet)
+        dz_ptr, stride_dz,  # gradient rows; may alias z_ptr (COMPACT: half-width elements in the same row)
+        b_ptr,  # bias of these columns (HAS_BIAS)
+        y_ptr,  # labels of these rows (global ids, int32/int64)
+        g_ptr,  # per-row token weight (float32): 0 ignored, NaN bad label (GRAD)
+        scale_ptr,  # 0-dim float32 factor of every gradient (HAS_SCALE)
+        lse_ptr,  # STATS == 0 and GRAD: the row's global lse (read)
+        m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr,  # STATS: raw statistics (read first when MERGE)
+        ncols, label_off, vocab_total, eps, zloss, cap,
+        STATS: tl.constexpr, MERGE: tl.constexpr, GRAD: tl.constexpr, HAS_SCALE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+        COMPACT: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: rows * columns exceeds 2**31 on real shapes
+        z_row = z_ptr + row * stride_z
+        offs = tl.arange(0, BLOCK)
+        nblk = tl.cdiv(ncols, BLOCK)
+        y = tl.load(y_ptr + row).to(tl.int64)
+        yl = y - label_off  # label as a column of this chunk (ignored / bad / other shard: outside it)
+        inside = (yl >= 0) & (yl < ncols)
+
+        if STATS:
+            # per-lane online softmax: each lane keeps its own max / sum-exp / first argmax / sum, reduced across
+            # lanes once at the end (no cross-warp reduction inside the loop: the loop just streams)
+            m_v = tl.full([BLOCK], float("-inf"), tl.float32)
+            s_v = tl.zeros([BLOCK], tl.float32)
+            zs_v = tl.zeros([BLOCK], tl.float32)
+            am_v = tl.zeros([BLOCK], tl.int32)
+            # last block first: the gradient pass below starts at the first block, which is then still in L2
+            for kk in range(0, nblk):
+                k = nblk - 1 - kk
+                cols = k * BLOCK + offs
+                msk = cols < ncols
+                z = tl.load(z_row + cols, mask=msk, other=0.0)
+                if HAS_BIAS:
+                    z += tl.load(b_ptr + cols, mask=msk, other=0.0).to(tl.float32)
+                if SOFTCAP:
+                    z = cap * _tanh(z / cap)
+                if SMOOTH:
+                    zs_v += tl.where(msk, z, 0.0)
+                z = tl.where(msk, z, float("-inf"))
+                up = z > m_v
+                # columns arrive right to left, so a tie moves the lane's first argmax left
+                am_v = tl.where(msk & (z >= m_v), cols, am_v)
+                new_m = tl.maximum(m_v, z)
+                ref = tl.where(new_m == float("-inf"), 0.0, new_m)
+                e = tl.exp(tl.minimum(m_v, z) - ref)  # one exp: the larger of the two is exp(0) = 1
+                s_v = tl.where(up, s_v * e + 1.0, s_v + e)
+                s_v = tl.where(z != z, z, s_v)  # a NaN logit poisons the sum (max/min would skip it)
+                m_v = new_m
+            m = tl.max(m_v, axis=0)
+            ref = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(s_v * tl.exp(m_v - ref), axis=0)
+            am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
+            zs = tl.sum(zs_v, axis=0)
+            yc = tl.where(inside, yl, 0)
+            zt = tl.load(z_row + yc, mask=inside, other=0.0)
+            if HAS_BIAS:
+                zt += tl.load(b_ptr + yc, mask=inside, other=0.0).to(tl.float32)
+            if SOFTCAP:
+                zt = cap * _tanh(zt / cap)
+            zt = tl.where(inside, zt, 0.0)
+            am += label_off  # global id
+            if MERGE:  # fold in the statistics of the chunks to the left (lower ids win argmax ties)
+                m0 = tl.load(m_ptr + row)
+                s0 = tl.load(s_ptr + row)
+                new_m = tl.maximum(m0, m)
+                ref = tl.where(new_m == float("-inf"), 0.0, new_m)
+                s = s0 * tl.exp(m0 - ref) + s * tl.exp(m - ref)
+                am = tl.where(m > m0, am, tl.load(am_ptr + row))
+                m = new_m
+                zt += tl.load(zt_ptr + row)
+                zs += tl.load(zs_ptr + row)
+            tl.store(m_ptr + row, m)
+            tl.store(s_ptr + row, s)
+            tl.store(zt_ptr + row, zt)
+            tl.store(zs_ptr + row, zs)
+            tl.store(am_ptr + row, am)
+            lse = m + tl.log(s)  # one device: the row's own statistics are global
+        else:
+            lse = tl.load(lse_ptr + row)
+
+        if GRAD:
+            g = tl.load(g_ptr + row).to(tl.float32)
+            if HAS_SCALE:
+                g = g * tl.load(scale_ptr)
+            a = g  # coefficient of softmax
+            if ZLOSS:
+                a = g * (1.0 + 2.0 * zloss * lse)
+            t = g * (1.0 - eps)  # coefficient of the one-hot target
+            u = g * eps / vocab_total  # coefficient of the uniform smoothing target
+            dz_row = dz_ptr + row * stride_dz
+            if g == 0:  # ignored token: a zero row, without reading the logits
+                for k in range(0, nblk):
+                    cols = k * BLOCK + offs
+                    tl.store(dz_row + cols, tl.zeros([BLOCK], dz_ptr.dtype.element_ty), mask=cols < ncols)
+            else:
+                for k in range(0, nblk):
+                    cols = k * BLOCK + offs
+                    msk = cols < ncols
+                    z = tl.load(z_row + cols, mask=msk, other=0.0)
+                    if HAS_BIAS:
+                        z += tl.load(b_ptr + cols, mask=msk, other=0.0).to(tl.float32)
+                    if SOFTCAP:
+                        z = cap * _tanh(z / cap)
+                    d = a * tl.exp(z - lse)
+                    if SMOOTH:
+                        d = d - u
+                    d = tl.where(cols == yl, d - t, d)
+                    if SOFTCAP:
+                        r = z / cap
+                        d = d * (1.0 - r * r)
+                    if COMPACT:
+                        # block k's half-width store lands on logits that other warps loaded in earlier
+                        # iterations (or this one): every warp must have loaded them first
+                        tl.debug_barrier()
+                    tl.store(dz_row + cols, d.to(dz_ptr.dtype.element_ty), mask=msk)
+
+
+# ---------------------------------------------------------------------------------------------- GEMMs
+def _mm32(a, b, out=None):
+    """a @ b with a float32 result (fp32 accumulation). CPU (interpreter tests only): upcast."""
+    if a.dtype == torch.float32:
+        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+    if a.device.type != "cuda":
+        r = a.float() @ b.float()
+        if out is None:
+            return r
+        out.copy_(r)
+        return out
+    if out is None:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    try:
+        return torch.mm(a, b, out_dtype=torch.float32, out=out)
+    except (RuntimeError, TypeError):  # an older torch without the out= form of out_dtype
+        out.copy_(torch.mm(a, b, out_dtype=torch.float32))
+        return out
+
+
+def _mm_into(a, b, out):
+    """out = a @ b in out's dtype (fp32 accumulation inside the GEMM)."""
+    if out.dtype == torch.float32:
+        return _mm32(a, b, out)
+    if a.device.type != "cuda":
+        out.copy_(a.float() @ b.float())
+        return out
+    return torch.mm(a, b, out=out)
+
+
+def _mm_acc(acc, a, b):
+    """acc (float32) += a @ b, accumulating in float32, without a full-size temporary."""
+    if a.device.type == "cuda" and a.dtype != torch.float32 and _ADDMM_FP32[0] is not False:
+        try:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            _ADDMM_FP32[0] = True
+            return acc
+        except (RuntimeError, TypeError):  # this torch's addmm wants self in the operand dtype
+            _ADDMM_FP32[0] = False
+    if a.dtype == torch.float32 or a.device.type != "cuda":
+        if a.device.type == "cuda":
+            return acc.addmm_(a, b)
+        return acc.add_(a.float() @ b.float())
+    # fallback: row slices of a float32 product, each at most ~64 MiB
+    step = max(1, (64 * 2**20) // max(1, 4 * acc.shape[1]))
+    for r0 in range(0, acc.shape[0], step):
+        acc[r0:r0 + step] += torch.mm(a[r0:r0 + step], b, out_dtype=torch.float32)
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------- planning
+_POOL = {}  # device index -> (monotonic time, driver-free + allocator-reserved bytes at that time)
+
+
+def _free_bytes(device: torch.device) -> Optional[int]:
+    """Free device memory plus what the caching allocator holds unused; None while a CUDA graph is being
+    captured or on CPU. The driver is asked at most once a second (the allocator's own counters in between)."""
+    if device.type != "cuda":
+        return None
+    try:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        now = time.monotonic()
+        hit = _POOL.get(idx)
+        if hit is None or now - hit[0] > 1.0:
+            free, _ = torch.cuda.mem_get_info(idx)
+            hit = _POOL[idx] = (now, int(free + torch.cuda.memory_reserved(idx)))
+        return max(0, hit[1] - int(torch.cuda.memory_allocated(idx)))
+    except Exception:  # pragma: no cover
+        return None
+
+
+def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always: bool, tile_bytes: int,
+                     free: Optional[int]) -> tuple[int, bool]:
+    """(tokens per chunk, use a float32 dW accumulator) for the default schedule.
+
+    One chunk (no accumulator) when its float32 logits buffer (4 * V bytes a token) fits in ``SLACK`` plus the
+    room of the float32 accumulator it makes unnecessary. Otherwise the buffer gets ``SLACK`` plus the room of
+    the final dW (allocated only after the buffer is freed), so the peak stays near dX + dW + 4*V*D + SLACK.
+    Both are capped by three quarters of the free device memory. ``tile_bytes`` (the caller's tile budget)
+    overrides the rule.
+    """
+    n = max(n, 1)
+    row = 4 * max(v, 1)
+    acc = 4 * v * d if want_dw else 0
+    if tile_bytes:
+        rows = max(1, tile_bytes // row)
+    else:
+        cap = None if free is None else int(0.75 * free)
+        single = n * row <= SLACK + (0 if acc_always else acc)
+        if single and (cap is None or n * row + v * d * elt <= cap):
+            return n, want_dw and acc_always
+        budget = SLACK + (v * d * elt if want_dw else 0)
+        if cap is not None:
+            budget = min(budget, cap - acc)
+        rows = max(min(n, MIN_ROWS), budget // row)
+    if rows >= n:
+        return n, want_dw and acc_always
+    chunks = -(-n // rows)
+    rows = -(-n // chunks)  # balanced chunks
+    if not tile_bytes:
+        rows = min(n, -(-rows // 8) * 8)
+    return rows, want_dw
+
+
+def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int) -> int:
+    """Vocabulary columns per chunk for the compact schedule: the float32 (N, cols) buffer gets a tenth of
+    dX + dW (at least 32 MiB and 256 columns)."""
+    v = max(v, 1)
+    col = 4 * max(n, 1)
+    if tile_bytes:
+        return max(1, min(v, tile_bytes // col))
+    grads = (n * d * elt if mask[0] else 0) + (v * d * elt if mask[1] else 0)
+    budget = max(32 * 2**20, grads // 10)
+    cols = max(256, budget // col)
+    return int(min(v, -(-cols // 128) * 128))
+
+
+# ---------------------------------------------------------------------------------------------- launches
+def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats: Optional[Stats] = None, merge=False, grad=False,
+            dz=None, g=None, scale=None, lse=None, v0=0, v1=None):
+    """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard)."""
+    nrows = z.shape[0]
+    if nrows == 0:
+        return
+    v1 = t.weight.shape[0] if v1 is None else v1
+    b = t.bias[v0:v1] if t.bias is not None else None
+
+    def arg(x):  # pointers whose constexpr flag is off are never dereferenced: pass z in their place
+        return z if x is None else x
+
+    raw = stats if stats is not None else (z,) * 5
+    _rows_kernel[(nrows,)](
+        z, z.stride(0),
+        arg(dz), dz.stride(0) if dz is not None else 0,
+        arg(b), t.labels[rows], arg(g), arg(scale), arg(lse), *raw,
+        v1 - v0, int(opts.vocab_start + v0), int(opts.vocab(t.weight.shape[0])),
+        float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap or 1.0),
+        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), HAS_SCALE=scale is not None,
+        HAS_BIAS=b is not None, SOFTCAP=bool(opts.softcap), SMOOTH=bool(opts.label_smoothing),
+        ZLOSS=bool(opts.z_loss), COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
+        BLOCK=BLOCK, num_warps=NUM_WARPS,
+    )
+
+
+def _dz_view(z, dtype):
+    """The gradient tile written in place over the (contiguous) float32 logits tile, in the input dtype: row r of
+    dz is the first half of row r of z (row stride 2 * cols)."""
+    return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
+
+
+def _new_stats(n, dev) -> Stats:
+    f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
+    return Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
+
+
+class _State:
+    """Provider-private part of a Grads: fp16 post-scaling and the dW accumulator mode."""
+
+    def __init__(self, post_scale: bool):
+        self.post_scale = post_scale  # fp16: dz written unscaled, the float32 results scaled at the end
+        self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
+
+
+# ---------------------------------------------------------------------------------------------- provider
+class TritonProvider(Provider):
+    name = "triton"
+    device_types = ("cuda",)
+    grads_scaled = True
+
+    def unavailable_reason(self) -> Optional[str]:
+        if triton is None:
+            return f"triton is not importable ({_TRITON_ERROR})"
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible to torch"
+        return None
+
+    @property
+    def has_fused(self) -> bool:  # the compact schedule has no one-pass kernel
+        return not compact_mode()
+
+    # -- planning / buffers ---------------------------------------------------------------------------------
+    def token_block(self, p: Problem, keep: bool) -> int:
+        if compact_mode():
+            return max(p.n, 1)
+        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, keep and p.mask[1], False,
+                                   p.opts.tile_bytes, _free_bytes(p.device))
+        return rows
+
+    def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
+        h, w = t.hidden, t.weight
+        st = _State(scaled and h.dtype == torch.float16)
+        f32 = torch.float32
+        dh_dtype = f32 if (fp32_dh or st.post_scale or compact_mode()) else h.dtype
+        dh = torch.empty(h.shape, device=h.device, dtype=dh_dtype) if mask[0] else None
+        if dh is not None and (h.shape[0] == 0 or w.shape[0] == 0):
+            dh.zero_()
+        db = torch.zeros(w.shape[0], device=w.device, dtype=f32) if mask[2] and t.bias is not None else None
+        return Grads(dh, None, db, fp32_dh, extra=(st, bool(mask[1])))
+
+    def finish(self, t: Tensors, out: Grads, scale):
+        st, want_dw = out.extra
+        h, w = t.hidden, t.weight
+        dh, dw, db = out.dh, out.dw, out.db
+        if want_dw and dw is None:  # no tokens: nothing was written
+            dw = torch.zeros(w.shape, device=w.device, dtype=w.dtype)
+        post = st.post_scale and scale is not None
+        if dh is not None:
+            if post:
+                dh = dh.mul_(scale)
+            if not out.fp32_dh and dh.dtype != h.dtype:
+                dh = dh.to(h.dtype)
+        if dw is not None:
+            if post and dw.dtype == torch.float32:
+                dw = dw.mul_(scale)
+            dw = dw if dw.dtype == w.dtype else dw.to(w.dtype)
+        if db is not None:
+            db = (db.mul_(scale) if post else db).to(t.bias.dtype)
+        return dh, dw, db
+
+    # -- kernels ----------------------------------------------------------------------------------------------
+    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+        h = t.hidden[rows]
+        nc = h.shape[0]
+        raw = _new_stats(nc, h.device)
+        if compact_mode():
+            cols = plan_vocab_chunk(t.hidden.shape[0], t.weight.shape[0], t.hidden.shape[1],
+                                    t.hidden.element_size(), (False, False, False), opts.tile_bytes)
+            v = t.weight.shape[0]
+            if v == 0:
+                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            buf = torch.empty(nc * min(cols, v), device=h.device, dtype=torch.float32)
+            for v0 in range(0, v, cols):
+                v1 = min(v0 + cols, v)
+                z = buf[: nc * (v1 - v0)].view(nc, v1 - v0)
+                _mm32(h, t.weight[v0:v1].t(), z)
+                _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
+            return raw, None
+        z = torch.empty(nc, t.weight.shape[0], device=h.device, dtype=torch.float32)
+        _mm32(h, t.weight.t(), z)
+        _launch(t, opts, z, rows, stats=raw)
+        return raw, (z if keep else None)
+
+    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+        st, _ = out.extra
+        kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
+        h = t.hidden[rows]
+        if compact_mode():
+            self._compact_grads(t, rows, lse, g, kscale, scale, opts, out)
+            return
+        z = cache
+        if z is None:
+            z = torch.empty(h.shape[0], t.weight.shape[0], device=h.device, dtype=torch.float32)
+            _mm32(h, t.weight.t(), z)
+        dz = _dz_view(z, h.dtype)
+        _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse)
+        self._token_gemms(t, rows, dz, out)
+
+    def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:
+        st, want_dw = out.extra
+        h, w = t.hidden, t.weight
+        n, v = h.shape[0], w.shape[0]
+        kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
+        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+                                    _free_bytes(h.device))
+        raw = _new_stats(n, h.device)
+        buf = torch.empty(min(nrows, n) * v, device=h.device, dtype=torch.float32)
+        for i0 in range(0, n, nrows):
+            rows = slice(i0, min(i0 + nrows, n))
+            nc = rows.stop - rows.start
+            z = buf[: nc * v].view(nc, v)
+            _mm32(h[rows], w.t(), z)
+            dz = _dz_view(z, h.dtype)
+            _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
+                    scale=kscale)
+            self._token_gemms(t, rows, dz, out)
+        del buf, z, dz  # free the logits buffer before the final dW is allocated (finish)
+        return raw
+
+    # -- GEMMs ------------------------------------------------------------------------------------------------
+    def _token_gemms(self, t: Tensors, rows: slice, dz, out: Grads) -> None:
+        """Gradients of one token chunk: dX rows complete, dW (and db) accumulated."""
+        st, want_dw = out.extra
+        h_c = t.hidden[rows]
+        if out.dh is not None:
+            _mm_into(dz, t.weight, out.dh[rows])
+        if want_dw:
+            if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
+                st.dw_acc = not (rows.start == 0 and rows.stop == t.hidden.shape[0]) or st.post_scale
+                dtype = torch.float32 if st.dw_acc else t.weight.dtype
+                out.dw = torch.empty(t.weight.shape, device=t.weight.device, dtype=dtype)
+                _mm_into(dz.t(), h_c, out.dw)
+            else:
+                _mm_acc(out.dw, dz.t(), h_c)
+        if out.db is not None:
+            out.db += dz.sum(dim=0, dtype=torch.float32)
+
+    def _compact_grads(self, t: Tensors, rows: slice, lse, g, kscale, scale, opts: Options, out: Grads) -> None:
+        """Per vocabulary chunk: z again, dz, dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
+        st, want_dw = out.extra
+        h, w = t.hidden[rows], t.weight
+        n, v = h.shape[0], w.shape[0]
+        mask = (out.dh is not None, want_dw, out.db is not None)
+        cols = plan_vocab_chunk(n, v, h.shape[1], h.element_size(), mask, opts.tile_bytes)
+        if want_dw and out.dw is None:
+            out.dw = torch.empty(w.shape, device=w.device, dtype=w.dtype)
+        if out.dh is not None:
+            out.dh[rows].zero_()
+        buf = torch.empty(n * min(cols, v), device=h.device, dtype=torch.float32)
+        for v0 in range(0, v, cols):
+            v1 = min(v0 + cols, v)
+            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+            _mm32(h, w[v0:v1].t(), z)
+            dz = _dz_view(z, h.dtype)
+            _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse, v0=v0, v1=v1)
+            if want_dw:
+                if st.post_scale and scale is not None:
+                    out.dw[v0:v1] = (_mm32(dz.t(), h) * scale).to(w.dtype)
+                else:
+                    _mm_into(dz.t(), h, out.dw[v0:v1])
+            if out.dh is not None:
+                _mm_acc(out.dh[rows], dz, w[v0:v1])
+            if out.db is not None:
+                out.db[v0:v1] += dz.sum(dim=0, dtype=torch.float32)
+
+
+PROVIDER = TritonProvider()

@@ -1,0 +1,174 @@
+"""The one driver: statistics -> combine -> loss -> gradients, for every provider.
+
+``forward`` and ``backward`` are the kernels of the registered ops ``torch.ops.fused_lce.forward`` / ``backward``
+(``fused_lce.ops`` wires them to autograd). For a flattened problem they
+
+1. pick the provider (``fused_lce.registry.resolve``: explicit name, ``FUSED_LCE_BACKEND`` or the ``auto`` order,
+   each provider's ``supports`` seeing shapes, dtype, device and options);
+2. plan token blocks (``provider.token_block``; the smallest proposal of a vocab-parallel group, so every rank
+   runs the same collectives);
+3. per block: ``provider.stats`` -> ``distributed.combine_stats`` (nothing on one device) -> ``lse`` -> (forward
+   with gradients) ``provider.grads`` into float32 accumulators;
+4. turn the statistics into per-token loss, lse and correctness (``loss_from_stats``, the SPEC formula, once),
+   reduce, and sum dX over the group.
+
+On one device a provider with a one-pass kernel (``has_fused``) does step 3 for all rows in one call. Per-token
+weights (``token_weights``: 0 ignored, NaN bad label) are computed here, so no kernel needs ``ignore_index``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import distributed, registry
+from .backends.base import Options, Problem, Provider, Stats, Tensors
+
+
+# ------------------------------------------------------------------------------------------------ the formula
+def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """log-sum-exp from (max, sum exp(z - max)); -inf when every logit is -inf."""
+    return m + torch.log(s)
+
+
+def label_classes(labels: torch.Tensor, opts: Options, v_local: int):
+    """(valid, bad): not ignored, and valid but outside [0, vocab_total)."""
+    y = labels.long()
+    valid = y != opts.ignore_index
+    bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
+    return valid, bad
+
+
+def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where the
+    label is out of range (a bad label must poison the gradients it would have produced, never index)."""
+    one = torch.ones((), device=valid.device, dtype=torch.float32)
+    up = one if upstream is None else upstream.to(torch.float32)
+    g = torch.where(valid, up.expand(valid.shape), torch.zeros((), device=valid.device))
+    return torch.where(bad, torch.full_like(g, math.nan), g)
+
+
+def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int):
+    """Per-token (loss, lse, correct) from global statistics -- the SPEC formula, for every provider.
+    Ignored tokens get 0, a label outside [0, vocab_total) that is not ignore_index gets NaN."""
+    vt = opts.vocab(v_local)
+    valid, bad = label_classes(labels, opts, v_local)
+    lse = lse_of(st.m, st.s)
+    eps = opts.label_smoothing
+    per = (1.0 - eps) * (lse - st.target)
+    if eps:
+        per = per + eps * (lse - st.zsum / vt)
+    if opts.z_loss:
+        per = per + opts.z_loss * lse * lse
+    per = torch.where(valid, per, torch.zeros_like(per))
+    per = torch.where(bad, torch.full_like(per, math.nan), per)
+    return per, lse, valid & (st.argmax == labels.long())
+
+
+def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int):
+    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"."""
+    if reduction != "mean":
+        return torch.ones((), device=labels.device)
+    if num_items is not None:
+        return num_items.to(device=labels.device, dtype=torch.float32).reshape(())
+    return (labels != ignore_index).sum().to(torch.float32)
+
+
+def safe_inverse(div: torch.Tensor) -> torch.Tensor:
+    """1 / div, and 0 where div is 0: all tokens ignored (or num_items == 0) gives loss 0 and zero gradients."""
+    pos = div > 0
+    return torch.where(pos, 1.0 / torch.where(pos, div, torch.ones_like(div)), torch.zeros_like(div))
+
+
+def normalise_mask(grad_mask, bias) -> tuple[bool, bool, bool]:
+    """The gradients wanted, as bools; none for a missing bias."""
+    return bool(grad_mask[0]), bool(grad_mask[1]), bool(grad_mask[2]) and bias is not None
+
+
+# ------------------------------------------------------------------------------------------------ the passes
+def _stat_buffers(n: int, device) -> Stats:
+    f = lambda: torch.empty(n, device=device, dtype=torch.float32)  # noqa: E731
+    return Stats(f(), f(), f(), f(), torch.empty(n, device=device, dtype=torch.int64))
+
+
+def _blocks(provider: Provider, p: Problem, keep: bool, agree: bool = True):
+    """Token blocks of the provider's size; with a group (``agree``: a collective per block follows) every rank
+    takes the smallest proposal, so all run the same blocks."""
+    nb = provider.token_block(p, keep)
+    if agree:
+        nb = distributed.agree_token_blocks(nb, p.n, p.opts.group_name)
+    return [slice(i, min(i + nb, p.n)) for i in range(0, p.n, max(nb, 1))]
+
+
+def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch.Tensor],
+                scale: Optional[torch.Tensor], mask) -> tuple[Stats, Optional[tuple]]:
+    """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``."""
+    n = t.hidden.shape[0]
+    p = Problem.of(t, opts, mask)
+    want = g is not None and any(mask)
+    group = bool(opts.group_name)
+    if want and not group and provider.has_fused:
+        out = provider.new_grads(t, mask, fp32_dh=False, scaled=True)
+        st = provider.fused(t, g, scale, opts, out)
+        return st, provider.finish(t, out, scale)
+    out = provider.new_grads(t, mask, fp32_dh=group, scaled=scale is not None) if want else None
+    st_all = _stat_buffers(n, t.hidden.device)
+    for rows in _blocks(provider, p, keep=want):
+        st, cache = provider.stats(t, rows, opts, keep=want)
+        st = Stats(*distributed.combine_stats(*st, opts.group_name))
+        for buf, val in zip(st_all, st):
+            buf[rows] = val
+        if want:
+            provider.grads(t, rows, lse_of(st.m, st.s), g[rows], scale, opts, out, cache)
+        del cache
+    return st_all, (provider.finish(t, out, scale) if want else None)
+
+
+def run_backward(provider: Provider, t: Tensors, lse: torch.Tensor, g: torch.Tensor, opts: Options, mask):
+    """Gradients of ``sum_i g_i * loss_i`` from the saved lse (recomputes the logits)."""
+    p = Problem.of(t, opts, mask)
+    out = provider.new_grads(t, mask, fp32_dh=bool(opts.group_name))
+    for rows in _blocks(provider, p, keep=False, agree=False):  # no collective per block here
+        provider.grads(t, rows, lse[rows], g[rows], None, opts, out, None)
+    return provider.finish(t, out, None)
+
+
+# ------------------------------------------------------------------------------------------------ op kernels
+def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Options, grad_mask):
+    """Kernel of ``fused_lce::forward`` (inputs validated by ``fused_lce.ops``). Returns (loss, lse, correct,
+    dh | None, dw | None, db | None); gradients of the returned loss when ``reduction != "none"`` and asked."""
+    mask = normalise_mask(grad_mask, bias)
+    local_rows = hidden.shape[0]
+    # sequence parallel: hidden holds this rank's N/world rows, labels all N (one all-gather)
+    full = distributed.sp_gather_rows(hidden, opts.group_name, labels.shape[0])
+    t = Tensors(full.contiguous(), weight.contiguous(), labels.contiguous(),
+                None if bias is None else bias.contiguous())
+    provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
+    want = reduction != "none" and any(mask)
+    inv = safe_inverse(mean_divisor(reduction, num_items, labels, opts.ignore_index))
+    g = token_weights(*label_classes(labels, opts, weight.shape[0])) if want else None
+    st, grads = run_forward(provider, t, opts, g, inv if want else None, mask if want else (False,) * 3)
+    per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0])
+    loss = per if reduction == "none" else per.sum() * inv
+    dh, dw, db = grads if grads is not None else (None, None, None)
+    if dh is not None:  # all-reduce, or reduce-scatter to this rank's rows (sequence parallel), in float32
+        dh = distributed.reduce_grad_rows(dh, opts.group_name, local_rows).to(hidden.dtype)
+    return loss, lse, correct, dh, dw, db
+
+
+def backward(grad_loss, hidden, weight, labels, bias, lse, opts: Options, grad_mask):
+    """Kernel of ``fused_lce::backward``: (dh | None, dw | None, db | None) of ``sum_i grad_loss[i] * loss_i``."""
+    mask = normalise_mask(grad_mask, bias)
+    if not any(mask):
+        return None, None, None
+    local_rows = hidden.shape[0]
+    full = distributed.sp_gather_rows(hidden, opts.group_name, labels.shape[0])
+    t = Tensors(full.contiguous(), weight.contiguous(), labels.contiguous(),
+                None if bias is None else bias.contiguous())
+    provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
+    g = token_weights(*label_classes(labels, opts, weight.shape[0]), grad_loss)
+    dh, dw, db = run_backward(provider, t, lse.to(torch.float32).contiguous(), g, opts, mask)
+    if dh is not None:
+        dh = distributed.reduce_grad_rows(dh, opts.group_name, local_rows).to(hidden.dtype)
+    return dh, dw, db

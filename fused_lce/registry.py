@@ -1,0 +1,115 @@
+"""The provider registry: which providers exist, which one runs a problem, and why the others do not.
+
+Provider modules live in ``fused_lce/backends/<name>.py`` (the name is the ``backend=`` string) and are imported
+lazily, so ``import fused_lce`` never needs CUDA, Triton, torch_npu or a compiler. ``auto`` takes, per device
+type, the first provider in ``AUTO_ORDER`` that is available and ``supports`` the problem.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional
+
+from .backends.base import Problem, Provider
+
+NAMES = ("torch", "cpp", "triton", "npu", "npu_cann")
+AUTO_ORDER = {
+    "cpu": ("cpp", "torch"),
+    "cuda": ("triton", "torch"),
+    "npu": ("npu", "npu_cann", "torch"),
+}
+
+_loaded: dict[str, Provider] = {}
+_failed: dict[str, str] = {}
+_extra: dict[str, Provider] = {}  # registered at run time (tests: the AscendC kernels on the CPU twin)
+
+
+def register(provider: Provider) -> None:
+    """Make ``provider`` selectable as ``backend=provider.name`` (not part of ``auto``)."""
+    _extra[provider.name] = provider
+
+
+def unregister(name: str) -> None:
+    _extra.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    return NAMES + tuple(n for n in _extra if n not in NAMES)
+
+
+def load(name: str) -> Optional[Provider]:
+    """The provider object, or None if its module could not be imported (reason in ``_failed``)."""
+    if name in _extra:
+        return _extra[name]
+    if name in _loaded:
+        return _loaded[name]
+    if name in _failed:
+        return None
+    try:
+        provider = importlib.import_module(f"fused_lce.backends.{name}").PROVIDER
+    except Exception as e:  # a missing optional dependency must never break import fused_lce
+        _failed[name] = f"{type(e).__name__}: {e}"
+        return None
+    _loaded[name] = provider
+    return provider
+
+
+def unavailable_reason(name: str) -> Optional[str]:
+    provider = load(name)
+    if provider is None:
+        return f"could not be imported ({_failed[name]})"
+    return provider.unavailable_reason()
+
+
+def info() -> dict[str, dict]:
+    out = {}
+    for name in names():
+        reason = unavailable_reason(name)
+        provider = load(name)
+        out[name] = {
+            "available": reason is None,
+            "reason": reason,
+            "devices": list(provider.device_types) if provider and provider.device_types else ["any"],
+            # what has been verified of this provider, where that differs from "tested here" (e.g. NPU kernels)
+            "status": getattr(provider, "status", None),
+        }
+    return out
+
+
+def why_not(name: str, p: Problem) -> Optional[str]:
+    """None when provider ``name`` can run ``p`` here, else why not."""
+    return unavailable_reason(name) or load(name).supports(p)
+
+
+def env_backend() -> str:
+    """``FUSED_LCE_BACKEND`` ("auto" when unset); ValueError naming the variable when it is not a provider."""
+    requested = os.environ.get("FUSED_LCE_BACKEND", "").strip() or "auto"
+    if requested != "auto" and requested not in names():
+        raise ValueError(f"FUSED_LCE_BACKEND: expected one of {('auto',) + names()}, got {requested!r}")
+    return requested
+
+
+def resolve(requested: str, p: Problem) -> Provider:
+    """The provider for ``requested`` ("auto" or a name); ValueError saying why when none can run ``p``."""
+    if requested == "auto":
+        requested = env_backend()
+    if requested != "auto":
+        reason = why_not(requested, p)
+        if reason is not None:
+            raise ValueError(f"backend={requested!r} is not available: {reason}")
+        return load(requested)
+    reasons = []
+    for name in AUTO_ORDER.get(p.device.type, ("torch",)):
+        reason = why_not(name, p)
+        if reason is None:
+            return load(name)
+        reasons.append(f"{name}: {reason}")
+    raise ValueError("backend='auto': no backend can run this problem (" + "; ".join(reasons) + ")")
+
+
+def auto_choice(device_type: str, p: Optional[Problem] = None) -> str:
+    """The provider ``auto`` picks for a device type (for a default float32 problem when ``p`` is None)."""
+    for name in AUTO_ORDER.get(device_type, ("torch",)):
+        if unavailable_reason(name) is None and (p is None or load(name).supports(p) is None):
+            return name
+    return "torch"
