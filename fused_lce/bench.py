@@ -126,28 +126,68 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
     return statistics.median(times), peak, loss.item(), h.grad.detach().clone(), w.grad.detach().clone()
 
 
-def reference(h, w, y):
-    """float64 loss and gradients, in token chunks so the reference itself stays small."""
-    hd = h.detach().double()
-    wd = w.detach().double()
-    n = h.shape[0]
-    valid = (y != -100).sum().clamp(min=1).item()
-    total, dh, dw = 0.0, torch.zeros_like(hd), torch.zeros_like(wd)
-    chunk = max(1, 2**26 // max(w.shape[0], 1))
-    for i in range(0, n, chunk):
-        hc = hd[i:i + chunk].clone().requires_grad_()
-        wc = wd.clone().requires_grad_()
-        loss = F.cross_entropy(hc @ wc.t(), y[i:i + chunk], reduction="sum", ignore_index=-100) / valid
-        loss.backward()
-        total += loss.item()
-        dh[i:i + chunk] = hc.grad
-        dw += wc.grad
-    return total, dh, dw
+# ---------------------------------------------------------------------------------------------- shared helpers
+# (benchmarks/*.py import these: one way to make inputs, one reference, one environment record)
+IGNORE_FRAC = 0.15
 
 
-def _rel(a, b):
+def make_inputs(n: int, d: int, v: int, dtype=torch.float32, device="cpu", seed: int = 0,
+                ignore_frac: float = IGNORE_FRAC, w_scale: float = 1.0):
+    """Deterministic (hidden, weight, labels): N(0, 1) hidden, N(0, w_scale^2 / d) weight, ``ignore_frac`` of the
+    labels -100. Generated in chunks on ``device``, straight into ``dtype`` (no large float32 temporaries)."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    h = torch.empty(n, d, dtype=dtype, device=device)
+    w = torch.empty(v, d, dtype=dtype, device=device)
+    for t, scale in ((h, 1.0), (w, w_scale * max(d, 1) ** -0.5)):
+        for i in range(0, t.shape[0], 8192):
+            rows = min(8192, t.shape[0] - i)
+            t[i:i + rows] = torch.randn(rows, d, generator=g, device=device) * scale
+    y = torch.randint(0, max(v, 1), (n,), generator=g, device=device)
+    y[torch.rand(n, generator=g, device=device) < ignore_frac] = -100
+    return h, w, y
+
+
+def reference(h, w, y, dtype=torch.float64, chunk_elems: int = 2**26):
+    """Loss and gradients (dX, dW) of the mean cross-entropy of ``h @ w.T``, computed in ``dtype`` (float64 by
+    default; float32 without TF32 is the GPU benchmarks' cheaper choice), token chunks of at most ``chunk_elems``
+    logits so the reference itself stays small. Returns (loss as a float, dX, dW) in ``dtype``."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        wd = w.detach().to(dtype)
+        n = h.shape[0]
+        valid = y != -100
+        nv = valid.sum().clamp(min=1).to(dtype)
+        loss = torch.zeros((), dtype=torch.float64, device=h.device)
+        dh = torch.empty(n, h.shape[1], dtype=dtype, device=h.device)
+        dw = torch.zeros_like(wd)
+        chunk = max(1, chunk_elems // max(w.shape[0], 1))
+        for i in range(0, n, chunk):
+            hc = h[i:i + chunk].detach().to(dtype)
+            yc, vc = y[i:i + chunk], valid[i:i + chunk]
+            z = hc @ wd.t()
+            lse = torch.logsumexp(z, dim=1)
+            safe = torch.where(vc, yc, torch.zeros_like(yc))
+            loss += torch.where(vc, lse - z.gather(1, safe[:, None]).squeeze(1), torch.zeros_like(lse)).sum().double()
+            z.sub_(lse[:, None]).exp_()  # softmax in place
+            z[torch.arange(z.shape[0], device=z.device), safe] -= 1.0
+            z.mul_((vc.to(dtype) / nv)[:, None])
+            dh[i:i + chunk] = z @ wd
+            dw.addmm_(z.t(), hc)
+            del z
+        return float(loss / nv.double()), dh, dw
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| in float64 (on a's device)."""
     b = b.to(a.device).double()
     return float((a.double() - b).norm() / b.norm().clamp(min=1e-300))
+
+
+_rel = rel_err
 
 
 def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, tile_mb, check, progress=True):
@@ -157,12 +197,9 @@ def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, ti
     total = len(tokens) * len(backends)
     bar = tqdm(total=total, desc="bench", disable=not progress, file=sys.stderr)
     for n in tokens:
-        g = torch.Generator().manual_seed(n)
-        h = torch.randn(n, hidden, generator=g).to(dtype).to(device).requires_grad_()
-        w = (torch.randn(vocab, hidden, generator=g) / hidden**0.5).to(dtype).to(device).requires_grad_()
-        y = torch.randint(0, vocab, (n,), generator=g)
-        y[torch.rand(n, generator=g) < 0.15] = -100
-        y = y.to(device)
+        h, w, y = make_inputs(n, hidden, vocab, dtype, device, seed=n)
+        h.requires_grad_()
+        w.requires_grad_()
         ref = reference(h, w, y) if check else None
         for name in backends:
             bar.set_postfix_str(f"N={n} {name}")
@@ -183,11 +220,21 @@ def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, ti
     return rows
 
 
-def environment(device):
+def environment(device) -> dict:
+    """What a result was measured on: versions, CPU / GPU, threads, load, the git commit of this checkout."""
+    device = torch.device(device)
     env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-           "device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+           "device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        import fused_lce
+
+        env["fused_lce"] = fused_lce.__version__
+    except ImportError:  # pragma: no cover
+        pass
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
         try:
             import triton
 
@@ -199,6 +246,21 @@ def environment(device):
             env["cpu"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
     except OSError:
         pass
+    try:
+        env["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import subprocess
+
+        git = ["git", "-C", root]
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
+        env["commit"] = (head + (" + uncommitted changes" if dirty else "")) if head else "not a git checkout"
+    except OSError:
+        env["commit"] = "unknown"
     return env
 
 
