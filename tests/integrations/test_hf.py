@@ -307,13 +307,19 @@ def test_no_grad(seed):
 
 
 def test_return_dict_false(seed):
+    """HF's tuple layout is kept, with None where the logits were: ``loss, logits = out[:2]`` style unpacking
+    never silently gets another field."""
     stock, fused = pair("Qwen3MoeForCausalLM", seed=seed)
     inputs = batch(seed)
     out, ref = fused(**inputs, return_dict=False), stock(**inputs, return_dict=False)
-    assert isinstance(out, tuple) and len(out) == len(ref) - 1  # the logits are left out
+    assert isinstance(out, tuple) and len(out) == len(ref)
     torch.testing.assert_close(out[0], ref[0])
-    torch.testing.assert_close(out[1], ref[1])  # aux_loss; the logits came next in the stock tuple
-    assert ref[2].shape == (3, 11, V) and all(getattr(x, "shape", None) != ref[2].shape for x in out)
+    torch.testing.assert_close(out[1], ref[1])  # aux_loss
+    assert ref[2].shape == (3, 11, V) and out[2] is None  # the logits' slot
+    assert type(out[3]) is type(ref[3])  # the cache
+    fused.eval()  # the stock path keeps the stock tuple
+    out = fused(**inputs)
+    assert out[2].shape == (3, 11, V)
 
 
 def _checkpointing(model, reentrant):
@@ -395,12 +401,14 @@ def test_class_level_patch(family, name, seed, monkeypatch):
     ref.loss.backward()
     cls = type(stock)
     original = cls.forward
+    assert "__call__" not in vars(cls)
     calls = []
     real = hf.linear_cross_entropy
     monkeypatch.setattr(hf, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     try:
         patched = getattr(fused_lce, f"patch_{family}")()
-        assert cls in patched and cls.forward is not original
+        # the class's __call__ is wrapped; its forward (which may be inherited from a shared base) is untouched
+        assert cls in patched and "__call__" in vars(cls) and cls.forward is original
         calls.clear()  # patching validates the options with one tiny call
         fused = build(name, seed=seed)  # created after the class patch
         assert hf.is_patched(fused) and "forward" not in fused.__dict__
@@ -415,9 +423,18 @@ def test_class_level_patch(family, name, seed, monkeypatch):
         calls.clear()
         assert fused(**inputs).logits is None and len(calls) == 1
         fused_lce.unpatch(fused)
+        # a subclass (e.g. a library's own class on top) inherits the class patch
+        sub = type("MyQwen", (cls,), {})
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            child = sub(fused.config)
+        assert hf.is_patched(child)
+        calls.clear()
+        assert child.train()(**inputs).logits is None and len(calls) == 1
     finally:
         getattr(fused_lce, f"unpatch_{family}")()
-    assert cls.forward is original and not hf.is_patched(fused)
+    assert "__call__" not in vars(cls) and cls.forward is original and not hf.is_patched(fused)
     assert fused(**inputs).logits is not None and len(calls) == 1
 
 

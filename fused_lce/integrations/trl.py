@@ -1,0 +1,108 @@
+"""TRL support for :mod:`fused_lce.integrations.hf`: serve the calls of TRL's fused LM head with fused_lce.
+
+TRL >= 1.16 (``trl.trainer.utils.add_fused_lm_head``, used by SFTTrainer, DPO, KTO, GRPO, RLOO) replaces a model's
+``forward`` with one that, called with ``fused_lm_head=True``, runs the backbone and TRL's own chunked log-prob
+kernel (``trl.kernels.ChunkedLogProbFunction``: pure PyTorch off CUDA) on ``lm_head.weight``, and returns a
+``FusedCausalLMOutput`` of per-token fields. SFTTrainer computes its loss from ``log_probs`` and logs
+``mean_token_accuracy`` from ``is_top1`` and ``entropy`` from ``entropy``.
+
+On a patched model the hooks of :func:`fused_lce.patch` see such a call before TRL's forward runs (whichever was
+installed first). If what TRL asked for can be served exactly, the hooks drop ``fused_lm_head``, so TRL's forward
+falls through to the stock forward, whose armed output layer computes the fields with fused_lce; otherwise TRL's
+head runs and the hooks warn once, saying why. What TRL asked for (temperature, outputs, fp32 head, softcap, logit
+scale) is read, never changed, from the closure of the forward TRL installed.
+
+Served: ``log_probs`` (exact, with gradients, via ``reduction="none"``), ``label_mask``, ``is_top1`` as a 0-dim
+count of top-1 hits (fused_lce's public API gives the token accuracy, not per-token flags; SFTTrainer only sums it),
+``entropy`` per token via ``fused_lce.linear_logprobs`` when this fused_lce has it (with ``log_entropy=False``: a
+0-dim NaN), and ``loss``/``aux_loss`` as TRL defines them. Not served (TRL's head runs): ``log_sum_sq_probs``,
+``mean_logits`` (DPO, KTO), ``cast_lm_head_to_fp32=True``, a softcap together with a temperature or logit scale.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from typing import NamedTuple, Optional, Union
+
+SERVED_OUTPUTS = ("log_probs", "entropy", "is_top1")
+# the closure variables of TRL's fused forward that say what it computes
+_SETTINGS = ("temperature", "outputs", "cast_lm_head_to_fp32", "final_logit_softcapping", "logit_scale")
+
+
+class Head(NamedTuple):
+    """What the TRL fused LM head installed on a model was asked for."""
+
+    temperature: float
+    outputs: tuple
+    cast_fp32: bool
+    softcap: Optional[float]
+    logit_scale: float
+
+
+def _fused_forward_code():
+    """The code object of the forward that ``add_fused_lm_head`` installs, if TRL's trainer utils are loaded."""
+    utils = sys.modules.get("trl.trainer.utils")
+    add = getattr(utils, "add_fused_lm_head", None) if utils is not None else None
+    for const in getattr(getattr(add, "__code__", None), "co_consts", ()):
+        if isinstance(const, types.CodeType) and const.co_name == "_fused_forward":
+            return const
+    return None
+
+
+def installed_head(model) -> Union[Head, str, None]:
+    """The settings of TRL's fused LM head on ``model``; None if it has none; a str (the reason) if one seems to be
+    installed but its settings cannot be read (an unknown TRL version)."""
+    code = _fused_forward_code()
+    forward = model.__dict__.get("forward")
+    if code is None or forward is None:
+        return None
+    f = forward
+    for _ in range(8):  # through accelerate's autocast / fp32-output wrappers, which set __wrapped__
+        fn = getattr(f, "__func__", f)
+        if getattr(fn, "__code__", None) is code:
+            return _read(fn)
+        f = getattr(fn, "__wrapped__", None)
+        if f is None:
+            return None
+    return None
+
+
+def _read(fn):
+    import trl
+
+    try:
+        found = inspect.getclosurevars(fn).nonlocals
+    except (TypeError, ValueError):
+        found = {}
+    missing = [k for k in _SETTINGS if k not in found]
+    if missing:
+        return f"cannot read the settings of trl {trl.__version__}'s fused LM head (missing {missing})"
+    scale = found["logit_scale"]
+    return Head(float(found["temperature"]), tuple(found["outputs"]), bool(found["cast_lm_head_to_fp32"]),
+                found["final_logit_softcapping"], 1.0 if scale is None else float(scale))
+
+
+def unsupported(head: Head, log_entropy: bool, have_logprobs: bool) -> Optional[str]:
+    """None if fused_lce serves this head's calls exactly, else the reason."""
+    extra = [k for k in head.outputs if k not in SERVED_OUTPUTS]
+    if extra:
+        return f"TRL asks for {extra}, which fused_lce does not compute"
+    if head.cast_fp32:
+        return "cast_lm_head_to_fp32=True"
+    if head.softcap is not None and (head.temperature != 1.0 or head.logit_scale != 1.0):
+        return "a logit softcap combined with a temperature or logit scale"
+    if "entropy" in head.outputs and log_entropy and not have_logprobs:
+        return ("TRL logs the per-token entropy, which needs fused_lce.linear_logprobs (not in this fused_lce); "
+                "fused_lce.patch(model, log_entropy=False) serves these calls with fused_lce and logs the "
+                "entropy as NaN")
+    return None
+
+
+def output(out, fields):
+    """TRL's ``FusedCausalLMOutput`` from the stock forward's output and the fields the armed head computed."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    return FusedCausalLMOutput(loss=out.get("loss"), log_probs=fields["log_probs"], entropy=fields["entropy"],
+                               is_top1=fields["is_top1"], label_mask=fields["label_mask"],
+                               aux_loss=out.get("aux_loss"))
