@@ -831,7 +831,7 @@ def _finish(model, frame, out):
     if frame.mode == "trl":
         from . import trl as trl_support
 
-        return trl_support.output(out, frame.trl_fields)
+        return trl_support.output(model, out, frame.loss, frame.trl_fields)
     if frame.want_tuple:  # HF's tuple layout, None where the logits were
         return tuple(None if k == "logits" else v for k, v in out.items())
     return type(out)(**{k: v for k, v in out.items() if k != "logits"})

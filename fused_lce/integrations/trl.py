@@ -99,10 +99,16 @@ def unsupported(head: Head, log_entropy: bool, have_logprobs: bool) -> Optional[
     return None
 
 
-def output(out, fields):
-    """TRL's ``FusedCausalLMOutput`` from the stock forward's output and the fields the armed head computed."""
+def output(model, out, loss, fields):
+    """TRL's ``FusedCausalLMOutput`` from the stock forward's output, the loss the armed head computed and the
+    fields it filled in. The stock forward adds the router aux loss only when it gets ``labels``; with
+    ``shift_labels`` alone it returns no loss, and the aux loss is added here, as TRL does."""
     from trl.trainer.utils import FusedCausalLMOutput
 
-    return FusedCausalLMOutput(loss=out.get("loss"), log_probs=fields["log_probs"], entropy=fields["entropy"],
-                               is_top1=fields["is_top1"], label_mask=fields["label_mask"],
-                               aux_loss=out.get("aux_loss"))
+    aux = out.get("aux_loss")
+    if out.get("loss") is not None:
+        loss = out["loss"]
+    elif aux is not None:
+        loss = loss + getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) * aux
+    return FusedCausalLMOutput(loss=loss, log_probs=fields["log_probs"], entropy=fields["entropy"],
+                               is_top1=fields["is_top1"], label_mask=fields["label_mask"], aux_loss=aux)
