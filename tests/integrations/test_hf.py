@@ -503,3 +503,136 @@ def test_peft_modules_to_save_lm_head(seed):
         out, ref = fused(**batch(seed)), stock(**batch(seed))
     assert out.logits is None
     torch.testing.assert_close(out.loss, ref.loss)
+
+
+# ------------------------------------------------------------------------------------------------ never silent
+@pytest.mark.parametrize("when", ["before", "after"], ids=["set-before-patch", "set-after-patch"])
+def test_user_loss_function_is_respected(when, seed):
+    """A user-set model.loss_function (here: twice the stock loss) is what the model computes, patched or not;
+    the patch falls back to the stock forward and warns once."""
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" else (build("Qwen3ForCausalLM", seed=seed),
+                                                                              None)
+    stock_fn = stock.loss_function
+
+    def doubled(*args, **kwargs):
+        return 2 * stock_fn(*args, **kwargs)
+
+    if when == "before":
+        fused = copy.deepcopy(stock)
+        fused.loss_function = doubled
+        fused_lce.patch(fused)
+    else:
+        fused.loss_function = doubled
+    inputs = batch(seed)
+    with pytest.warns(UserWarning, match="loss_function is user-set"):
+        out = fused(**inputs)
+    assert out.logits is not None
+    torch.testing.assert_close(out.loss, 2 * stock(**inputs).loss)
+    status = fused_lce.is_patched(fused)
+    assert not status and "user-set" in status.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        fused(**inputs)
+    fused_lce.unpatch(fused)
+    assert fused.loss_function is doubled
+
+
+def test_stock_loss_function_set_explicitly_is_fused(seed):
+    """transformers' own ForCausalLMLoss set as model.loss_function is the stock loss: the fused path runs."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    fused = copy.deepcopy(stock)
+    fused.loss_function = ForCausalLMLoss
+    fused_lce.patch(fused)
+    assert fused_lce.is_patched(fused)
+    assert_same(stock, fused, batch(seed), seed)
+    fused_lce.unpatch(fused)
+    assert fused.loss_function is ForCausalLMLoss
+
+
+def test_torch_compile_fullgraph(seed):
+    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph, and
+    loss and gradients equal the compiled stock model's."""
+    torch._dynamo.reset()
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed)
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager(gm, example_inputs)
+
+    inputs = batch(seed)
+    with torch.no_grad():  # transformers installs its output-capturing hooks at the first call, not traceable
+        stock(**inputs), fused(**inputs)
+    ref = torch.compile(stock, fullgraph=True, backend="aot_eager")(**inputs)
+    out = torch.compile(fused, fullgraph=True, backend=backend)(**inputs)
+    assert out.logits is None and any("fused_lce.forward" in op for op in ops), ops
+    torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-4)
+    ref.loss.backward()
+    out.loss.backward()
+    for n, g in grads(stock).items():
+        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {n}: {m}")
+    assert hf._TRACED_FRAMES == [] and hf._FRAMES.get() == ()
+
+
+def test_concurrent_threads_see_their_own_call(seed):
+    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its own
+    result (the per-call state is context-local, not a flag on the model)."""
+    import threading
+
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed)
+    inputs = batch(seed)
+    with torch.no_grad():
+        ref = stock(**inputs)
+    errors = []
+
+    def work(skip):
+        try:
+            for _ in range(30):
+                with torch.no_grad():
+                    out = fused(**inputs, skip_logits=skip)
+                assert (out.logits is None) == (skip is None), skip
+                torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-4)
+                if skip is False:
+                    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=1e-4)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (None, False, None, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_output_layer_wrapped_before_patch_falls_back(seed):
+    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that does
+    not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch wraps the
+    armed forward and works: test_accelerate_hook_on_head.)"""
+    hooks = pytest.importorskip("accelerate.hooks")
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    fused = copy.deepcopy(stock)
+    hooks.add_hook_to_module(fused.lm_head, hooks.ModelHook())
+    fused_lce.patch(fused)
+    status = fused_lce.is_patched(fused)
+    assert not status and "forward was replaced" in status.reason
+    with pytest.warns(UserWarning, match="forward was replaced"):
+        assert_same(stock, fused, batch(seed), seed, fused_expected=False)
+
+
+def test_is_patched_reasons(seed):
+    model = build("Qwen3ForCausalLM", seed=seed)
+    status = fused_lce.is_patched(model)
+    assert not status and "not patched" in status.reason and repr(status).startswith("PatchStatus(False")
+    fused_lce.patch(model)
+    status = fused_lce.is_patched(model)
+    assert status and status.active and "fused_lce computes the loss" in status.reason
+    fused_lce.patch(model, skip_logits=False)
+    assert not fused_lce.is_patched(model) and "skip_logits=False" in fused_lce.is_patched(model).reason
+    fused_lce.unpatch(model)
+    assert not fused_lce.is_patched(model)
+    assert fused_lce.is_patched is hf.is_patched  # exported lazily, like patch
