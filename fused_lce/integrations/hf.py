@@ -84,6 +84,7 @@ _LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backen
 _PATCH_OPTIONS = ("skip_logits", "log_entropy")
 _OBJECTIVE_DEFAULTS = {"label_smoothing": 0.0, "z_loss": 0.0, "softcap": None}  # options that change the loss
 _ENV = "FUSED_LINEAR_CE"
+_ENV_OPTIONS = "FUSED_LINEAR_CE_OPTIONS"  # patch options for autopatch/patch_if_enabled: "log_entropy=false,z_loss=1e-4"
 
 _CLASS_PATCHES: dict = {}  # class -> {"had_own": bool, "original": __call__, "options": dict}
 _WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> keys of the warnings it has given
@@ -198,7 +199,7 @@ def patch_if_enabled(model, **loss_options):
     ``1``/``true``/``yes``/``on``; leave it alone if unset or ``0``/``false``/``no``/``off`` (the default is off).
     Returns its argument."""
     if env_enabled():
-        patch(model, **loss_options)
+        patch(model, **{**env_options(), **loss_options})
     return model
 
 
@@ -212,15 +213,48 @@ def env_enabled() -> bool:
     raise ValueError(f"{_ENV}: expected 1/true/yes/on or 0/false/no/off, got {os.environ[_ENV]!r}")
 
 
+def env_options() -> dict:
+    """Patch options from the environment variable ``FUSED_LINEAR_CE_OPTIONS``: comma-separated ``key=value`` items
+    (``true``/``false``, ``none``, ints and floats are converted), e.g. ``log_entropy=false,backend=npu``. Used by
+    :func:`autopatch` and :func:`patch_if_enabled` (explicit keyword arguments win). Validated by ``patch``."""
+    options = {}
+    for item in (x.strip() for x in os.environ.get(_ENV_OPTIONS, "").split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{_ENV_OPTIONS}: expected comma-separated key=value items, got {item!r}")
+        options[key.strip()] = _env_value(value.strip())
+    return options
+
+
+def _env_value(text):
+    lower = text.lower()
+    if lower in ("true", "yes", "on"):
+        return True
+    if lower in ("false", "no", "off"):
+        return False
+    if lower in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def autopatch() -> bool:
     """If ``FUSED_LINEAR_CE`` is on: make every ``transformers.Trainer`` (and subclass: TRL's SFTTrainer, ms-swift's
-    trainers) created from now on call ``fused_lce.patch(trainer)`` at the end of its ``__init__``; a model that
-    cannot be patched trains unpatched, with a warning. Idempotent. Returns whether it is active.
+    trainers) created from now on call ``fused_lce.patch(trainer, **env_options())`` at the end of its
+    ``__init__``; a model that cannot be patched trains unpatched, with a warning. Idempotent. Returns whether it
+    is active.
 
     To enable it without editing a training script, put ``fused_lce/integrations/startup`` on ``PYTHONPATH``
     (its ``sitecustomize`` calls this when transformers' trainer module is imported; see docs/hf.md)."""
     if not env_enabled():
         return False
+    _check_options(env_options())  # a malformed FUSED_LINEAR_CE_OPTIONS fails here, loudly
     import transformers
 
     cls = transformers.Trainer
@@ -232,7 +266,7 @@ def autopatch() -> bool:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         try:
-            patch(self)
+            patch(self, **env_options())
         except (TypeError, ValueError) as e:
             warnings.warn(f"fused_lce: {_ENV}=1 but the model was not patched ({e}); training runs without "
                           "fused_lce", stacklevel=2)
@@ -559,6 +593,9 @@ def _why_not(model, kwargs):
             return f"the output layer is wrapped by PEFT ({kind.__name__})"
     elif not isinstance(head, torch.nn.Linear):
         return f"the output layer is a {kind.__name__}, not a torch.nn.Linear"
+    replaced = _forward_replaced(model)
+    if replaced:
+        return replaced
     leaves = _candidate_leaves(model)
     if not leaves:
         return f"the output layer ({kind.__name__}) holds no torch.nn.Linear"
@@ -573,6 +610,20 @@ def _why_not(model, kwargs):
         fn = model.__dict__.get("_loss_function")
         return (f"model.loss_function is user-set ({getattr(fn, '__qualname__', type(fn).__name__)}); it is "
                 "respected, so the stock forward computes it from full logits")
+    return None
+
+
+def _forward_replaced(model):
+    """The armed output layer returns the loss where transformers' own forward expects logits, which that forward
+    hands to ``loss_function``. Another library's forward set on the supported class itself (Unsloth, Liger)
+    computes its loss in its own way: then the fused path must not run. A user subclass's forward is fine."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in SUPPORTED and cls.__module__.startswith("transformers."):
+            where = getattr(cls.forward, "__module__", None) or ""
+            if not where.startswith("transformers."):
+                return (f"{cls.__name__}.forward was replaced by {where or 'a foreign function'} (e.g. Unsloth or "
+                        "Liger), which computes its own loss; fused_lce only runs under transformers' forward")
+            return None
     return None
 
 

@@ -636,3 +636,35 @@ def test_is_patched_reasons(seed):
     fused_lce.unpatch(model)
     assert not fused_lce.is_patched(model)
     assert fused_lce.is_patched is hf.is_patched  # exported lazily, like patch
+
+
+@pytest.mark.parametrize("calls_head", [False, True], ids=["own-fused-loss", "own-loss-from-lm_head"])
+def test_foreign_class_forward_is_left_alone(calls_head, seed, monkeypatch):
+    """A library that replaces the supported class's forward (Unsloth, Liger) computes its own loss, from
+    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would land
+    where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says why."""
+    cls = transformers.Qwen3ForCausalLM
+
+    def foreign_forward(self, input_ids=None, labels=None, **kwargs):  # what Unsloth's fast forward does
+        hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+        logits = self.lm_head(hidden) if calls_head else hidden @ self.lm_head.weight.T
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    monkeypatch.setattr(cls, "forward", foreign_forward)
+    model = build("Qwen3ForCausalLM", seed=seed)
+    ref = model(**batch(seed)).loss
+    fused_lce.patch(model)
+    status = fused_lce.is_patched(model)
+    assert not status and "Qwen3ForCausalLM.forward was replaced" in status.reason
+    with pytest.warns(UserWarning, match="forward was replaced"):
+        out = model(**batch(seed))
+    assert out.logits is not None and torch.equal(out.loss, ref)
+    # a user's own subclass whose forward calls transformers' forward is fused as usual
+    monkeypatch.undo()
+    sub = type("Mine", (cls,), {"forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mine = fused_lce.patch(sub(model.config).train())
+    assert fused_lce.is_patched(mine) and mine(**batch(seed)).logits is None

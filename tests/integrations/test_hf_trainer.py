@@ -222,8 +222,10 @@ trainer = transformers.Trainer(model=model, args=trainer_args(sys.argv[3]), trai
                                data_collator=collate)
 result = trainer.train()
 status = probe.is_patched(model)  # PROBE
+options = probe._options_of(model)  # PROBE
 # patch() validates its options with one call (num_items None); training calls carry Trainer's token count
 print(json.dumps({"loss": result.training_loss, "calls": sum(c is not None for c in calls), "patched": bool(status),
+                  "options": options,
                   "params": [float(p.double().sum()) for p in model.parameters()]}))
 '''
 
@@ -241,13 +243,15 @@ def test_env_switch_patches_an_unedited_script(tmp_path, seed):
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([startup.DIR, os.environ.get("PYTHONPATH", "")]),
-           "FUSED_LINEAR_CE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "FUSED_LINEAR_CE": "1", "FUSED_LINEAR_CE_OPTIONS": "tile_budget_mb=64, log_entropy=false",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     here = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run([sys.executable, str(script), str(seed), here, str(tmp_path / "out")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["patched"] and got["calls"] == 2, got
+    assert got["options"] == {"tile_budget_mb": 64, "log_entropy": False}
 
     stock = tiny_qwen3(seed)
     _, ref = run_trainer(stock, tmp_path / "stock", examples(seed))
@@ -264,8 +268,18 @@ def test_env_switch_patches_an_unedited_script(tmp_path, seed):
         assert out.stdout.split() == ["False", "False", str(hooked)], (value, out.stdout, out.stderr)
 
 
-def test_autopatch_off_by_default(monkeypatch):
+def test_autopatch_off_by_default_and_env_options(monkeypatch):
     monkeypatch.delenv("FUSED_LINEAR_CE", raising=False)
     assert hf.autopatch() is False
     monkeypatch.setenv("FUSED_LINEAR_CE", "0")
     assert hf.autopatch() is False
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss=1e-4,ignore_index=-1,backend=torch,log_entropy=off,")
+    assert hf.env_options() == {"z_loss": 1e-4, "ignore_index": -1, "backend": "torch", "log_entropy": False}
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss")
+    with pytest.raises(ValueError, match="FUSED_LINEAR_CE_OPTIONS"):
+        hf.env_options()
+    monkeypatch.setenv("FUSED_LINEAR_CE", "1")
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "bogus=1")
+    with pytest.raises(TypeError, match="bogus"):
+        hf.autopatch()  # before anything is wrapped
+    assert not getattr(transformers.Trainer.__init__, "_fused_lce_autopatch", False)
