@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib
+import inspect
 import os
 import sys
 import warnings
@@ -136,6 +137,13 @@ def patch(model, **loss_options):
         _install_leaf(leaf)
     handles = (target.register_forward_pre_hook(_pre_hook, with_kwargs=True),
                target.register_forward_hook(_post_hook, with_kwargs=True, always_call=True))
+    # a second entry for calls of model.forward(...) that bypass the module hooks (PEFT <= 0.20's tuners do that)
+    previous = target.__dict__.get("forward")  # someone's instance forward (TRL's fused head, accelerate's autocast)
+    entry = functools.partial(_instance_forward, target, previous)
+    entry.__signature__ = inspect.signature(target.forward)  # Trainer and generate read the forward's signature
+    if previous is not None:
+        entry.__wrapped__ = previous
+    target.__dict__["forward"] = entry
     target.__dict__["_fused_lce_patch"] = {"options": options, "handles": handles, "relay_previous": relay_previous}
     return model
 
@@ -155,6 +163,13 @@ def unpatch(model):
         return model
     for handle in state["handles"]:
         handle.remove()
+    entry = target.__dict__.get("forward")
+    if isinstance(entry, functools.partial) and entry.func is _instance_forward:
+        if entry.args[1] is None:
+            del target.__dict__["forward"]
+        else:
+            target.__dict__["forward"] = entry.args[1]
+    # else: a wrapper installed after patch (TRL, accelerate) holds our entry; left in place, it passes through
     if isinstance(target.__dict__.get("_loss_function"), _LossRelay):
         if state["relay_previous"] is None:
             del target.__dict__["_loss_function"]
@@ -639,11 +654,15 @@ def _patch_family(family, options):
         if cls in _CLASS_PATCHES:
             _CLASS_PATCHES[cls]["options"] = options
             continue
-        # wrap __call__ (not forward: TRL and accelerate replace an instance's forward, and a forward may be
-        # inherited from a shared base class); looked up through the MRO, restored (or removed) on unpatch
-        original = cls.__call__
-        _CLASS_PATCHES[cls] = {"had_own": "__call__" in vars(cls), "original": original, "options": options}
-        cls.__call__ = _class_call(cls, original)
+        # wrap __call__ (which sees TRL's fused-head calls, whatever replaced an instance's forward) and forward
+        # (called directly by PEFT <= 0.20's tuners); both looked up through the MRO (a forward may be inherited
+        # from a shared base class) and restored, or removed, on unpatch
+        entry = {"options": options, "saved": {}}
+        for name, wrap in (("__call__", _class_call), ("forward", _class_forward)):
+            original = getattr(cls, name)
+            entry["saved"][name] = (name in vars(cls), original)
+            setattr(cls, name, wrap(cls, original))
+        _CLASS_PATCHES[cls] = entry
     return classes
 
 
@@ -664,16 +683,57 @@ def _class_call(cls, original):
     return __call__
 
 
+def _class_forward(cls, original):
+    def forward(self, *args, **kwargs):
+        entry = _CLASS_PATCHES.get(cls)
+        top = _top()
+        if entry is None or "_fused_lce_patch" in self.__dict__ or (top is not None and top.module is self):
+            return original(self, *args, **kwargs)
+        frame, kwargs = _begin(self, entry["options"], args, kwargs, "forward")
+        _push(frame)
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            _pop(frame)
+        return _finish(self, frame, out)
+
+    functools.update_wrapper(forward, original)
+    return forward
+
+
+def _instance_forward(model, previous, *args, **kwargs):
+    """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame and it
+    passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the frame."""
+    state = model.__dict__.get("_fused_lce_patch")
+    top = _top()
+    if state is None or (top is not None and top.module is model):
+        return _forward(model, previous, args, kwargs)
+    frame, kwargs = _begin(model, state["options"], args, kwargs, "forward")
+    _push(frame)
+    try:
+        out = _forward(model, previous, args, kwargs)
+    finally:
+        _pop(frame)
+    return _finish(model, frame, out)
+
+
+def _forward(model, previous, args, kwargs):
+    if previous is not None:
+        return previous(*args, **kwargs)
+    return type(model).forward(model, *args, **kwargs)
+
+
 def _unpatch_family(family):
     module_name, names = _FAMILIES[family]
     restored = []
     for cls in (_load_class(module_name, n) for n in names):
         entry = _CLASS_PATCHES.pop(cls, None) if cls is not None else None
         if entry is not None:
-            if entry["had_own"]:
-                cls.__call__ = entry["original"]
-            else:
-                del cls.__call__
+            for name, (had_own, original) in entry["saved"].items():
+                if had_own:
+                    setattr(cls, name, original)
+                else:
+                    delattr(cls, name)
             restored.append(cls)
     return restored
 
@@ -858,8 +918,6 @@ def _begin_trl(model, options, frame, labels, kwargs):
 
 
 def _positional(model, args, kwargs, name):
-    import inspect
-
     try:
         return inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments.get(name)
     except (TypeError, ValueError):

@@ -401,14 +401,14 @@ def test_class_level_patch(family, name, seed, monkeypatch):
     ref.loss.backward()
     cls = type(stock)
     original = cls.forward
-    assert "__call__" not in vars(cls)
+    assert "__call__" not in vars(cls) and "forward" in vars(cls)
     calls = []
     real = hf.linear_cross_entropy
     monkeypatch.setattr(hf, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     try:
         patched = getattr(fused_lce, f"patch_{family}")()
-        # the class's __call__ is wrapped; its forward (which may be inherited from a shared base) is untouched
-        assert cls in patched and "__call__" in vars(cls) and cls.forward is original
+        # the class's __call__ and forward are wrapped (looked up through the MRO, restored on unpatch)
+        assert cls in patched and "__call__" in vars(cls) and cls.forward is not original
         calls.clear()  # patching validates the options with one tiny call
         fused = build(name, seed=seed)  # created after the class patch
         assert hf.is_patched(fused) and "forward" not in fused.__dict__
@@ -668,3 +668,36 @@ def test_foreign_class_forward_is_left_alone(calls_head, seed, monkeypatch):
         warnings.simplefilter("ignore")
         mine = fused_lce.patch(sub(model.config).train())
     assert fused_lce.is_patched(mine) and mine(**batch(seed)).logits is None
+
+
+def test_class_patch_of_an_inherited_forward(seed, monkeypatch):
+    """transformers 5.24 moved some heads' forward to shared bases (GenericFor*): a class whose forward is
+    inherited is patched (no cls.__dict__['forward'] lookup) and left inheriting it after unpatch."""
+    cls = transformers.Qwen3ForCausalLM
+    base = cls.__mro__[1]
+    monkeypatch.setattr(base, "forward", cls.__dict__["forward"], raising=False)
+    monkeypatch.delattr(cls, "forward")
+    assert "forward" not in vars(cls)
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    try:
+        fused_lce.patch_qwen3()
+        fused = build("Qwen3ForCausalLM", seed=seed)
+        assert_same(stock, fused, batch(seed), seed)
+    finally:
+        fused_lce.unpatch_qwen3()
+    assert "forward" not in vars(cls) and "__call__" not in vars(cls) and cls.forward is base.forward
+
+
+@pytest.mark.parametrize("when", ["patch-then-peft", "patch-peft-model"])
+def test_direct_forward_call_as_old_peft_does(when, seed, monkeypatch):
+    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's forward
+    entry opens the frame itself."""
+    tuners = pytest.importorskip("peft.tuners.tuners_utils")
+    monkeypatch.setattr(tuners.BaseTuner, "forward", lambda self, *a, **k: self.model.forward(*a, **k))
+    stock, fused = _peft_pair(seed, patch_before=when == "patch-then-peft")
+    assert_same(stock, fused, batch(seed), seed)
+    base = fused.get_base_model()
+    inputs = batch(seed)
+    out = base.forward(**inputs)  # a direct call on the transformers model too
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, stock(**inputs).loss, atol=1e-5, rtol=1e-4)
