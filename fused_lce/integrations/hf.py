@@ -62,6 +62,7 @@ import torch
 
 from .. import backends
 from ..api import linear_cross_entropy
+from . import trl as trl_support
 
 # family -> (transformers.models submodule, causal-LM classes). Qwen2.5 text models are Qwen2ForCausalLM.
 _FAMILIES = {
@@ -85,7 +86,7 @@ _LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backen
 _PATCH_OPTIONS = ("skip_logits", "log_entropy")
 _OBJECTIVE_DEFAULTS = {"label_smoothing": 0.0, "z_loss": 0.0, "softcap": None}  # options that change the loss
 _ENV = "FUSED_LINEAR_CE"
-_ENV_OPTIONS = "FUSED_LINEAR_CE_OPTIONS"  # patch options for autopatch/patch_if_enabled: "log_entropy=false,z_loss=1e-4"
+_ENV_OPTIONS = "FUSED_LINEAR_CE_OPTIONS"  # options for autopatch/patch_if_enabled: "log_entropy=false,z_loss=1e-4"
 
 _CLASS_PATCHES: dict = {}  # class -> {"had_own": bool, "original": __call__, "options": dict}
 _WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> keys of the warnings it has given
@@ -197,8 +198,6 @@ def is_patched(model) -> PatchStatus:
     why = _why_not(target, {})
     if why:
         return PatchStatus(False, why)
-    from . import trl as trl_support
-
     head = trl_support.installed_head(target)
     if head is not None:
         why = _trl_why_not(head, options)
@@ -671,13 +670,7 @@ def _class_call(cls, original):
         entry = _CLASS_PATCHES.get(cls)  # None once unpatched (a subclass may still hold this function)
         if entry is None or "_fused_lce_patch" in self.__dict__:  # the instance patch's hooks do the work
             return original(self, *args, **kwargs)
-        frame, kwargs = _begin(self, entry["options"], args, kwargs, "class")
-        _push(frame)
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            _pop(frame)
-        return _finish(self, frame, out)
+        return _framed(self, entry["options"], args, kwargs, "class", functools.partial(original, self))
 
     functools.update_wrapper(__call__, original)
     return __call__
@@ -689,13 +682,7 @@ def _class_forward(cls, original):
         top = _top()
         if entry is None or "_fused_lce_patch" in self.__dict__ or (top is not None and top.module is self):
             return original(self, *args, **kwargs)
-        frame, kwargs = _begin(self, entry["options"], args, kwargs, "forward")
-        _push(frame)
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            _pop(frame)
-        return _finish(self, frame, out)
+        return _framed(self, entry["options"], args, kwargs, "forward", functools.partial(original, self))
 
     functools.update_wrapper(forward, original)
     return forward
@@ -704,23 +691,23 @@ def _class_forward(cls, original):
 def _instance_forward(model, previous, *args, **kwargs):
     """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame and it
     passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the frame."""
+    run = previous if previous is not None else functools.partial(type(model).forward, model)
     state = model.__dict__.get("_fused_lce_patch")
     top = _top()
     if state is None or (top is not None and top.module is model):
-        return _forward(model, previous, args, kwargs)
-    frame, kwargs = _begin(model, state["options"], args, kwargs, "forward")
+        return run(*args, **kwargs)
+    return _framed(model, state["options"], args, kwargs, "forward", run)
+
+
+def _framed(model, options, args, kwargs, via, run):
+    """``run(*args, **kwargs)`` inside a frame of its own (the entries other than the module hooks)."""
+    frame, kwargs = _begin(model, options, args, kwargs, via)
     _push(frame)
     try:
-        out = _forward(model, previous, args, kwargs)
+        out = run(*args, **kwargs)
     finally:
         _pop(frame)
     return _finish(model, frame, out)
-
-
-def _forward(model, previous, args, kwargs):
-    if previous is not None:
-        return previous(*args, **kwargs)
-    return type(model).forward(model, *args, **kwargs)
 
 
 def _unpatch_family(family):
@@ -881,8 +868,6 @@ def _fill(frame, model, mode, labels, kwargs, loss_options):
 
 
 def _trl_why_not(head, options):
-    from . import trl as trl_support
-
     if isinstance(head, str):
         return head
     return trl_support.unsupported(head, options.get("log_entropy", True), _linear_logprobs() is not None)
@@ -891,8 +876,6 @@ def _trl_why_not(head, options):
 def _begin_trl(model, options, frame, labels, kwargs):
     """A call of TRL's fused LM head: serve it with fused_lce (TRL's forward then runs the stock forward, whose
     armed output layer computes TRL's per-token outputs), or leave it to TRL with a warning saying why."""
-    from . import trl as trl_support
-
     head = trl_support.installed_head(model)
     if head is None:
         head = "fused_lm_head=True was passed but no TRL fused LM head (add_fused_lm_head) is installed"
@@ -938,8 +921,6 @@ def _finish(model, frame, out):
     if frame.mode == "logits+loss":
         return out
     if frame.mode == "trl":
-        from . import trl as trl_support
-
         return trl_support.output(model, out, frame.loss, frame.trl_fields)
     if frame.want_tuple:  # HF's tuple layout, None where the logits were
         return tuple(None if k == "logits" else v for k, v in out.items())
@@ -970,52 +951,10 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
                          "logits_to_keep, pass labels or shift_labels for the kept positions only")
     labels = labels.reshape(hidden.shape[:-1])
     if frame.mode == "trl":
-        frame.loss = _trl_head(leaf, frame, hidden, labels)
+        frame.loss = trl_support.compute(leaf, frame, hidden, labels)
         return frame.loss
     frame.loss = linear_cross_entropy(hidden, leaf.weight, labels, leaf.bias, num_items=frame.num_items,
                                       ignore_index=frame.ignore_index, **frame.loss_options)
     if frame.mode == "logits+loss":
         return type(leaf).forward(leaf, hidden)
     return frame.loss
-
-
-def _trl_head(leaf, frame, hidden, labels):
-    """TRL's per-token outputs for the served fields (see :func:`fused_lce.integrations.trl.unsupported`); returns
-    the loss of TRL's ``FusedCausalLMOutput`` before the router aux loss."""
-    head, fields, opts = frame.trl, frame.trl_fields, frame.loss_options
-    weight, bias = leaf.weight, leaf.bias
-    softcap = head.softcap
-    # TRL: z -> softcap(z * logit_scale) / temperature; without a softcap both scales fold into the hidden states
-    scale = head.logit_scale if softcap is not None else head.logit_scale / head.temperature
-    if scale != 1.0:
-        hidden = hidden * scale
-        bias = bias * scale if bias is not None else None
-    valid = labels != -100
-    want_entropy = "entropy" in head.outputs and fields["log_entropy"]
-    entropy = top1 = None
-    if want_entropy:
-        lp = _linear_logprobs()
-        logprobs, entropy = lp(hidden, weight, labels, bias, temperature=1.0, softcap=softcap,
-                               return_entropy=True, ignore_index=-100, backend=opts.get("backend", "auto"), validate=opts.get("validate", True))
-        nll = torch.where(valid, -logprobs, 0.0)
-        entropy = torch.where(valid, entropy, 0.0)
-        if "is_top1" in head.outputs:
-            with torch.no_grad():
-                stats = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="sum",
-                                             return_stats=True, **opts)
-            top1 = torch.round(stats.token_accuracy * stats.n_valid).to(torch.long)
-    else:
-        out = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="none",
-                                   return_stats="is_top1" in head.outputs, **opts)
-        nll = out.loss if "is_top1" in head.outputs else out
-        if "is_top1" in head.outputs:
-            top1 = torch.round(out.token_accuracy * out.n_valid).to(torch.long)
-        if "entropy" in head.outputs:
-            entropy = torch.full((), float("nan"), device=hidden.device)  # log_entropy=False: not computed
-    if not frame.trl_shifted:  # TRL scores positions 0..T-2 against labels 1..T-1
-        nll, valid = nll[..., :-1], valid[..., :-1]
-        if entropy is not None and entropy.dim() > 0:
-            entropy = entropy[..., :-1]
-    denominator = frame.num_items if frame.num_items is not None else valid.sum().clamp(min=1)
-    fields.update(log_probs=-nll, entropy=entropy, is_top1=top1, label_mask=valid)
-    return nll.sum() / denominator

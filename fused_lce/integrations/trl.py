@@ -25,6 +25,8 @@ import sys
 import types
 from typing import NamedTuple, Optional, Union
 
+import torch
+
 SERVED_OUTPUTS = ("log_probs", "entropy", "is_top1")
 # the closure variables of TRL's fused forward that say what it computes
 _SETTINGS = ("temperature", "outputs", "cast_lm_head_to_fp32", "final_logit_softcapping", "logit_scale")
@@ -112,3 +114,50 @@ def output(model, out, loss, fields):
         loss = loss + getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) * aux
     return FusedCausalLMOutput(loss=loss, log_probs=fields["log_probs"], entropy=fields["entropy"],
                                is_top1=fields["is_top1"], label_mask=fields["label_mask"], aux_loss=aux)
+
+
+def compute(leaf, frame, hidden, labels):
+    """The armed output layer's work for a served TRL call: TRL's per-token fields into ``frame.trl_fields``;
+    returns the loss of TRL's ``FusedCausalLMOutput`` before the router aux loss. Calls the op through
+    :mod:`fused_lce.integrations.hf` (one place to count its calls)."""
+    from . import hf
+
+    linear_cross_entropy = hf.linear_cross_entropy
+    spec, fields, opts = frame.trl, frame.trl_fields, frame.loss_options
+    weight, bias = leaf.weight, leaf.bias
+    softcap = spec.softcap
+    # TRL: z -> softcap(z * logit_scale) / temperature; without a softcap both scales fold into the hidden states
+    scale = spec.logit_scale if softcap is not None else spec.logit_scale / spec.temperature
+    if scale != 1.0:
+        hidden = hidden * scale
+        bias = bias * scale if bias is not None else None
+    valid = labels != -100
+    want_entropy = "entropy" in spec.outputs and fields["log_entropy"]
+    entropy = top1 = None
+    if want_entropy:
+        logprobs, entropy = hf._linear_logprobs()(hidden, weight, labels, bias, temperature=1.0, softcap=softcap,
+                                                  return_entropy=True, ignore_index=-100,
+                                                  backend=opts.get("backend", "auto"),
+                                                  validate=opts.get("validate", True))
+        nll = torch.where(valid, -logprobs, 0.0)
+        entropy = torch.where(valid, entropy, 0.0)
+        if "is_top1" in spec.outputs:
+            with torch.no_grad():
+                stats = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="sum",
+                                             return_stats=True, **opts)
+            top1 = torch.round(stats.token_accuracy * stats.n_valid).to(torch.long)
+    else:
+        out = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="none",
+                                   return_stats="is_top1" in spec.outputs, **opts)
+        nll = out.loss if "is_top1" in spec.outputs else out
+        if "is_top1" in spec.outputs:
+            top1 = torch.round(out.token_accuracy * out.n_valid).to(torch.long)
+        if "entropy" in spec.outputs:
+            entropy = torch.full((), float("nan"), device=hidden.device)  # log_entropy=False: not computed
+    if not frame.trl_shifted:  # TRL scores positions 0..T-2 against labels 1..T-1
+        nll, valid = nll[..., :-1], valid[..., :-1]
+        if entropy is not None and entropy.dim() > 0:
+            entropy = entropy[..., :-1]
+    denominator = frame.num_items if frame.num_items is not None else valid.sum().clamp(min=1)
+    fields.update(log_probs=-nll, entropy=entropy, is_top1=top1, label_mask=valid)
+    return nll.sum() / denominator

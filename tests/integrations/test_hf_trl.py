@@ -66,8 +66,8 @@ def tokenizer():
 def sft_args(tmp_path, **kw):
     """SFTConfig's defaults (gradient checkpointing on) except bf16: fp32 unless asked (SFTConfig defaults to
     bf16=True, and CPU autocast rounds TRL's kernel and fused_lce differently)."""
-    args = dict(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
-                learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+    args = dict(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
                 use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
                 data_seed=0, dataset_num_proc=None)
     args.update(kw)
