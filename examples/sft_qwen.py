@@ -21,7 +21,7 @@ shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the 
 The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a default system
 prompt or Qwen3's thinking tags.
 
---trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.16 routes its loss through its own fused
+--trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own fused
 LM head; on a patched model those calls are served by fused_lce). SFTTrainer logs the per-token entropy, which
 needs fused_lce.linear_logprobs; until fused_lce has it, this example patches with log_entropy=False (the logged
 entropy is then NaN), so that fused_lce computes the loss and the token accuracy.
@@ -174,7 +174,6 @@ def rss_mib():
 
 
 def single_run(args, fused):
-    import torch
     import transformers
     from peft import LoraConfig, get_peft_model
 

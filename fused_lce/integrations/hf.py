@@ -43,7 +43,7 @@ fused), a user-set ``model.loss_function`` (respected; only transformers' own ``
 equivalent), an output-layer forward replaced by someone else before ``patch`` (e.g. accelerate's device-map hooks),
 a training-mode call without labels (the loss is then computed outside the model, e.g. by Trainer's label smoother).
 
-TRL (>= 1.16): ``SFTTrainer`` installs its own fused LM head (``trl.trainer.utils.add_fused_lm_head``) and calls
+TRL (>= 1.15): ``SFTTrainer`` installs its own fused LM head (``trl.trainer.utils.add_fused_lm_head``) and calls
 ``model(..., fused_lm_head=True)``. On a patched model those calls are served by fused_lce instead (the hooks see
 them whether ``patch`` came before or after the trainer); see :mod:`fused_lce.integrations.trl` for what is served.
 """

@@ -1,6 +1,6 @@
 """TRL support for :mod:`fused_lce.integrations.hf`: serve the calls of TRL's fused LM head with fused_lce.
 
-TRL >= 1.16 (``trl.trainer.utils.add_fused_lm_head``, used by SFTTrainer, DPO, KTO, GRPO, RLOO) replaces a model's
+TRL >= 1.15 (``trl.trainer.utils.add_fused_lm_head``, used by SFTTrainer, DPO, KTO, GRPO, RLOO) replaces a model's
 ``forward`` with one that, called with ``fused_lm_head=True``, runs the backbone and TRL's own chunked log-prob
 kernel (``trl.kernels.ChunkedLogProbFunction``: pure PyTorch off CUDA) on ``lm_head.weight``, and returns a
 ``FusedCausalLMOutput`` of per-token fields. SFTTrainer computes its loss from ``log_probs`` and logs

@@ -1,7 +1,7 @@
-"""TRL (>= 1.16) on a patched model: SFTTrainer's fused-LM-head calls are served by fused_lce (patch before or after
-building the trainer, with and without PEFT), with losses, token accuracy and parameters equal to stock SFTTrainer;
-entropy logging needs fused_lce.linear_logprobs (missing: TRL's head runs, with one warning); heads fused_lce cannot
-serve exactly are left to TRL."""
+"""TRL (>= 1.15 has the fused LM head; CI installs 1.16) on a patched model: SFTTrainer's fused-LM-head calls are
+served by fused_lce (patch before or after building the trainer, with and without PEFT), with losses, token
+accuracy and parameters equal to stock SFTTrainer; entropy logging needs fused_lce.linear_logprobs (missing: TRL's
+head runs, with one warning); heads fused_lce cannot serve exactly are left to TRL."""
 from __future__ import annotations
 
 import copy
@@ -67,9 +67,9 @@ def sft_args(tmp_path, **kw):
     """SFTConfig's defaults (gradient checkpointing on) except bf16: fp32 unless asked (SFTConfig defaults to
     bf16=True, and CPU autocast rounds TRL's kernel and fused_lce differently)."""
     args = dict(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
-                use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
-                data_seed=0, dataset_num_proc=None)
+                max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0,
+                max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
+                disable_tqdm=True, seed=0, data_seed=0, dataset_num_proc=None)
     args.update(kw)
     return trl.SFTConfig(**args)
 
