@@ -188,8 +188,10 @@ def is_patched(model) -> PatchStatus:
     """Whether the next training step of ``model`` (training mode, labels given) computes its loss with fused_lce,
     as a :class:`PatchStatus` (truthy/falsy) whose ``.reason`` says why or why not. Covers: not patched, options
     (``skip_logits=False``), the output layer (missing, not an ``nn.Linear``, quantized, a PEFT adapter on it, its
-    forward replaced before ``patch``), a user-set ``loss_function``, and TRL's fused LM head (served or not)."""
-    target = _resolve(model, check=False)
+    forward replaced before ``patch``), a user-set ``loss_function``, and TRL's fused LM head (served or not).
+    ``model`` may also be a ``PeftModel`` or a ``transformers.Trainer`` (its model)."""
+    trainer = _as_trainer(model)
+    target = _resolve(trainer.model if trainer is not None else model, check=False)
     options = _options_of(target)
     if options is None:
         return PatchStatus(False, "not patched: call fused_lce.patch(model)")

@@ -170,7 +170,7 @@ def test_trainer_label_smoothing_routed_by_patch_trainer(tmp_path, seed, monkeyp
     trainer = transformers.Trainer(model=fused, args=trainer_args(tmp_path / "fused", **kw), train_dataset=data,
                                    eval_dataset=data, data_collator=collate)
     fused_lce.patch(trainer)
-    assert trainer.label_smoother is None and fused_lce.is_patched(fused)
+    assert trainer.label_smoother is None and fused_lce.is_patched(fused) and fused_lce.is_patched(trainer)
     calls = spy(monkeypatch)
     out = trainer.train()
     assert len(calls) == 2, calls  # one fused call per micro-batch
