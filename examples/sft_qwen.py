@@ -21,8 +21,10 @@ shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the 
 The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a default system
 prompt or Qwen3's thinking tags.
 
-Why transformers.Trainer and not TRL's SFTTrainer: TRL >= 1.16's SFTTrainer installs its own chunked LM head and
-computes the training loss without calling the model's forward, so a forward patch (ours) is bypassed there.
+--trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own fused
+LM head; on a patched model those calls are served by fused_lce). SFTTrainer logs the per-token entropy, which
+needs fused_lce.linear_logprobs; until fused_lce has it, this example patches with log_entropy=False (the logged
+entropy is then NaN), so that fused_lce computes the loss and the token accuracy.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lora-r", type=int, default=32)
+    p.add_argument("--trainer", choices=["trainer", "sft"], default="trainer",
+                   help="transformers.Trainer (default) or TRL's SFTTrainer")
     p.add_argument("--data", type=Path, default=HERE / "data" / "chat.jsonl", help="JSONL with a 'messages' list")
     p.add_argument("--mode", choices=["compare", "fused", "stock", "env"], default="compare",
                    help="compare: a stock and a fused run in subprocesses; env: patch iff FUSED_LINEAR_CE=1")
@@ -170,7 +174,6 @@ def rss_mib():
 
 
 def single_run(args, fused):
-    import torch
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -194,17 +197,25 @@ def single_run(args, fused):
     lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r, lora_dropout=0.0, target_modules=PROJECTIONS,
                       task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
+    # SFTTrainer logs the entropy, which needs fused_lce.linear_logprobs: without it, log_entropy=False
+    options = {"log_entropy": False} if args.trainer == "sft" else {}
     if fused is None:  # --mode env: the opt-in switch decides
-        fused_lce.patch_if_enabled(model)
+        fused_lce.patch_if_enabled(model, **options)
     elif fused:
-        fused_lce.patch(model)
-    from fused_lce.integrations.hf import is_patched
-
-    fused = is_patched(model)
+        fused_lce.patch(model, **options)
 
     micro_losses = []
+    if args.trainer == "sft":
+        import datasets
+        import trl
 
-    class RecordingTrainer(transformers.Trainer):
+        base, make_args = trl.SFTTrainer, trl.SFTConfig
+        data = datasets.Dataset.from_list(data)
+        extra_args = {"dataset_num_proc": None}
+    else:
+        base, make_args, extra_args = transformers.Trainer, transformers.TrainingArguments, {}
+
+    class RecordingTrainer(base):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             loss = out[0] if return_outputs else out
@@ -212,14 +223,16 @@ def single_run(args, fused):
             return out
 
     with tempfile.TemporaryDirectory() as tmp:
-        targs = transformers.TrainingArguments(
-            output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        targs = make_args(
+            output_dir=tmp, **extra_args, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
             gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, lr_scheduler_type="linear",
             warmup_steps=0, logging_steps=1, bf16=bf16, use_cpu=True, report_to="none", save_strategy="no",
             seed=args.seed, data_seed=args.seed, dataloader_num_workers=0, disable_tqdm=True)
         collator = transformers.DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100,
                                                        pad_to_multiple_of=8)
-        trainer = RecordingTrainer(model=model, args=targs, train_dataset=data, data_collator=collator)
+        trainer = RecordingTrainer(model=model, args=targs, train_dataset=data, data_collator=collator,
+                                   processing_class=tok)
+        fused = bool(fused_lce.is_patched(model))  # what the next training step really does
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # this script prints its own table
         rss_before = rss_mib()
         t0 = time.time()

@@ -8,7 +8,7 @@ __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "LCEOutput", "backend_i
 
 def __getattr__(name):
     # the HF patchers live outside the core (fused_lce.integrations.hf) and import transformers lazily
-    if name.startswith(("patch", "unpatch")):
+    if name.startswith(("patch", "unpatch")) or name == "is_patched":
         from .integrations import hf
 
         return getattr(hf, name)

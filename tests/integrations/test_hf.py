@@ -307,13 +307,19 @@ def test_no_grad(seed):
 
 
 def test_return_dict_false(seed):
+    """HF's tuple layout is kept, with None where the logits were: ``loss, logits = out[:2]`` style unpacking
+    never silently gets another field."""
     stock, fused = pair("Qwen3MoeForCausalLM", seed=seed)
     inputs = batch(seed)
     out, ref = fused(**inputs, return_dict=False), stock(**inputs, return_dict=False)
-    assert isinstance(out, tuple) and len(out) == len(ref) - 1  # the logits are left out
+    assert isinstance(out, tuple) and len(out) == len(ref)
     torch.testing.assert_close(out[0], ref[0])
-    torch.testing.assert_close(out[1], ref[1])  # aux_loss; the logits came next in the stock tuple
-    assert ref[2].shape == (3, 11, V) and all(getattr(x, "shape", None) != ref[2].shape for x in out)
+    torch.testing.assert_close(out[1], ref[1])  # aux_loss
+    assert ref[2].shape == (3, 11, V) and out[2] is None  # the logits' slot
+    assert type(out[3]) is type(ref[3])  # the cache
+    fused.eval()  # the stock path keeps the stock tuple
+    out = fused(**inputs)
+    assert out[2].shape == (3, 11, V)
 
 
 def _checkpointing(model, reentrant):
@@ -395,12 +401,14 @@ def test_class_level_patch(family, name, seed, monkeypatch):
     ref.loss.backward()
     cls = type(stock)
     original = cls.forward
+    assert "__call__" not in vars(cls) and "forward" in vars(cls)
     calls = []
     real = hf.linear_cross_entropy
     monkeypatch.setattr(hf, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     try:
         patched = getattr(fused_lce, f"patch_{family}")()
-        assert cls in patched and cls.forward is not original
+        # the class's __call__ and forward are wrapped (looked up through the MRO, restored on unpatch)
+        assert cls in patched and "__call__" in vars(cls) and cls.forward is not original
         calls.clear()  # patching validates the options with one tiny call
         fused = build(name, seed=seed)  # created after the class patch
         assert hf.is_patched(fused) and "forward" not in fused.__dict__
@@ -415,9 +423,18 @@ def test_class_level_patch(family, name, seed, monkeypatch):
         calls.clear()
         assert fused(**inputs).logits is None and len(calls) == 1
         fused_lce.unpatch(fused)
+        # a subclass (e.g. a library's own class on top) inherits the class patch
+        sub = type("MyQwen", (cls,), {})
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            child = sub(fused.config)
+        assert hf.is_patched(child)
+        calls.clear()
+        assert child.train()(**inputs).logits is None and len(calls) == 1
     finally:
         getattr(fused_lce, f"unpatch_{family}")()
-    assert cls.forward is original and not hf.is_patched(fused)
+    assert "__call__" not in vars(cls) and cls.forward is original and not hf.is_patched(fused)
     assert fused(**inputs).logits is not None and len(calls) == 1
 
 
@@ -486,3 +503,201 @@ def test_peft_modules_to_save_lm_head(seed):
         out, ref = fused(**batch(seed)), stock(**batch(seed))
     assert out.logits is None
     torch.testing.assert_close(out.loss, ref.loss)
+
+
+# ------------------------------------------------------------------------------------------------ never silent
+@pytest.mark.parametrize("when", ["before", "after"], ids=["set-before-patch", "set-after-patch"])
+def test_user_loss_function_is_respected(when, seed):
+    """A user-set model.loss_function (here: twice the stock loss) is what the model computes, patched or not;
+    the patch falls back to the stock forward and warns once."""
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" else (build("Qwen3ForCausalLM", seed=seed),
+                                                                              None)
+    stock_fn = stock.loss_function
+
+    def doubled(*args, **kwargs):
+        return 2 * stock_fn(*args, **kwargs)
+
+    if when == "before":
+        fused = copy.deepcopy(stock)
+        fused.loss_function = doubled
+        fused_lce.patch(fused)
+    else:
+        fused.loss_function = doubled
+    inputs = batch(seed)
+    with pytest.warns(UserWarning, match="loss_function is user-set"):
+        out = fused(**inputs)
+    assert out.logits is not None
+    torch.testing.assert_close(out.loss, 2 * stock(**inputs).loss)
+    status = fused_lce.is_patched(fused)
+    assert not status and "user-set" in status.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        fused(**inputs)
+    fused_lce.unpatch(fused)
+    assert fused.loss_function is doubled
+
+
+def test_stock_loss_function_set_explicitly_is_fused(seed):
+    """transformers' own ForCausalLMLoss set as model.loss_function is the stock loss: the fused path runs."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    fused = copy.deepcopy(stock)
+    fused.loss_function = ForCausalLMLoss
+    fused_lce.patch(fused)
+    assert fused_lce.is_patched(fused)
+    assert_same(stock, fused, batch(seed), seed)
+    fused_lce.unpatch(fused)
+    assert fused.loss_function is ForCausalLMLoss
+
+
+def test_torch_compile_fullgraph(seed):
+    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph, and
+    loss and gradients equal the compiled stock model's."""
+    torch._dynamo.reset()
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed)
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager(gm, example_inputs)
+
+    inputs = batch(seed)
+    with torch.no_grad():  # transformers installs its output-capturing hooks at the first call, not traceable
+        stock(**inputs), fused(**inputs)
+    ref = torch.compile(stock, fullgraph=True, backend="aot_eager")(**inputs)
+    out = torch.compile(fused, fullgraph=True, backend=backend)(**inputs)
+    assert out.logits is None and any("fused_lce.forward" in op for op in ops), ops
+    torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-4)
+    ref.loss.backward()
+    out.loss.backward()
+    for n, g in grads(stock).items():
+        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {n}: {m}")
+    assert hf._TRACED_FRAMES == [] and hf._FRAMES.get() == ()
+
+
+def test_concurrent_threads_see_their_own_call(seed):
+    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its own
+    result (the per-call state is context-local, not a flag on the model)."""
+    import threading
+
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed)
+    inputs = batch(seed)
+    with torch.no_grad():
+        ref = stock(**inputs)
+    errors = []
+
+    def work(skip):
+        try:
+            for _ in range(30):
+                with torch.no_grad():
+                    out = fused(**inputs, skip_logits=skip)
+                assert (out.logits is None) == (skip is None), skip
+                torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-4)
+                if skip is False:
+                    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=1e-4)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (None, False, None, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_output_layer_wrapped_before_patch_falls_back(seed):
+    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that does
+    not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch wraps the
+    armed forward and works: test_accelerate_hook_on_head.)"""
+    hooks = pytest.importorskip("accelerate.hooks")
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    fused = copy.deepcopy(stock)
+    hooks.add_hook_to_module(fused.lm_head, hooks.ModelHook())
+    fused_lce.patch(fused)
+    status = fused_lce.is_patched(fused)
+    assert not status and "forward was replaced" in status.reason
+    with pytest.warns(UserWarning, match="forward was replaced"):
+        assert_same(stock, fused, batch(seed), seed, fused_expected=False)
+
+
+def test_is_patched_reasons(seed):
+    model = build("Qwen3ForCausalLM", seed=seed)
+    status = fused_lce.is_patched(model)
+    assert not status and "not patched" in status.reason and repr(status).startswith("PatchStatus(False")
+    fused_lce.patch(model)
+    status = fused_lce.is_patched(model)
+    assert status and status.active and "fused_lce computes the loss" in status.reason
+    fused_lce.patch(model, skip_logits=False)
+    assert not fused_lce.is_patched(model) and "skip_logits=False" in fused_lce.is_patched(model).reason
+    fused_lce.unpatch(model)
+    assert not fused_lce.is_patched(model)
+    assert fused_lce.is_patched is hf.is_patched  # exported lazily, like patch
+
+
+@pytest.mark.parametrize("calls_head", [False, True], ids=["own-fused-loss", "own-loss-from-lm_head"])
+def test_foreign_class_forward_is_left_alone(calls_head, seed, monkeypatch):
+    """A library that replaces the supported class's forward (Unsloth, Liger) computes its own loss, from
+    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would land
+    where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says why."""
+    cls = transformers.Qwen3ForCausalLM
+
+    def foreign_forward(self, input_ids=None, labels=None, **kwargs):  # what Unsloth's fast forward does
+        hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+        logits = self.lm_head(hidden) if calls_head else hidden @ self.lm_head.weight.T
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    monkeypatch.setattr(cls, "forward", foreign_forward)
+    model = build("Qwen3ForCausalLM", seed=seed)
+    ref = model(**batch(seed)).loss
+    fused_lce.patch(model)
+    status = fused_lce.is_patched(model)
+    assert not status and "Qwen3ForCausalLM.forward was replaced" in status.reason
+    with pytest.warns(UserWarning, match="forward was replaced"):
+        out = model(**batch(seed))
+    assert out.logits is not None and torch.equal(out.loss, ref)
+    # a user's own subclass whose forward calls transformers' forward is fused as usual
+    monkeypatch.undo()
+    sub = type("Mine", (cls,), {"forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mine = fused_lce.patch(sub(model.config).train())
+    assert fused_lce.is_patched(mine) and mine(**batch(seed)).logits is None
+
+
+def test_class_patch_of_an_inherited_forward(seed, monkeypatch):
+    """transformers 5.24 moved some heads' forward to shared bases (GenericFor*): a class whose forward is
+    inherited is patched (no cls.__dict__['forward'] lookup) and left inheriting it after unpatch."""
+    cls = transformers.Qwen3ForCausalLM
+    base = cls.__mro__[1]
+    monkeypatch.setattr(base, "forward", cls.__dict__["forward"], raising=False)
+    monkeypatch.delattr(cls, "forward")
+    assert "forward" not in vars(cls)
+    stock = build("Qwen3ForCausalLM", seed=seed)
+    try:
+        fused_lce.patch_qwen3()
+        fused = build("Qwen3ForCausalLM", seed=seed)
+        assert_same(stock, fused, batch(seed), seed)
+    finally:
+        fused_lce.unpatch_qwen3()
+    assert "forward" not in vars(cls) and "__call__" not in vars(cls) and cls.forward is base.forward
+
+
+@pytest.mark.parametrize("when", ["patch-then-peft", "patch-peft-model"])
+def test_direct_forward_call_as_old_peft_does(when, seed, monkeypatch):
+    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's forward
+    entry opens the frame itself."""
+    tuners = pytest.importorskip("peft.tuners.tuners_utils")
+    monkeypatch.setattr(tuners.BaseTuner, "forward", lambda self, *a, **k: self.model.forward(*a, **k))
+    stock, fused = _peft_pair(seed, patch_before=when == "patch-then-peft")
+    assert_same(stock, fused, batch(seed), seed)
+    base = fused.get_base_model()
+    inputs = batch(seed)
+    out = base.forward(**inputs)  # a direct call on the transformers model too
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, stock(**inputs).loss, atol=1e-5, rtol=1e-4)

@@ -1,5 +1,6 @@
-"""fused_lce.patch under transformers.Trainer (gradient accumulation, evaluation with compute_metrics, LoRA) and
-TRL's SFTTrainer (which path computes the training loss)."""
+"""fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA, bf16,
+label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the FUSED_LINEAR_CE=1
+switch for scripts that are not edited (autopatch through the shipped sitecustomize). TRL: test_hf_trl.py."""
 from __future__ import annotations
 
 import copy
@@ -124,8 +125,8 @@ def test_trainer_bf16_autocast_keeps_the_patch(tmp_path, seed, monkeypatch):
     calls = spy(monkeypatch)
     trainer, out = run_trainer(fused, tmp_path / "fused", data, bf16=True)
     assert len(calls) == 2
-    # accelerate wrapped our forward in its autocast wrapper
-    assert not getattr(fused.forward.__func__, "_fused_lce_patched", False)
+    # accelerate wrapped the patched forward in its autocast wrapper
+    assert getattr(fused.forward, "func", None) is not hf._instance_forward
     # same bf16 logits; the stock loss rounds them to bf16 before its fp32 softmax, the fused one does not
     assert abs(out.training_loss - ref.training_loss) < 2e-2 * abs(ref.training_loss)
     fused_lce.unpatch(fused)  # under accelerate's wrapper: our layer becomes a pass-through
@@ -154,41 +155,131 @@ def test_trainer_evaluate_returns_logits_for_compute_metrics(tmp_path, seed):
     assert abs(metrics[0]["eval_loss"] - metrics[1]["eval_loss"]) < 1e-5
 
 
-def _chat_tokenizer():
-    """A tiny word-level tokenizer with the ChatML special tokens, built offline."""
-    tokenizers = pytest.importorskip("tokenizers")
-    words = ["<pad>", "<|im_end|>", "<|im_start|>"] + [f"w{i}" for i in range(V - 3)]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
-    return fast
+def _smoothing_pair(seed):
+    stock = tiny_qwen3(seed, tie=False)
+    return stock, copy.deepcopy(stock)
 
 
-def test_trl_sft_trainer_which_path_runs(tmp_path, seed, monkeypatch):
-    """TRL >= 1.16's SFTTrainer installs its own fused LM head (trl.trainer.utils.add_fused_lm_head) and calls
-    ``model(..., fused_lm_head=True)``: the training loss is computed by TRL's chunked log-prob function from
-    ``lm_head.weight``, and our patched forward is bypassed. This test proves which path ran."""
-    trl = pytest.importorskip("trl")
-    datasets = pytest.importorskip("datasets")
-    from trl.trainer import utils as trl_utils
+def test_trainer_label_smoothing_routed_by_patch_trainer(tmp_path, seed, monkeypatch):
+    """patch(trainer) moves label_smoothing_factor into the fused loss: the same parameters after a step with
+    gradient accumulation, the same training and eval loss as Trainer's LabelSmoother on full logits."""
+    stock, fused = _smoothing_pair(seed)
+    data = examples(seed)
+    kw = dict(label_smoothing_factor=0.1)
+    ref_trainer, ref = run_trainer(stock, tmp_path / "stock", data, **kw)
+    trainer = transformers.Trainer(model=fused, args=trainer_args(tmp_path / "fused", **kw), train_dataset=data,
+                                   eval_dataset=data, data_collator=collate)
+    fused_lce.patch(trainer)
+    assert trainer.label_smoother is None and fused_lce.is_patched(fused) and fused_lce.is_patched(trainer)
+    calls = spy(monkeypatch)
+    out = trainer.train()
+    assert len(calls) == 2, calls  # one fused call per micro-batch
+    assert abs(out.training_loss - ref.training_loss) < 1e-5 * abs(ref.training_loss), seed
+    stock_params = dict(stock.named_parameters())
+    for n, p in fused.named_parameters():
+        torch.testing.assert_close(p, stock_params[n], atol=2e-6, rtol=1e-5, msg=lambda m: f"seed={seed} {n}: {m}")
+    # eval: real logits for compute_metrics, and the smoothed loss as the stock LabelSmoother computes it
+    ref_eval = transformers.Trainer(model=stock, args=trainer_args(tmp_path / "stock", **kw), eval_dataset=data,
+                                    data_collator=collate).evaluate()
+    calls.clear()
+    got = trainer.evaluate()
+    assert calls and abs(got["eval_loss"] - ref_eval["eval_loss"]) < 1e-5 * ref_eval["eval_loss"], seed
+    unsmoothed = transformers.Trainer(model=stock, args=trainer_args(tmp_path / "stock"), eval_dataset=data,
+                                      data_collator=collate).evaluate()
+    assert abs(unsmoothed["eval_loss"] - got["eval_loss"]) > 1e-3  # the smoothing is in the eval loss
+    fused_lce.unpatch(trainer)
+    assert trainer.label_smoother is not None and not fused_lce.is_patched(fused)
 
-    if not hasattr(trl_utils, "add_fused_lm_head"):
-        pytest.skip(f"trl {trl.__version__} has no fused LM head: SFTTrainer calls model(**inputs), so the patch runs")
-    model = fused_lce.patch(tiny_qwen3(seed))
-    rows = [{"input_ids": r["input_ids"]} for r in examples(seed)]
-    chunked = []
-    real_apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
-                        staticmethod(lambda *a: chunked.append(1) or real_apply(*a)))
-    ours = spy(monkeypatch)
-    args = trl.SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, use_cpu=True,
-                         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-                         dataset_num_proc=None)
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-                             processing_class=_chat_tokenizer())
-    trainer.train()
-    assert len(chunked) >= 1 and ours == [], (len(chunked), ours)  # TRL's head ran, ours did not
-    # TRL kept our patched forward as the one it falls back to: a plain call with labels in training is fused
-    batch = collate(examples(seed, n=2))
-    out = trainer.model(**batch)
-    assert out.logits is None and len(ours) == 1
+
+def test_trainer_label_smoothing_on_a_patched_model_warns(tmp_path, seed, monkeypatch):
+    """patch(model) alone cannot see Trainer's label smoother, which takes the labels away from the model: the
+    model warns (once) that a training-mode call came without labels; the loss is the stock one."""
+    stock, fused = _smoothing_pair(seed)
+    fused_lce.patch(fused)
+    data = examples(seed)
+    _, ref = run_trainer(stock, tmp_path / "stock", data, label_smoothing_factor=0.1)
+    calls = spy(monkeypatch)
+    with pytest.warns(UserWarning, match="training-mode forward without labels") as record:
+        _, out = run_trainer(fused, tmp_path / "fused", data, label_smoothing_factor=0.1)
+    assert sum("without labels" in str(w.message) for w in record) == 1
+    assert calls == [] and out.training_loss == ref.training_loss
+
+
+USER_SCRIPT = '''
+"""An unedited training script: it never mentions fused_lce (the lines marked PROBE only observe)."""
+import json, sys, warnings
+import torch, transformers
+sys.path.insert(0, sys.argv[2])
+from test_hf_trainer import tiny_qwen3, examples, collate, trainer_args
+
+import fused_lce.integrations.hf as probe  # PROBE: count the fused op's calls
+calls, real = [], probe.linear_cross_entropy
+probe.linear_cross_entropy = lambda *a, **k: calls.append(k.get("num_items")) or real(*a, **k)
+
+seed = int(sys.argv[1])
+model = tiny_qwen3(seed)
+trainer = transformers.Trainer(model=model, args=trainer_args(sys.argv[3]), train_dataset=examples(seed),
+                               data_collator=collate)
+result = trainer.train()
+status = probe.is_patched(model)  # PROBE
+options = probe._options_of(model)  # PROBE
+# patch() validates its options with one call (num_items None); training calls carry Trainer's token count
+print(json.dumps({"loss": result.training_loss, "calls": sum(c is not None for c in calls), "patched": bool(status),
+                  "options": options,
+                  "params": [float(p.double().sum()) for p in model.parameters()]}))
+'''
+
+
+def test_env_switch_patches_an_unedited_script(tmp_path, seed):
+    """FUSED_LINEAR_CE=1 with fused_lce's start-up folder on PYTHONPATH: a Trainer script that never mentions
+    fused_lce trains with it (one fused call per micro-batch) and matches stock training; with the switch off the
+    folder's sitecustomize does nothing (imports nothing either way until transformers' trainer is imported)."""
+    import json
+    import subprocess
+    import sys
+
+    from fused_lce.integrations import startup
+
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([startup.DIR, os.environ.get("PYTHONPATH", "")]),
+           "FUSED_LINEAR_CE": "1", "FUSED_LINEAR_CE_OPTIONS": "tile_budget_mb=64, log_entropy=false",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, str(script), str(seed), here, str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["patched"] and got["calls"] == 2, got
+    assert got["options"] == {"tile_budget_mb": 64, "log_entropy": False}
+
+    stock = tiny_qwen3(seed)
+    _, ref = run_trainer(stock, tmp_path / "stock", examples(seed))
+    assert abs(got["loss"] - ref.training_loss) < 1e-5 * max(1.0, abs(ref.training_loss)), seed
+    want = [float(p.double().sum()) for p in stock.parameters()]
+    assert got["params"] == pytest.approx(want, rel=1e-5, abs=1e-5)
+
+    # start-up imports nothing heavy; with the switch off it installs nothing at all
+    probe = ("import sys; print('torch' in sys.modules, 'fused_lce' in sys.modules, "
+             "any(type(f).__name__ == '_AutopatchAfterTrainerImport' for f in sys.meta_path))")
+    for value, hooked in (("1", True), ("0", False)):
+        env["FUSED_LINEAR_CE"] = value
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        assert out.stdout.split() == ["False", "False", str(hooked)], (value, out.stdout, out.stderr)
+
+
+def test_autopatch_off_by_default_and_env_options(monkeypatch):
+    monkeypatch.delenv("FUSED_LINEAR_CE", raising=False)
+    assert hf.autopatch() is False
+    monkeypatch.setenv("FUSED_LINEAR_CE", "0")
+    assert hf.autopatch() is False
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss=1e-4,ignore_index=-1,backend=torch,log_entropy=off,")
+    assert hf.env_options() == {"z_loss": 1e-4, "ignore_index": -1, "backend": "torch", "log_entropy": False}
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss")
+    with pytest.raises(ValueError, match="FUSED_LINEAR_CE_OPTIONS"):
+        hf.env_options()
+    monkeypatch.setenv("FUSED_LINEAR_CE", "1")
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "bogus=1")
+    with pytest.raises(TypeError, match="bogus"):
+        hf.autopatch()  # before anything is wrapped
+    assert not getattr(transformers.Trainer.__init__, "_fused_lce_autopatch", False)
