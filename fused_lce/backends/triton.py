@@ -104,7 +104,7 @@ def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Opt
 
 
 def _pad(v: int, elems: int) -> int:
-    """Row length padded to ``elems`` elements (16 bytes)."""
+    """Row length padded to a multiple of ``elems`` elements (16 bytes at least; callers pass 128 bytes)."""
     return max(elems, -(-v // elems) * elems)
 
 
@@ -355,7 +355,7 @@ def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int, bu
     if tile_bytes:
         return max(1, min(v, tile_bytes // col))
     grads = (n * d * elt if mask[0] else 0) + (v * d * elt if mask[1] else 0)
-    room = int(0.15 * grads) - (4 * n * d if mask[0] else 0)
+    room = int(0.15 * grads) - (4 * n * d if mask[0] else 0) - 16 * 2**20  # 16 MiB: statistics, tiles
     budget = max(32 * 2**20, room)
     cols = max(256, (budget // col) // 256 * 256)
     return int(min(v, cols))
@@ -452,9 +452,9 @@ class TritonProvider(Provider):
     @classmethod
     def _row_bytes(cls, v: int, d: int, elt: int, opts: Options, gemm: bool) -> int:
         if not gemm:
-            return 4 * _pad(v, 4)
+            return 4 * _pad(v, 32)
         tiles = kgemm.num_tiles_n(v, cls._cfg(d))
-        return elt * _pad(v, 8) + tiles * (16 if opts.label_smoothing else 12)
+        return elt * _pad(v, 64) + tiles * (16 if opts.label_smoothing else 12)
 
     def token_block(self, p: Problem, keep: bool) -> int:
         if compact_mode():
@@ -509,10 +509,10 @@ class TritonProvider(Provider):
                 return raw, None
             cols = plan_vocab_chunk(t.hidden.shape[0], v, t.hidden.shape[1], t.hidden.element_size(),
                                     (False, False, False), opts.tile_bytes)
-            buf = torch.empty(nc * _pad(min(cols, v), 4), device=h.device, dtype=torch.float32)
+            buf = torch.empty(nc * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
             for v0 in range(0, v, cols):
                 v1 = min(v0 + cols, v)
-                z = buf[: nc * _pad(v1 - v0, 4)].view(nc, _pad(v1 - v0, 4))[:, : v1 - v0]
+                z = buf[: nc * _pad(v1 - v0, 32)].view(nc, _pad(v1 - v0, 32))[:, : v1 - v0]
                 _mm32(h, t.weight[v0:v1].t(), z)
                 _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
             return raw, None
@@ -522,13 +522,13 @@ class TritonProvider(Provider):
             tiles = kgemm.TileStats.new(nc, ntiles, h.device, bool(opts.label_smoothing))
             e = None
             if keep:
-                e = torch.empty(nc, _pad(v, 8), device=h.device, dtype=h.dtype)[:, :v]
+                e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
             kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
                            tiles=tiles, smooth=bool(opts.label_smoothing))
             krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target)
             krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start)
             return raw, (_ExpCache((e, tiles.m)) if keep else None)
-        z = torch.empty(nc, _pad(v, 4), device=h.device, dtype=torch.float32)[:, :v]
+        z = torch.empty(nc, _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
         _mm32(h, t.weight.t(), z)
         _launch(t, opts, z, rows, stats=raw)
         return raw, (z if keep else None)
@@ -548,13 +548,13 @@ class TritonProvider(Provider):
                 krows.dz_from_exp(dz, tile_m, cfg.bn, lse, g, kscale, t.labels[rows], opts.vocab_start,
                                   zloss=opts.z_loss, eps=opts.label_smoothing, vocab_total=opts.vocab(v))
             else:
-                dz = torch.empty(h.shape[0], _pad(v, 8), device=h.device, dtype=h.dtype)[:, :v]
+                dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
                 self._dz_gemm(t, h, t.weight, t.bias, dz, rows, lse, g, kscale, opts, 0)
             self._token_gemms(t, rows, dz, out)
             return
         z = cache
         if z is None:
-            z = torch.empty(h.shape[0], _pad(v, 4), device=h.device, dtype=torch.float32)[:, :v]
+            z = torch.empty(h.shape[0], _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
             _mm32(h, t.weight.t(), z)
         dz = _dz_view(z, h.dtype)
         _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse)
@@ -573,13 +573,13 @@ class TritonProvider(Provider):
         nb = min(nrows, n)
         if gemm:
             cfg = self._cfg(h.shape[1])
-            vp = _pad(v, 8)
+            vp = _pad(v, 64)
             ntiles = kgemm.num_tiles_n(v, cfg)
             buf = torch.empty(nb * vp, device=h.device, dtype=h.dtype)
             tiles = kgemm.TileStats.new(nb, ntiles, h.device, bool(opts.label_smoothing))
             lse = torch.empty(n, device=h.device, dtype=torch.float32)
         else:
-            vp = _pad(v, 4)
+            vp = _pad(v, 32)
             buf = torch.empty(nb * vp, device=h.device, dtype=torch.float32)
         for i0 in range(0, n, nrows):
             rows = slice(i0, min(i0 + nrows, n))
@@ -668,19 +668,19 @@ class TritonProvider(Provider):
         if out.dh is not None:
             out.dh[rows].zero_()
         if gemm:
-            buf = torch.empty(n * _pad(min(cols, v), 8), device=h.device, dtype=h.dtype)
+            buf = torch.empty(n * _pad(min(cols, v), 64), device=h.device, dtype=h.dtype)
         else:
-            buf = torch.empty(n * _pad(min(cols, v), 4), device=h.device, dtype=torch.float32)
+            buf = torch.empty(n * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
         post = st.post_scale and scale is not None
         for v0 in range(0, v, cols):
             v1 = min(v0 + cols, v)
             if gemm:
-                vp = _pad(v1 - v0, 8)
+                vp = _pad(v1 - v0, 64)
                 dz = buf[: n * vp].view(n, vp)[:, : v1 - v0]
                 self._dz_gemm(t, h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, rows, lse, g, kscale,
                               opts, v0)
             else:
-                vp = _pad(v1 - v0, 4)
+                vp = _pad(v1 - v0, 32)
                 z = buf[: n * vp].view(n, vp)[:, : v1 - v0]
                 _mm32(h, w[v0:v1].t(), z)
                 dz = _dz_view(z, h.dtype)

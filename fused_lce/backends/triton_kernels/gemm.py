@@ -133,7 +133,8 @@ def _one_tile(
             o_desc.store([off_m, off_n], out.to(out_ty))
 
 
-@triton.jit
+# sizes, strides and label offsets vary per chunk and shard: one compiled kernel for all of them
+@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off", "zloss", "eps", "vocab_total"])
 def _lce_gemm_kernel(
     h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
     M, V, D,

@@ -12,7 +12,7 @@ from .gemm import TileStats
 
 
 # ---------------------------------------------------------------------------------------------- statistics
-@triton.jit
+@triton.jit(do_not_specialize=["stride_t", "ntiles", "col_off"])
 def _combine_kernel(
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, ntiles,
     m_ptr, s_ptr, zs_ptr, am_ptr, lse_ptr, col_off,
@@ -75,7 +75,7 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["label_off", "V"])
 def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, label_off, V, D,
                    HAS_BIAS: tl.constexpr, BD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -106,7 +106,7 @@ def target_logit(h, w, bias, labels, label_off: int, out) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- gradient
-@triton.jit
+@triton.jit(do_not_specialize=["ld", "stride_t", "label_off", "M", "V", "zloss", "eps", "vocab_total"])
 def _dz_from_exp_kernel(
     e_ptr, ld, tm_ptr, stride_t, lse_ptr, g_ptr, scale_ptr, y_ptr, label_off, M, V,
     zloss, eps, vocab_total,
@@ -162,7 +162,7 @@ def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, g, scal
 
 
 # ---------------------------------------------------------------------------------------------- scaling
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _scale_cast_kernel(src_ptr, dst_ptr, n, scale_ptr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -188,7 +188,7 @@ def scale_cast(src: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tens
     return dst
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _scale_unless_one_kernel(x_ptr, n, g_ptr, BLOCK: tl.constexpr, NPROG: tl.constexpr):
     g = tl.load(g_ptr).to(tl.float32)
     if g != 1.0:  # the usual upstream gradient is exactly 1: then no byte of x is read or written
