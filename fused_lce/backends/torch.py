@@ -23,7 +23,7 @@ import torch
 
 from .base import Grads, Options, Problem, Provider, Stats, Tensors
 
-DEFAULT_TILE_MB = {"cpu": 256, "cuda": 4096}
+DEFAULT_TILE_MB = {"cpu": 256, "cuda": 8192}
 MIN_BLOCK_TOKENS = 8
 COMPILE_MIN_LOGITS = 1 << 24  # CUDA tiles this large run the compiled per-tile functions
 

@@ -71,7 +71,8 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
     _combine_kernel[(rows,)](
         tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m, tiles.m.stride(0), ntiles,
         m, s, zs, am, lse if lse is not None else m, int(col_off),
-        MERGE=bool(merge), SMOOTH=tiles.zs is not None, WRITE_LSE=lse is not None, BLOCK_T=256, num_warps=4,
+        MERGE=bool(merge), SMOOTH=tiles.zs is not None, WRITE_LSE=lse is not None,
+        BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))), num_warps=1 if ntiles <= 64 else 4,
     )
 
 
@@ -106,12 +107,14 @@ def target_logit(h, w, bias, labels, label_off: int, out) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- gradient
-@triton.jit(do_not_specialize=["ld", "stride_t", "label_off", "M", "V", "zloss", "eps", "vocab_total"])
+# ``ld`` (a multiple of 64) stays specialized: with it Triton proves 16-byte alignment and vectorizes the row
+# accesses; columns are masked against ``ld``, not V, for the same reason (the padding columns are scratch)
+@triton.jit(do_not_specialize=["stride_t", "label_off", "M", "zloss", "eps", "vocab_total"])
 def _dz_from_exp_kernel(
-    e_ptr, ld, tm_ptr, stride_t, lse_ptr, g_ptr, scale_ptr, y_ptr, label_off, M, V,
+    e_ptr, ld, tm_ptr, stride_t, lse_ptr, g_ptr, scale_ptr, y_ptr, label_off, M,
     zloss, eps, vocab_total,
     HAS_SCALE: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, TILE_N: tl.constexpr,
-    BR: tl.constexpr, BC: tl.constexpr,
+    BR: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     t = tl.program_id(1)
@@ -132,37 +135,38 @@ def _dz_from_exp_kernel(
     u = g * eps / vocab_total
     yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
     keep = g != 0.0
-    for j in range(0, TILE_N, BC):
-        cols = t * TILE_N + j + tl.arange(0, BC)
-        msk = rmask[:, None] & (cols < V)[None, :]
-        ptr = e_ptr + rows64[:, None] * ld + cols[None, :]
-        e = tl.load(ptr, mask=msk, other=0.0).to(tl.float32)
-        d = c[:, None] * e
-        if SMOOTH:
-            d = d - u[:, None]
-        d = tl.where(cols[None, :] == yl[:, None], d - tgt[:, None], d)
-        d = tl.where(keep[:, None], d, 0.0)
-        tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
+    cols = t * TILE_N + tl.arange(0, TILE_N)
+    msk = rmask[:, None] & (cols < ld)[None, :]
+    ptr = e_ptr + rows64[:, None] * ld + cols[None, :]
+    e = tl.load(ptr, mask=msk, other=0.0).to(tl.float32)
+    d = c[:, None] * e
+    if SMOOTH:
+        d = d - u[:, None]
+    d = tl.where(cols[None, :] == yl[:, None], d - tgt[:, None], d)
+    d = tl.where(keep[:, None], d, 0.0)
+    tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
 
 
 def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, g, scale, labels, label_off: int, *,
                 zloss: float, eps: float, vocab_total: int) -> None:
-    """In place over the EXP tiles ``e [M, V]`` (unit column stride): ``dz = g (1 + 2 zloss lse) exp(m_t - lse)
-    e - g (1 - eps) [col == label] - g eps / V_total``; 0 on rows with g == 0; ``scale`` (0-dim) multiplies g."""
+    """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of 64
+    elements; the padding columns are overwritten): ``dz = g (1 + 2 zloss lse) exp(m_t - lse) e - g (1 - eps)
+    [col == label] - g eps / V_total``; 0 on rows with g == 0; ``scale`` (0-dim) multiplies g."""
     m, v = e.shape
     if m == 0 or v == 0:
         return
-    br = 32
+    ld = e.stride(0)
+    assert ld % 64 == 0 and e.stride(1) == 1, "dz_from_exp wants rows padded to 64 elements"
+    br = 16
     _dz_from_exp_kernel[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
-        e, e.stride(0), tile_m, tile_m.stride(0), lse, g, scale if scale is not None else g, labels,
-        int(label_off), m, v, float(zloss), float(eps), int(vocab_total),
-        HAS_SCALE=scale is not None, SMOOTH=bool(eps), ZLOSS=bool(zloss), TILE_N=tile_n, BR=br,
-        BC=min(128, tile_n), num_warps=4,
+        e, ld, tile_m, tile_m.stride(0), lse, g, scale if scale is not None else g, labels,
+        int(label_off), m, float(zloss), float(eps), int(vocab_total),
+        HAS_SCALE=scale is not None, SMOOTH=bool(eps), ZLOSS=bool(zloss), TILE_N=tile_n, BR=br, num_warps=4,
     )
 
 
 # ---------------------------------------------------------------------------------------------- scaling
-@triton.jit(do_not_specialize=["n"])
+@triton.jit  # n stays specialized: its divisibility lets the masked accesses vectorize
 def _scale_cast_kernel(src_ptr, dst_ptr, n, scale_ptr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -188,7 +192,7 @@ def scale_cast(src: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tens
     return dst
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
 def _scale_unless_one_kernel(x_ptr, n, g_ptr, BLOCK: tl.constexpr, NPROG: tl.constexpr):
     g = tl.load(g_ptr).to(tl.float32)
     if g != 1.0:  # the usual upstream gradient is exactly 1: then no byte of x is read or written
