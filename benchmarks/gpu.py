@@ -333,12 +333,17 @@ def profile_ours(h, w, y, env):
         fam[ev.key[:80]] = fam.get(ev.key[:80], 0.0) + t / 1e3
     from torch.autograd import DeviceType
 
-    kern = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
-    busy, end = 0.0, kern[0][0] if kern else 0
-    for s, e in kern:
+    kern = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA)
+    busy, end, gaps = 0.0, kern[0][0] if kern else 0, []
+    for s, e, name in kern:
+        if s > end:
+            gaps.append((s - end, name[:24]))
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
-    top = dict(sorted(fam.items(), key=lambda kv: -kv[1])[:14])
+    top = dict(sorted(fam.items(), key=lambda kv: -kv[1])[:12])
+    for k, (g, name) in enumerate(sorted(gaps, reverse=True)[:3]):
+        top[f"_gap{k} before {name}"] = g / 1e3
     top["_busy_ms"] = busy / 1e3
     top["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
     return top

@@ -142,6 +142,9 @@ def plan_tiles(n: int, v: int, d: int, budget: int, keep_wanted: bool, upcast_w:
     return nb, vb, keep
 
 
+_ALIGN = 64
+
+
 class _Tiles:
     """The tile geometry and arithmetic of one problem on one device."""
 
@@ -155,6 +158,23 @@ class _Tiles:
         budget = opts.tile_bytes or default_tile_bytes(t.hidden.device)
         self.nb, self.vb, self.keep = plan_tiles(self.n, self.v, self.d, budget, keep_wanted,
                                                  self.low and not self.native_lowp)
+        self.cuda = t.hidden.device.type == "cuda"
+        if self.cuda and self.vb < self.v and self.vb > _ALIGN:
+            self.vb -= self.vb % _ALIGN
+
+    def bounds(self, vb: int):
+        """Vocabulary tiles [v0, v1) of width ``vb``. On CUDA a tile whose width is not a multiple of 64 is split
+        into its first multiple of 64 and a small remainder: an odd width (an odd vocabulary) sends cuBLAS to
+        kernels several times slower (measured on the H200: 256 ms against 53 ms at 8192x4096x151931)."""
+        out = []
+        for v0 in range(0, self.v, vb):
+            v1 = min(v0 + vb, self.v)
+            w = v1 - v0
+            if self.cuda and w % _ALIGN and w > _ALIGN:
+                out += [(v0, v1 - w % _ALIGN), (v1 - w % _ALIGN, v1)]
+            else:
+                out.append((v0, v1))
+        return out
 
     def operand(self, x):
         return x if (not self.low or self.native_lowp) else x.float()
@@ -210,8 +230,7 @@ class TorchProvider(Provider):
         amax = torch.zeros(nb, dtype=torch.long, device=dev)
         yl = t.labels[rows].long() - opts.vocab_start  # label as an index into this shard (may be outside it)
         kept = []
-        for v0 in range(0, tl.v, tl.vb):
-            v1 = min(v0 + tl.vb, tl.v)
+        for v0, v1 in tl.bounds(tl.vb):
             raw = tl.mm(h, tl.operand(t.weight[v0:v1]).t())
             got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
                        m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, bool(opts.label_smoothing))
@@ -249,8 +268,7 @@ class TorchProvider(Provider):
         idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block
         vb = cache[0].shape[1] if cache else tl.vb  # kept tiles have the width stats() planned
-        for k, v0 in enumerate(range(0, tl.v, vb)):
-            v1 = min(v0 + vb, tl.v)
+        for k, (v0, v1) in enumerate(tl.bounds(vb)):
             wt = tl.operand(t.weight[v0:v1])
             if cache:
                 z = cache[k]
