@@ -145,6 +145,19 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
                     dtypes=[t_.dtype == dtype for t_ in grads],
                     fwd=[rel(a, b_) for a, b_ in zip(grads, g1)],
                     bwd=[rel(a, b_) for a, b_ in zip(bk, g2)], dtype=dt))
+# no tokens / an empty vocabulary, both paths: zero gradients of the right shapes, no out-of-bounds access
+for path in ("1", "0"):
+    os.environ["FUSED_LCE_TRITON_GEMM"] = path
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0"
+    os.environ["FUSED_LCE_COMPACT"] = "0"
+    tc.TritonProvider.has_fused = fused
+    for n, v in ((0, 300), (5, 0), (0, 0)):
+        h = torch.randn(n, 16).bfloat16(); w = torch.randn(v, 16).bfloat16(); y = torch.full((n,), -100)
+        o = Options(vocab_total=v, backend="triton")
+        g = driver.token_weights(*driver.label_classes(y, o, v))
+        st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+        assert gr[0].shape == (n, 16) and gr[1].shape == (v, 16) and gr[2] is None, (path, n, v)
+        assert float(gr[0].float().abs().sum()) == 0 and float(gr[1].float().abs().sum()) == 0, (path, n, v)
 print("RESULT" + json.dumps(out))
 """
 

@@ -617,6 +617,9 @@ class TritonProvider(Provider):
                                                                           gemm))
         raw = _new_stats(n, h.device)
         nb = min(nrows, n)
+        if gemm and v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
+            raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            return raw
         if gemm:
             cfg = self._cfg(h.shape[1])
             vp = _pad(v, 64)
@@ -627,6 +630,7 @@ class TritonProvider(Provider):
         else:
             vp = _pad(v, 32)
             buf = torch.empty(nb * vp, device=h.device, dtype=torch.float32)
+        z = dz = None  # no tokens: no chunk
         for i0 in range(0, n, nrows):
             rows = slice(i0, min(i0 + nrows, n))
             nc = rows.stop - rows.start
