@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -511,8 +510,9 @@ def main(argv=None):
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rate = gemm_rate()
     bw = copy_bandwidth()
-    meta = {"environment": dict(environment("cuda"), commit=os.environ.get("FUSED_LCE_COMMIT")
-                                or environment("cuda").get("commit")), "gemm_tflops": rate, "copy_tb_s": bw, "versions": versions,
+    env = environment("cuda")
+    env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")  # the device copy has no .git
+    meta = {"environment": env, "gemm_tflops": rate, "copy_tb_s": bw, "versions": versions,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     print(json.dumps(meta), flush=True)
     result = {"meta": meta, "methods": list(methods), "shapes": [], "profile": {}}
