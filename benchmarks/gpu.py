@@ -1,27 +1,28 @@
-"""CUDA benchmark of fused_lce's "triton" backend against the alternatives, side by side in one process.
+"""CUDA benchmark of fused_lce against the alternatives, side by side in one process.
 
-For each shape (N tokens x D hidden x V vocabulary; 15% of labels = -100; fwd+bwd of the mean loss w.r.t. hidden
-and weight) it records, per method:
-  - time: median over --reps timed runs (CUDA events) after --warmup runs,
-  - peak extra memory: max_memory_allocated during one fwd+bwd minus memory allocated before it (inputs excluded,
+For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss w.r.t.
+hidden and weight) and each method it records
+  - time: median over --reps timed fwd+bwd runs (CUDA events) after --warmup runs,
+  - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
     gradients included),
-  - errors against a float32 reference computed from the same low-precision inputs (chunked; TF32 off): loss
-    absolute error, dX and dW relative L2 errors,
+  - errors against a float32 reference from the same low-precision inputs (``fused_lce.bench.reference``, TF32
+    off): loss absolute error, dX and dW relative L2 errors,
 and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8192^3.
 
-Methods: fused_lce (default schedule), fused_lce_compact (FUSED_LCE_COMPACT=1), torch eager (F.linear, fp32
-upcast, F.cross_entropy), and, when importable, Liger-Kernel (default, and accum_dtype=float32) and
-cut-cross-entropy. Writes gpu.json, gpu.md and gpu.png into --out.
+Methods (each when importable; the reason is recorded when not): fused_lce "triton" (default = the fused-GEMM
+path), the same provider on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider,
+torch eager (F.linear + fp32 F.cross_entropy), torch.compile of that, Liger-Kernel (default and
+accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
+(and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
+kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
 
-    PYTHONPATH=. python benchmarks/gpu.py --out bench-out
+    PYTHONPATH=. python benchmarks/gpu.py --out bench-out [--probe] [--profile]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,108 +31,98 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-# ANCHORS.md shapes + a ragged one; the dtype is bf16 unless given
+from fused_lce.bench import environment, make_inputs, reference, rel_err
+
+# (N, D, V, dtype): ANCHORS.md shapes, a ragged one, an odd vocabulary next to its padded twin, fp16 repeats
 SHAPES = [
     (8192, 4096, 151936, "bfloat16"),
     (32768, 4096, 151936, "bfloat16"),
     (16384, 2048, 151936, "bfloat16"),
     (8192, 2304, 256000, "bfloat16"),
     (4096, 3584, 152064, "bfloat16"),
+    (4096, 4096, 128256, "bfloat16"),
     (8191, 5120, 151936, "bfloat16"),
+    (8192, 4096, 151931, "bfloat16"),  # odd vocabulary (a resized embedding): compare with row 0
+    (8192, 4096, 151936, "float16"),
+    (16384, 2048, 151936, "float16"),
     (4096, 3584, 152064, "float16"),
 ]
-IGNORE_FRAC = 0.15
-_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+ODD_V = {(8192, 4096, 151931, "bfloat16"): (8192, 4096, 151936, "bfloat16")}
+OURS = ("fused_lce", "fused_lce_cublas", "fused_lce_compact", "fused_lce_torch")
+GiB = 2**30
 
 
 def gemm_rate(dtype=torch.bfloat16, n=8192, reps=10):
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
-    for _ in range(3):
-        a @ b
+    ms = _time(lambda: a @ b, reps)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def copy_bandwidth(nbytes=4 * GiB):
+    a = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).normal_()
+    b = torch.empty_like(a)
+    ms = _time(lambda: b.copy_(a), 10)
+    return 2 * nbytes / (ms * 1e-3) / 1e12  # TB/s, read + write
+
+
+def _time(fn, reps=5):
+    fn()
+    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        a @ b
+        fn()
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
-    ms = statistics.median(times)
-    return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
-def make_inputs(n, d, v, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = torch.randn(n, d, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(v, d, device="cuda", generator=g) * (2.0 / math.sqrt(d))).to(dtype)
-    y = torch.randint(0, v, (n,), device="cuda", generator=g)
-    y[torch.rand(n, device="cuda", generator=g) < IGNORE_FRAC] = -100
-    return h, w, y
-
-
-def reference(h, w, y, chunk=4096):
-    """float32 loss, dX, dW of the mean loss from the given (low-precision) inputs, chunked over tokens."""
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        w32 = w.float()
-        n = h.shape[0]
-        valid = y != -100
-        nv = valid.sum().float()
-        loss = torch.zeros((), device="cuda", dtype=torch.float64)
-        dx = torch.empty(n, h.shape[1], device="cuda", dtype=torch.float32)
-        dw = torch.zeros_like(w32)
-        for i0 in range(0, n, chunk):
-            h32 = h[i0:i0 + chunk].float()
-            yy = y[i0:i0 + chunk]
-            vv = valid[i0:i0 + chunk]
-            z = h32 @ w32.t()
-            lse = torch.logsumexp(z, dim=1)
-            safe = torch.where(vv, yy, torch.zeros_like(yy))
-            zt = z.gather(1, safe[:, None]).squeeze(1)
-            loss += torch.where(vv, lse - zt, torch.zeros_like(lse)).double().sum()
-            z.sub_(lse[:, None]).exp_()
-            z[torch.arange(z.shape[0], device="cuda"), safe] -= 1.0
-            z.mul_((vv.float() / nv)[:, None])
-            dx[i0:i0 + chunk] = z @ w32
-            dw.addmm_(z.t(), h32)
-            del z
-        return float(loss / nv.double()), dx, dw
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
+    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------------------- methods
 def method_table():
+    """name -> (fn(h, w, y) -> loss, env) for every importable method; versions / reasons for the rest."""
     import fused_lce
 
-    def ours(h, w, y):
-        return fused_lce.linear_cross_entropy(h, w, y, backend="triton", validate=False)
+    def ours(backend):
+        return lambda h, w, y: fused_lce.linear_cross_entropy(h, w, y, backend=backend, validate=False)
 
     def eager(h, w, y):
         return F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-100)
 
-    methods = {"fused_lce": (ours, {}), "fused_lce_compact": (ours, {"FUSED_LCE_COMPACT": "1"}),
-               "torch_eager": (eager, {})}
-    versions = {}
+    methods = {"fused_lce": (ours("triton"), {}),
+               "fused_lce_cublas": (ours("triton"), {"FUSED_LCE_TRITON_GEMM": "0"}),
+               "fused_lce_compact": (ours("triton"), {"FUSED_LCE_COMPACT": "1"}),
+               "fused_lce_torch": (ours("torch"), {}),
+               "torch_eager": (eager, {}),
+               "torch_compile": (torch.compile(eager), {})}
+    versions = {"torch": torch.__version__}
     try:
-        import liger_kernel
+        import liger_kernel  # noqa: F401
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as lflce
 
-        versions["liger_kernel"] = getattr(liger_kernel, "__version__", None) or _dist_version("liger-kernel")
+        versions["liger_kernel"] = _dist_version("liger-kernel")
         methods["liger"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100), {})
-        methods["liger_fp32acc"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100,
-                                                          accum_dtype=torch.float32), {})
+        methods["liger_fp32acc"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100, accum_dtype=torch.float32), {})
     except Exception as e:  # noqa: BLE001
-        versions["liger_kernel"] = f"not importable: {type(e).__name__}: {e}"
+        versions["liger_kernel"] = f"not importable: {type(e).__name__}: {e}"[:300]
     try:
         from cut_cross_entropy import linear_cross_entropy as cce
 
         versions["cut_cross_entropy"] = _dist_version("cut-cross-entropy")
-        methods["cut_cross_entropy"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100), {})
+        methods["cce"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100, impl="cce"), {})
+        methods["cce_torch_compile"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100, impl="torch_compile"), {})
     except Exception as e:  # noqa: BLE001
-        versions["cut_cross_entropy"] = f"not importable: {type(e).__name__}: {e}"
+        versions["cut_cross_entropy"] = f"not importable: {type(e).__name__}: {e}"[:300]
+    try:
+        from quack.linear_cross_entropy import linear_cross_entropy_func as qlce
+
+        versions["quack"] = _dist_version("quack-kernels")
+        methods["quack"] = (lambda h, w, y: qlce(h, w, None, y, ignore_index=-100, reduction="mean"), {})
+    except Exception as e:  # noqa: BLE001
+        versions["quack"] = (f"not importable: {type(e).__name__}: {e}"[:200] + "; quack needs nvidia-cutlass-dsl, "
+                             "whose CUDA 13 library wheel (92 MB) exceeds the 64 MiB a device call carries")
     return methods, versions
 
 
@@ -146,8 +137,7 @@ def _dist_version(name):
 
 class _Env:
     def __init__(self, env):
-        self.env = env
-        self.old = {}
+        self.env, self.old = env, {}
 
     def __enter__(self):
         for k, v in self.env.items():
@@ -173,21 +163,22 @@ def fwd_bwd(fn, h, w, y):
 def run_method(fn, env, h, w, y, ref, warmup, reps):
     with _Env(env):
         out = {}
+        for _ in range(max(1, warmup)):  # compile / autotune outside the measured peak
+            r = fwd_bwd(fn, h, w, y)
+            del r
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         loss, dx, dw = fwd_bwd(fn, h, w, y)
         torch.cuda.synchronize()
-        out["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+        out["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - before) / GiB
         ref_loss, ref_dx, ref_dw = ref
         out["loss"] = float(loss)
         out["loss_abs_err"] = abs(float(loss) - ref_loss)
-        out["dx_rel_err"] = float((dx.float() - ref_dx).norm() / ref_dx.norm())
-        out["dw_rel_err"] = float((dw.float() - ref_dw).norm() / ref_dw.norm())
+        out["dx_rel_err"] = rel_err(dx.float(), ref_dx)
+        out["dw_rel_err"] = rel_err(dw.float(), ref_dw)
         del loss, dx, dw
-        for _ in range(warmup):
-            fwd_bwd(fn, h, w, y)
         times = []
         for _ in range(reps):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -202,54 +193,231 @@ def run_method(fn, env, h, w, y, ref, warmup, reps):
         return out
 
 
+# ---------------------------------------------------------------------------------------------- probe
+PROBE_CONFIGS = [  # bm, bn, bk, stages, warps, group_m, subtile, persistent
+    "128,256,64,3,8,8,2,0", "128,256,64,4,8,8,2,0", "128,256,64,3,8,8,2,1", "128,128,64,4,8,8,1,0",
+    "128,128,64,3,4,8,1,0", "256,128,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0",
+    "128,256,64,3,8,16,2,0", "128,256,32,4,8,8,2,0",
+]
+
+
+PROBE_SHAPES = ((8192, 4096, 151936), (4096, 2048, 151936), (4096, 4096, 151931))
+
+
+def _warm_config(text):
+    """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the cache."""
+    from fused_lce.backends import triton as tb
+    from fused_lce.backends.triton_kernels import gemm as kg
+
+    cfg = kg.GemmConfig.parse(text)
+    for n, d, v in PROBE_SHAPES:
+        h, w, _ = make_inputs(n, d, v, torch.bfloat16, "cuda", seed=1, ignore_frac=0.0)
+        e = torch.empty(n, tb._pad(v, 64), device="cuda", dtype=torch.bfloat16)[:, :v]
+        tiles = kg.TileStats.new(n, kg.num_tiles_n(v, cfg), "cuda", False)
+        try:
+            kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles)
+            kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles)
+            torch.cuda.synchronize()
+        except Exception as ex:  # noqa: BLE001
+            print(f"warm {text}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+            return
+
+
+def probe(rate, bw):
+    """Each building block in isolation (ms): the fused logits GEMM per tile configuration against cuBLAS, the
+    small kernels, and cuBLAS on padded vs unpadded rows of an odd vocabulary."""
+    from fused_lce.backends import triton as tb
+    from fused_lce.backends.triton_kernels import gemm as kg
+    from fused_lce.backends.triton_kernels import rows as kr
+
+    out = {"gemm": [], "rate_tflops": rate, "copy_tb_s": bw}
+    import subprocess
+
+    t0 = time.time()  # compile every configuration at once, one process each (16 CPU cores there)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm-config", c]) for c in PROBE_CONFIGS]
+    for p in procs:
+        p.wait()
+    out["parallel_compile_s"] = time.time() - t0
+    print(f"PROBE compiled {len(PROBE_CONFIGS)} configurations in {out['parallel_compile_s']:.0f} s", flush=True)
+    for n, d, v in PROBE_SHAPES:
+        h, w, y = make_inputs(n, d, v, torch.bfloat16, "cuda", seed=1)
+        floor = 2 * n * d * v / (rate * 1e12) * 1e3
+        z32 = torch.empty(n, tb._pad(v, 32), device="cuda")[:, :v]
+        row = {"shape": f"{n}x{d}x{v}", "floor_ms": floor,
+               "cublas_bf16_ms": _time(lambda: torch.mm(h, w.t())),
+               "cublas_fp32out_padded_ms": _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32, out=z32))}
+        if v % 8:
+            zu = torch.empty(n, v, device="cuda")
+            row["cublas_fp32out_unpadded_ms"] = _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32, out=zu))
+            del zu
+        del z32
+        e = torch.empty(n, tb._pad(v, 64), device="cuda", dtype=torch.bfloat16)[:, :v]
+        ref_z = None
+        for text in PROBE_CONFIGS:
+            cfg = kg.GemmConfig.parse(text)
+            tiles = kg.TileStats.new(n, kg.num_tiles_n(v, cfg), "cuda", False)
+            try:
+                ms_exp = _time(lambda: kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles))
+                ms_stats = _time(lambda: kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles))
+                kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles)
+                if ref_z is None:
+                    ref_z = (h[:256].float() @ w.float().t())
+                zr = ref_z[:, :cfg.bn * 4]
+                mt = zr.view(256, 4, cfg.bn).amax(2)
+                err_m = float((tiles.m[:256, :4] - mt).abs().max())
+                er = torch.exp(zr.view(256, 4, cfg.bn) - mt[:, :, None]).view(256, -1)
+                err_e = float((e[:256, :cfg.bn * 4].float() - er).abs().max())
+                row.setdefault("configs", []).append({"cfg": text, "exp_ms": ms_exp, "stats_ms": ms_stats,
+                                                      "exp_x_cublas": ms_exp / row["cublas_bf16_ms"],
+                                                      "err_tile_max": err_m, "err_exp": err_e})
+                print(f"PROBE {row['shape']} {text}: exp {ms_exp:.3f} ms stats {ms_stats:.3f} ms "
+                      f"(cuBLAS bf16 {row['cublas_bf16_ms']:.3f}) err {err_m:.1e} {err_e:.1e}", flush=True)
+            except Exception as ex:  # noqa: BLE001
+                row.setdefault("configs", []).append({"cfg": text, "error": f"{type(ex).__name__}: {ex}"[:300]})
+                print(f"PROBE {row['shape']} {text}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+        if n == 8192:
+            cfg = kg.default_config(d)
+            tiles = kg.TileStats.new(n, kg.num_tiles_n(v, cfg), "cuda", False)
+            kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles)
+            st = [torch.empty(n, device="cuda") for _ in range(3)] + [torch.empty(n, device="cuda",
+                                                                                   dtype=torch.int64)]
+            lse = torch.empty(n, device="cuda")
+            g = torch.ones(n, device="cuda")
+            sc = torch.tensor(1.0 / n, device="cuda")
+            nt = kg.num_tiles_n(v, cfg)
+            row["combine_ms"] = _time(lambda: kr.combine(tiles, nt, st[0], st[1], st[2], st[3], col_off=0, lse=lse))
+            row["target_ms"] = _time(lambda: kr.target_logit(h, w, None, y, 0, st[2]))
+            row["dz_from_exp_ms"] = _time(lambda: kr.dz_from_exp(e, tiles.m, cfg.bn, lse, g, sc, y, 0, zloss=0.0,
+                                                                  eps=0.0, vocab_total=v))
+            row["dz_from_exp_TB_s"] = 4 * n * v / (row["dz_from_exp_ms"] * 1e-3) / 1e12
+            dz = e
+            dx = torch.empty(n, d, device="cuda", dtype=torch.bfloat16)
+            row["dx_mm_ms"] = _time(lambda: torch.mm(dz, w, out=dx))
+            dw = torch.empty(v, d, device="cuda", dtype=torch.bfloat16)
+            row["dw_mm_bf16_ms"] = _time(lambda: torch.mm(dz.t(), h, out=dw))
+            acc = torch.zeros(v, d, device="cuda")
+            row["dw_mm_fp32out_ms"] = _time(lambda: torch.mm(dz.t(), h, out_dtype=torch.float32, out=acc))
+            row["dw_addmm_fp32acc_ms"] = _time(lambda: torch.addmm(acc, dz.t(), h, out_dtype=torch.float32, out=acc))
+            row["dw_cast_ms"] = _time(lambda: kr.scale_cast(acc, torch.bfloat16, None))
+            one = torch.ones((), device="cuda")
+            row["scale_unless_one_g1_ms"] = _time(lambda: kr.scale_unless_one_([dw], one))
+            two = torch.full((), 1.0000001, device="cuda")
+            row["scale_unless_one_g_ne_1_ms"] = _time(lambda: kr.scale_unless_one_([dw], two))
+            row["foreach_mul_ms"] = _time(lambda: torch._foreach_mul_([dw], one))
+            del acc, dw, dx
+        out["gemm"].append(row)
+        print("PROBE " + json.dumps({k: v_ for k, v_ in row.items() if k != "configs"}), flush=True)
+        del h, w, y, e
+        torch.cuda.empty_cache()
+    return out
+
+
 def profile_ours(h, w, y, env):
-    """Device time per kernel family for one fused_lce fwd+bwd (torch.profiler)."""
+    """Device time per kernel (ms, top 14) for one fused_lce fwd+bwd (torch.profiler)."""
     import fused_lce
     from torch.profiler import ProfilerActivity, profile
 
+    fn = lambda a, b, c: fused_lce.linear_cross_entropy(a, b, c, backend="triton", validate=False)  # noqa: E731
     with _Env(env):
-        fwd_bwd(lambda a, b, c: fused_lce.linear_cross_entropy(a, b, c, backend="triton", validate=False), h, w, y)
+        fwd_bwd(fn, h, w, y)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fwd_bwd(lambda a, b, c: fused_lce.linear_cross_entropy(a, b, c, backend="triton", validate=False),
-                    h, w, y)
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            fwd_bwd(fn, h, w, y)
             torch.cuda.synchronize()
     fam = {}
     for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None)
-        if t is None:
-            t = getattr(ev, "cuda_time_total", 0)
-        if not t or ev.key.startswith("aten::") or ev.key.startswith("fused_lce::"):
+        t = getattr(ev, "self_device_time_total", None) or getattr(ev, "device_time_total", 0)
+        if not t or ev.key.startswith(("aten::", "fused_lce::", "autograd::", "torch::")):
             continue
-        fam[ev.key[:90]] = fam.get(ev.key[:90], 0.0) + t / 1e3
-    return dict(sorted(fam.items(), key=lambda kv: -kv[1])[:12])
+        fam[ev.key[:80]] = fam.get(ev.key[:80], 0.0) + t / 1e3
+    from torch.autograd import DeviceType
+
+    kern = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA)
+    busy, end, gaps = 0.0, kern[0][0] if kern else 0, []
+    for s, e, name in kern:
+        if s > end:
+            gaps.append((s - end, name[:24]))
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    top = dict(sorted(fam.items(), key=lambda kv: -kv[1])[:12])
+    for k, (g, name) in enumerate(sorted(gaps, reverse=True)[:3]):
+        top[f"_gap{k} before {name}"] = g / 1e3
+    top["_busy_ms"] = busy / 1e3
+    top["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
+    return top
 
 
 # ---------------------------------------------------------------------------------------------- output
+def _cell(r, floor):
+    if r is None:
+        return "n/a"
+    if "error" in r:
+        return "error"
+    return f"{r['ms']:.1f} ({r['ms'] / floor:.2f}) / {r['peak_extra_gib']:.2f}"
+
+
+def targets(result):
+    """Issue 15's targets, read off this run (met / missed, by how much)."""
+    rows = []
+    by_key = {(s["n"], s["d"], s["v"], s["dtype"]): s for s in result["shapes"]}
+    for s in result["shapes"]:
+        key = (s["n"], s["d"], s["v"], s["dtype"])
+        res = s["results"]
+        ours = res.get("fused_lce", {})
+        if "ms" not in ours:
+            continue
+        x = ours["ms"] / s["floor_ms"]
+        peers = {k: r["ms"] for k, r in res.items() if k not in OURS and "ms" in r}
+        best = min(peers.items(), key=lambda kv: kv[1]) if peers else ("-", float("nan"))
+        elt = 2 if s["dtype"] != "float32" else 4
+        allow = (s["n"] * s["d"] + s["v"] * s["d"]) * elt / GiB + 4 * s["v"] * s["d"] / GiB + 0.5
+        eager = res.get("torch_eager", {})
+        err_ok = ("dx_rel_err" in eager and ours["dx_rel_err"] <= eager["dx_rel_err"] * 1.0
+                  and ours["dw_rel_err"] <= eager["dw_rel_err"] * 1.0)
+        row = {"shape": f"{s['n']}x{s['d']}x{s['v']} {s['dtype']}", "x_floor": x, "le_1.15": x <= 1.15,
+               "fastest_peer": best[0], "peer_ms": best[1], "faster_than_peers": ours["ms"] < best[1],
+               "peak_gib": ours["peak_extra_gib"], "allowed_gib": allow, "mem_ok": ours["peak_extra_gib"] <= allow,
+               "loss_err_ok": ours["loss_abs_err"] <= 1e-4, "grad_err_le_eager": err_ok}
+        comp = res.get("fused_lce_compact", {})
+        if "ms" in comp:
+            row["compact_x_floor"] = comp["ms"] / s["floor_ms"]
+            row["compact_mem_ratio"] = comp["peak_extra_gib"] / s["min_gib"]
+        tor = res.get("fused_lce_torch", {})
+        if "ms" in tor:
+            row["torch_provider_x_floor"] = tor["ms"] / s["floor_ms"]
+        if key in ODD_V and ODD_V[key] in by_key:
+            twin = by_key[ODD_V[key]]["results"].get("fused_lce", {})
+            if "ms" in twin:
+                row["odd_v_vs_padded"] = ours["ms"] / twin["ms"]
+        rows.append(row)
+    return rows
+
+
 def write_outputs(result, out_dir, show=True):
     os.makedirs(out_dir, exist_ok=True)
+    result["targets"] = targets(result)
     with open(os.path.join(out_dir, "gpu.json"), "w") as f:
         json.dump(result, f, indent=1)
     meta = result["meta"]
-    lines = [f"# fused_lce on {meta['gpu']} (torch {meta['torch']}, Triton {meta['triton']})", "",
-             f"bf16 GEMM rate in this run (8192^3): {meta['gemm_tflops']:.0f} TFLOP/s. Floor = 6*N*D*V FLOPs at "
-             "that rate. 15% of labels ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
-             "Cells: median ms (x floor) / peak extra GiB. Errors vs an fp32 reference: loss abs / dX rel / dW rel.",
-             ""]
-    methods = [m for m in result["methods"]]
+    env = meta.get("environment", {})
+    methods = list(result["methods"])
+    lines = [f"# fused_lce on {env.get('gpu')} (torch {env.get('torch')}, Triton {env.get('triton')}, "
+             f"commit {env.get('commit')})", "",
+             f"bf16 GEMM rate in this run (8192^3): {meta['gemm_tflops']:.0f} TFLOP/s; device copy "
+             f"{meta.get('copy_tb_s', float('nan')):.2f} TB/s. Floor = 6*N*D*V FLOPs at that rate. 15% of labels "
+             "ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
+             "Cells: median ms (x floor) / peak extra GiB. `fused_lce` = the triton provider's default (fused-GEMM "
+             "path), `_cublas` = its cuBLAS path, `_compact` = FUSED_LCE_COMPACT=1, `_torch` = the pure-PyTorch "
+             "provider.", "",
+             "Versions / not measured: " + "; ".join(f"{k}: {v}" for k, v in meta["versions"].items()), ""]
     lines.append("| N x D x V dtype | floor ms | min GiB (dX+dW) | " + " | ".join(methods) + " |")
     lines.append("|---" * (3 + len(methods)) + "|")
     for s in result["shapes"]:
-        cells = []
-        for m in methods:
-            r = s["results"].get(m)
-            if r is None or "error" in r:
-                cells.append("n/a" if r is None else "error")
-            else:
-                cells.append(f"{r['ms']:.1f} ({r['ms'] / s['floor_ms']:.2f}) / {r['peak_extra_gib']:.2f}")
+        cells = [_cell(s["results"].get(m), s["floor_ms"]) for m in methods]
         lines.append(f"| {s['n']}x{s['d']}x{s['v']} {s['dtype']} | {s['floor_ms']:.1f} | {s['min_gib']:.2f} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "Errors (loss abs / dX rel L2 / dW rel L2):", "",
+    lines += ["", "Errors vs the fp32 reference (loss abs / dX rel L2 / dW rel L2):", "",
               "| shape | " + " | ".join(methods) + " |", "|---" * (1 + len(methods)) + "|"]
     for s in result["shapes"]:
         cells = []
@@ -260,18 +428,30 @@ def write_outputs(result, out_dir, show=True):
             else:
                 cells.append(f"{r['loss_abs_err']:.1e} / {r['dx_rel_err']:.1e} / {r['dw_rel_err']:.1e}")
         lines.append(f"| {s['n']}x{s['d']}x{s['v']} {s['dtype']} | " + " | ".join(cells) + " |")
+    if result["targets"]:
+        lines += ["", "Targets of issue 15 in this run (fused_lce default unless named):", "",
+                  "| shape | x floor (<= 1.15) | fastest peer (ms) | faster | peak GiB / allowed | loss err <= 1e-4 | "
+                  "dX, dW err <= eager | compact x floor / mem ratio | torch provider x floor | odd V / padded |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for t in result["targets"]:
+            comp = (f"{t['compact_x_floor']:.2f} / {t['compact_mem_ratio']:.2f}" if "compact_x_floor" in t else "")
+            odd = f"{t['odd_v_vs_padded']:.3f}" if "odd_v_vs_padded" in t else ""
+            tp = f"{t['torch_provider_x_floor']:.2f}" if "torch_provider_x_floor" in t else ""
+            yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
+            lines.append(f"| {t['shape']} | {t['x_floor']:.2f} | {t['fastest_peer']} ({t['peer_ms']:.1f}) | "
+                         f"{yes(t['faster_than_peers'])} | {t['peak_gib']:.2f} / {t['allowed_gib']:.2f} | "
+                         f"{yes(t['loss_err_ok'])} | {yes(t['grad_err_le_eager'])} | {comp} | {tp} | {odd} |")
     if result.get("probe"):
-        pr = result["probe"]
-        lines += ["", f"One default-schedule token chunk in isolation ({pr['rows']} tokens of 8192x4096x151936, ms): "
-                  + "; ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in pr.items()
-                              if k != "rows")]
-    for gp in result.get("gaps") or []:
-        lines += ["", f"GPU idle in one fwd+bwd of {gp['shape']}: span {gp['span_ms']:.2f} ms, kernels busy "
-                  f"{gp['busy_ms']:.2f} ms; host enqueue fwd {gp['host_fwd_ms']:.2f} ms, bwd {gp['host_bwd_ms']:.2f} ms; "
-                  "largest gaps (us): " + ", ".join(f"{g['gap_us']:.0f} before {g['before'][:30]!r}"
-                                                   for g in gp["gaps"][:3])]
+        lines += ["", "Building blocks in isolation (ms; `--probe`):", ""]
+        for row in result["probe"]["gemm"]:
+            lines.append(f"- {row['shape']}: " + "; ".join(f"{k}: {v:.3f}" for k, v in row.items()
+                                                          if isinstance(v, float)))
+            for c in row.get("configs", []):
+                lines.append(f"  - GEMM config {c['cfg']}: " + (c["error"][:120] if "error" in c else
+                             f"EXP {c['exp_ms']:.3f} ms ({c['exp_x_cublas']:.2f}x cuBLAS bf16), STATS "
+                             f"{c['stats_ms']:.3f} ms"))
     if result.get("profile"):
-        lines += ["", "Device time per kernel, one fused_lce fwd+bwd (ms):", ""]
+        lines += ["", "Device time per kernel, one fwd+bwd (ms):", ""]
         for key, prof in result["profile"].items():
             lines.append(f"- {key}: " + "; ".join(f"{k}: {v:.2f}" for k, v in prof.items()))
     with open(os.path.join(out_dir, "gpu.md"), "w") as f:
@@ -282,8 +462,8 @@ def write_outputs(result, out_dir, show=True):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-        labels = [f"{s['n']}x{s['d']}x{s['v']} {_SHORT.get(s['dtype'], s['dtype'])}" for s in result["shapes"]]
+        fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+        labels = [f"{s['n']}x{s['d']}x{s['v']} {s['dtype'][:4]}" for s in result["shapes"]]
         width = 0.8 / max(1, len(methods))
         for k, m in enumerate(methods):
             xs = [i + k * width for i in range(len(labels))]
@@ -298,133 +478,13 @@ def write_outputs(result, out_dir, show=True):
             ax.set_title(title)
             ax.set_yscale("log")
         axes[0].axhline(1.15, color="r", lw=0.8, ls="--")
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}")
+        axes[0].legend(fontsize=6, ncol=2)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "gpu.png"), dpi=110)
+        fig.savefig(os.path.join(out_dir, "gpu.png"), dpi=100)
     except Exception as e:  # noqa: BLE001
         print("plot failed:", e)
     if show:
         print("\n".join(lines))
-
-
-def _time(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
-def gap_report(n, d, v, env=None):
-    """Where the GPU idles during one fused_lce fwd+bwd: kernel-busy time vs span, the largest idle gaps with
-    the kernels around them and the host calls overlapping them, and the host time to enqueue fwd / bwd."""
-    import fused_lce
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    h, w, y = make_inputs(n, d, v, torch.bfloat16)
-    fn = lambda a, b, c: fused_lce.linear_cross_entropy(a, b, c, backend="triton", validate=False)  # noqa: E731
-    out = {"shape": f"{n}x{d}x{v}"}
-    with _Env(env or {}):
-        for _ in range(2):
-            fwd_bwd(fn, h, w, y)
-        torch.cuda.synchronize()
-        hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
-        t0 = time.perf_counter()
-        loss = fn(hh, ww, y)
-        t1 = time.perf_counter()
-        torch.autograd.grad(loss, (hh, ww))
-        t2 = time.perf_counter()
-        torch.cuda.synchronize()
-        t3 = time.perf_counter()
-        out.update(host_fwd_ms=(t1 - t0) * 1e3, host_bwd_ms=(t2 - t1) * 1e3, wall_ms=(t3 - t0) * 1e3)
-        t0 = time.perf_counter()
-        for _ in range(20):
-            torch.cuda.mem_get_info()
-        out["mem_get_info_us"] = (time.perf_counter() - t0) / 20 * 1e6
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fwd_bwd(fn, h, w, y)
-            torch.cuda.synchronize()
-    evs = prof.events()
-    kern = sorted((e.time_range.start, e.time_range.end, e.name) for e in evs if e.device_type == DeviceType.CUDA)
-    cpu = [(e.time_range.start, e.time_range.end, e.name) for e in evs if e.device_type == DeviceType.CPU]
-    if not kern:
-        return out
-    busy, gaps, end = 0.0, [], kern[0][0]
-    prev = kern[0][2]
-    for s, e, name in kern:
-        if s > end:
-            gaps.append((s - end, end, s, prev[:50], name[:50]))
-        busy += max(0.0, e - max(s, end))
-        if e > end:
-            end, prev = e, name
-    out["span_ms"] = (end - kern[0][0]) / 1e3
-    out["busy_ms"] = busy / 1e3
-    out["n_kernels"] = len(kern)
-    top = []
-    for g, a, b, pn, nn in sorted(gaps, reverse=True)[:6]:
-        over = sorted(((min(e, b) - max(s, a), name[:40]) for s, e, name in cpu if s < b and e > a), reverse=True)[:4]
-        top.append({"gap_us": round(g, 1), "after": pn, "before": nn, "host": [(round(t, 1), nm) for t, nm in over]})
-    out["gaps"] = top
-    print("GAPS " + json.dumps(out), flush=True)
-    return out
-
-
-def probe(n=8192, d=4096, v=151936, rows=2736, rate=None):
-    """Time each stage of one default-schedule token chunk in isolation (profile evidence for the notes)."""
-    from fused_lce.backends import triton_cuda as tc
-    from fused_lce.backends.base import Config
-
-    h, w, y = make_inputs(n, d, v, torch.bfloat16)
-    hc, yc = h[:rows], y[:rows]
-    z = torch.empty(rows, v, device="cuda")
-    acc = torch.zeros(v, d, device="cuda")
-    dx = torch.empty(rows, d, device="cuda", dtype=torch.bfloat16)
-    p = tc._Problem(h, w, y, None, Config(vocab_total=v), (True, True, False))
-    g = torch.tensor(1.0 / n, device="cuda")
-    lse, loss = torch.empty(rows, device="cuda"), torch.empty(rows, device="cuda")
-    corr = torch.empty(rows, device="cuda", dtype=torch.int8)
-    out = {"rows": rows}
-    out["z_mm_fp32out_ms"] = _time(lambda: torch.mm(hc, w.t(), out_dtype=torch.float32, out=z))
-    out["z_mm_bf16out_ms"] = _time(lambda: torch.mm(hc, w.t()))
-    dz = p.dz_view(z)
-    out["rows_kernel_fused_ms"] = _time(lambda: p.launch(z, rows, yc, stats=2, grad=True, dz=dz, g=g, lse=lse,
-                                                         loss=loss, correct=corr))
-    out["rows_kernel_stats_only_ms"] = _time(lambda: p.launch(z, rows, yc, stats=2, grad=False, lse=lse,
-                                                              loss=loss, correct=corr))
-    out["dx_mm_ms"] = _time(lambda: torch.mm(dz, w, out=dx))
-    dzc = dz.contiguous()
-    out["dx_mm_contig_dz_ms"] = _time(lambda: torch.mm(dzc, w, out=dx))
-    try:
-        out["dw_addmm_fp32acc_ms"] = _time(lambda: torch.addmm(acc, dz.t(), hc, out_dtype=torch.float32, out=acc))
-        out["addmm_fp32_self_supported"] = True
-    except Exception as e:  # noqa: BLE001
-        out["addmm_fp32_self_supported"] = f"{type(e).__name__}: {str(e)[:200]}"
-    out["dw_mm_fp32out_ms"] = _time(lambda: torch.mm(dz.t(), hc, out_dtype=torch.float32, out=acc))
-    out["dw_mm_bf16out_ms"] = _time(lambda: torch.mm(dz.t(), hc))
-    # correctness of the in-place fp32 accumulation (tiny): acc + a@b
-    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
-    c = torch.randn(256, 128, device="cuda")
-    want = c + a.float() @ b.float()
-    try:
-        torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
-        out["addmm_fp32_rel_err"] = float((c - want).norm() / want.norm())
-    except Exception:  # noqa: BLE001
-        pass
-    flops = 2 * rows * d * v
-    if rate:
-        out["gemm_floor_ms_per_product"] = flops / (rate * 1e12) * 1e3
-    out["bytes_rows_kernel_GB"] = rows * v * (4 + 4 + 2) / 1e9
-    print("PROBE " + json.dumps(out), flush=True)
-    return out
 
 
 def main(argv=None):
@@ -432,50 +492,46 @@ def main(argv=None):
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--shapes", default="all", help="'all', or indices into SHAPES, e.g. 0,4")
     ap.add_argument("--methods", default="", help="comma-separated subset (default: all importable)")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of fused_lce per shape")
-    ap.add_argument("--probe", action="store_true", help="time each stage of one token chunk first")
-    ap.add_argument("--time-budget", type=float, default=420.0, help="stop starting new shapes after this (s)")
+    ap.add_argument("--probe", action="store_true", help="time the building blocks first")
+    ap.add_argument("--time-budget", type=float, default=480.0, help="stop starting new shapes after this (s)")
+    ap.add_argument("--warm-config", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.warm_config:
+        _warm_config(args.warm_config)
+        return 0
     t_start = time.time()
-    import triton
-
     methods, versions = method_table()
     if args.methods:
         keep = args.methods.split(",")
         methods = {k: v for k, v in methods.items() if k in keep}
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rate = gemm_rate()
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "gemm_tflops": rate, "versions": versions,
+    bw = copy_bandwidth()
+    env = environment("cuda")
+    env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")  # the device copy has no .git
+    meta = {"environment": env, "gemm_tflops": rate, "copy_tb_s": bw, "versions": versions,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     print(json.dumps(meta), flush=True)
     result = {"meta": meta, "methods": list(methods), "shapes": [], "profile": {}}
     if args.probe:
         try:
-            result["probe"] = probe(rate=rate)
+            result["probe"] = probe(rate, bw)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
         torch.cuda.empty_cache()
-        result["gaps"] = []
-        for shp in ((4096, 3584, 152064), (8192, 4096, 151936)):
-            try:
-                result["gaps"].append(gap_report(*shp))
-            except Exception:  # noqa: BLE001
-                traceback.print_exc()
-            torch.cuda.empty_cache()
     for n, d, v, dt in shapes:
         if time.time() - t_start > args.time_budget:
             print(f"time budget reached; skipping {n}x{d}x{v} {dt}", flush=True)
             continue
         dtype = getattr(torch, dt)
-        h, w, y = make_inputs(n, d, v, dtype)
-        ref = reference(h, w, y)
+        h, w, y = make_inputs(n, d, v, dtype, "cuda", seed=n + v)
+        ref = reference(h, w, y, dtype=torch.float32)
         floor_ms = 6 * n * d * v / (rate * 1e12) * 1e3
-        elt = h.element_size()
         entry = {"n": n, "d": d, "v": v, "dtype": dt, "floor_ms": floor_ms,
-                 "min_gib": (n * d + v * d) * elt / 2**30, "results": {}}
+                 "min_gib": (n * d + v * d) * h.element_size() / GiB, "results": {}}
         for name, (fn, env) in methods.items():
             t0 = time.time()
             try:
@@ -489,7 +545,7 @@ def main(argv=None):
                   f"{r['peak_extra_gib']:.2f} GiB loss_err {r['loss_abs_err']:.1e} dx {r['dx_rel_err']:.1e} "
                   f"dw {r['dw_rel_err']:.1e}" if "ms" in r else r["error"]) + f" [{time.time() - t0:.0f}s]",
                   flush=True)
-        if args.profile:
+        if args.profile and dt == "bfloat16" and (n, d, v) in ((8192, 4096, 151936), (16384, 2048, 151936)):
             for key, env in (("default", {}), ("compact", {"FUSED_LCE_COMPACT": "1"})):
                 try:
                     result["profile"][f"{n}x{d}x{v} {dt} {key}"] = profile_ours(h, w, y, env)

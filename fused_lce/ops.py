@@ -256,6 +256,19 @@ def _setup_context(ctx, inputs, output):
     ctx.pre_mask = driver.normalise_mask(grad_mask, bias)
 
 
+def _scale_precomputed_(pres, g) -> None:
+    """In place ``pre *= g`` for the gradients computed in forward (``g``: 0-dim float32, on their device). On CUDA a
+    Triton kernel that reads ``g`` on the device and touches no byte when it is 1 (the usual upstream gradient of a
+    mean loss): no pass over dW-sized buffers and no host synchronisation. Elsewhere ``torch._foreach_mul_``."""
+    if pres[0].is_cuda and all(p.is_contiguous() for p in pres):
+        from .backends import triton as _tb
+
+        if _tb.krows is not None:
+            _tb.krows.scale_unless_one_(pres, g)
+            return
+    torch._foreach_mul_(pres, g)  # vectorised, reads g on the device (a 0-dim broadcast mul_ is slow)
+
+
 def _backward(ctx, g_loss, *_unused):
     n_inputs = 7 + _N_OPTS
     if g_loss is None:
@@ -278,7 +291,7 @@ def _backward(ctx, g_loss, *_unused):
         pres = [(dh, dw, db)[k] for k in ready]
         g = g_loss.to(torch.float32)  # exact when the upstream gradient is 1 (the usual case)
         if eager and pres:
-            torch._foreach_mul_(pres, g)  # vectorised, reads g on the device (a 0-dim broadcast mul_ is slow)
+            _scale_precomputed_(pres, g)
         for k, pre in zip(ready, pres):
             out[k] = pre if eager else pre * g.to(pre.dtype)
     missing = tuple(want[k] and out[k] is None for k in range(3))

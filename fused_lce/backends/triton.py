@@ -1,30 +1,34 @@
-"""The "triton" backend: cuBLAS for the three big products, one fused Triton kernel for everything in between.
+"""The "triton" backend: the loss work fused into a Triton logits GEMM, cuBLAS for the two gradient products.
 
-Default mode (token chunks, 3 GEMM-equivalents). For each chunk of ``nc`` tokens:
+Default mode, bf16 / fp16 inputs on Hopper (the "gemm" path; token chunks, 3 GEMM-equivalents). For each chunk of
+``nc`` tokens:
 
-1. ``z = h_c @ W.T`` into a float32 buffer (cuBLAS, ``out_dtype=float32``: logits are never rounded to bf16,
-   so the loss and the softmax keep float32 accuracy);
-2. one Triton program per token reads its logits row twice -- once (last block first) for the online max /
-   sum-exp / target logit / sum / first argmax, once (first block first, so the blocks read last are still in
-   L2) to write ``dz`` -- and writes the loss, lse and ``correct``. For bf16/fp16 inputs ``dz`` is written in
-   the input dtype *into the same buffer* (row ``r`` of ``dz`` occupies the first half of row ``r`` of ``z``), so
-   the gradient tile costs no extra memory;
-3. ``dX_c = dz @ W`` (cuBLAS, written straight into dX: the sum over the vocabulary is inside one GEMM);
-4. ``dW += dz.T @ h_c`` into a float32 accumulator (cuBLAS ``addmm`` with ``out_dtype=float32``), or written
-   straight in the weight dtype when a single chunk covers all tokens (no accumulator at all).
+1. ``h_c @ W.T`` in a Triton GEMM (TMA + wgmma) whose epilogue works on the float32 accumulator: per (token,
+   256-column tile) the max ``m_t``, ``sum exp(z - m_t)`` and first argmax into small per-tile arrays, and
+   ``e = exp(z - m_t)`` stored in the input dtype (``triton_kernels/gemm.py``). Statistics never see a rounded
+   logit, and the buffer costs 2 bytes a logit;
+2. the tile statistics become row statistics and the lse (one small kernel); the label's logit is one float32
+   dot product per token;
+3. ``dz = g (1 + 2 z_loss lse) exp(m_t - lse) e - ...`` in place over ``e`` (the mean's 1/n folded in for bf16);
+4. ``dX_c = dz @ W`` (cuBLAS, straight into dX) and ``dW (+)= dz.T @ h_c`` (cuBLAS): written once in the weight
+   dtype when one chunk covers every token, else accumulated in float32 and cast at the end.
 
-The chunk size comes from the shapes and the free device memory: the buffer may use the room the final dW will
-take (it is allocated only after the buffer is freed) plus ``SLACK``; a single chunk is used when its buffer fits
-in the room of the float32 accumulator it makes unnecessary.
+The chunk size comes from the shapes and the free device memory: the peak stays under dX + dW + 4 V D + SLACK
+(one chunk when its buffer fits in the room of the float32 accumulator it makes unnecessary).
+
+The "cublas" path (float32 inputs, softcap, a hidden size or pointer TMA cannot take, pre-Hopper GPUs, or
+``FUSED_LCE_TRITON_GEMM=0``): ``z`` in float32 by cuBLAS, one Triton row kernel for statistics + ``dz`` (written in
+place over ``z``, in the input dtype), the same two cuBLAS gradient products.
 
 Compact mode (``FUSED_LCE_COMPACT=1``; vocabulary chunks, 4 GEMM-equivalents): a statistics pass over vocabulary
-chunks, then per chunk ``z`` again, ``dz``, ``dW_c = dz.T @ h`` written once in the weight dtype (the sum over
-tokens is inside one GEMM) and ``dX += dz @ W_c`` into a float32 (N, D) accumulator. No (V, D) float32 buffer.
+chunks (the gemm path stores nothing but tile statistics), then per chunk ``dz`` again (the gemm path's epilogue
+writes ``dz`` directly), ``dW_c = dz.T @ h`` written once in the weight dtype and ``dX += dz @ W_c`` into a float32
+(N, D) accumulator. No (V, D) float32 buffer.
 
-With a vocab-parallel group the statistics of each chunk are combined across ranks
-(``fused_lce.distributed.combine_stats``) between the statistics kernel and the gradient kernel, and dX is
-returned in float32 (the op layer all-reduces, then casts). Nothing here reads a device value on the host, so
-forward and backward are CUDA-graph capturable.
+Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
+With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the
+gradient kernels, and dX is returned in float32. Nothing here reads a device value on the host, so forward and
+backward are CUDA-graph capturable.
 """
 from __future__ import annotations
 
@@ -45,6 +49,17 @@ except Exception as e:  # pragma: no cover - depends on the host
     tl = None
     _TRITON_ERROR = f"{type(e).__name__}: {e}"
 
+_KERNELS_ERROR: Optional[str] = None
+if triton is not None:
+    try:
+        from .triton_kernels import gemm as kgemm
+        from .triton_kernels import rows as krows
+    except Exception as e:  # pragma: no cover - a Triton without tensor descriptors
+        kgemm = krows = None
+        _KERNELS_ERROR = f"{type(e).__name__}: {e}"
+else:  # pragma: no cover
+    kgemm = krows = None
+
 from .base import Grads, Options, Problem, Provider, Stats, Tensors
 
 GiB = 2**30
@@ -59,6 +74,39 @@ _ADDMM_FP32 = [None]  # does torch.addmm(fp32, bf16, bf16, out_dtype=fp32, out=f
 def compact_mode() -> bool:
     """True when FUSED_LCE_COMPACT asks for the low-memory (vocabulary-chunked, 4 GEMM-equivalent) schedule."""
     return os.environ.get("FUSED_LCE_COMPACT", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Options, ptrs=()) -> Optional[str]:
+    """None when the fused-GEMM path runs this problem, else why the cuBLAS path does.
+    ``FUSED_LCE_TRITON_GEMM``: 0 never, 1 whenever the kernel can (also CPU tensors under the interpreter)."""
+    env = os.environ.get("FUSED_LCE_TRITON_GEMM", "auto").strip().lower()
+    if env in ("0", "off", "false", "no", "cublas"):
+        return "FUSED_LCE_TRITON_GEMM=0"
+    if kgemm is None:
+        return f"the GEMM kernels do not import ({_KERNELS_ERROR})"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "float32 inputs keep cuBLAS float32 products"
+    if opts.softcap:
+        return "softcap: the exp tiles would not give the softcap derivative"
+    if d % 8 or any(p % 16 for p in ptrs):
+        return "hidden rows or base pointers are not 16-byte aligned (tensor descriptors need them)"
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability(device)[0] < 9 and env not in ("1", "on", "true", "yes", "gemm"):
+            return "a GPU before Hopper (no TMA): the cuBLAS path is faster there"
+        return None
+    if _interpreting() and env in ("1", "on", "true", "yes", "gemm"):
+        return None
+    return f"device {device.type}"
+
+
+def _pad(v: int, elems: int) -> int:
+    """Row length padded to a multiple of ``elems`` elements (16 bytes at least; callers pass 128 bytes)."""
+    return max(elems, -(-v // elems) * elems)
+
 
 
 # ---------------------------------------------------------------------------------------------- kernel
@@ -242,6 +290,52 @@ def _mm_acc(acc, a, b):
     return acc
 
 
+# An odd vocabulary sends cuBLAS to slow kernels whenever V is an M, N or K of the product (measured on the H200:
+# h @ W.T with V = 151931 took 51 ms against 13.8 ms at V = 151936, padded output rows or not). So every product
+# that has V as a dimension is split into the first V - V % 64 rows of the vocabulary and a small remainder.
+VSPLIT = 64
+
+
+def _vparts(v: int):
+    vm = v - v % VSPLIT
+    return ((0, v),) if vm in (0, v) else ((0, vm), (vm, v))
+
+
+def _logits32(h, w, z):
+    """z[:, :V] = h @ w.T in float32 (z: a row-padded [n, V] view)."""
+    for a, b in _vparts(w.shape[0]):
+        _mm32(h, w[a:b].t(), z[:, a:b])
+
+
+def _mm_add(out, a, b):
+    """out += a @ b in out's dtype (one rounding of the sum when out is not float32)."""
+    if out.dtype == torch.float32:
+        return _mm_acc(out, a, b)
+    if a.device.type == "cuda":
+        return out.addmm_(a, b)
+    return out.copy_(out.float() + a.float() @ b.float())
+
+
+def _dx_into(dz, w, out, accumulate: bool = False):
+    """out (+)= dz @ w over the vocabulary (dz: [n, V] view, w: [V, D]): the small remainder first, then the
+    aligned bulk on top of it, so a low-precision out is rounded once more only by the remainder's tiny part."""
+    parts = _vparts(w.shape[0])
+    for k, (a, b) in enumerate(reversed(parts)):
+        if accumulate or k > 0:
+            _mm_add(out, dz[:, a:b], w[a:b])
+        else:
+            _mm_into(dz[:, a:b], w[a:b], out)
+
+
+def _dw_into(dz, h, out, accumulate: bool):
+    """out[V, D] (+)= dz.T @ h, row block by row block of the vocabulary."""
+    for a, b in _vparts(out.shape[0]):
+        if accumulate:
+            _mm_acc(out[a:b], dz[:, a:b].t(), h)
+        else:
+            _mm_into(dz[:, a:b].t(), h, out[a:b])
+
+
 # ---------------------------------------------------------------------------------------------- planning
 _POOL = {}  # device index -> (monotonic time, driver-free + allocator-reserved bytes at that time)
 
@@ -266,17 +360,17 @@ def _free_bytes(device: torch.device) -> Optional[int]:
 
 
 def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always: bool, tile_bytes: int,
-                     free: Optional[int]) -> tuple[int, bool]:
+                     free: Optional[int], row_bytes: Optional[int] = None) -> tuple[int, bool]:
     """(tokens per chunk, use a float32 dW accumulator) for the default schedule.
 
-    One chunk (no accumulator) when its float32 logits buffer (4 * V bytes a token) fits in ``SLACK`` plus the
-    room of the float32 accumulator it makes unnecessary. Otherwise the buffer gets ``SLACK`` plus the room of
-    the final dW (allocated only after the buffer is freed), so the peak stays near dX + dW + 4*V*D + SLACK.
-    Both are capped by three quarters of the free device memory. ``tile_bytes`` (the caller's tile budget)
-    overrides the rule.
+    ``row_bytes``: buffer bytes per token (default: a float32 logits row, 4 * V). One chunk (no accumulator) when
+    its buffer fits in ``SLACK`` plus the room of the float32 accumulator it makes unnecessary. Otherwise the
+    buffer gets ``SLACK`` plus the room of the final dW (allocated only after the buffer is freed), so the peak
+    stays near dX + dW + 4*V*D + SLACK. Both are capped by three quarters of the free device memory.
+    ``tile_bytes`` (the caller's tile budget) overrides the rule.
     """
     n = max(n, 1)
-    row = 4 * max(v, 1)
+    row = row_bytes or 4 * max(v, 1)
     acc = 4 * v * d if want_dw else 0
     if tile_bytes:
         rows = max(1, tile_bytes // row)
@@ -298,17 +392,19 @@ def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always
     return rows, want_dw
 
 
-def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int) -> int:
-    """Vocabulary columns per chunk for the compact schedule: the float32 (N, cols) buffer gets a tenth of
-    dX + dW (at least 32 MiB and 256 columns)."""
+def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int, buf_elt: int = 4) -> int:
+    """Vocabulary columns per chunk for the compact schedule (a multiple of 256, at least 256). The (N, cols)
+    buffer of ``buf_elt`` bytes an element gets what 1.15 (dX + dW) leaves after dX + dW and the float32 dX
+    accumulator (4 N D), at least 32 MiB."""
     v = max(v, 1)
-    col = 4 * max(n, 1)
+    col = buf_elt * max(n, 1)
     if tile_bytes:
         return max(1, min(v, tile_bytes // col))
     grads = (n * d * elt if mask[0] else 0) + (v * d * elt if mask[1] else 0)
-    budget = max(32 * 2**20, grads // 10)
-    cols = max(256, budget // col)
-    return int(min(v, -(-cols // 128) * 128))
+    room = int(0.15 * grads) - (4 * n * d if mask[0] else 0) - 16 * 2**20  # 16 MiB: statistics, tiles
+    budget = max(32 * 2**20, room)
+    cols = max(256, (budget // col) // 256 * 256)
+    return int(min(v, cols))
 
 
 # ---------------------------------------------------------------------------------------------- launches
@@ -344,9 +440,19 @@ def _dz_view(z, dtype):
     return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
 
 
+
 def _new_stats(n, dev) -> Stats:
     f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
     return Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(x * scale).to(dtype)`` in one pass (the fused kernel where it runs, else torch)."""
+    if scale is None and x.dtype == dtype:
+        return x
+    if krows is not None and x.is_contiguous() and (x.is_cuda or _interpreting()):
+        return krows.scale_cast(x, dtype, None if scale is None else scale.to(torch.float32).reshape(()))
+    return (x.mul_(scale) if scale is not None else x).to(dtype)
 
 
 class _State:
@@ -355,6 +461,10 @@ class _State:
     def __init__(self, post_scale: bool):
         self.post_scale = post_scale  # fp16: dz written unscaled, the float32 results scaled at the end
         self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
+
+
+class _ExpCache(tuple):
+    """What ``stats(keep=True)`` of the gemm path leaves for ``grads``: (exp tiles [nc, V], tile maxima)."""
 
 
 # ---------------------------------------------------------------------------------------------- provider
@@ -374,12 +484,30 @@ class TritonProvider(Provider):
     def has_fused(self) -> bool:  # the compact schedule has no one-pass kernel
         return not compact_mode()
 
-    # -- planning / buffers ---------------------------------------------------------------------------------
+    # -- path / planning / buffers ------------------------------------------------------------------------
+    @staticmethod
+    def path_reason(t: Tensors, opts: Options) -> Optional[str]:
+        """None when the fused-GEMM path runs these tensors, else why the cuBLAS path does."""
+        h, w = t.hidden, t.weight
+        return gemm_path_reason(h.dtype, h.shape[1], h.device, opts, (h.data_ptr(), w.data_ptr()))
+
+    @staticmethod
+    def _cfg(d: int):
+        return kgemm.default_config(d)
+
+    @classmethod
+    def _row_bytes(cls, v: int, d: int, elt: int, opts: Options, gemm: bool) -> int:
+        if not gemm:
+            return 4 * _pad(v, 32)
+        tiles = kgemm.num_tiles_n(v, cls._cfg(d))
+        return elt * _pad(v, 64) + tiles * (16 if opts.label_smoothing else 12)
+
     def token_block(self, p: Problem, keep: bool) -> int:
         if compact_mode():
             return max(p.n, 1)
-        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, keep and p.mask[1], False,
-                                   p.opts.tile_bytes, _free_bytes(p.device))
+        gemm = gemm_path_reason(p.dtype, p.d, p.device, p.opts) is None
+        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, keep and p.mask[1], False, p.opts.tile_bytes,
+                                   _free_bytes(p.device), self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm))
         return rows
 
     def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
@@ -399,40 +527,55 @@ class TritonProvider(Provider):
         dh, dw, db = out.dh, out.dw, out.db
         if want_dw and dw is None:  # no tokens: nothing was written
             dw = torch.zeros(w.shape, device=w.device, dtype=w.dtype)
-        post = st.post_scale and scale is not None
+        post = scale if st.post_scale and scale is not None else None
         if dh is not None:
-            if post:
-                dh = dh.mul_(scale)
-            if not out.fp32_dh and dh.dtype != h.dtype:
-                dh = dh.to(h.dtype)
-        if dw is not None:
-            if post and dw.dtype == torch.float32:
-                dw = dw.mul_(scale)
-            dw = dw if dw.dtype == w.dtype else dw.to(w.dtype)
+            if out.fp32_dh:
+                dh = dh.mul_(post) if post is not None else dh
+            else:
+                dh = _cast(dh, h.dtype, post if dh.dtype == torch.float32 else None)
+        if dw is not None:  # one pass: float32 accumulator (times the fp16 scale) -> weight dtype
+            dw = _cast(dw, w.dtype, post if dw.dtype == torch.float32 else None)
         if db is not None:
-            db = (db.mul_(scale) if post else db).to(t.bias.dtype)
+            db = (db.mul_(post) if post is not None else db).to(t.bias.dtype)
         return dh, dw, db
 
     # -- kernels ----------------------------------------------------------------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         h = t.hidden[rows]
         nc = h.shape[0]
+        v = t.weight.shape[0]
         raw = _new_stats(nc, h.device)
+        gemm = self.path_reason(t, opts) is None
+        if v == 0:
+            raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            return raw, None
         if compact_mode():
-            cols = plan_vocab_chunk(t.hidden.shape[0], t.weight.shape[0], t.hidden.shape[1],
-                                    t.hidden.element_size(), (False, False, False), opts.tile_bytes)
-            v = t.weight.shape[0]
-            if v == 0:
-                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
-            buf = torch.empty(nc * min(cols, v), device=h.device, dtype=torch.float32)
+            if gemm:
+                self._compact_stats_gemm(t, rows, opts, raw)
+                return raw, None
+            cols = plan_vocab_chunk(t.hidden.shape[0], v, t.hidden.shape[1], t.hidden.element_size(),
+                                    (False, False, False), opts.tile_bytes)
+            buf = torch.empty(nc * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
             for v0 in range(0, v, cols):
                 v1 = min(v0 + cols, v)
-                z = buf[: nc * (v1 - v0)].view(nc, v1 - v0)
-                _mm32(h, t.weight[v0:v1].t(), z)
+                z = buf[: nc * _pad(v1 - v0, 32)].view(nc, _pad(v1 - v0, 32))[:, : v1 - v0]
+                _logits32(h, t.weight[v0:v1], z)
                 _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
             return raw, None
-        z = torch.empty(nc, t.weight.shape[0], device=h.device, dtype=torch.float32)
-        _mm32(h, t.weight.t(), z)
+        if gemm:
+            cfg = self._cfg(h.shape[1])
+            ntiles = kgemm.num_tiles_n(v, cfg)
+            tiles = kgemm.TileStats.new(nc, ntiles, h.device, bool(opts.label_smoothing))
+            e = None
+            if keep:
+                e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
+            kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
+                           tiles=tiles, smooth=bool(opts.label_smoothing))
+            krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target)
+            krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start)
+            return raw, (_ExpCache((e, tiles.m)) if keep else None)
+        z = torch.empty(nc, _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
+        _logits32(h, t.weight, z)
         _launch(t, opts, z, rows, stats=raw)
         return raw, (z if keep else None)
 
@@ -440,13 +583,25 @@ class TritonProvider(Provider):
         st, _ = out.extra
         kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
         h = t.hidden[rows]
+        v = t.weight.shape[0]
         if compact_mode():
             self._compact_grads(t, rows, lse, g, kscale, scale, opts, out)
             return
+        if self.path_reason(t, opts) is None:
+            cfg = self._cfg(h.shape[1])
+            if isinstance(cache, _ExpCache):
+                dz, tile_m = cache
+                krows.dz_from_exp(dz, tile_m, cfg.bn, lse, g, kscale, t.labels[rows], opts.vocab_start,
+                                  zloss=opts.z_loss, eps=opts.label_smoothing, vocab_total=opts.vocab(v))
+            else:
+                dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
+                self._dz_gemm(t, h, t.weight, t.bias, dz, rows, lse, g, kscale, opts, 0)
+            self._token_gemms(t, rows, dz, out)
+            return
         z = cache
         if z is None:
-            z = torch.empty(h.shape[0], t.weight.shape[0], device=h.device, dtype=torch.float32)
-            _mm32(h, t.weight.t(), z)
+            z = torch.empty(h.shape[0], _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
+            _logits32(h, t.weight, z)
         dz = _dz_view(z, h.dtype)
         _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse)
         self._token_gemms(t, rows, dz, out)
@@ -455,66 +610,141 @@ class TritonProvider(Provider):
         st, want_dw = out.extra
         h, w = t.hidden, t.weight
         n, v = h.shape[0], w.shape[0]
+        gemm = self.path_reason(t, opts) is None
         kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
         nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
-                                    _free_bytes(h.device))
+                                    _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
+                                                                          gemm))
         raw = _new_stats(n, h.device)
-        buf = torch.empty(min(nrows, n) * v, device=h.device, dtype=torch.float32)
+        nb = min(nrows, n)
+        if gemm and v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
+            raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            return raw
+        if gemm:
+            cfg = self._cfg(h.shape[1])
+            vp = _pad(v, 64)
+            ntiles = kgemm.num_tiles_n(v, cfg)
+            buf = torch.empty(nb * vp, device=h.device, dtype=h.dtype)
+            tiles = kgemm.TileStats.new(nb, ntiles, h.device, bool(opts.label_smoothing))
+            lse = torch.empty(n, device=h.device, dtype=torch.float32)
+        else:
+            vp = _pad(v, 32)
+            buf = torch.empty(nb * vp, device=h.device, dtype=torch.float32)
+        z = dz = None  # no tokens: no chunk
         for i0 in range(0, n, nrows):
             rows = slice(i0, min(i0 + nrows, n))
             nc = rows.stop - rows.start
-            z = buf[: nc * v].view(nc, v)
-            _mm32(h[rows], w.t(), z)
-            dz = _dz_view(z, h.dtype)
-            _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
-                    scale=kscale)
+            z = buf[: nc * vp].view(nc, vp)[:, :v]
+            if gemm:
+                tl_ = tiles.rows(nc)
+                hc, yc = h[rows], t.labels[rows]
+                kgemm.lce_gemm(kgemm.MODE_EXP, hc, w, z, cfg, bias=t.bias, tiles=tl_,
+                               smooth=bool(opts.label_smoothing))
+                krows.target_logit(hc, w, t.bias, yc, opts.vocab_start, raw.target[rows])
+                krows.combine(tl_, ntiles, raw.m[rows], raw.s[rows], raw.zsum[rows], raw.argmax[rows],
+                              col_off=opts.vocab_start, lse=lse[rows])
+                krows.dz_from_exp(z, tl_.m, cfg.bn, lse[rows], g[rows], kscale, yc, opts.vocab_start,
+                                  zloss=opts.z_loss, eps=opts.label_smoothing, vocab_total=opts.vocab(v))
+                dz = z
+            else:
+                _logits32(h[rows], w, z)
+                dz = _dz_view(z, h.dtype)
+                _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
+                        scale=kscale)
             self._token_gemms(t, rows, dz, out)
         del buf, z, dz  # free the logits buffer before the final dW is allocated (finish)
         return raw
 
     # -- GEMMs ------------------------------------------------------------------------------------------------
+    def _dz_gemm(self, t: Tensors, h, w, bias, dz, rows: slice, lse, g, kscale, opts: Options, v0: int) -> None:
+        """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
+        kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=t.labels[rows],
+                       label_off=opts.vocab_start + v0, lse=lse, g=g, scale=kscale, zloss=opts.z_loss,
+                       eps=opts.label_smoothing, vocab_total=opts.vocab(t.weight.shape[0]),
+                       smooth=bool(opts.label_smoothing))
+
     def _token_gemms(self, t: Tensors, rows: slice, dz, out: Grads) -> None:
         """Gradients of one token chunk: dX rows complete, dW (and db) accumulated."""
         st, want_dw = out.extra
         h_c = t.hidden[rows]
         if out.dh is not None:
-            _mm_into(dz, t.weight, out.dh[rows])
+            _dx_into(dz, t.weight, out.dh[rows])
         if want_dw:
             if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
                 st.dw_acc = not (rows.start == 0 and rows.stop == t.hidden.shape[0]) or st.post_scale
                 dtype = torch.float32 if st.dw_acc else t.weight.dtype
                 out.dw = torch.empty(t.weight.shape, device=t.weight.device, dtype=dtype)
-                _mm_into(dz.t(), h_c, out.dw)
+                _dw_into(dz, h_c, out.dw, accumulate=False)
             else:
-                _mm_acc(out.dw, dz.t(), h_c)
+                _dw_into(dz, h_c, out.dw, accumulate=True)
         if out.db is not None:
             out.db += dz.sum(dim=0, dtype=torch.float32)
 
+    def _compact_cols(self, t: Tensors, n: int, mask, opts: Options, gemm: bool) -> int:
+        h, w = t.hidden, t.weight
+        cols = plan_vocab_chunk(n, w.shape[0], h.shape[1], h.element_size(), mask, opts.tile_bytes,
+                                buf_elt=h.element_size() if gemm else 4)
+        if gemm and not opts.tile_bytes:
+            cols = max(self._cfg(h.shape[1]).bn, cols)
+        return cols
+
+    def _compact_stats_gemm(self, t: Tensors, rows: slice, opts: Options, raw: Stats) -> None:
+        """Statistics over vocabulary chunks from the STATS epilogue (no logits stored), merged left to right."""
+        h, w = t.hidden[rows], t.weight
+        n, v = h.shape[0], w.shape[0]
+        cfg = self._cfg(h.shape[1])
+        cols = self._compact_cols(t, n, (True, True, False), opts, True)
+        ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
+        tiles = kgemm.TileStats.new(n, ntiles, h.device, bool(opts.label_smoothing))
+        for v0 in range(0, v, cols):
+            v1 = min(v0 + cols, v)
+            kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
+                           bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
+                           smooth=bool(opts.label_smoothing))
+            krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
+                          col_off=opts.vocab_start + v0, merge=v0 > 0)
+        krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target)
+
     def _compact_grads(self, t: Tensors, rows: slice, lse, g, kscale, scale, opts: Options, out: Grads) -> None:
-        """Per vocabulary chunk: z again, dz, dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
+        """Per vocabulary chunk: dz (again), dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
         st, want_dw = out.extra
         h, w = t.hidden[rows], t.weight
         n, v = h.shape[0], w.shape[0]
+        gemm = self.path_reason(t, opts) is None
         mask = (out.dh is not None, want_dw, out.db is not None)
-        cols = plan_vocab_chunk(n, v, h.shape[1], h.element_size(), mask, opts.tile_bytes)
+        cols = self._compact_cols(t, n, mask, opts, gemm)
         if want_dw and out.dw is None:
             out.dw = torch.empty(w.shape, device=w.device, dtype=w.dtype)
         if out.dh is not None:
             out.dh[rows].zero_()
-        buf = torch.empty(n * min(cols, v), device=h.device, dtype=torch.float32)
+        if gemm:
+            buf = torch.empty(n * _pad(min(cols, v), 64), device=h.device, dtype=h.dtype)
+        else:
+            buf = torch.empty(n * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
+        post = st.post_scale and scale is not None
         for v0 in range(0, v, cols):
             v1 = min(v0 + cols, v)
-            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
-            _mm32(h, w[v0:v1].t(), z)
-            dz = _dz_view(z, h.dtype)
-            _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse, v0=v0, v1=v1)
+            if gemm:
+                vp = _pad(v1 - v0, 64)
+                dz = buf[: n * vp].view(n, vp)[:, : v1 - v0]
+                self._dz_gemm(t, h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, rows, lse, g, kscale,
+                              opts, v0)
+            else:
+                vp = _pad(v1 - v0, 32)
+                z = buf[: n * vp].view(n, vp)[:, : v1 - v0]
+                _logits32(h, w[v0:v1], z)
+                dz = _dz_view(z, h.dtype)
+                _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse, v0=v0, v1=v1)
             if want_dw:
-                if st.post_scale and scale is not None:
-                    out.dw[v0:v1] = (_mm32(dz.t(), h) * scale).to(w.dtype)
+                if post:
+                    tmp = torch.empty(v1 - v0, h.shape[1], device=h.device, dtype=torch.float32)
+                    _dw_into(dz, h, tmp, accumulate=False)
+                    krows.scale_cast(tmp, w.dtype, scale.to(torch.float32).reshape(()), out=out.dw[v0:v1])
+                    del tmp
                 else:
-                    _mm_into(dz.t(), h, out.dw[v0:v1])
+                    _dw_into(dz, h, out.dw[v0:v1], accumulate=False)
             if out.dh is not None:
-                _mm_acc(out.dh[rows], dz, w[v0:v1])
+                _dx_into(dz, w[v0:v1], out.dh[rows], accumulate=True)
             if out.db is not None:
                 out.db[v0:v1] += dz.sum(dim=0, dtype=torch.float32)
 

@@ -1,0 +1,230 @@
+"""The logits GEMM with the cross-entropy work in its epilogue.
+
+``z = h @ W.T (+ bias)`` for a block of tokens, tile by tile (BM tokens x BN vocabulary columns, the full hidden
+size reduced in float32 on the tensor cores), then, on the float32 accumulator, one of three epilogues:
+
+* ``EXP``: per row of the tile its max ``m_t``, ``s_t = sum exp(z - m_t)``, first argmax (and ``sum z`` with label
+  smoothing) into small per-tile arrays, and ``exp(z - m_t)`` stored in the input dtype. The gradient
+  ``dz = a exp(z - lse) - ...`` is then ``a exp(m_t - lse) * e`` (``rows.dz_from_exp``): every stored value lies in
+  [0, 1] and carries one rounding of relative size 2^-9 (bf16), where a bf16 logit would carry one of size
+  2^-9 * |z| into the exponent. The statistics come from the unrounded float32 accumulator.
+* ``STATS``: the statistics only, nothing stored (the compact schedule's first pass).
+* ``DZ``: the lse is known (recompute / compact second pass): ``dz`` itself is stored.
+
+Tile order: groups of GROUP_M row tiles sweep the vocabulary, so a group's hidden rows stay in L2 while each weight
+tile is read from memory once per group. With ``PERSISTENT`` a fixed grid of programs walks the tiles (the next
+tile's loads can start during the epilogue).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+MODE_EXP, MODE_STATS, MODE_DZ = 0, 1, 2
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    bm: int = 128
+    bn: int = 256
+    bk: int = 64
+    stages: int = 3
+    warps: int = 8
+    group_m: int = 8
+    subtile: int = 2  # the output tile is stored in this many column pieces (less shared memory for the store)
+    persistent: int = 1  # programs per SM of a persistent grid; 0: one program per tile
+
+    @staticmethod
+    def parse(text: str) -> "GemmConfig":
+        """``"bm,bn,bk,stages,warps,group_m,subtile,persistent"`` (a prefix is enough)."""
+        vals = [int(x) for x in text.split(",") if x.strip()]
+        return GemmConfig(*vals)
+
+
+def default_config(d: int) -> GemmConfig:
+    """The tile configuration (measured on the H200, benchmarks/NOTES-gpu.md: of ten configurations the persistent
+    128x256x64 grid, one program per SM, 3 stages, 8 warps, was fastest at D = 4096 and 2048 and for an odd V);
+    FUSED_LCE_GEMM_CONFIG overrides."""
+    env = os.environ.get("FUSED_LCE_GEMM_CONFIG", "").strip()
+    if env:
+        return GemmConfig.parse(env)
+    return GemmConfig()
+
+
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    gsz = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % gsz
+    pid_n = (tile % per_group) // gsz
+    return pid_m, pid_n
+
+
+@triton.jit
+def _one_tile(
+    tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, y_ptr, label_off,
+    lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(V, BN)
+    pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kk in range(tl.cdiv(D, BK)):
+        a = h_desc.load([off_m, kk * BK])
+        b = w_desc.load([off_n, kk * BK])
+        if UPCAST:  # interpreter only: its tl.dot mishandles bf16 operands (Triton 3.9)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b.T, acc)
+
+    rows = off_m + tl.arange(0, BM)
+    rmask = rows < M
+    cols = off_n + tl.arange(0, BN)
+    cmask = cols < V
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    z = tl.where(cmask[None, :], acc, float("-inf"))
+    if MODE == 2:  # DZ: the gradient of this tile, the row lse known
+        lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+        g = tl.load(g_ptr + rows, mask=rmask, other=0.0)
+        if HAS_SCALE:
+            g = g * tl.load(scale_ptr)
+        coef = g
+        if ZLOSS:
+            coef = g * (1.0 + 2.0 * zloss * lse)
+        yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
+        out = coef[:, None] * tl.exp2((z - lse[:, None]) * 1.4426950408889634)
+        if SMOOTH:
+            out = out - (g * eps / vocab_total)[:, None]
+        out = tl.where(cols[None, :] == yl[:, None], out - (g * (1.0 - eps))[:, None], out)
+        out = tl.where((g == 0.0)[:, None], 0.0, out)  # ignored rows: exact zeros whatever the logits
+    else:
+        m_t = tl.max(z, axis=1)
+        ref = tl.where(m_t == float("-inf"), 0.0, m_t)
+        out = tl.exp2((z - ref[:, None]) * 1.4426950408889634)
+        s_t = tl.sum(out, axis=1)
+        am = tl.argmax(z, axis=1, tie_break_left=True).to(tl.int32) + off_n
+        t_off = rows.to(tl.int64) * stride_t + pid_n
+        tl.store(tm_ptr + t_off, m_t, mask=rmask)
+        tl.store(ts_ptr + t_off, s_t, mask=rmask)
+        tl.store(ta_ptr + t_off, am, mask=rmask)
+        if SMOOTH:
+            tl.store(tz_ptr + t_off, tl.sum(tl.where(cmask[None, :], acc, 0.0), axis=1), mask=rmask)
+    if MODE != 1:
+        out_ty = tl.bfloat16 if OUT_BF16 else tl.float16
+        if SUBTILE == 2:
+            halves = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))
+            o0, o1 = tl.split(halves)
+            o_desc.store([off_m, off_n], o0.to(out_ty))
+            o_desc.store([off_m, off_n + BN // 2], o1.to(out_ty))
+        else:
+            o_desc.store([off_m, off_n], out.to(out_ty))
+
+
+# sizes, strides and label offsets vary per chunk and shard: one compiled kernel for all of them
+@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off", "zloss", "eps", "vocab_total"])
+def _lce_gemm_kernel(
+    h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
+    M, V, D,
+    b_ptr,  # bias [V] (HAS_BIAS)
+    tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t,  # per-tile max / sum-exp / argmax (int32) / sum z: [M, tiles]
+    y_ptr, label_off,  # DZ: labels (global ids) and this weight's first id
+    lse_ptr, g_ptr, scale_ptr,  # DZ: row lse, token weight, 0-dim scale (HAS_SCALE)
+    zloss, eps, vocab_total,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
+    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+):
+    if NUM_PROGS == 0:  # one tile per program
+        _one_tile(tl.program_id(0), h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
+                  stride_t, y_ptr, label_off, lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
+                  MODE, HAS_BIAS, SMOOTH, ZLOSS, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+    else:  # persistent: a fixed grid walks the tiles
+        num_tiles = tl.cdiv(M, BM) * tl.cdiv(V, BN)
+        for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN):
+            _one_tile(tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
+                      stride_t, y_ptr, label_off, lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
+                      MODE, HAS_BIAS, SMOOTH, ZLOSS, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+
+
+def num_tiles_n(v: int, cfg: GemmConfig) -> int:
+    return triton.cdiv(max(v, 1), cfg.bn)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@dataclass
+class TileStats:
+    """Per (row, vocabulary tile) statistics written by the EXP / STATS epilogues: ``[rows, tiles]`` arrays."""
+
+    m: torch.Tensor
+    s: torch.Tensor
+    am: torch.Tensor  # int32 column of this weight (shard-local)
+    zs: Optional[torch.Tensor]
+
+    @staticmethod
+    def new(rows: int, tiles: int, device, smooth: bool) -> "TileStats":
+        f = lambda dt=torch.float32: torch.empty(rows, tiles, device=device, dtype=dt)  # noqa: E731
+        return TileStats(f(), f(), f(torch.int32), f() if smooth else None)
+
+    def rows(self, n: int) -> "TileStats":
+        return TileStats(self.m[:n], self.s[:n], self.am[:n], None if self.zs is None else self.zs[:n])
+
+
+def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
+             bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
+             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, g=None, scale=None,
+             zloss: float = 0.0, eps: float = 0.0, vocab_total: int = 1) -> None:
+    """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T``. ``out``: an ``[M, V]`` view with unit column
+    stride and a 16-byte aligned row stride (EXP / DZ), in the input dtype. ``tiles``: ``[M, >= tiles]`` arrays
+    (EXP / STATS)."""
+    m, d = h.shape
+    v = w.shape[0]
+    if m == 0 or v == 0:
+        return
+    bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
+    h_desc = TensorDescriptor(h, [m, d], [h.stride(0), 1], [bm, bk])
+    w_desc = TensorDescriptor(w, [v, d], [w.stride(0), 1], [bn, bk])
+    if mode == MODE_STATS:
+        o_desc = h_desc  # never used: the STATS epilogue stores no tile
+    else:
+        o_desc = TensorDescriptor(out, [m, v], [out.stride(0), 1], [bm, bn // cfg.subtile])
+    num_tiles = triton.cdiv(m, bm) * triton.cdiv(v, bn)
+    # persistent: a grid fixed per device (one compiled kernel); else one program per tile
+    nprog = cfg.persistent * _sm_count(h.device) if cfg.persistent else 0
+    dummy = h
+    tm = tiles.m if tiles is not None else dummy
+    _lce_gemm_kernel[(nprog or num_tiles,)](
+        h_desc, w_desc, o_desc, m, v, d,
+        bias if bias is not None else dummy,
+        tm, tiles.s if tiles is not None else dummy, tiles.am if tiles is not None else dummy,
+        tiles.zs if tiles is not None and tiles.zs is not None else dummy,
+        tiles.m.stride(0) if tiles is not None else 0,
+        labels if labels is not None else dummy, int(label_off),
+        lse if lse is not None else dummy, g if g is not None else dummy, scale if scale is not None else dummy,
+        float(zloss), float(eps), int(vocab_total),
+        MODE=mode, HAS_BIAS=bias is not None, SMOOTH=bool(smooth), ZLOSS=bool(zloss),
+        HAS_SCALE=scale is not None, OUT_BF16=h.dtype == torch.bfloat16,
+        BM=bm, BN=bn, BK=bk, GROUP_M=cfg.group_m, SUBTILE=cfg.subtile, NUM_PROGS=nprog,
+        FLATTEN=bool(cfg.persistent), UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16,
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )

@@ -1,0 +1,214 @@
+"""Small kernels around the logits GEMM: tile statistics -> row statistics, exp tiles -> dz, the label's logit,
+fused scale + cast, and the in-place upstream scale that costs nothing when the upstream gradient is 1."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm import TileStats
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+@triton.jit(do_not_specialize=["stride_t", "ntiles", "col_off"])
+def _combine_kernel(
+    tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, ntiles,
+    m_ptr, s_ptr, zs_ptr, am_ptr, lse_ptr, col_off,
+    MERGE: tl.constexpr, SMOOTH: tl.constexpr, WRITE_LSE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * stride_t
+    offs = tl.arange(0, BLOCK_T)
+    m_v = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for t0 in range(0, ntiles, BLOCK_T):
+        msk = t0 + offs < ntiles
+        m_v = tl.maximum(m_v, tl.load(tm_ptr + base + t0 + offs, mask=msk, other=float("-inf")))
+    m = tl.max(m_v, axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    s_v = tl.zeros([BLOCK_T], tl.float32)
+    z_v = tl.zeros([BLOCK_T], tl.float32)
+    a_v = tl.full([BLOCK_T], 2147483647, tl.int32)
+    for t0 in range(0, ntiles, BLOCK_T):
+        msk = t0 + offs < ntiles
+        mt = tl.load(tm_ptr + base + t0 + offs, mask=msk, other=float("-inf"))
+        st = tl.load(ts_ptr + base + t0 + offs, mask=msk, other=0.0)
+        # exp(-inf - ref) = 0 for empty tiles; a NaN in st (a NaN logit) poisons the sum
+        s_v += tl.where(mt == float("-inf"), tl.where(st != st, st, 0.0), st * tl.exp(mt - ref))
+        a_v = tl.minimum(a_v, tl.where(msk & (mt == m), tl.load(ta_ptr + base + t0 + offs, mask=msk, other=0),
+                                       2147483647))
+        if SMOOTH:
+            z_v += tl.load(tz_ptr + base + t0 + offs, mask=msk, other=0.0)
+    s = tl.sum(s_v, axis=0)
+    am = tl.min(a_v, axis=0)
+    am = tl.where(am == 2147483647, 0, am).to(tl.int64) + col_off  # global id
+    zs = tl.sum(z_v, axis=0)
+    if MERGE:  # fold into the statistics of the vocabulary chunks to the left (lower ids win argmax ties)
+        m0 = tl.load(m_ptr + row)
+        s0 = tl.load(s_ptr + row)
+        new_m = tl.maximum(m0, m)
+        r2 = tl.where(new_m == float("-inf"), 0.0, new_m)
+        s = s0 * tl.exp(m0 - r2) + s * tl.exp(m - r2)
+        am = tl.where(m > m0, am, tl.load(am_ptr + row))
+        m = new_m
+        zs += tl.load(zs_ptr + row)
+    tl.store(m_ptr + row, m)
+    tl.store(s_ptr + row, s)
+    tl.store(zs_ptr + row, zs)
+    tl.store(am_ptr + row, am)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, m + tl.log(s))
+
+
+def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge: bool = False,
+            lse: Optional[torch.Tensor] = None) -> None:
+    """Row statistics from tile statistics (``ntiles`` columns of the tile arrays), optionally merged into
+    ``m, s, zs, am``; the lse too when ``lse`` is given (one device: the row's statistics are global)."""
+    rows = m.shape[0]
+    if rows == 0:
+        return
+    _combine_kernel[(rows,)](
+        tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m, tiles.m.stride(0), ntiles,
+        m, s, zs, am, lse if lse is not None else m, int(col_off),
+        MERGE=bool(merge), SMOOTH=tiles.zs is not None, WRITE_LSE=lse is not None,
+        BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))), num_warps=1 if ntiles <= 64 else 4,
+    )
+
+
+@triton.jit(do_not_specialize=["label_off", "V"])
+def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, label_off, V, D,
+                   HAS_BIAS: tl.constexpr, BD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    yl = tl.load(y_ptr + row).to(tl.int64) - label_off
+    inside = (yl >= 0) & (yl < V)
+    ys = tl.where(inside, yl, 0)
+    offs = tl.arange(0, BD)
+    acc = tl.zeros([BD], tl.float32)
+    for k0 in range(0, D, BD):
+        msk = k0 + offs < D
+        hv = tl.load(h_ptr + row * stride_h + k0 + offs, mask=msk, other=0.0).to(tl.float32)
+        wv = tl.load(w_ptr + ys * stride_w + k0 + offs, mask=msk, other=0.0).to(tl.float32)
+        acc += hv * wv
+    z = tl.sum(acc, axis=0)
+    if HAS_BIAS:
+        z += tl.load(b_ptr + ys, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row, tl.where(inside, z, 0.0))
+
+
+def target_logit(h, w, bias, labels, label_off: int, out) -> None:
+    """out[i] = h[i] . w[label_i - label_off] (+ bias) in float32 where the label is a row of ``w``, else 0."""
+    n, d = h.shape
+    if n == 0:
+        return
+    _target_kernel[(n,)](h, w, bias if bias is not None else h, labels, out, h.stride(0), w.stride(0),
+                         int(label_off), w.shape[0], d, HAS_BIAS=bias is not None,
+                         BD=min(1024, triton.next_power_of_2(max(d, 16))), num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------- gradient
+# ``ld`` (a multiple of 64) stays specialized: with it Triton proves 16-byte alignment and vectorizes the row
+# accesses; columns are masked against ``ld``, not V, for the same reason (the padding columns are scratch)
+@triton.jit(do_not_specialize=["stride_t", "label_off", "M", "zloss", "eps", "vocab_total"])
+def _dz_from_exp_kernel(
+    e_ptr, ld, tm_ptr, stride_t, lse_ptr, g_ptr, scale_ptr, y_ptr, label_off, M,
+    zloss, eps, vocab_total,
+    HAS_SCALE: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, TILE_N: tl.constexpr,
+    BR: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    t = tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    m_t = tl.load(tm_ptr + rows64 * stride_t + t, mask=rmask, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+    g = tl.load(g_ptr + rows, mask=rmask, other=0.0)
+    if HAS_SCALE:
+        g = g * tl.load(scale_ptr)
+    coef = g
+    if ZLOSS:
+        coef = g * (1.0 + 2.0 * zloss * lse)
+    ref = tl.where(m_t == float("-inf"), 0.0, m_t)
+    c = coef * tl.exp(ref - lse)  # the tile's exp values were taken relative to its max
+    tgt = g * (1.0 - eps)
+    u = g * eps / vocab_total
+    yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
+    keep = g != 0.0
+    cols = t * TILE_N + tl.arange(0, TILE_N)
+    msk = rmask[:, None] & (cols < ld)[None, :]
+    ptr = e_ptr + rows64[:, None] * ld + cols[None, :]
+    e = tl.load(ptr, mask=msk, other=0.0).to(tl.float32)
+    d = c[:, None] * e
+    if SMOOTH:
+        d = d - u[:, None]
+    d = tl.where(cols[None, :] == yl[:, None], d - tgt[:, None], d)
+    d = tl.where(keep[:, None], d, 0.0)
+    tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
+
+
+def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, g, scale, labels, label_off: int, *,
+                zloss: float, eps: float, vocab_total: int) -> None:
+    """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of 64
+    elements; the padding columns are overwritten): ``dz = g (1 + 2 zloss lse) exp(m_t - lse) e - g (1 - eps)
+    [col == label] - g eps / V_total``; 0 on rows with g == 0; ``scale`` (0-dim) multiplies g."""
+    m, v = e.shape
+    if m == 0 or v == 0:
+        return
+    ld = e.stride(0)
+    assert ld % 64 == 0 and e.stride(1) == 1, "dz_from_exp wants rows padded to 64 elements"
+    br = 16
+    _dz_from_exp_kernel[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
+        e, ld, tile_m, tile_m.stride(0), lse, g, scale if scale is not None else g, labels,
+        int(label_off), m, float(zloss), float(eps), int(vocab_total),
+        HAS_SCALE=scale is not None, SMOOTH=bool(eps), ZLOSS=bool(zloss), TILE_N=tile_n, BR=br, num_warps=4,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- scaling
+@triton.jit  # n stays specialized: its divisibility lets the masked accesses vectorize
+def _scale_cast_kernel(src_ptr, dst_ptr, n, scale_ptr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    msk = offs < n
+    x = tl.load(src_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        x = x * tl.load(scale_ptr)
+    tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=msk)
+
+
+def scale_cast(src: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor],
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(src * scale).to(dtype)`` in one pass (contiguous ``src`` and ``out``; ``scale`` a 0-dim float32 tensor
+    or None), into ``out`` when given."""
+    if src.dtype == dtype and scale is None and out is None:
+        return src
+    dst = torch.empty(src.shape, device=src.device, dtype=dtype) if out is None else out
+    n = src.numel()
+    if n:
+        block = 4096
+        _scale_cast_kernel[(triton.cdiv(n, block),)](src, dst, n, scale if scale is not None else src,
+                                                     HAS_SCALE=scale is not None, BLOCK=block, num_warps=8)
+    return dst
+
+
+@triton.jit
+def _scale_unless_one_kernel(x_ptr, n, g_ptr, BLOCK: tl.constexpr, NPROG: tl.constexpr):
+    g = tl.load(g_ptr).to(tl.float32)
+    if g != 1.0:  # the usual upstream gradient is exactly 1: then no byte of x is read or written
+        for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, NPROG * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            msk = offs < n
+            x = tl.load(x_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+            tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=msk)
+
+
+def scale_unless_one_(tensors: Sequence[torch.Tensor], g: torch.Tensor) -> None:
+    """In place ``x *= g`` for each contiguous tensor (``g`` a 0-dim float32 tensor on the same device), reading
+    ``g`` on the device: a few microseconds when ``g == 1``, one pass otherwise. No host synchronisation."""
+    block, nprog = 4096, 1024
+    for x in tensors:
+        n = x.numel()
+        if n:
+            _scale_unless_one_kernel[(min(nprog, triton.cdiv(n, block)),)](x, n, g, BLOCK=block, NPROG=nprog,
+                                                                           num_warps=8)
