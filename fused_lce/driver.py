@@ -98,7 +98,8 @@ def _blocks(provider: Provider, p: Problem, keep: bool, agree: bool = True):
     nb = provider.token_block(p, keep)
     if agree:
         nb = distributed.agree_token_blocks(nb, p.n, p.opts.group_name)
-    return [slice(i, min(i + nb, p.n)) for i in range(0, p.n, max(nb, 1))]
+    # at least one (possibly empty) block: a provider fills its gradient buffers even for N == 0
+    return [slice(i, min(i + nb, p.n)) for i in range(0, max(p.n, 1), max(nb, 1))]
 
 
 def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch.Tensor],

@@ -148,8 +148,12 @@ def test_all_ignored_and_empty(bd, n, seed):
         for t in (hh, ww, bb):
             assert t.grad is not None and not t.grad.isnan().any() and (t.grad == 0).all()
         assert out.n_valid.item() == 0 and out.token_accuracy.item() == 0.0
-    none = fused_lce.linear_cross_entropy(h, w, y, b, reduction="none", backend=backend)
+    hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
+    none = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction="none", backend=backend)
     assert none.shape == (n,) and (none == 0).all()
+    grads = torch.autograd.grad(none, (hh, ww, bb), torch.rand_like(none))  # the recompute path, also for N == 0
+    for t, g in zip((hh, ww, bb), grads):
+        assert g.shape == t.shape and (g == 0).all()
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
