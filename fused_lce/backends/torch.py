@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .base import Grads, Options, Problem, Provider, Stats, Tensors
+from .base import Coefs, Grads, Options, Problem, Provider, Stats, Tensors
 
 DEFAULT_TILE_MB = {"cpu": 256, "cuda": 1024}
 MIN_BLOCK_TOKENS = 8
@@ -83,12 +83,15 @@ class _Tiles:
         if self.opts.softcap:
             c = self.opts.softcap
             z = torch.tanh(z.div_(c)).mul_(c)
+        if self.opts.temperature != 1.0:  # after the softcap (the order of TRL / verl)
+            z = z.div_(self.opts.temperature)
         return z
 
 
 class TorchProvider(Provider):
     name = "torch"
     device_types = None  # any torch device
+    supports_logprobs = True
 
     def token_block(self, p: Problem, keep: bool) -> int:
         budget = p.opts.tile_bytes or default_tile_bytes(p.device)
@@ -105,6 +108,7 @@ class TorchProvider(Provider):
         zt = torch.zeros(nb, device=dev)
         zs = torch.zeros(nb, device=dev)
         amax = torch.zeros(nb, dtype=torch.long, device=dev)
+        ez = torch.zeros(nb, device=dev) if opts.entropy else None
         yl = t.labels[rows].long() - opts.vocab_start  # label as an index into this shard (may be outside it)
         kept = []
         for v0 in range(0, tl.v, tl.vb):
@@ -115,7 +119,16 @@ class TorchProvider(Provider):
             # rows whose max is still -inf (every logit so far -inf, e.g. a masked bias) add nothing: subtracting
             # -inf would give exp(nan)
             ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
-            s = s * torch.exp(m - ref) + torch.exp(z - ref[:, None]).sum(dim=1)
+            if ez is not None:  # sum e (z - ref), moved from the old max to ref like s
+                zr = (z - ref[:, None]).clamp_(min=-200.0)  # exp underflows to 0 there: -inf logits add 0, not NaN
+                e = torch.exp(zr)
+                old = torch.exp(m - ref)
+                shift = torch.where(m == -math.inf, torch.zeros_like(m), m - ref)
+                ez = old * (ez + shift * s) + (e * zr).sum(dim=1)
+                s = s * old + e.sum(dim=1)
+                del zr, e
+            else:
+                s = s * torch.exp(m - ref) + torch.exp(z - ref[:, None]).sum(dim=1)
             amax = torch.where(tmax > m, targ + (v0 + opts.vocab_start), amax)  # strict: the first argmax wins
             m = new_m
             hit = (yl >= v0) & (yl < v1)
@@ -125,15 +138,14 @@ class TorchProvider(Provider):
                 zs += z.sum(dim=1)
             if keep and tl.keep:
                 kept.append(z)
-        return Stats(m, s, zt, zs, amax), (kept if keep and tl.keep else None)
+        return Stats(m, s, zt, zs, amax, ez), (kept if keep and tl.keep else None)
 
-    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         tl = _Tiles(t, opts, False)
         h = tl.operand(t.hidden[rows])
-        eps = opts.label_smoothing
-        a = g * (1.0 + 2.0 * opts.z_loss * lse)  # coefficient of softmax
-        tgt = g * (1.0 - eps)  # coefficient of the one-hot target
-        u = g * (eps / opts.vocab(tl.v))  # coefficient of the uniform smoothing target
+        a, tgt, b, u = coef.a, coef.t, coef.b, coef.u  # of softmax, the one-hot target, softmax * z, uniform
+        temp = opts.temperature
         yl = t.labels[rows].long() - opts.vocab_start
         idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block
@@ -141,13 +153,15 @@ class TorchProvider(Provider):
         for k, v0 in enumerate(range(0, tl.v, vb)):
             v1 = min(v0 + vb, tl.v)
             wt = tl.operand(t.weight[v0:v1])
-            z = cache[k] if cache else tl.logits(h, v0, v1, wt)
+            z = cache[k] if cache else tl.logits(h, v0, v1, wt)  # after softcap and temperature
             cap = None
-            if opts.softcap:
-                cap = 1.0 - (z / opts.softcap) ** 2  # d softcap(x) / dx expressed in the capped value
+            if opts.softcap:  # d softcap(x) / dx expressed in the capped value (z * temperature)
+                cap = 1.0 - ((z / opts.softcap) if temp == 1.0 else z * (temp / opts.softcap)) ** 2
+            w = None if b is None else torch.addcmul(a[:, None], b[:, None], z)  # a + b z (entropy)
             dz = z.sub_(lse[:, None]).exp_()  # z is this function's own tile (kept or recomputed)
-            dz.mul_(a[:, None])
-            if eps:
+            dz.mul_(a[:, None] if w is None else w)
+            del w
+            if u is not None:
                 dz.sub_(u[:, None])
             hit = (yl >= v0) & (yl < v1)
             idx = (yl - v0).clamp(0, v1 - v0 - 1)  # no host sync: rows whose label is elsewhere subtract 0
