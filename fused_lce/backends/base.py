@@ -253,10 +253,16 @@ class WholeRowsProvider(Provider):
         out.db = db if m[2] and t.bias is not None else None
 
     def finish(self, t: Tensors, out: Grads, scale):
-        def cast(x, like, keep32=False):
-            return None if x is None or like is None else x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
+        def cast(x, like, wanted, keep32=False):
+            if like is None or not wanted:
+                return None
+            if x is None:  # no block ran (no tokens): zero gradients
+                return torch.zeros(like.shape, device=like.device, dtype=torch.float32 if keep32 else like.dtype)
+            return x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
 
-        return cast(out.dh, t.hidden, out.fp32_dh), cast(out.dw, t.weight), cast(out.db, t.bias)
+        m = out.extra
+        return (cast(out.dh, t.hidden, m[0], out.fp32_dh), cast(out.dw, t.weight, m[1]),
+                cast(out.db, t.bias, m[2]))
 
 
 __all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "LOGPROB_FIELDS", "op_fields", "options_schema",

@@ -157,7 +157,9 @@ class TorchProvider(Provider):
             cap = None
             if opts.softcap:  # d softcap(x) / dx expressed in the capped value (z * temperature)
                 cap = 1.0 - ((z / opts.softcap) if temp == 1.0 else z * (temp / opts.softcap)) ** 2
-            w = None if b is None else torch.addcmul(a[:, None], b[:, None], z)  # a + b z (entropy)
+            w = None
+            if b is not None:  # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
+                w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
             dz = z.sub_(lse[:, None]).exp_()  # z is this function's own tile (kept or recomputed)
             dz.mul_(a[:, None] if w is None else w)
             del w
