@@ -72,6 +72,12 @@ def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int
     return per, lse, valid & (st.argmax == labels.long())
 
 
+def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """``x`` where the label is valid, 0 where it is ignored, NaN where it is out of range."""
+    x = torch.where(valid, x, torch.zeros_like(x))
+    return torch.where(bad, torch.full_like(x, math.nan), x)
+
+
 def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) -> Coefs:
     """Coefficients of the loss gradient, ``dz = g (1 + 2 z_loss lse) p - g (1 - eps) onehot - g eps / V``."""
     eps = opts.label_smoothing
@@ -89,8 +95,7 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
 
     divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
     out of range, as the token weights of the loss."""
-    zero = torch.zeros(valid.shape, device=valid.device, dtype=torch.float32)
-    wl = zero if w_lp is None else w_lp.to(torch.float32)
+    wl = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32)
     a, t = -wl, -wl
     b = None
     if w_ent is not None:
@@ -98,12 +103,8 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
         a = a + we * zmean
         b = -we
     inv_t = 1.0 / temperature
-
-    def per_token(x):
-        x = torch.where(valid, x * inv_t if inv_t != 1.0 else x, zero)
-        return torch.where(bad, torch.full_like(x, math.nan), x)
-
-    return Coefs(a=per_token(a), t=per_token(t), b=None if b is None else per_token(b))
+    coef = lambda x: per_token(x * inv_t if inv_t != 1.0 else x, valid, bad)  # noqa: E731
+    return Coefs(a=coef(a), t=coef(t), b=None if b is None else coef(b))
 
 
 def grads(provider: Provider, t: Tensors, rows: slice, lse: torch.Tensor, g: torch.Tensor, scale, opts: Options,
@@ -244,17 +245,12 @@ def logprobs_forward(hidden, weight, labels, bias, opts: Options):
     provider = registry.resolve(opts.backend, Problem.of(t, opts, op="logprobs"))
     st, _ = run_forward(provider, t, opts, None, None, (False, False, False))
     valid, bad = label_classes(labels, opts, weight.shape[0])
-
-    def per_token(x):
-        x = torch.where(valid, x, torch.zeros_like(x))
-        return torch.where(bad, torch.full_like(x, math.nan), x)
-
     lse = lse_of(st.m, st.s)
-    logprob = per_token(st.target - lse)
+    logprob = per_token(st.target - lse, valid, bad)
     if not opts.entropy:
         return logprob, None, lse, None
     q = st.ez / st.s  # E_p[z] - m
-    return logprob, per_token(torch.log(st.s) - q), lse, st.m + q
+    return logprob, per_token(torch.log(st.s) - q, valid, bad), lse, st.m + q
 
 
 def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean, opts: Options,
