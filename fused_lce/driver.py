@@ -18,7 +18,7 @@ weights (``token_weights``: 0 ignored, NaN bad label) and the per-token coeffici
 
 ``logprobs_forward`` / ``logprobs_backward`` are the kernels of ``torch.ops.fused_lce.logprobs`` /
 ``logprobs_backward`` (``fused_lce.logprobs``): the same blocks, statistics and combine (with the entropy
-statistic ``Stats.ez`` when asked), per-token log-probs and entropy from them, and gradients always recomputed
+statistic ``EntropyStats.ez`` when asked), per-token log-probs and entropy from them, and gradients always recomputed
 from the saved per-token ``lse`` and ``E_p[z]``.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .backends.base import Coefs, Options, Problem, Provider, Stats, Tensors
+from .backends.base import Coefs, EntropyStats, Options, Problem, Provider, Stats, Tensors
 
 
 # ------------------------------------------------------------------------------------------------ the formula
@@ -136,16 +136,17 @@ def normalise_mask(grad_mask, bias) -> tuple[bool, bool, bool]:
 
 
 # ------------------------------------------------------------------------------------------------ the passes
-def _stat_buffers(n: int, device, entropy: bool = False) -> Stats:
+def _stat_buffers(n: int, device, entropy: bool = False):
     f = lambda: torch.empty(n, device=device, dtype=torch.float32)  # noqa: E731
-    return Stats(f(), f(), f(), f(), torch.empty(n, device=device, dtype=torch.int64), f() if entropy else None)
+    st = Stats(f(), f(), f(), f(), torch.empty(n, device=device, dtype=torch.int64))
+    return EntropyStats(*st, f()) if entropy else st
 
 
-def combine(st: Stats, group_name: str) -> Stats:
+def combine(st, group_name: str):
     """Global statistics over the vocab-parallel group (one all-gather; the entropy statistic rides along)."""
-    if st.ez is None:
-        return Stats(*distributed.combine_stats(*st[:5], group_name))
-    return Stats(*distributed.combine_stats(*st[:5], group_name, ez=st.ez))
+    if not isinstance(st, EntropyStats):
+        return Stats(*distributed.combine_stats(*st, group_name))
+    return EntropyStats(*distributed.combine_stats(*st[:5], group_name, ez=st.ez))
 
 
 def _blocks(provider: Provider, p: Problem, keep: bool, agree: bool = True):
@@ -174,8 +175,7 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = combine(st, opts.group_name)
         for buf, val in zip(st_all, st):
-            if buf is not None:
-                buf[rows] = val
+            buf[rows] = val
         if want:
             grads(provider, t, rows, lse_of(st.m, st.s), g[rows], scale, opts, out, cache)
         del cache

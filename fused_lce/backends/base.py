@@ -57,7 +57,7 @@ class Options:
     tile_bytes: int = 0  # bytes of logits tiles a provider may keep live; 0: the provider's default
     # linear_logprobs only (the loss ops always run with the defaults):
     temperature: float = dataclasses.field(default=1.0, metadata=_LOGPROBS_ONLY)  # z = softcap(logits) / T
-    entropy: bool = dataclasses.field(default=False, metadata=_LOGPROBS_ONLY)  # stats must return Stats.ez
+    entropy: bool = dataclasses.field(default=False, metadata=_LOGPROBS_ONLY)  # stats returns EntropyStats
 
     def vocab(self, v_local: int) -> int:
         return self.vocab_total or v_local
@@ -112,15 +112,26 @@ class Problem:
 
 class Stats(NamedTuple):
     """Per-token statistics over a vocabulary shard (float32, argmax int64 global ids), of ``z`` = the logits
-    after softcap and temperature. ``ez = sum exp(z - m) (z - m)`` only when ``opts.entropy`` (else None): with
-    it ``E_p[z] = m + ez / s`` and the entropy of ``p = softmax(z)`` is ``log s - ez / s``."""
+    after softcap and temperature."""
 
     m: torch.Tensor
     s: torch.Tensor
     target: torch.Tensor
     zsum: torch.Tensor
     argmax: torch.Tensor
-    ez: Optional[torch.Tensor] = None
+
+
+class EntropyStats(NamedTuple):
+    """What ``stats`` returns instead of ``Stats`` when ``opts.entropy``: the same fields and ``ez = sum exp(z - m)
+    (z - m)``; then ``E_p[z] = m + ez / s`` and the entropy of ``p = softmax(z)`` is ``log s - ez / s``. (A separate
+    type, so that code iterating over a ``Stats`` keeps seeing five fields.)"""
+
+    m: torch.Tensor
+    s: torch.Tensor
+    target: torch.Tensor
+    zsum: torch.Tensor
+    argmax: torch.Tensor
+    ez: torch.Tensor
 
 
 class Coefs(NamedTuple):
@@ -195,7 +206,7 @@ class Provider:
 
     #: True when the provider implements the log-prob contract (docs/providers.md, "Log-probs and entropy"):
     #: ``grads`` takes ``Coefs`` (for the loss too), ``stats`` honours ``opts.temperature`` and ``opts.entropy``
-    #: (``Stats.ez``). Otherwise ``supports`` declines every ``linear_logprobs`` problem (``auto`` falls back).
+    #: (returns ``EntropyStats``). Otherwise ``supports`` declines every ``linear_logprobs`` problem (``auto`` falls back).
     supports_logprobs: bool = False
 
     #: providers with a single-device one-pass kernel set this and implement ``fused``
@@ -266,4 +277,4 @@ class WholeRowsProvider(Provider):
 
 
 __all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "LOGPROB_FIELDS", "op_fields", "options_schema",
-           "Tensors", "Problem", "Stats", "Coefs", "Grads", "Provider"]
+           "Tensors", "Problem", "Stats", "EntropyStats", "Coefs", "Grads", "Provider"]

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .base import Coefs, Grads, Options, Stats, Tensors, WholeRowsProvider
+from .base import Coefs, EntropyStats, Grads, Options, Stats, Tensors, WholeRowsProvider
 
 _C = None
 _IMPORT_ERROR: Optional[str] = None
@@ -60,7 +60,7 @@ class CppProvider(WholeRowsProvider):
         *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.labels[rows], t.bias, opts.vocab_start,
                                                 opts.softcap, opts.label_smoothing != 0, opts.tile_bytes,
                                                 opts.temperature, opts.entropy)
-        return Stats(*r, ez if opts.entropy else None), None
+        return (EntropyStats(*r, ez) if opts.entropy else Stats(*r)), None
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
               cache=None) -> None:

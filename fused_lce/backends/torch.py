@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .base import Coefs, Grads, Options, Problem, Provider, Stats, Tensors
+from .base import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
 
 DEFAULT_TILE_MB = {"cpu": 256, "cuda": 1024}
 MIN_BLOCK_TOKENS = 8
@@ -138,7 +138,8 @@ class TorchProvider(Provider):
                 zs += z.sum(dim=1)
             if keep and tl.keep:
                 kept.append(z)
-        return Stats(m, s, zt, zs, amax, ez), (kept if keep and tl.keep else None)
+        st = Stats(m, s, zt, zs, amax) if ez is None else EntropyStats(m, s, zt, zs, amax, ez)
+        return st, (kept if keep and tl.keep else None)
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
               cache=None) -> None:
