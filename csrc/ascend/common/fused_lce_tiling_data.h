@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "kernel_tiling/kernel_tiling.h"
-// kernel sources define FUSED_LCE_HD as __aicore__ before including this header; host code leaves it empty
-#include "fused_lce_tiling.h"
+// kernel sources define FUSED_LCE_HD as __aicore__ before including this header; host code leaves it empty.
+#include "../../include/fused_lce_tiling.h"  // relative: opbuild compiles op_host with only the CANN includes
 
 struct FusedLceTilingData {
     fused_lce::tiling::Plan plan;
