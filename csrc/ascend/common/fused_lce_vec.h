@@ -115,7 +115,7 @@ __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& 
         const float tidxBits = pair.GetValue(2 * r + 1);
         const uint32_t tidx = *reinterpret_cast<const uint32_t*>(&tidxBits);  // index stored as float bits
         const float mOld = m.GetValue(r);
-        const float mNew = tmax > mOld ? tmax : mOld;
+        const float mNew = (tmax > mOld || tmax != tmax) ? tmax : mOld;  // a NaN maximum propagates
         if (tmax > mOld) {
             am.SetValue(r, c0 + static_cast<int32_t>(tidx));
         }

@@ -267,26 +267,33 @@ private:
     void read_rows(const GlobalTensor<T>& g, uint64_t row0, uint64_t rows, uint64_t stride, uint64_t col0,
                    uint64_t cols, std::vector<float>& out, const char* what, const char* api, const twin::Loc& loc) {
         twin::Core& c = *core_;
-        out.assign(rows * cols, 0.0f);
+        out.resize(rows * cols);
+        // one check per contiguous run of GM (the whole block when rows are back to back)
+        const bool contiguous = stride == cols || rows == 1;
         for (uint64_t r = 0; r < rows; ++r) {
-            const T* p = g.GetPhyAddr() + (row0 + r) * stride + col0;
-            const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-            try {
-                twin_ops::gm_side(c, g, ((row0 + r) * stride + col0) * sizeof(T), cols * sizeof(T), false, false,
-                                  twin::kS, api, loc);
-            } catch (const twin::Error& e) {
-                throw twin::Error(std::string(e.what()) + twin::format(" (cube reading %s row %llu, %llu elements)",
-                                                                       what, (unsigned long long)(row0 + r),
-                                                                       (unsigned long long)cols));
+            if (contiguous ? r == 0 : true) {
+                const uint64_t n = contiguous ? rows * cols : cols;
+                try {
+                    twin_ops::gm_side(c, g, ((row0 + r) * stride + col0) * sizeof(T), n * sizeof(T), false, false,
+                                      twin::kS, api, loc);
+                } catch (const twin::Error& e) {
+                    throw twin::Error(std::string(e.what()) +
+                                      twin::format(" (cube reading %s rows %llu..%llu, %llu elements each)", what,
+                                                   (unsigned long long)(row0 + r),
+                                                   (unsigned long long)(row0 + (contiguous ? rows : r + 1) - 1),
+                                                   (unsigned long long)cols));
+                }
             }
-            (void)a;
-            for (uint64_t k = 0; k < cols; ++k) out[r * cols + k] = static_cast<float>(p[k]);
+            const T* p = g.GetPhyAddr() + (row0 + r) * stride + col0;
+            float* o = &out[r * cols];
+            for (uint64_t k = 0; k < cols; ++k) o[k] = static_cast<float>(p[k]);
         }
     }
     void compute(const char* api, const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n(), K = single_k_;
         const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
-        std::vector<float> A, B;  // A as (mh, K), B as (K, nw)
+        std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw)
+        std::vector<float>& B = b_buf_;
         if (!trans_a_) {
             read_rows(a_, m0, mh, org_ka_, 0, K, A, "A", api, loc);
         } else {  // stored (K, M): row k holds A[:, k]
@@ -373,7 +380,7 @@ private:
     int org_m_ = 0, org_n_ = 0, org_ka_ = 0, org_kb_ = 0, org_kc_ = 0;
     bool first_ = true, done_ = false, has_tile_ = false;
     int idx_ = 0, mi_ = 0, ni_ = 0;
-    std::vector<float> tile_;
+    std::vector<float> tile_, a_buf_, b_buf_;
 };
 
 namespace twin_detail {

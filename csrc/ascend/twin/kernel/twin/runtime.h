@@ -153,7 +153,10 @@ inline std::vector<Site>& sites() {
     static std::vector<Site> s{{"(none)", "", 0}};
     return s;
 }
+inline uint16_t site_id(const char* api, const Loc& loc);
+inline bool hazards_on();
 inline uint16_t site_id(const char* api, const Loc& loc) {
+    if (!hazards_on()) return 0;  // only the hazard checkers remember call sites
     struct Key {
         const char* api;
         const char* file;
@@ -315,6 +318,7 @@ inline Runtime*& rt_ptr() {
     static Runtime* r = nullptr;
     return r;
 }
+inline bool hazards_on() { return rt_ptr() != nullptr && rt_ptr()->cfg.hazards; }
 inline Runtime& rt() {
     Runtime* r = rt_ptr();
     if (r == nullptr) throw Error("twin ERROR: AscendC API called outside a twin launch");
