@@ -17,6 +17,7 @@ __aicore__ inline GM_ADDR GetUserWorkspace(GM_ADDR workspace) {
 }
 }  // namespace AscendC
 using AscendC::GetSysWorkSpacePtr;
+using AscendC::GetTPipePtr;
 using AscendC::GetUserWorkspace;
 
 namespace twin {

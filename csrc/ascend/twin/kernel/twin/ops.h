@@ -739,6 +739,81 @@ __aicore__ inline void ReduceMin(const LocalTensor<T>& dst, const LocalTensor<T>
         }
     }
 }
+// Level 0 ("高维切分", mask continuous mode): repeatTime repeats of `mask` elements, srcRepStride 32-byte blocks
+// apart; the result covers every selected element (the index is the element's offset from src).
+namespace twin_ops {
+template <typename T, bool kMax>
+inline void reduce_extreme_l0(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                              const LocalTensor<T>& tmp, int32_t mask, int32_t repeatTime, int32_t srcRepStride,
+                              bool calIndex, const Loc& loc) {
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    const int32_t per_rep = 256 / sizeof(T), per_blk = 32 / sizeof(T);
+    if (mask < 1 || mask > per_rep || repeatTime < 1 || srcRepStride < 0)
+        twin::fail_at(loc, api, "mask %d / repeatTime %d / srcRepStride %d out of range", mask, repeatTime,
+                      srcRepStride);
+    const uint64_t span = static_cast<uint64_t>(repeatTime - 1) * srcRepStride * per_blk + mask;
+    const uint64_t need = reduce_maxmin_tmp<T>(static_cast<uint64_t>(repeatTime) * per_rep, calIndex);
+    check_ub(src, span, api, loc, "source");
+    check_ub(dst, calIndex ? 2 : 1, api, loc, "destination", static_cast<uint32_t>(sizeof(T) * (calIndex ? 2 : 1)));
+    check_ub(tmp, need, api, loc, "sharedTmpBuffer");
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    rd(c, src, span * sizeof(T), twin::kV, e, site, api, loc);
+    wr(c, tmp, need * sizeof(T), twin::kV, e, site, api, loc);
+    wr(c, dst, (calIndex ? 2 : 1) * sizeof(T), twin::kV, e, site, api, loc);
+    const T* sp = ptr(src);
+    float best = f(sp[0]);
+    uint32_t idx = 0;
+    for (int32_t r = 0; r < repeatTime; ++r)
+        for (int32_t l = 0; l < mask; ++l) {
+            const uint32_t k = static_cast<uint32_t>(r * srcRepStride * per_blk + l);
+            const float v = f(sp[k]);
+            if (kMax ? v > best : v < best) {
+                best = v;
+                idx = k;
+            }
+        }
+    T* d = ptr(dst);
+    std::memset(static_cast<void*>(ptr(tmp)), 0xff, need * sizeof(T));
+    d[0] = sp[idx];
+    if (calIndex) {
+        if (sizeof(T) == 2) {
+            const uint16_t b = static_cast<uint16_t>(idx);
+            std::memcpy(&d[1], &b, 2);
+        } else {
+            std::memcpy(&d[1], &idx, 4);
+        }
+    }
+}
+}  // namespace twin_ops
+template <typename T>
+__aicore__ inline void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                                 const LocalTensor<T>& sharedTmpBuffer, const int32_t mask, const int32_t repeatTime,
+                                 const int32_t srcRepStride, bool calIndex = 0, twin::Loc loc = {}) {
+    twin_ops::reduce_extreme_l0<T, true>("ReduceMax(level 0)", dst, src, sharedTmpBuffer, mask, repeatTime,
+                                          srcRepStride, calIndex, loc);
+}
+template <typename T>
+__aicore__ inline void ReduceMin(const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                                 const LocalTensor<T>& sharedTmpBuffer, const int32_t mask, const int32_t repeatTime,
+                                 const int32_t srcRepStride, bool calIndex = 0, twin::Loc loc = {}) {
+    twin_ops::reduce_extreme_l0<T, false>("ReduceMin(level 0)", dst, src, sharedTmpBuffer, mask, repeatTime,
+                                           srcRepStride, calIndex, loc);
+}
+template <typename T, bool isSetMask = true>
+__aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                                 const LocalTensor<T>& sharedTmpBuffer, const int32_t mask, const int32_t repeatTime,
+                                 const int32_t srcRepStride, twin::Loc loc = {}) {
+    (void)dst, (void)src, (void)sharedTmpBuffer, (void)mask, (void)repeatTime, (void)srcRepStride;
+    twin::fail_at(loc, "ReduceSum(level 0)", "not modelled by the twin");
+}
+template <typename T>
+__aicore__ inline T GetReduceRepeatSumSpr(twin::Loc loc = {}) {
+    twin::fail_at(loc, "GetReduceRepeatSumSpr", "not modelled by the twin");
+}
+__aicore__ inline void InitSocState() {}
+
 // dst[0] = sum; Atlas A2 level-2 order: pairwise tree inside each 256-byte repeat, repeats added in order.
 template <typename T, bool isSetMask = true>
 __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,

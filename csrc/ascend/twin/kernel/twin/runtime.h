@@ -394,6 +394,15 @@ inline void ub_access(Core& c, uint64_t off, uint64_t len, int p, bool write, ui
     const uint64_t g0 = off / 2, g1 = (off + len + 1) / 2;
     for (uint64_t g = g0; g < g1; ++g) {
         UbShadow& e = c.ush[g];
+        if (write) {  // write after read on another pipe first: the usual missing WAR order names the reader
+            for (int s = 0; s < 4; ++s) {
+                const int q = ub_slot_pipe(s);
+                if (q != p && e.r[s] != 0 && c.clk.known[p][q] < e.r[s]) {
+                    std::string h = sync_hint(q, p);
+                    hazard(c, "write after read", g * 2, q, e.rsite[s], p, api, loc, h.c_str());
+                }
+            }
+        }
         if (e.w != 0) {
             if (e.wpipe != p) {
                 if (c.clk.known[p][e.wpipe] < e.w) {
@@ -409,13 +418,6 @@ inline void ub_access(Core& c, uint64_t off, uint64_t len, int p, bool write, ui
             }
         }
         if (write) {
-            for (int s = 0; s < 4; ++s) {
-                const int q = ub_slot_pipe(s);
-                if (q != p && e.r[s] != 0 && c.clk.known[p][q] < e.r[s]) {
-                    std::string h = sync_hint(q, p);
-                    hazard(c, "write after read", g * 2, q, e.rsite[s], p, api, loc, h.c_str());
-                }
-            }
             e.w = epoch;
             e.wpipe = static_cast<uint8_t>(p);
             e.wsite = site;

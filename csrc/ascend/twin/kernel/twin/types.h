@@ -123,6 +123,10 @@ inline T from_f32(float f) {
 }
 }  // namespace twin
 
+// Pipes of an AI core (a compiler builtin type in the global namespace on the NPU). AIV: S (scalar), V (vector),
+// MTE2 (GM -> UB), MTE3 (UB -> GM). AIC: M (cube), MTE1, FIX.
+enum pipe_t : uint8_t { PIPE_S = 0, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL, PIPE_FIX = 9 };
+
 // Matmul formats live in the global namespace (asc-devkit include/adv_api/matmul/matmul_config.h).
 enum class CubeFormat { ND = 0, NZ, ZN, ZZ, NN, ND_ALIGN, SCALAR, VECTOR, ROW_MAJOR = ND, COLUMN_MAJOR };
 enum class LayoutMode { NONE = 0, BSNGD, SBNGD, BNGS1S2, NORMAL };
@@ -139,8 +143,15 @@ enum class Hardware : uint8_t { GM, UB, L1, L0A, L0B, L0C, BIAS, FIXBUF, MAX };
 using ::CubeFormat;
 using ::LayoutMode;
 
-// Pipes of an AI core. AIV: S (scalar), V (vector), MTE2 (GM -> UB), MTE3 (UB -> GM). AIC: M (cube), MTE1, FIX.
-enum pipe_t : uint8_t { PIPE_S = 0, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL, PIPE_FIX = 9 };
+using ::pipe_t;
+using ::PIPE_S;
+using ::PIPE_V;
+using ::PIPE_M;
+using ::PIPE_MTE1;
+using ::PIPE_MTE2;
+using ::PIPE_MTE3;
+using ::PIPE_ALL;
+using ::PIPE_FIX;
 
 // <source pipe>_<destination pipe>: the destination waits for the source (SetFlag-WaitFlag(ISASI).md).
 enum class HardEvent : uint8_t {
