@@ -4,8 +4,8 @@ with autograd: the loss, lse, token accuracy and every gradient, on one device a
 import pytest
 import torch
 
-from conftest import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 from fused_lce.reference import reference_loss
+from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
 IGNORE = -100
 

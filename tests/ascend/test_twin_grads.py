@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import GRAD_RTOL, HW_910B, HW_TINY, grads64, logits64, rel_l2
+from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, grads64, logits64, rel_l2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (70, 24, 150)]

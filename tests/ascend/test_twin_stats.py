@@ -4,7 +4,7 @@ finishing phase behind SyncAll), vocabulary shards (vocab_start != 0), the 910B 
 import pytest
 import torch
 
-from conftest import HW_910B, HW_TINY, assert_stats, stats64
+from twin_ref import HW_910B, HW_TINY, assert_stats, stats64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (N, D, V): tails in N, D and V; few tokens (segments), many vocabulary blocks on the tiny part

@@ -1,7 +1,5 @@
-// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/npu/test_tiling.py.
+// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/npu/test_npu_tiling.py.
 //   ./tiling_test            run the checks, print "N passed, M failed", exit 1 on any failure
-//   ./tiling_test --dump     read "n d v elt flags" lines on stdin, print each plan as one JSON object per line
-//                            (the Python emulator's mirror of plan() is compared against this)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -263,27 +261,7 @@ static void test_other_parts() {
     CHECK(plan(128, 128, 128, 2, 0, tiny).status == kNoFit, "%s", "");
 }
 
-static int dump() {
-    unsigned long long n, d, v;
-    unsigned elt, flags;
-    while (std::scanf("%llu %llu %llu %u %u", &n, &d, &v, &elt, &flags) == 5) {
-        Plan p = plan(n, d, v, elt, flags);
-        std::printf(
-            "{\"status\": %d, \"base_m\": %u, \"base_n\": %u, \"base_k\": %u, \"base_d\": %u, \"depth_k\": %u, "
-            "\"l0c_buffers\": %u, \"a_resident\": %u, \"vec_rows\": %u, \"m_blocks\": %llu, \"n_blocks\": %llu, "
-            "\"tail_m\": %llu, \"tail_n\": %llu, \"segments\": %llu, \"seg_blocks\": %llu, \"tasks\": %llu, "
-            "\"used_cores\": %u, \"ub_used\": %llu, \"l1_used\": %llu, \"ws_stats\": %llu, \"ws_dz\": %llu}\n",
-            p.status, p.base_m, p.base_n, p.base_k, p.base_d, p.depth_k, p.l0c_buffers, p.a_resident, p.vec_rows,
-            (unsigned long long)p.m_blocks, (unsigned long long)p.n_blocks, (unsigned long long)p.tail_m,
-            (unsigned long long)p.tail_n, (unsigned long long)p.segments, (unsigned long long)p.seg_blocks,
-            (unsigned long long)p.tasks, p.used_cores, (unsigned long long)p.ub_used,
-            (unsigned long long)p.l1_used, (unsigned long long)p.ws_stats, (unsigned long long)p.ws_dz);
-    }
-    return 0;
-}
-
-int main(int argc, char** argv) {
-    if (argc > 1 && std::strcmp(argv[1], "--dump") == 0) return dump();
+int main() {
     static_assert(sizeof(Plan) % 8 == 0, "Plan is copied verbatim into the tiling buffer");
     test_grid();
     test_expected_tiles();

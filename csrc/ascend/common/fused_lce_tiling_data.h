@@ -1,7 +1,7 @@
 // Tiling data of FusedLceStats / FusedLceGrad, shared by op_host (writes it) and op_kernel (reads it).
 // Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from csrc/include/fused_lce_tiling.h verbatim, the
 // scalar attributes, and the Matmul API tilings of the GEMMs the kernels issue.
-// Status: written, not compiled here (no CANN toolkit), not run on hardware.
+// Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_TILING_DATA_H_
 #define FUSED_LCE_TILING_DATA_H_
 
