@@ -51,9 +51,12 @@ struct RowView {
 };
 
 // One-directional pipe order point: everything issued on the source pipe before it is complete before the
-// destination pipe continues (SetFlag/WaitFlag must be paired with the same event and id).
+// destination pipe continues. SetFlag / WaitFlag are paired with the same event and an id the TPipe reports free
+// (FetchEventID, as asc-devkit's own APIs do, e.g. matmul_client.h CopyToUB), so ids never collide with the
+// framework's.
 template <HardEvent ev>
-__aicore__ inline void Order(int32_t id = EVENT_ID0) {
+__aicore__ inline void Order() {
+    const event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(ev));
     SetFlag<ev>(id);
     WaitFlag<ev>(id);
 }

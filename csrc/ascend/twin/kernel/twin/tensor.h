@@ -574,10 +574,17 @@ public:
     }
     template <HardEvent ev>
     __aicore__ inline void ReleaseEventID(TEventID) {}
-    __aicore__ inline TEventID FetchEventID(HardEvent) { return static_cast<TEventID>(twin_detail::next_queue_event_id()); }
+    // FetchEventID: an id of `ev` that is not set right now (the caller pairs SetFlag / WaitFlag on it at once).
+    __aicore__ inline TEventID FetchEventID(HardEvent ev, twin::Loc loc = {}) {
+        for (int id = 0; id < 8; ++id) {
+            auto it = core_->flags.find({static_cast<int>(ev), id});
+            if (it == core_->flags.end() || !it->second.set) return static_cast<TEventID>(id);
+        }
+        twin::fail_at(loc, "TPipe::FetchEventID", "every event id of %s is set", twin::event_name(ev).c_str());
+    }
     template <HardEvent ev>
-    __aicore__ inline TEventID FetchEventID() {
-        return static_cast<TEventID>(twin_detail::next_queue_event_id());
+    __aicore__ inline TEventID FetchEventID(twin::Loc loc = {}) {
+        return FetchEventID(ev, loc);
     }
 
 private:
