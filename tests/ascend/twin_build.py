@@ -28,7 +28,8 @@ def load_twin():
 
     build = os.environ.get("FUSED_LCE_TWIN_BUILD", os.path.join(ROOT, "build", "twin-ext"))
     os.makedirs(build, exist_ok=True)
-    sources = [os.path.join(HERE, "twin_ops.cpp"), os.path.join(HERE, "twin_probes.cpp")] + sorted(glob.glob(os.path.join(HERE, "twin_kernels", "*.cpp")))
+    sources = [os.path.join(HERE, "twin_ops.cpp"), os.path.join(HERE, "twin_probes.cpp")]
+    sources += sorted(glob.glob(os.path.join(HERE, "twin_kernels", "*.cpp")))
     load(name="fused_lce_twin", sources=sources, build_directory=build,
          extra_cflags=["-O2", "-std=c++17", "-fno-strict-aliasing", f"-I{TWIN_INCLUDE}"], is_python_module=False,
          verbose=False)

@@ -153,7 +153,9 @@ void launch(GmKernel11 k, const ft::Plan& p, std::vector<twin_test::GmBuffer> bu
     }
 }
 
-GM_ADDR addr(const Tensor& t) { return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr; }
+GM_ADDR addr(const Tensor& t) {
+    return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr;
+}
 twin_test::GmBuffer buf(const Tensor& t, const char* name, bool ro) {
     return {t.defined() ? t.data_ptr() : nullptr, t.defined() ? static_cast<uint64_t>(t.numel() * t.element_size()) : 0,
             name, ro};
@@ -212,8 +214,8 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& grad_tok, const Tens
         Tensor g = grad_tok.to(at::kFloat).contiguous(), l = lse.to(at::kFloat).contiguous();
         Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
         Tensor b = has_bias ? bias->contiguous() : Tensor();
-        const uint32_t flags = ft::kBackward | (has_bias ? ft::kBias : 0u) | (label_smoothing > 0 ? ft::kSmoothing : 0u) |
-                               (softcap > 0 ? ft::kSoftcap : 0u);
+        const uint32_t flags = ft::kBackward | (has_bias ? ft::kBias : 0u) |
+                               (label_smoothing > 0 ? ft::kSmoothing : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
         const ft::Plan p = make_plan(h, w, flags);
         FusedLceTilingData td{};
         td.plan = p;

@@ -411,7 +411,8 @@ std::tuple<at::Tensor, at::Tensor> twin_cast(const at::Tensor& x_in) {
     try {
         twin_test::run_kernel(
             1, 0, cfg,
-            {{x.data_ptr(), static_cast<uint64_t>(n) * 4, "x", true}, {b.data_ptr(), static_cast<uint64_t>(n) * 2, "bf16", false},
+            {{x.data_ptr(), static_cast<uint64_t>(n) * 4, "x", true},
+             {b.data_ptr(), static_cast<uint64_t>(n) * 2, "bf16", false},
              {h.data_ptr(), static_cast<uint64_t>(n) * 2, "fp16", false}},
             nullptr, 0, [&] {
                 TPipe pipe;

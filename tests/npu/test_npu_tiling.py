@@ -27,3 +27,23 @@ def test_plan_index_helpers_cover_every_tile():
             seen.add((r0, r1, c0, c1))
     rows = sum((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in seen)
     assert rows == 300 * 1000 and len(seen) == p.m_blocks * p.n_blocks
+
+
+def test_tiling_headers_compile_as_cplusplus11(tmp_path):
+    """op_host is compiled by opbuild with -std=c++11 (asc-devkit compile_ascendc_all_ops_so.py): the headers it
+    includes -- the planner, the tiling data struct, the TCubeTiling POD -- must stay C++11, and the struct must
+    fit the 2048-byte default tiling buffer."""
+    import os
+    import shutil
+
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    src = tmp_path / "c11.cpp"
+    src.write_text('#include "fused_lce_tiling_data.h"\n'
+                   "static_assert(sizeof(FusedLceTilingData) <= 2048, \"tiling data too large\");\n"
+                   "int main() { FusedLceTilingData t{}; return static_cast<int>(t.plan.status); }\n")
+    cmd = [cxx, "-std=c++11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=0",
+           "-I", os.path.join(root, "csrc", "ascend", "common"),
+           "-I", os.path.join(root, "csrc", "ascend", "twin", "kernel"), str(src), "-o", str(tmp_path / "c11")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -28,8 +28,8 @@ inline void declare_kernel_type(int type) {
         type != AscendC::KERNEL_TYPE_MIX_AIC_1_1)
         throw Error(format("twin ERROR [%s]: kernel type %d is not modelled", cur().name.c_str(), type));
     if (want != r.ratio)
-        throw Error(format("twin ERROR [%s]: the kernel declares %d vector cores per cube core but was launched with %d",
-                           cur().name.c_str(), want, r.ratio));
+        throw Error(format("twin ERROR [%s]: the kernel declares %d vector cores per cube core but was launched "
+                           "with %d", cur().name.c_str(), want, r.ratio));
     cur().declared_type = type;
 }
 template <typename T>

@@ -80,9 +80,10 @@ public:
         const uint64_t l0a = static_cast<uint64_t>(t_.baseM) * t_.baseK * sizeof(SrcAT) * (t_.dbL0A > 1 ? 2 : 1);
         const uint64_t l0b = static_cast<uint64_t>(t_.baseN) * t_.baseK * sizeof(SrcBT) * (t_.dbL0B > 1 ? 2 : 1);
         const uint64_t l0c = static_cast<uint64_t>(t_.baseM) * t_.baseN * 4 * (t_.dbL0C > 1 ? 2 : 1);
-        if (l0a > cfg.l0a_bytes) twin::fail_at(loc, api, "L0A needs %llu bytes > %llu", (unsigned long long)l0a, (unsigned long long)cfg.l0a_bytes);
-        if (l0b > cfg.l0b_bytes) twin::fail_at(loc, api, "L0B needs %llu bytes > %llu", (unsigned long long)l0b, (unsigned long long)cfg.l0b_bytes);
-        if (l0c > cfg.l0c_bytes) twin::fail_at(loc, api, "L0C needs %llu bytes > %llu", (unsigned long long)l0c, (unsigned long long)cfg.l0c_bytes);
+        using ull = unsigned long long;
+        if (l0a > cfg.l0a_bytes) twin::fail_at(loc, api, "L0A needs %llu bytes > %llu", (ull)l0a, (ull)cfg.l0a_bytes);
+        if (l0b > cfg.l0b_bytes) twin::fail_at(loc, api, "L0B needs %llu bytes > %llu", (ull)l0b, (ull)cfg.l0b_bytes);
+        if (l0c > cfg.l0c_bytes) twin::fail_at(loc, api, "L0C needs %llu bytes > %llu", (ull)l0c, (ull)cfg.l0c_bytes);
         const uint64_t l1 = static_cast<uint64_t>(std::max(t_.depthA1, 1)) * t_.baseM * t_.baseK * sizeof(SrcAT) +
                             static_cast<uint64_t>(std::max(t_.depthB1, 1)) * t_.baseN * t_.baseK * sizeof(SrcBT);
         if (l1 > cfg.l1_bytes)
@@ -197,12 +198,13 @@ public:
         c.check_owner(api, loc);
         const uint64_t size = c.GetSize();
         if (size < static_cast<uint64_t>(t_.baseM) * t_.baseN)
-            twin::fail_at(loc, api, "C LocalTensor holds %llu elements, fewer than baseM * baseN = %d * %d (GetTensorC.md)",
+            twin::fail_at(loc, api,
+                          "C LocalTensor holds %llu elements, fewer than baseM * baseN = %d * %d (GetTensorC.md)",
                           (unsigned long long)size, t_.baseM, t_.baseN);
         if (size % (32 / sizeof(DstT)) != 0)
             twin::fail_at(loc, api,
-                          "C LocalTensor size %llu is not a multiple of %zu: the copy to UB moves size / %zu blocks and "
-                          "drops the rest",
+                          "C LocalTensor size %llu is not a multiple of %zu: the copy to UB moves size / %zu "
+                          "blocks and drops the rest",
                           (unsigned long long)size, 32 / sizeof(DstT), 32 / sizeof(DstT));
         const uint64_t slot = (size * sizeof(DstT) + 31) / 32 * 32;
         std::vector<uint8_t>& ring = twin::rt().kfc_ring[core.index];
@@ -225,8 +227,8 @@ public:
     }
     // GetTensorC into GM (fixpipe), optionally with float atomic add.
     template <bool sync = true>
-    __aicore__ inline void GetTensorC(const GlobalTensor<DstT>& gm, uint8_t enAtomic = 0, bool enSequentialWrite = false,
-                                      twin::Loc loc = {}) {
+    __aicore__ inline void GetTensorC(const GlobalTensor<DstT>& gm, uint8_t enAtomic = 0,
+                                      bool enSequentialWrite = false, twin::Loc loc = {}) {
         static const char* api = "Matmul::GetTensorC(GlobalTensor)";
         check(api, loc);
         twin::api_enter(*core_);
@@ -236,8 +238,9 @@ public:
         fixpipe_gm(gm, enAtomic == 1, enSequentialWrite, api, loc);
     }
     template <bool sync = true>
-    __aicore__ inline void IterateAll(const GlobalTensor<DstT>& gm, uint8_t enAtomic = 0, bool enSequentialWrite = false,
-                                      bool waitIterateAll = false, bool fakeMsg = false, twin::Loc loc = {}) {
+    __aicore__ inline void IterateAll(const GlobalTensor<DstT>& gm, uint8_t enAtomic = 0,
+                                      bool enSequentialWrite = false, bool waitIterateAll = false, bool fakeMsg = false,
+                                      twin::Loc loc = {}) {
         static const char* api = "Matmul::IterateAll";
         static_assert(sync, "twin Matmul: synchronous IterateAll only");
         (void)waitIterateAll, (void)fakeMsg;
@@ -334,7 +337,8 @@ private:
                      const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n();
         const uint64_t stride = seq ? static_cast<uint64_t>(nw) : static_cast<uint64_t>(org_kc_ ? org_kc_ : org_n_);
-        const uint64_t off = seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
+        const uint64_t off =
+            seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
         const uint64_t end = off + (mh - 1) * stride + nw;
         if (end > capacity)
             twin::fail_at(loc, api,
@@ -353,7 +357,8 @@ private:
         twin::Core& c = *core_;
         const int mh = tile_m(), nw = tile_n();
         const uint64_t stride = seq ? static_cast<uint64_t>(nw) : static_cast<uint64_t>(org_kc_ ? org_kc_ : org_n_);
-        const uint64_t off = seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
+        const uint64_t off =
+            seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
         for (int i = 0; i < mh; ++i) {
             const uint64_t o = off + i * stride;
             try {

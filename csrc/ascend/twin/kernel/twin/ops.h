@@ -593,7 +593,8 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
         ok = rounding || m == RM::CAST_ODD || m == RM::CAST_NONE;
     } else if constexpr (IsSameType<U, float>::value && IsSameType<T, bfloat16_t>::value) {
         ok = rounding;
-    } else if constexpr (IsSameType<U, float>::value && (IsSameType<T, int32_t>::value || IsSameType<T, float>::value)) {
+    } else if constexpr (IsSameType<U, float>::value &&
+                         (IsSameType<T, int32_t>::value || IsSameType<T, float>::value)) {
         ok = rounding;
     } else if constexpr (IsSameType<U, int32_t>::value && IsSameType<T, float>::value) {
         ok = rounding || m == RM::CAST_NONE;

@@ -688,7 +688,8 @@ inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
         if (ready.empty()) {
             std::string who;
             for (auto& c : r.aiv)
-                if (c->state == Core::Blocked) who += format("\n  %s waits in %s", c->name.c_str(), c->blocked_on.c_str());
+                if (c->state == Core::Blocked)
+                    who += format("\n  %s waits in %s", c->name.c_str(), c->blocked_on.c_str());
             for (auto& c : r.aiv)
                 if (c->state == Core::Done) who += format("\n  %s has returned", c->name.c_str());
             if (r.error.empty()) r.error = "twin ERROR: deadlock, every core is blocked:" + who;

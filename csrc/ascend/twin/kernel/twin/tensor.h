@@ -361,8 +361,12 @@ __aicore__ inline void SetAtomicAdd() {
     twin::Core& c = twin::cur();
     c.atomic = 1;
     c.atomic_elt = sizeof(T);
-    c.atomic_kind = IsSameType<T, float>::value ? 1 : IsSameType<T, half>::value ? 2 : IsSameType<T, int32_t>::value
-                                                 ? 3 : IsSameType<T, int16_t>::value ? 4 : IsSameType<T, bfloat16_t>::value ? 5 : 0;
+    c.atomic_kind = IsSameType<T, float>::value        ? 1
+                    : IsSameType<T, half>::value       ? 2
+                    : IsSameType<T, int32_t>::value    ? 3
+                    : IsSameType<T, int16_t>::value    ? 4
+                    : IsSameType<T, bfloat16_t>::value ? 5
+                                                       : 0;
 }
 __aicore__ inline void SetAtomicNone() {
     twin::Core& c = twin::cur();
