@@ -121,3 +121,22 @@ def test_no_cann_log_macro_without_its_header():
     for src in OP_HOST_SOURCES + [os.path.join(ASCEND, "common", "fused_lce_host.h")]:
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert not re.search(r"\bOP_LOG[DIWE]\s*\(", code), f"{os.path.relpath(src, ROOT)} uses OP_LOG*"
+
+
+def _tcube_fields(path: str) -> list[str]:
+    code = re.sub(r"//[^\n]*", "", open(path).read())
+    body = code[code.index("struct TCubeTiling"):]
+    body = body[:body.index("};")]
+    return [n for decl in re.findall(r"int32_t\s+([^;]+);", body) for n in re.split(r"\s*,\s*", decl.split("=")[0])]
+
+
+def test_host_tcube_tiling_is_the_kernel_twins():
+    """Host and kernel see one AscendC::tiling::TCubeTiling: the host stub forwards to the device twin's header; its
+    fallback copy (for a checkout without the device twin) has the same fields in the same order."""
+    host = os.path.join(STUB_INCLUDE, "kernel_tiling", "kernel_tiling.h")
+    kernel = os.path.join(ASCEND, "twin", "kernel", "kernel_tiling", "kernel_tiling.h")
+    fields = _tcube_fields(host)
+    assert fields[:11] == ["usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN", "singleCoreK", "baseM",
+                           "baseN", "baseK"] and fields[-2:] == ["BatchNum", "mxTypePara"] and len(fields) == 50
+    if os.path.exists(kernel):
+        assert _tcube_fields(kernel) == fields

@@ -78,6 +78,8 @@ struct OpInfo {
 };
 // nullptr when no OpDef of that type was constructed (OP_ADD runs at static initialisation).
 const OpInfo* find_op(const std::string& type);
+// every op type an OpDef was recorded for, sorted
+std::vector<std::string> op_types();
 
 struct TilingResult {
     ge::graphStatus status = ge::GRAPH_FAILED;

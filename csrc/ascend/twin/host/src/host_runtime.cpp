@@ -837,6 +837,12 @@ const OpInfo* find_op(const std::string& type) {
     return it == r.end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> op_types() {
+    std::vector<std::string> out;
+    for (const auto& e : gert::def_registry()) out.push_back(e.first);
+    return out;
+}
+
 static void fill_slot(uint64_t* slot, const AttrArg& a) {
     std::memset(slot, 0xA5, sizeof(*slot));
     switch (a.kind) {

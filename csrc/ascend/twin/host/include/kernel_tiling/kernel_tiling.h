@@ -1,72 +1,81 @@
 // Stub of CANN's kernel_tiling/kernel_tiling.h for host code: AscendC::tiling::TCubeTiling, the standard-C++ Matmul
 // tiling struct (field list and order of asc-devkit include/adv_api/matmul/matmul_tilingdata.h, all int32_t; the real
-// header is generated from it by impl/adv_api/cmake/scripts/gen_kernel_tiling_data_def.py, 8-byte packed).
+// header is generated from it by impl/adv_api/cmake/scripts/gen_kernel_tiling_data_def.py).
 // Host code includes it for standard-C++ tiling structs (asc-devkit docs 如何使用Tiling依赖的头文件.md).
-// TODO(host/twin): forward to the device twin's kernel_tiling.h once it exists, so there is one definition.
+// One definition for host and kernel: the device twin's (csrc/ascend/twin/kernel/kernel_tiling/kernel_tiling.h) when
+// present; the copy below only serves a checkout without the device twin and must stay field-for-field equal to it.
 #ifndef FUSED_LCE_TWIN_HOST_KERNEL_TILING_H_
 #define FUSED_LCE_TWIN_HOST_KERNEL_TILING_H_
 
+#if defined(__has_include)
+#if __has_include("../../../kernel/kernel_tiling/kernel_tiling.h")
+#include "../../../kernel/kernel_tiling/kernel_tiling.h"
+#define FUSED_LCE_TWIN_HOST_TCUBE_FROM_KERNEL 1
+#endif
+#endif
+
+#ifndef FUSED_LCE_TWIN_HOST_TCUBE_FROM_KERNEL
 #include <cstdint>
 
 namespace AscendC {
 namespace tiling {
 
-#pragma pack(push, 8)
 struct TCubeTiling {
-    int32_t usedCoreNum = 0;
-    int32_t M = 0;
-    int32_t N = 0;
-    int32_t Ka = 0;
-    int32_t Kb = 0;
-    int32_t singleCoreM = 0;
-    int32_t singleCoreN = 0;
-    int32_t singleCoreK = 0;
-    int32_t baseM = 0;
-    int32_t baseN = 0;
-    int32_t baseK = 0;
-    int32_t depthA1 = 0;
-    int32_t depthB1 = 0;
-    int32_t stepM = 0;
-    int32_t stepN = 0;
-    int32_t isBias = 0;
-    int32_t transLength = 0;
-    int32_t iterateOrder = 0;
-    int32_t shareMode = 0;
-    int32_t shareL1Size = 0;
-    int32_t shareL0CSize = 0;
-    int32_t shareUbSize = 0;
-    int32_t batchM = 0;
-    int32_t batchN = 0;
-    int32_t singleBatchM = 0;
-    int32_t singleBatchN = 0;
-    int32_t stepKa = 0;
-    int32_t stepKb = 0;
-    int32_t depthAL1CacheUB = 0;
-    int32_t depthBL1CacheUB = 0;
-    int32_t dbL0A = 0;
-    int32_t dbL0B = 0;
-    int32_t dbL0C = 0;
-    int32_t ALayoutInfoB = 0;
-    int32_t ALayoutInfoS = 0;
-    int32_t ALayoutInfoN = 0;
-    int32_t ALayoutInfoG = 0;
-    int32_t ALayoutInfoD = 0;
-    int32_t BLayoutInfoB = 0;
-    int32_t BLayoutInfoS = 0;
-    int32_t BLayoutInfoN = 0;
-    int32_t BLayoutInfoG = 0;
-    int32_t BLayoutInfoD = 0;
-    int32_t CLayoutInfoB = 0;
-    int32_t CLayoutInfoS1 = 0;
-    int32_t CLayoutInfoN = 0;
-    int32_t CLayoutInfoG = 0;
-    int32_t CLayoutInfoS2 = 0;
-    int32_t BatchNum = 0;
-    int32_t mxTypePara = 0;
+    int32_t usedCoreNum;
+    int32_t M;
+    int32_t N;
+    int32_t Ka;
+    int32_t Kb;
+    int32_t singleCoreM;
+    int32_t singleCoreN;
+    int32_t singleCoreK;
+    int32_t baseM;
+    int32_t baseN;
+    int32_t baseK;
+    int32_t depthA1;
+    int32_t depthB1;
+    int32_t stepM;
+    int32_t stepN;
+    int32_t isBias;
+    int32_t transLength;
+    int32_t iterateOrder;
+    int32_t shareMode;
+    int32_t shareL1Size;
+    int32_t shareL0CSize;
+    int32_t shareUbSize;
+    int32_t batchM;
+    int32_t batchN;
+    int32_t singleBatchM;
+    int32_t singleBatchN;
+    int32_t stepKa;
+    int32_t stepKb;
+    int32_t depthAL1CacheUB;
+    int32_t depthBL1CacheUB;
+    int32_t dbL0A;
+    int32_t dbL0B;
+    int32_t dbL0C;
+    int32_t ALayoutInfoB;
+    int32_t ALayoutInfoS;
+    int32_t ALayoutInfoN;
+    int32_t ALayoutInfoG;
+    int32_t ALayoutInfoD;
+    int32_t BLayoutInfoB;
+    int32_t BLayoutInfoS;
+    int32_t BLayoutInfoN;
+    int32_t BLayoutInfoG;
+    int32_t BLayoutInfoD;
+    int32_t CLayoutInfoB;
+    int32_t CLayoutInfoS1;
+    int32_t CLayoutInfoN;
+    int32_t CLayoutInfoG;
+    int32_t CLayoutInfoS2;
+    int32_t BatchNum;
+    int32_t mxTypePara;
 };
-#pragma pack(pop)
 
 }  // namespace tiling
 }  // namespace AscendC
+
+#endif  // !FUSED_LCE_TWIN_HOST_TCUBE_FROM_KERNEL
 
 #endif  // FUSED_LCE_TWIN_HOST_KERNEL_TILING_H_
