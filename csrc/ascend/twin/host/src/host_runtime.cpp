@@ -527,10 +527,12 @@ fe::PlatFormInfos* PlatformAscendC::GetPlatFormInfo(void) const {
     if (platformInfo_ == nullptr) throw std::logic_error("PlatformAscendC: no platform info (nullptr)");
     return platformInfo_;
 }
+// assumption: on parts with separate AIC / AIV cores GetCoreNum reports the vector cores (unused by fused_lce)
 uint32_t PlatformAscendC::GetCoreNum(void) const { return GetPlatFormInfo()->part.aiv; }
 uint32_t PlatformAscendC::GetCoreNumAic(void) const { return GetPlatFormInfo()->part.aic; }
 uint32_t PlatformAscendC::GetCoreNumAiv(void) const { return GetPlatFormInfo()->part.aiv; }
 uint32_t PlatformAscendC::GetCoreNumVector(void) const { return 0; }  // separate Vector Cores: 310P only
+// approximation (the real one is not read here); unused by fused_lce
 uint32_t PlatformAscendC::CalcTschBlockDim(uint32_t sliceNum, uint32_t aicCoreNum, uint32_t aivCoreNum) const {
     if (aicCoreNum == 0 || aivCoreNum == 0 || aicCoreNum > aivCoreNum) return sliceNum;
     const uint32_t ratio = aivCoreNum / aicCoreNum;

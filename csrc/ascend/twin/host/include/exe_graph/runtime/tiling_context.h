@@ -8,6 +8,9 @@
 //     for the rest forever (asc-devkit docs/zh/api/SIMD-API/.../核间同步/SyncAll.md, 约束说明);
 //   * GetTilingData<T>() returns nullptr when sizeof(T) exceeds the buffer's capacity;
 //   * GetWorkspaceSizes(n) returns nullptr when n exceeds the runtime's capacity.
+// Subset: the real class also has input tensors (value-depend inputs), compile info parsing, SIMT grid / block dims,
+// dynamic UB size, views and strides; none is used by fused_lce. GetCompileInfo returns nullptr here (OP_ADD registers
+// an empty compile-info struct).
 #ifndef FUSED_LCE_TWIN_HOST_EXE_GRAPH_TILING_CONTEXT_H_
 #define FUSED_LCE_TWIN_HOST_EXE_GRAPH_TILING_CONTEXT_H_
 
