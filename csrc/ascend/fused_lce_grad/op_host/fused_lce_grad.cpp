@@ -83,11 +83,18 @@ static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
 namespace ge {
 
 static graphStatus FusedLceGradInferShape(gert::InferShapeContext* ctx) {
-    *ctx->GetOutputShape(0) = *ctx->GetInputShape(1);
-    *ctx->GetOutputShape(1) = *ctx->GetInputShape(2);
+    // hidden and weight come before the optional bias: their instance index is their IR index
+    const gert::Shape* h = ctx->GetInputShape(1);
+    const gert::Shape* w = ctx->GetInputShape(2);
+    gert::Shape* dx = ctx->GetOutputShape(0);
+    gert::Shape* dw = ctx->GetOutputShape(1);
     gert::Shape* db = ctx->GetOutputShape(2);
+    if (h == nullptr || w == nullptr || dx == nullptr || dw == nullptr || db == nullptr || w->GetDimNum() != 2)
+        return GRAPH_FAILED;
+    *dx = *h;
+    *dw = *w;
     db->SetDimNum(1);
-    db->SetDim(0, ctx->GetInputShape(2)->GetDim(0));
+    db->SetDim(0, w->GetDim(0));
     return GRAPH_SUCCESS;
 }
 

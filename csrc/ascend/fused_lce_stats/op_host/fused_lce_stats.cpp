@@ -63,8 +63,10 @@ namespace ge {
 
 static graphStatus FusedLceStatsInferShape(gert::InferShapeContext* ctx) {
     const gert::Shape* h = ctx->GetInputShape(0);
+    if (h == nullptr || h->GetDimNum() != 2) return GRAPH_FAILED;
     for (size_t i = 0; i < 5; ++i) {
         gert::Shape* out = ctx->GetOutputShape(i);
+        if (out == nullptr) return GRAPH_FAILED;
         out->SetDimNum(1);
         out->SetDim(0, h->GetDim(0));
     }
