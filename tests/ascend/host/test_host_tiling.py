@@ -234,6 +234,8 @@ def test_inferred_shapes_and_dtypes(driver):
         r = driver.one("infer " + case("grad", n=37, d=45, v=301, bias=bias))
         assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
         assert r["dtypes"] == [0, 0, 0]
+    for op, kw in (("stats", dict(shape__hidden="37")), ("grad", dict(shape__weight="301"))):
+        assert not driver.one("infer " + case(op, **kw))["shape_ok"]  # rejected, not dereferenced
 
 
 def _adapter_calls() -> dict:
