@@ -6,17 +6,11 @@ import shutil
 
 import pytest
 
-from host_twin import HERE, Driver, build_driver
+from host_twin import Driver, build_driver
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "twin: runs on the CPU twin of the AscendC API / CANN host runtime")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if str(item.fspath).startswith(HERE):
-            item.add_marker(pytest.mark.twin)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ import pytest
 from host_twin import (ASCEND, CMAKE_LIB_FLAGS, OP_HOST_SOURCES, OPBUILD_FLAGS, ROOT, STRICT, STUB_INCLUDE, build_driver,
                       compile_cmd, run)
 
+pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
+
 IDS = [os.path.relpath(s, ASCEND) for s in OP_HOST_SOURCES]
 
 # Every stub header and where its declarations were checked. The op_host code may include only these (and its own

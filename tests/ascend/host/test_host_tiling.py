@@ -12,6 +12,8 @@ import pytest
 
 from host_twin import ASCEND, ROOT
 
+pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
+
 KERNELS = {"FusedLceStats": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats.cpp"),
            "FusedLceGrad": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad.cpp")}
 ADAPTER = os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp")
