@@ -83,7 +83,8 @@ inline bool is_vector(const Input& in, int64_t len) {
 // absent. Returns GRAPH_SUCCESS and fills n / d / v, or logs what is wrong.
 inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input& hidden, const Input& weight,
                                      const Input& bias, const Input& labels, uint64_t* n, uint64_t* d, uint64_t* v) {
-    if (!hidden.present || !weight.present || !labels.present) return fail(ctx, "hidden, weight and labels are required");
+    if (!hidden.present || !weight.present || !labels.present)
+        return fail(ctx, "hidden, weight and labels are required");
     if (hidden.shape->GetDimNum() != 2 || weight.shape->GetDimNum() != 2)
         return fail(ctx, "hidden and weight must be 2-D, got %zu-D and %zu-D", hidden.shape->GetDimNum(),
                     weight.shape->GetDimNum());

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from host_twin import (ASCEND, CMAKE_LIB_FLAGS, OP_HOST_SOURCES, OPBUILD_FLAGS, ROOT, STRICT, STUB_INCLUDE, build_driver,
-                      compile_cmd, run)
+from host_twin import (ASCEND, CMAKE_LIB_FLAGS, OP_HOST_SOURCES, OPBUILD_FLAGS, ROOT, STRICT, STUB_INCLUDE,
+                       build_driver, compile_cmd, run)
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 

@@ -56,8 +56,8 @@ def grid(op: str, count: int, rng: random.Random) -> list[str]:
         n, d, v = rng.choice(ns), rng.choice(ds), rng.choice(vs)
         if rng.random() < 0.3:  # odd sizes
             n, d, v = rng.randrange(0, 3000), rng.randrange(1, 9000), rng.randrange(1, 200000)
-        out.append(case(op, rng.choice(PARTS), n, d, v, rng.choice(["bf16", "fp16", "fp32"]), rng.choice(["i32", "i64"]),
-                        rng.random() < 0.5, rng.choice([0.0, 0.0, 30.0]), rng.choice([0.0, 0.0, 0.1]),
+        out.append(case(op, rng.choice(PARTS), n, d, v, rng.choice(["bf16", "fp16", "fp32"]),
+                        rng.choice(["i32", "i64"]), rng.random() < 0.5, rng.choice([0.0, 0.0, 30.0]), rng.choice([0.0, 0.0, 0.1]),
                         rng.choice([0.0, 1e-4]), rng.randrange(0, 8), rng.choice([0, 0, 1000]),
                         rng.choice([0, v + 1000 + 1000])))
     return out
@@ -220,8 +220,10 @@ BAD_GRAD = [
 ]
 
 
-@pytest.mark.parametrize("what,kw", BAD + [("grad: " + w, k) for w, k in BAD] + [("grad: " + w, k) for w, k in BAD_GRAD],
-                         ids=[w for w, _ in BAD] + ["grad: " + w for w, _ in BAD] + ["grad: " + w for w, _ in BAD_GRAD])
+ALL_BAD = BAD + [("grad: " + w, k) for w, k in BAD + BAD_GRAD]
+
+
+@pytest.mark.parametrize("what,kw", ALL_BAD, ids=[w for w, _ in ALL_BAD])
 def test_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
     op = "grad" if what.startswith("grad: ") else "stats"
     r = driver.one(case(op, **kw))

@@ -10,7 +10,8 @@ namespace gert {
 struct StorageShape {
 public:
     StorageShape() = default;
-    StorageShape(const std::initializer_list<int64_t>& origin_shape, const std::initializer_list<int64_t>& storage_shape)
+    StorageShape(const std::initializer_list<int64_t>& origin_shape,
+                 const std::initializer_list<int64_t>& storage_shape)
         : origin_shape_(origin_shape), storage_shape_(storage_shape) {}
     const Shape& GetOriginShape() const { return origin_shape_; }
     const Shape& GetShape() const { return storage_shape_; }
