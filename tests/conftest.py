@@ -27,6 +27,37 @@ def _devices():
     return devs
 
 
+TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of the AscendC API (csrc/ascend/twin)"
+
+
+def _register_twin():
+    """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
+    "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the providers
+    runs them like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a build
+    failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
+    if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
+        return
+    import sys
+    import warnings
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ascend"))
+    try:
+        import twin_build
+
+        kernels = twin_build.TwinKernels()
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("CI"):
+            raise
+        warnings.warn(f"the AscendC CPU twin could not be built, npu_twin is not tested here: {e}")
+        return
+    from fused_lce.backends.npu import AscendCProvider
+
+    registry.register(AscendCProvider("npu_twin", kernels=kernels, device_types=("cpu",), status=TWIN_STATUS))
+
+
+_register_twin()
+
+
 def backend_device_params():
     """Every available backend on every device it supports here; CUDA cases carry the `cuda` mark.
     Unavailable backends are not parametrised at all (a skip must never look like a pass);
@@ -37,6 +68,8 @@ def backend_device_params():
             if registry.why_not(name, Problem(8, 8, 8, torch.float32, torch.device(dev), False, Options())):
                 continue
             marks = [pytest.mark.cuda] if dev == "cuda" else []
+            if name == "npu_twin":
+                marks.append(pytest.mark.twin)
             params.append(pytest.param((name, dev), id=f"{name}-{dev}", marks=marks))
     return params
 

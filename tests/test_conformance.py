@@ -6,6 +6,7 @@ compares the loss and the gradients of hidden, weight and bias with ``fused_lce.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fused_lce
+from fused_lce import registry
+from fused_lce.backends.base import Options, Problem
 from fused_lce.reference import reference_loss
 
 from .conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
@@ -233,10 +236,19 @@ def test_random_problems(bd, n, d, v, reduction, smoothing, z, cap, bias, ignore
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_zero_hidden_size(bd, seed):
-    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row."""
+    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline the
+    problem (its supports() says why): then an explicit request raises that reason and auto runs it elsewhere."""
     backend, device = bd
+    p = Problem(5, 0, 7, torch.float32, torch.device(device), True, Options())
+    declined = registry.why_not(backend, p)
     for use_bias in (False, True):
-        check(backend, device, (5, 0), 7, torch.float32, "mean", bias=use_bias)
+        if declined is None:
+            check(backend, device, (5, 0), 7, torch.float32, "mean", bias=use_bias)
+            continue
+        h, w, y, b = make_problem((5, 0), 7, torch.float32, device, bias=use_bias)
+        with pytest.raises(ValueError, match=re.escape(declined)):
+            fused_lce.linear_cross_entropy(h, w, y, b, backend=backend)
+        check("auto", device, (5, 0), 7, torch.float32, "mean", bias=use_bias)
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
