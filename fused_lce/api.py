@@ -87,9 +87,12 @@ def linear_cross_entropy(
     grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
                  grad_on and call.bias is not None and call.bias.requires_grad]
     o = call.opts
-    loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(
-        call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
-        *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
+    args = (call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
+            *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
+    if _functorch_active():  # torch.func.grad / vjp / jacrev / vmap: a functorch-compatible autograd.Function
+        loss, lse, correct, _, _, _ = ops.FuncForward.apply(*args)
+    else:
+        loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(*args)
     if reduction == "none":
         loss = _unshift(loss, call.labels_shape, call.out_shape)
     if not return_stats:
@@ -196,10 +199,11 @@ def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_s
     # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
     h2 = hidden.reshape(y.numel() // sp_world, d)
     if validate and y.numel() > 0 and not torch.compiler.is_compiling() and not _values_hidden(y):
-        bad = (y != ignore_index) & ((y < 0) | (y >= total))
+        yv = _unwrapped(y)  # under vmap: the whole batch
+        bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
         if bool(bad.any()):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
-                             f"got {int(y[bad][0])}")
+                             f"got {int(yv[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
     opts = ops.make_options(int(ignore_index), label_smoothing, z_loss, softcap or 0.0, backend, group_name,
                             vocab_start, vocab_total, tile_bytes)
     return _Call(h2, weight, y, bias, num_items_t, opts, tuple(labels.shape), out_shape)
@@ -255,6 +259,27 @@ def _number(name, x) -> float:
 def _values_hidden(t: torch.Tensor) -> bool:
     """Meta / fake tensors (tracing): shapes only, values cannot be checked."""
     return t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter))
+
+
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under torch.func wrappers (vmap's batched / grad's tracking tensors), for value checks."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+def _functorch_active() -> bool:
+    """True inside a torch.func transform; RuntimeError for what the op cannot do there (higher order)."""
+    if torch.compiler.is_compiling():
+        return False
+    stack = torch._C._functorch.get_interpreter_stack()
+    if not stack:
+        return False
+    kinds = [i.key() for i in stack]
+    tt = torch._C._functorch.TransformType
+    if tt.Jvp in kinds or kinds.count(tt.Grad) > 1:
+        raise RuntimeError(ops.DOUBLE_BACKWARD)
+    return True
 
 
 def _tile_bytes(tile_budget_mb) -> int:

@@ -28,7 +28,9 @@ outside ``[0, vocab_total)`` that is not ``ignore_index`` gives that token a NaN
 
 Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
 ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
-``grad_mask``). Double backward (``create_graph=True``) raises.
+``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
+torch.func: ``FuncForward`` (used by the public API while a transform is active) makes ``grad`` / ``vjp`` /
+``jacrev`` work; both ops have vmap rules (one call per batch element).
 """
 from __future__ import annotations
 
@@ -256,13 +258,23 @@ def _setup_context(ctx, inputs, output):
     ctx.pre_mask = driver.normalise_mask(grad_mask, bias)
 
 
+DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are not "
+                   "supported (double backward with create_graph=True, torch.func.hessian / jacfwd / jvp, grad of "
+                   "grad): its gradients come from fused kernels, not from differentiable ops. For those use the "
+                   "plain path F.cross_entropy(F.linear(hidden, weight, bias), labels), which materialises the "
+                   "logits.")
+
+
 def _backward(ctx, g_loss, *_unused):
+    if g_loss is not None and torch.is_grad_enabled():
+        raise RuntimeError(DOUBLE_BACKWARD)
+    return _backward_impl(ctx, g_loss)
+
+
+def _backward_impl(ctx, g_loss):
     n_inputs = 7 + _N_OPTS
     if g_loss is None:
         return (None,) * n_inputs
-    if torch.is_grad_enabled():
-        raise RuntimeError("fused_lce: double backward (create_graph=True) through linear_cross_entropy is not "
-                           "supported; its gradients are computed by fused kernels, not by differentiable ops")
     hidden, weight, labels, bias, num_items, lse = ctx.saved_tensors
     dh, dw, db = ctx.precomputed
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
@@ -270,8 +282,10 @@ def _backward(ctx, g_loss, *_unused):
     if ctx.fused and dh is not None:
         # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory (dW is
         # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
-        # Traced (FakeTensor/FunctionalTensor subclasses): out of place, the compiler plans the buffers.
-        eager = all(type(t) is torch.Tensor for t in (dh, dw, db, g_loss))
+        # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
+        # foreach rule): out of place.
+        eager = all(type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+                    for t in (dh, dw, db, g_loss))
         if eager:
             ctx.precomputed = (None, None, None)
         ready = [k for k, pre in enumerate((dh, dw, db)) if want[k] and ctx.pre_mask[k]]
@@ -297,3 +311,46 @@ def _backward(ctx, g_loss, *_unused):
 
 
 torch.library.register_autograd("fused_lce::forward", _backward, setup_context=_setup_context, lib=_lib)
+
+
+# ------------------------------------------------------------------------------------------------ torch.func
+class FuncForward(torch.autograd.Function):
+    """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
+    ``vmap``). The autograd formula that ``torch.library.register_autograd`` installs is not functorch-compatible
+    (it is a ctx-style ``autograd.Function``), so while a transform is active the public API calls the op through
+    this Function, whose backward is the same formula. One level of reverse mode: ``fused_lce.api`` rejects nested
+    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+
+    generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.fused_lce.forward(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, g_loss, *_unused):
+        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
+        # so this is a first-order gradient
+        return _backward_impl(ctx, g_loss)
+
+
+def _vmap_rule(op, n_out: int):
+    """vmap of an op: one call per batch element, outputs stacked along dim 0 (each element is an independent
+    problem with its own reduction, so the rows cannot simply be folded together)."""
+
+    def rule(info, in_dims, *args):
+        if info.batch_size == 0:
+            raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported")
+        outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
+                     for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
+        return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out
+
+    return rule
+
+
+torch.library.register_vmap("fused_lce::forward", _vmap_rule(torch.ops.fused_lce.forward.default, 6), lib=_lib)
+torch.library.register_vmap("fused_lce::backward", _vmap_rule(torch.ops.fused_lce.backward.default, 3), lib=_lib)

@@ -133,7 +133,7 @@ class TorchProvider(Provider):
         eps = opts.label_smoothing
         a = g * (1.0 + 2.0 * opts.z_loss * lse)  # coefficient of softmax
         tgt = g * (1.0 - eps)  # coefficient of the one-hot target
-        u = g * (eps / opts.vocab(tl.v))  # coefficient of the uniform smoothing target
+        u = g * (eps / max(opts.vocab(tl.v), 1))  # uniform smoothing target (V == 0: no column uses it)
         yl = t.labels[rows].long() - opts.vocab_start
         idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block
