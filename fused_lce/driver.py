@@ -17,6 +17,7 @@ weights (``token_weights``: 0 ignored, NaN bad label) are computed here, so no k
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -135,6 +136,44 @@ def run_backward(provider: Provider, t: Tensors, lse: torch.Tensor, g: torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ op kernels
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "not enough memory", "bad_alloc", "cannot allocate")
+
+
+def explains_oom(hidden_arg: int):
+    """Re-raise an allocation failure of the wrapped kernel (torch.OutOfMemoryError, or the RuntimeError of the CPU
+    allocator) as the same type, with the problem's sizes and the tile budget to lower; other errors pass as is."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args):
+            try:
+                return fn(*args)
+            except RuntimeError as e:
+                text = str(e)
+                if text.startswith("fused_lce: out of memory") or not (
+                        isinstance(e, torch.OutOfMemoryError) or any(m in text.lower() for m in _OOM_MARKERS)):
+                    raise
+                raise type(e)(_oom_message(fn.__name__, args[hidden_arg], args[hidden_arg + 1],
+                                           next(a for a in args if isinstance(a, Options)), text)) from e
+
+        return run
+
+    return wrap
+
+
+def _oom_message(what: str, hidden, weight, opts: Options, text: str) -> str:
+    (n, d), v = hidden.shape, weight.shape[0]
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    budget = (f"{mib(opts.tile_bytes)} (tile_budget_mb / FUSED_LCE_TILE_MB)" if opts.tile_bytes
+              else "the provider's default (set tile_budget_mb= or env FUSED_LCE_TILE_MB to lower it)")
+    return (f"fused_lce: out of memory in {what} (backend={opts.backend!r}, N={n} tokens, D={d}, V={v}, "
+            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; the "
+            f"float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
+            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles kept "
+            f"live), or process fewer tokens per call. Allocator: {text}")
+
+
+@explains_oom(hidden_arg=0)
 def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Options, grad_mask):
     """Kernel of ``fused_lce::forward`` (inputs validated by ``fused_lce.ops``). Returns (loss, lse, correct,
     dh | None, dw | None, db | None); gradients of the returned loss when ``reduction != "none"`` and asked."""
@@ -157,6 +196,7 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
     return loss, lse, correct, dh, dw, db
 
 
+@explains_oom(hidden_arg=1)
 def backward(grad_loss, hidden, weight, labels, bias, lse, opts: Options, grad_mask):
     """Kernel of ``fused_lce::backward``: (dh | None, dw | None, db | None) of ``sum_i grad_loss[i] * loss_i``."""
     mask = normalise_mask(grad_mask, bias)
