@@ -117,6 +117,12 @@ def check_problem(hidden, weight, labels, bias, opts: Options) -> None:
     for name, t in (("weight", weight), ("labels", labels), ("bias", bias)):
         if t is not None and t.device != hidden.device:
             raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
+    if opts.group_name:
+        try:
+            distributed.resolve_group(opts.group_name)
+        except Exception as e:  # torch.distributed raises RuntimeError / ValueError depending on its state
+            raise ValueError(f"group_name: no torch.distributed process group is registered under "
+                             f"{opts.group_name!r} ({type(e).__name__}: {e})") from None
     if opts.vocab_total and opts.vocab_start + weight.shape[0] > opts.vocab_total:
         raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
                          f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")
@@ -173,10 +179,16 @@ def _empty(t):
     return t.new_empty(0)
 
 
+def check_grad_mask(grad_mask) -> None:
+    if len(grad_mask) != 3:
+        raise ValueError(f"grad_mask: expected 3 bools (hidden, weight, bias), got {list(grad_mask)}")
+
+
 def _split_forward(args):
     hidden, weight, labels, bias, num_items, reduction = args[:6]
     opts = make_options(*args[6:6 + _N_OPTS])
     grad_mask = args[6 + _N_OPTS]
+    check_grad_mask(grad_mask)
     check_problem(hidden, weight, labels, bias, opts)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
@@ -188,6 +200,7 @@ def _split_backward(args):
     grad_loss, hidden, weight, labels, bias, lse = args[:6]
     opts = make_options(*args[6:6 + _N_OPTS])
     grad_mask = args[6 + _N_OPTS]
+    check_grad_mask(grad_mask)
     check_problem(hidden, weight, labels, bias, opts)
     check_per_token("grad_loss", grad_loss, labels.shape[0], hidden.device)
     check_per_token("lse", lse, labels.shape[0], hidden.device)
