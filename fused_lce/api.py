@@ -354,11 +354,12 @@ def _tile_bytes(tile_budget_mb) -> int:
         env = os.environ.get("FUSED_LCE_TILE_MB", "").strip()
         if not env:
             return 0
-        name = "FUSED_LCE_TILE_MB"
         try:
             value = float(env)
         except ValueError:
-            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}") from None
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}")
     value = _number(name, value)
     if not 0 < value < float("inf"):
         raise ValueError(f"{name}: expected a number of MiB > 0, got {value}")
