@@ -123,6 +123,10 @@ def check_problem(hidden, weight, labels, bias, opts: Options) -> None:
         except Exception as e:  # torch.distributed raises RuntimeError / ValueError depending on its state
             raise ValueError(f"group_name: no torch.distributed process group is registered under "
                              f"{opts.group_name!r} ({type(e).__name__}: {e})") from None
+    if not opts.group_name and (opts.vocab_start or opts.vocab_total not in (0, weight.shape[0])):
+        raise ValueError(f"vocab_start/vocab_total: a vocabulary shard (vocab_start={opts.vocab_start}, "
+                         f"vocab_total={opts.vocab_total}, weight.shape[0]={weight.shape[0]}) needs a group_name; "
+                         f"on one device use vocab_start=0, vocab_total=0")
     if opts.vocab_total and opts.vocab_start + weight.shape[0] > opts.vocab_total:
         raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
                          f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")

@@ -218,6 +218,8 @@ def _bad_op_calls(backend, device):
             (f"{op} tile_bytes", make(tile_bytes=-1), ValueError, "tile_bytes"),
             (f"{op} vocab_start", make(vocab_start=-1), ValueError, "vocab_start"),
             (f"{op} vocab_total", make(vocab_total=3), ValueError, "vocab_total"),
+            (f"{op} shard without a group", make(vocab_start=2, vocab_total=40), ValueError, "group_name"),
+            (f"{op} vocab_total without a group", make(vocab_total=40), ValueError, "group_name"),
             (f"{op} backend", make(backend="cudnn"), ValueError, "backend"),
             (f"{op} group_name", make(group_name="no-such-group"), ValueError, "group_name"),
             (f"{op} ignore_index beyond 64 bits", make(ignore_index=2**70), RuntimeError, "ignore_index"),
