@@ -217,6 +217,8 @@ def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_s
                              f"got {tuple(hidden.shape)}")
         # shift the labels, not the hidden states: position t is scored against label t+1 and the last
         # position against ignore_index, so hidden is used as is (no copy) and its last row gets zero gradient
+        if labels.dtype == torch.int32 and not -2**31 <= ignore_index < 2**31:
+            labels = labels.long()  # the ignore_index padding must be representable
         pad = torch.full_like(labels[..., :1], ignore_index)
         labels = torch.cat([labels[..., 1:], pad], dim=-1)
         out_shape = out_shape[:-1] + (max(out_shape[-1] - 1, 0),)

@@ -102,6 +102,14 @@ def _blocks(provider: Provider, p: Problem, keep: bool, agree: bool = True):
     return [slice(i, min(i + nb, p.n)) for i in range(0, p.n, max(nb, 1))]
 
 
+def _zero_grads(t: Tensors, mask, fp32_dh: bool):
+    """Gradients of a problem without tokens (N == 0): zeros of the inputs' shapes, whatever the provider's buffer
+    layout (a provider that allocates its outputs in ``grads`` never gets called)."""
+    h, w, b = t.hidden, t.weight, t.bias
+    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype) if mask[0] else None,
+            torch.zeros_like(w) if mask[1] else None, torch.zeros_like(b) if mask[2] and b is not None else None)
+
+
 def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch.Tensor],
                 scale: Optional[torch.Tensor], mask) -> tuple[Stats, Optional[tuple]]:
     """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``."""
@@ -115,6 +123,8 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch
         return st, provider.finish(t, out, scale)
     out = provider.new_grads(t, mask, fp32_dh=group, scaled=scale is not None) if want else None
     st_all = _stat_buffers(n, t.hidden.device)
+    if n == 0:  # no token block runs
+        return st_all, (_zero_grads(t, mask, group) if want else None)
     for rows in _blocks(provider, p, keep=want):
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = Stats(*distributed.combine_stats(*st, opts.group_name))
@@ -129,6 +139,8 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch
 def run_backward(provider: Provider, t: Tensors, lse: torch.Tensor, g: torch.Tensor, opts: Options, mask):
     """Gradients of ``sum_i g_i * loss_i`` from the saved lse (recomputes the logits)."""
     p = Problem.of(t, opts, mask)
+    if p.n == 0:  # no token block runs
+        return _zero_grads(t, mask, bool(opts.group_name))
     out = provider.new_grads(t, mask, fp32_dh=bool(opts.group_name))
     for rows in _blocks(provider, p, keep=False, agree=False):  # no collective per block here
         provider.grads(t, rows, lse[rows], g[rows], None, opts, out, None)

@@ -63,7 +63,8 @@ def rel_err(a, b):
 #   loss / lse: |ours - ref| <= LOSS_TOL |ref| + LOSS_ATOL * (sum of the per-token terms' magnitudes, in zmag)
 #   gradients:  ||ours - ref|| <= GRAD_TOL ||ref|| + SUMMAND_TOL || B @ |W| || + LOGIT_TOL || P @ |W| ||
 #               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax term|
-#               times the logit magnitudes (the softmax inherits the logits' error)
+#               times the logit magnitudes (the softmax inherits the logits' error); with a softcap the factor
+#               1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels to ~0)
 # GRAD_TOL covers rounding the returned gradient to the input dtype; SUMMAND_TOL the gradient GEMMs (their
 # float32 accumulation, and dz rounded to bf16/fp16 by some kernels: about one unit of that precision).
 GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
@@ -97,14 +98,23 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
     hr, wr, br = leaf(h), leaf(w), leaf(b)
     y = y.cpu()
     opts = dict(ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)
-    loss, lse, acc, n_valid = reference_loss(hr, wr, y, br, reduction=reduction, shift=shift, num_items=num_items,
-                                             **opts)
-    g = torch.ones_like(loss) if upstream is None else upstream.detach().cpu().to(f64).reshape(loss.shape)
-    leaves = [t for t in (hr, wr, br) if t is not None]
-    got = iter(torch.autograd.grad(loss, leaves, g, allow_unused=True))
-    grads = tuple(None if t is None else next(got) for t in (hr, wr, br))
-    grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)  # unused: zero gradient
-                  for t, gr in zip((hr, wr, br), grads))
+    if wr.shape[0] == 0:  # empty vocabulary: every label must be ignored (else it is a bad label: NaN)
+        ys = y[..., 1:] if shift else y
+        assert not (ys != ignore_index).any(), "V == 0 has no reference answer for a valid label"
+        per = torch.zeros(ys.shape, dtype=f64)
+        loss = per if reduction == "none" else per.sum()
+        lse, acc, n_valid = torch.full(ys.shape, -math.inf, dtype=f64), torch.zeros((), dtype=f64), (ys < 0).sum() * 0
+        g = torch.ones_like(loss) if upstream is None else upstream.detach().cpu().to(f64).reshape(loss.shape)
+        grads = tuple(None if t is None else torch.zeros_like(t) for t in (hr, wr, br))
+    else:
+        loss, lse, acc, n_valid = reference_loss(hr, wr, y, br, reduction=reduction, shift=shift,
+                                                 num_items=num_items, **opts)
+        g = torch.ones_like(loss) if upstream is None else upstream.detach().cpu().to(f64).reshape(loss.shape)
+        leaves = [t for t in (hr, wr, br) if t is not None]
+        got = iter(torch.autograd.grad(loss, leaves, g, allow_unused=True))
+        grads = tuple(None if t is None else next(got) for t in (hr, wr, br))
+        grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)  # unused: zero gradient
+                      for t, gr in zip((hr, wr, br), grads))
     with torch.no_grad():
         hh, yy = (hr[..., :-1, :], y[..., 1:]) if shift else (hr, y)
         v, d = wr.shape
@@ -115,10 +125,10 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         finite = torch.isfinite(z)
         zmag = hf.abs() @ wr.abs().t() + (br.abs() if br is not None else 0.0)
         zmag = torch.where(finite, zmag, torch.zeros_like(zmag))  # a -inf (masked) logit is exact
-        dcap = torch.ones_like(z)
+        dcap = torch.ones_like(z)  # magnitude of the softcap derivative's terms: 1 + t^2 (1 - t^2 cancels)
         if softcap:
             t = torch.tanh(z / softcap)
-            z, dcap = softcap * t, 1 - t * t
+            z, dcap = softcap * t, 1 + t * t
         valid = yf != ignore_index
         zeros = torch.zeros(n, dtype=f64)
         zmax = zmag.amax(-1) if v else zeros
