@@ -5,7 +5,6 @@ dz rounded to the input dtype before the gradient GEMMs, float32 accumulation. S
 the float64 reference to float32 rounding whatever the input dtype, and the gradients to the rounding of dz.
 """
 import math
-import random
 
 import pytest
 import torch
@@ -58,8 +57,7 @@ def reference(h, w, b, y, ls, z, cap, upstream):
 @pytest.mark.parametrize("hw", [E.HwSpec(), SMALL_HW], ids=["910b", "small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(o) or "plain")
-def test_emulator_matches_fp64_reference(hw, dtype, opts):
-    seed = random.randrange(2**31)
+def test_emulator_matches_fp64_reference(hw, dtype, opts, seed):
     n, d, v = (37, 45, 301) if hw is SMALL_HW else (70, 40, 517)
     h, w, b, y, g = make(n, d, v, dtype, seed, bias=opts.get("bias", False))
     ls, z, cap = opts.get("ls", 0.0), opts.get("z", 0.0), opts.get("cap", 0.0)
@@ -86,10 +84,9 @@ def test_emulator_matches_fp64_reference(hw, dtype, opts):
     assert torch.all(dx[~valid] == 0), ctx
 
 
-def test_vocab_shards_combine_like_one_device():
+def test_vocab_shards_combine_like_one_device(seed):
     """Two ranks' local stats (vocab_start != 0), merged as fused_lce.distributed.combine_stats does, give the
     unsharded result: the kernel's shard-local target/argmax conventions are right."""
-    seed = random.randrange(2**31)
     h, w, b, y, _ = make(50, 32, 300, torch.bfloat16, seed, bias=True)
     full = E.stats(h, w, b, y, 0, 0.0, True)
     parts = [E.stats(h, w[:130], b[:130], y, 0, 0.0, True), E.stats(h, w[130:], b[130:], y, 130, 0.0, True)]
@@ -131,10 +128,9 @@ def test_no_tokens():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_npu_backend_glue_with_emulated_kernels(dtype):
+def test_npu_backend_glue_with_emulated_kernels(dtype, seed):
     """The "npu" provider's Python side (statistics, gradients, casts) through the driver on CPU tensors, with the
     emulator standing in for the compiled kernels."""
-    seed = random.randrange(2**31)
     be = AscendCProvider("npu_emulated", kernels=E.Kernels(), device_types=("cpu",))
     assert be.unavailable_reason() is None
     h, w, b, y, g = make(45, 24, 260, dtype, seed, bias=True)
