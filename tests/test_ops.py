@@ -260,13 +260,13 @@ n, d, v = 4_000_000, 1, 3          # the sizes at which the C++ kernel used to c
 h, w = torch.randn(n, d), torch.randn(v, d)
 y, b = torch.randint(0, v, (n,)), torch.randn(v)
 opts = (-100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0)
-calls = {
-    "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts, [True, True, False]),
-    "bias": lambda: torch.ops.fused_lce.forward(h, w, y, b[:1], None, "mean", *opts, [True, True, True]),
+calls = {  # the two that crashed first: a crash kills the process, and the test reports its exit status
     "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), *opts,
                                                 [True, True, False]),
     "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), *opts,
                                                       [True, True, False]),
+    "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts, [True, True, False]),
+    "bias": lambda: torch.ops.fused_lce.forward(h, w, y, b[:1], None, "mean", *opts, [True, True, True]),
 }
 for name, call in calls.items():
     try:
@@ -283,7 +283,7 @@ def test_short_inputs_at_4m_rows_raise_in_a_fresh_process(backend):
     rows; garbage from forward with short labels / bias), run in a subprocess so a crash cannot take pytest
     down: each is now a ValueError naming the argument."""
     out = subprocess.run([sys.executable, "-c", SHORT_4M, backend], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert out.returncode == 0, (f"exit status {out.returncode} (-11: segfault)", out.stdout, out.stderr[-2000:])
     lines = out.stdout.split("\n")
     for name in ("labels", "bias", "lse", "grad_loss"):
         assert f"{name} ValueError {name}" in lines, out.stdout
