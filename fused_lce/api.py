@@ -351,8 +351,7 @@ def _functorch_active() -> bool:
 def _tile_bytes(tile_budget_mb) -> int:
     """Bytes of logits tiles a provider may keep live: the argument, else env FUSED_LCE_TILE_MB, else 0 (each
     provider's default). Read here, once, so every provider means the same thing by it."""
-    name, value = "tile_budget_mb", tile_budget_mb
-    if value is None:
+    if tile_budget_mb is None:
         env = os.environ.get("FUSED_LCE_TILE_MB", "").strip()
         if not env:
             return 0
@@ -362,9 +361,10 @@ def _tile_bytes(tile_budget_mb) -> int:
             value = float("nan")
         if not 0 < value < float("inf"):
             raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}")
-    value = _number(name, value)
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name}: expected a number of MiB > 0, got {value}")
+    else:
+        value = _number("tile_budget_mb", tile_budget_mb)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"tile_budget_mb: expected a number of MiB > 0, got {value}")
     return max(1, int(value * 2**20))
 
 
