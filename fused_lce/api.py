@@ -110,7 +110,8 @@ def linear_cross_entropy(
           after the step. Meta / fake tensors likewise propagate shapes without value checks.
         * ``torch.func``: ``grad``, ``grad_and_value``, ``vjp``, ``jacrev`` and ``vmap`` (one op call per batch
           element; per-sample gradients with ``vmap(grad(...))``) work; forward mode and nested reverse mode
-          raise (see Raises).
+          raise (see Raises). The gradients ``torch.func`` returns are first-order values: do not differentiate
+          them again with ``torch.autograd`` either.
         * double backward (``create_graph=True``): raises at backward.
     """
     call = _normalise(hidden, weight, labels, bias, ignore_index=ignore_index, reduction=reduction,
