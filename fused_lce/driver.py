@@ -23,6 +23,7 @@ from the saved per-token ``lse`` and ``E_p[z]``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -82,7 +83,7 @@ def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) 
     """Coefficients of the loss gradient, ``dz = g (1 + 2 z_loss lse) p - g (1 - eps) onehot - g eps / V``."""
     eps = opts.label_smoothing
     return Coefs(a=g * (1.0 + 2.0 * opts.z_loss * lse), t=g * (1.0 - eps),
-                 u=g * (eps / opts.vocab(v_local)) if eps else None)
+                 u=g * (eps / max(opts.vocab(v_local), 1)) if eps else None)  # V == 0: no column uses u
 
 
 def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], zmean: Optional[torch.Tensor],
@@ -159,6 +160,14 @@ def _blocks(provider: Provider, p: Problem, keep: bool, agree: bool = True):
     return [slice(i, min(i + nb, p.n)) for i in range(0, max(p.n, 1), max(nb, 1))]
 
 
+def _zero_grads(t: Tensors, mask, fp32_dh: bool):
+    """Gradients of a problem without tokens (N == 0): zeros of the inputs' shapes, whatever the provider's buffer
+    layout (a provider that allocates its outputs in ``grads`` never gets called)."""
+    h, w, b = t.hidden, t.weight, t.bias
+    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype) if mask[0] else None,
+            torch.zeros_like(w) if mask[1] else None, torch.zeros_like(b) if mask[2] and b is not None else None)
+
+
 def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch.Tensor],
                 scale: Optional[torch.Tensor], mask) -> tuple[Stats, Optional[tuple]]:
     """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``."""
@@ -172,6 +181,8 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch
         return st, provider.finish(t, out, scale)
     out = provider.new_grads(t, mask, fp32_dh=group, scaled=scale is not None) if want else None
     st_all = _stat_buffers(n, t.hidden.device, opts.entropy)
+    if n == 0:  # no token block runs
+        return st_all, (_zero_grads(t, mask, group) if want else None)
     for rows in _blocks(provider, p, keep=want):
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = combine(st, opts.group_name)
@@ -186,6 +197,8 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch
 def run_backward(provider: Provider, t: Tensors, lse: torch.Tensor, g: torch.Tensor, opts: Options, mask):
     """Gradients of ``sum_i g_i * loss_i`` from the saved lse (recomputes the logits)."""
     p = Problem.of(t, opts, mask)
+    if p.n == 0:  # no token block runs
+        return _zero_grads(t, mask, bool(opts.group_name))
     out = provider.new_grads(t, mask, fp32_dh=bool(opts.group_name))
     for rows in _blocks(provider, p, keep=False, agree=False):  # no collective per block here
         grads(provider, t, rows, lse[rows], g[rows], None, opts, out, None)
@@ -193,6 +206,44 @@ def run_backward(provider: Provider, t: Tensors, lse: torch.Tensor, g: torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ op kernels
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "not enough memory", "bad_alloc", "cannot allocate")
+
+
+def explains_oom(hidden_arg: int):
+    """Re-raise an allocation failure of the wrapped kernel (torch.OutOfMemoryError, or the RuntimeError of the CPU
+    allocator) as the same type, with the problem's sizes and the tile budget to lower; other errors pass as is."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args):
+            try:
+                return fn(*args)
+            except RuntimeError as e:
+                text = str(e)
+                if text.startswith("fused_lce: out of memory") or not (
+                        isinstance(e, torch.OutOfMemoryError) or any(m in text.lower() for m in _OOM_MARKERS)):
+                    raise
+                raise type(e)(_oom_message(fn.__name__, args[hidden_arg], args[hidden_arg + 1],
+                                           next(a for a in args if isinstance(a, Options)), text)) from e
+
+        return run
+
+    return wrap
+
+
+def _oom_message(what: str, hidden, weight, opts: Options, text: str) -> str:
+    (n, d), v = hidden.shape, weight.shape[0]
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    budget = (f"{mib(opts.tile_bytes)} (tile_budget_mb / FUSED_LCE_TILE_MB)" if opts.tile_bytes
+              else "the provider's default (set tile_budget_mb= or env FUSED_LCE_TILE_MB to lower it)")
+    return (f"fused_lce: out of memory in {what} (backend={opts.backend!r}, N={n} tokens, D={d}, V={v}, "
+            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; the "
+            f"float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
+            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles kept "
+            f"live), or process fewer tokens per call. Allocator: {text}")
+
+
+@explains_oom(hidden_arg=0)
 def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Options, grad_mask):
     """Kernel of ``fused_lce::forward`` (inputs validated by ``fused_lce.ops``). Returns (loss, lse, correct,
     dh | None, dw | None, db | None); gradients of the returned loss when ``reduction != "none"`` and asked."""
@@ -215,6 +266,7 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
     return loss, lse, correct, dh, dw, db
 
 
+@explains_oom(hidden_arg=1)
 def backward(grad_loss, hidden, weight, labels, bias, lse, opts: Options, grad_mask):
     """Kernel of ``fused_lce::backward``: (dh | None, dw | None, db | None) of ``sum_i grad_loss[i] * loss_i``."""
     mask = normalise_mask(grad_mask, bias)

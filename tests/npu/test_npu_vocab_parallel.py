@@ -3,7 +3,6 @@ wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on t
 (all-reduced) dX, and each rank its own rows of dW, against the float64 reference."""
 import math
 import os
-import random
 import socket
 import sys
 
@@ -72,8 +71,8 @@ def _worker(rank, world, port, seed):
 
 
 @pytest.mark.distributed
-def test_vocab_parallel_npu_backends_match_unsharded_reference():
+def test_vocab_parallel_npu_backends_match_unsharded_reference(seed):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, random.randrange(2**31)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, port, seed), nprocs=2, join=True)
