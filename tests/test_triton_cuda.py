@@ -373,6 +373,34 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 
 @cuda
 @needs_triton_cuda
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("mode", ["default", "compact"])
+def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
+    """linear_logprobs on the GPU against float64 (values; gradients for random upstream gradients on both
+    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
+    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients) for bf16 / fp16
+    log-probs at temperature 1 without entropy; both schedules."""
+    from fused_lce.backends.base import Options
+
+    from .test_logprobs import check
+
+    if mode == "compact":
+        monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", PATHS[path])
+    tc = _tc()
+    v = 2 * tc.BLOCK + 37
+    for entropy, temp in ((False, 1.0), (True, 1.0), (True, 0.7), (False, 1.3)):
+        o = Options(temperature=temp, entropy=entropy)
+        gemm = path == "gemm" and dtype != torch.float32 and temp == 1.0 and not entropy
+        assert (tc.gemm_path_reason(dtype, 40, torch.device("cuda"), o) is None) == gemm
+        for tile in (None, 0.3):
+            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True, ignore_frac=0.2,
+                  temperature=temp)
+
+
+@cuda
+@needs_triton_cuda
 @pytest.mark.parametrize("cfg", ["128,256,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0"])
 def test_gemm_tile_configurations(cfg, monkeypatch, seed):
     """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store) against the
