@@ -8,12 +8,15 @@ Each (shape, method) runs in a fresh subprocess and records:
     CUDA: max_memory_allocated minus what was allocated before the runs,
   - the load average before / after (the machine may be shared: a case run under load is slower),
   - the per-token outputs, so the parent reports their error against a float64 reference of the same inputs
-    (chunked over tokens) and the relative difference of dX against the logits path.
+    (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits path,
+  - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
+    + the row kernel, which takes temperature != 1 and entropy).
 Inputs come from fused_lce.bench.make_inputs (15% of labels ignored), the environment from fused_lce.bench.environment.
-Writes logprobs_<device>.json and .md into --out (default benchmarks/results).
+Writes <--name>.json and .md (default logprobs_<device>) into --out (default benchmarks/results).
 
     python benchmarks/logprobs.py                                  # CPU: a small shape and the Qwen2.5-0.5B head
-    python benchmarks/logprobs.py --device cuda --dtype bfloat16   # e.g. on the H200 (not run by this script's author)
+    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --shapes 8192x4096x151936 --reps 3 \
+        --backend triton --name logprobs_h200                      # the H200 run of benchmarks/results/
     python benchmarks/logprobs.py --shapes 512x896x32768 --reps 2 --out /tmp/b
 """
 from __future__ import annotations
@@ -79,6 +82,20 @@ def _run(method, h, w, y, temperature, backend):
     return lp, ent
 
 
+def _provider(args, h, w, y, entropy):
+    """(provider name, its path) that linear_logprobs resolves for these inputs."""
+    from fused_lce import registry
+    from fused_lce.backends.base import Options, Problem, Tensors
+
+    opts = Options(backend=args.backend, temperature=args.temperature, entropy=entropy)
+    t = Tensors(h, w, y, None)
+    prov = registry.resolve(args.backend, Problem.of(t, opts, op="logprobs"))
+    path = None
+    if prov.name == "triton":
+        path = "fused-GEMM" if prov.path_reason(t, opts) is None else "cuBLAS + row kernel"
+    return prov.name, path
+
+
 def child(args):
     """One method on one shape in this fresh process; prints one JSON line, saves outputs to args.save."""
     import torch
@@ -88,6 +105,9 @@ def child(args):
     n, d, v = (int(x) for x in args.shape.split("x"))
     dev = torch.device(args.device)
     h, w, y = make_inputs(n, d, v, getattr(torch, args.dtype), dev, seed=args.seed)
+    provider = path = None
+    if args.method.startswith("fused"):
+        provider, path = _provider(args, h, w, y, not args.method.endswith("no_entropy"))
     h.requires_grad_()
     w.requires_grad_()
     g = torch.Generator(device=dev).manual_seed(args.seed + 1)
@@ -119,19 +139,24 @@ def child(args):
     torch.save({"lp": lp.detach().cpu(), "ent": None if ent is None else ent.detach().cpu(),
                 "dh": h.grad.detach().float().cpu()}, args.save)
     print(json.dumps({"wall_s": min(walls), "walls": walls, "cpu_s": cpus[walls.index(min(walls))],
-                      "peak_extra_mib": peak / MIB, "load_before": load0, "load_after": _load()}), flush=True)
+                      "peak_extra_mib": peak / MIB, "load_before": load0, "load_after": _load(),
+                      "provider": provider, "path": path}), flush=True)
 
 
 def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
-    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on CPU)."""
+    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on the GPU for a CUDA device,
+    else on CPU); returned on CPU."""
     import torch
 
     from fused_lce.bench import make_inputs
 
     n, d, v = (int(x) for x in shape.split("x"))
     h, w, y = make_inputs(n, d, v, getattr(torch, dtype), device, seed=seed)
-    h, w, y = h.cpu(), w.cpu().double(), y.cpu()
-    lp, ent = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    if torch.device(device).type != "cuda":
+        h, y = h.cpu(), y.cpu()
+    w = w.to(h.device).double()
+    lp = torch.zeros(n, dtype=torch.float64, device=h.device)
+    ent = torch.zeros(n, dtype=torch.float64, device=h.device)
     step = max(1, chunk_elems // v)
     for i in range(0, n, step):
         logp = torch.log_softmax((h[i:i + step].double() @ w.t()) / temperature, dim=-1)
@@ -139,7 +164,8 @@ def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
         ok = yy != -100
         lp[i:i + step] = torch.where(ok, logp.gather(1, yy.clamp(min=0)[:, None]).squeeze(1), 0.0)
         ent[i:i + step] = torch.where(ok, -(logp.exp() * logp).sum(1), 0.0)
-    return lp, ent
+        del logp
+    return lp.cpu(), ent.cpu()
 
 
 def run_case(args, shape, method, save):
@@ -162,14 +188,15 @@ def render(report) -> str:
            f"{env.get('commit')}, {env['date']}; load average at start {env.get('loadavg')} (shared machine: "
            f"times are under that load). Forward + backward with random upstream gradients on both outputs; "
            f"min of {report['args']['reps']} runs; peak extra memory includes the gradients (dW = V x D).", "",
-           "| shape (N x D x V) | method | fwd+bwd s | CPU s | peak extra MiB | logp max abs err | entropy max abs err "
-           "| dX rel diff vs logits | load before / after |", "|" + "---|" * 9]
+           "| shape (N x D x V) | method | provider (path) | fwd+bwd s | CPU s | peak extra MiB | logp max abs err "
+           "| entropy max abs err | dX rel diff vs logits | load before / after |", "|" + "---|" * 10]
     for r in report["results"]:
         if "error" in r:
-            out.append(f"| {r['shape']} | {r['method']} | error: {r['error'][-60:]!r} | | | | | | |")
+            out.append(f"| {r['shape']} | {r['method']} | | error: {r['error'][-60:]!r} | | | | | | |")
             continue
         f = lambda k, fmt: (fmt.format(r[k]) if r.get(k) is not None else "-")  # noqa: E731
-        out.append(f"| {r['shape']} | {r['method']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+        prov = "-" if not r.get("provider") else r["provider"] + (f" ({r['path']})" if r.get("path") else "")
+        out.append(f"| {r['shape']} | {r['method']} | {prov} | {r['wall_s']:.4f} | {r['cpu_s']:.2f} | "
                    f"{r['peak_extra_mib']:.0f} | {f('logp_err', '{:.1e}')} | {f('entropy_err', '{:.1e}')} | "
                    f"{f('dx_rel_diff', '{:.1e}')} | {r['load_before']} / {r['load_after']} |")
     return "\n".join(out) + "\n"
@@ -187,6 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--name", default="", help="file stem of the results (default logprobs_<device type>)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -224,7 +252,7 @@ def main(argv=None) -> int:
                     r["dx_rel_diff"] = rel_err(outs[r["method"]]["dh"], outs[base]["dh"])
     report = {"environment": env, "args": vars(args), "results": rows}
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"logprobs_{torch.device(args.device).type}")
+    stem = os.path.join(args.out, args.name or f"logprobs_{torch.device(args.device).type}")
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(stem + ".md", "w") as f:

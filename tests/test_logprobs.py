@@ -312,7 +312,7 @@ def test_errors():
 
 class _NoLogprobs(TorchProvider):
     """The torch kernels behind a provider that has not opted into the log-prob contract, whose loss path is
-    the legacy one (per-token weight g; the 'kernel' forms the loss coefficients itself) -- as triton / npu."""
+    the legacy one (per-token weight g; the 'kernel' forms the loss coefficients itself) -- as npu / npu_cann."""
 
     name = "no_logprobs"
     supports_logprobs = False

@@ -187,6 +187,118 @@ def test_kernel_under_triton_interpreter(tmp_path, seed):
             assert r["correct"], r
 
 
+LOGPROB_INTERP_SCRIPT = r"""
+import json, math, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import fused_lce
+from fused_lce import registry
+from fused_lce.backends import triton as tc
+torch.manual_seed(int(sys.argv[2]))
+
+class Interp(tc.TritonProvider):  # the triton provider's kernels on CPU tensors (the interpreter)
+    name = "triton_interp"
+    device_types = ("cpu",)
+    def unavailable_reason(self):
+        return None
+
+registry.register(Interp())
+
+def reference(h, w, y, b, temperature, softcap):
+    z = h @ w.t()
+    if b is not None:
+        z = z + b
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    logp = torch.log_softmax(z / temperature, dim=-1)
+    valid = y != -100
+    lp = logp.gather(-1, torch.where(valid, y, 0)[:, None]).squeeze(-1)
+    ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
+    zero = torch.zeros_like(lp)
+    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
+
+def rel(a, b):
+    a = a.double(); b = b.double()
+    return float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float((a - b).norm())
+
+cases = [
+    # (name, path, schedule, dtype, n, d, v, temperature, softcap, bias, masked columns, entropy, tile MiB)
+    ("temp-softcap-bias-blocks", "cublas", "default", "float32", 23, 12, 4500, 0.7, 3.0, True, 0, True, 0.1),
+    ("hot-bf16", "cublas", "default", "bfloat16", 17, 16, 2100, 1.3, 0.0, True, 0, True, None),
+    ("entropy-t1-fp16", "cublas", "default", "float16", 13, 8, 700, 1.0, 0.0, False, 0, True, None),
+    ("masked-vocab", "cublas", "default", "float32", 11, 8, 2100, 1.3, 0.0, True, 2060, True, None),
+    ("compact-merge", "cublas", "compact", "float32", 23, 12, 2100, 0.8, 4.0, True, 700, True, 0.05),
+    ("no-entropy-temp", "cublas", "default", "float32", 19, 8, 301, 0.5, 2.0, False, 0, False, None),
+    ("gemm-t1-lp-only", "gemm", "default", "bfloat16", 21, 16, 333, 1.0, 0.0, True, 0, False, None),
+]
+out = []
+for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in cases:
+    os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0" if path == "gemm" else ""
+    os.environ["FUSED_LCE_COMPACT"] = "1" if sched == "compact" else "0"
+    dtype = getattr(torch, dt)
+    h = torch.randn(n, d).to(dtype).requires_grad_()
+    w = (torch.randn(v, d) / d ** 0.5 * 2).to(dtype).requires_grad_()
+    b = None
+    if has_b:
+        b0 = torch.randn(v) * 0.5
+        b0[:masked] = -math.inf  # whole row-kernel blocks and parts of one masked (a masked bias)
+        b = b0.to(dtype).requires_grad_()
+    y = torch.randint(masked, v, (n,))
+    y[torch.rand(n) < 0.25] = -100
+    y[0] = int(torch.randint(masked, v, ()))
+    from fused_lce.backends.base import Options, Tensors
+    o = Options(softcap=cap, temperature=temp, entropy=entropy)
+    got_path = "gemm" if tc.TritonProvider.path_reason(Tensors(h, w, y, b), o) is None else "cublas"
+    res = fused_lce.linear_logprobs(h, w, y, b, temperature=temp, softcap=cap or None, return_entropy=entropy,
+                                    backend="triton_interp", tile_budget_mb=tile)
+    lp, ent = res if entropy else (res, None)
+    leaves = [x for x in (h, w, b) if x is not None]
+    refs = [x.detach().double().requires_grad_() for x in leaves]
+    rlp, rent = reference(refs[0], refs[1], y, refs[2] if b is not None else None, temp, cap)
+    g_lp, g_ent = torch.randn(n), torch.randn(n)
+    obj = (lp * g_lp).sum() + ((ent * g_ent).sum() if entropy else 0.0)
+    robj = (rlp * g_lp.double()).sum() + ((rent * g_ent.double()).sum() if entropy else 0.0)
+    ours = torch.autograd.grad(obj, leaves)
+    want = torch.autograd.grad(robj, refs)
+    if b is not None and masked:  # no gradient reaches a -inf bias: compare the finite columns
+        ours = ours[:2] + (ours[2][masked:],)
+        want = want[:2] + (want[2][masked:],)
+    out.append(dict(case=name, dtype=dt, path=got_path, want_path=path,
+                    lp=float((lp.double() - rlp.detach()).abs().max()), lp_mag=float(rlp.detach().abs().max()),
+                    ent=float((ent.double() - rent.detach()).abs().max()) if entropy else 0.0,
+                    ent_mag=float(rent.detach().abs().max()) if entropy else 0.0,
+                    finite=all(bool(torch.isfinite(g).all()) for g in ours),
+                    dtypes=[g.dtype == x.dtype for g, x in zip(ours, leaves)],
+                    grads=[rel(a, c) for a, c in zip(ours, want)],
+                    zero_ignored=bool((lp[y == -100] == 0).all()) and (not entropy or bool((ent[y == -100] == 0).all()))))
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_logprobs_under_triton_interpreter(seed):
+    """linear_logprobs through the public API on the triton provider's kernels (CPU tensors, TRITON_INTERPRET=1),
+    values and gradients (random upstream gradients on both outputs) against float64: the row kernel's entropy
+    statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy coefficient b, temperature
+    after softcap, bias, a -inf masked vocabulary, ignored tokens, several token blocks, the compact schedule's
+    vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path (STATS epilogue, DZ epilogue from the
+    driver's coefficients) for a temperature-1 log-prob without entropy."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", LOGPROB_INTERP_SCRIPT, ROOT, str(seed)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    value_tol = {"float32": 2e-6, "bfloat16": 2e-5, "float16": 2e-5}
+    results = json.loads(line[len("RESULT"):])
+    assert len(results) == 7
+    for r in results:
+        assert r["path"] == r["want_path"], r
+        assert r["lp"] <= value_tol[r["dtype"]] * (1 + r["lp_mag"]), r
+        assert r["ent"] <= value_tol[r["dtype"]] * (1 + r["ent_mag"]), r
+        assert r["finite"] and all(r["dtypes"]) and r["zero_ignored"], r
+        assert max(r["grads"]) <= GRAD_TOL[getattr(torch, r["dtype"])], r
+
+
 # ------------------------------------------------------------------------------------------- CUDA
 def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
     """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture seeds."""
@@ -256,6 +368,34 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
                                              tile_budget_mb=tile, **OPTS[opts])
         up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
         _compare(h, w, y, b, out, OPTS[opts], reduction, up, dtype)
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("mode", ["default", "compact"])
+def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
+    """linear_logprobs on the GPU against float64 (values; gradients for random upstream gradients on both
+    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
+    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients) for bf16 / fp16
+    log-probs at temperature 1 without entropy; both schedules."""
+    from fused_lce.backends.base import Options
+
+    from .test_logprobs import check
+
+    if mode == "compact":
+        monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", PATHS[path])
+    tc = _tc()
+    v = 2 * tc.BLOCK + 37
+    for entropy, temp in ((False, 1.0), (True, 1.0), (True, 0.7), (False, 1.3)):
+        o = Options(temperature=temp, entropy=entropy)
+        gemm = path == "gemm" and dtype != torch.float32 and temp == 1.0 and not entropy
+        assert (tc.gemm_path_reason(dtype, 40, torch.device("cuda"), o) is None) == gemm
+        for tile in (None, 0.3):
+            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True, ignore_frac=0.2,
+                  temperature=temp)
 
 
 @cuda

@@ -25,6 +25,12 @@ chunks (the gemm path stores nothing but tile statistics), then per chunk ``dz``
 writes ``dz`` directly), ``dW_c = dz.T @ h`` written once in the weight dtype and ``dX += dz @ W_c`` into a float32
 (N, D) accumulator. No (V, D) float32 buffer.
 
+``linear_logprobs`` (``supports_logprobs``): temperature and the entropy statistic live in the row kernel, so those
+problems (temperature != 1 or entropy) take the cuBLAS path; a temperature-1 log-prob without entropy can take the
+fused-GEMM path (its STATS / DZ epilogues are the loss's). Outside the one-pass loss (``fused``, which forms the
+loss's coefficients in its kernels) every gradient kernel takes the driver's per-row coefficients ``Coefs(a, t, b,
+u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
+
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the
 gradient kernels, and dX is returned in float32. Nothing here reads a device value on the host, so forward and
@@ -60,7 +66,7 @@ if triton is not None:
 else:  # pragma: no cover
     kgemm = krows = None
 
-from .base import Grads, Options, Problem, Provider, Stats, Tensors
+from .base import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
 
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
@@ -88,6 +94,8 @@ def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Opt
         return "FUSED_LCE_TRITON_GEMM=0"
     if kgemm is None:
         return f"the GEMM kernels do not import ({_KERNELS_ERROR})"
+    if opts.temperature != 1.0 or opts.entropy:
+        return "temperature / entropy (linear_logprobs): the row kernel implements them"
     if dtype not in (torch.bfloat16, torch.float16):
         return "float32 inputs keep cuBLAS float32 products"
     if opts.softcap:
@@ -121,17 +129,21 @@ if triton is not None:
 
     @triton.jit
     def _rows_kernel(
-        z_ptr, stride_z,  # float32 logits rows (bias and softcap not applied yet)
+        z_ptr, stride_z,  # float32 logits rows (bias, softcap and temperature not applied yet)
         dz_ptr, stride_dz,  # gradient rows; may alias z_ptr (COMPACT: half-width elements in the same row)
-        b_ptr,  # bias of these columns (HAS_BIAS)
+        bias_ptr,  # bias of these columns (HAS_BIAS)
         y_ptr,  # labels of these rows (global ids, int32/int64)
-        g_ptr,  # per-row token weight (float32): 0 ignored, NaN bad label (GRAD)
+        # GRAD: per-row float32 coefficients of dz = p (a + b z) - t onehot - u (b: HAS_B, u: HAS_U), formed by
+        # the driver; LOSS (the one-pass loss only): a_ptr holds the token weight g and the loss's coefficients
+        # are formed here from the row's own lse (0 ignored, NaN bad label either way)
+        a_ptr, t_ptr, b_ptr, u_ptr,
         scale_ptr,  # 0-dim float32 factor of every gradient (HAS_SCALE)
         lse_ptr,  # STATS == 0 and GRAD: the row's global lse (read)
-        m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr,  # STATS: raw statistics (read first when MERGE)
-        ncols, label_off, vocab_total, eps, zloss, cap,
-        STATS: tl.constexpr, MERGE: tl.constexpr, GRAD: tl.constexpr, HAS_SCALE: tl.constexpr,
-        HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+        m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr, ez_ptr,  # STATS: raw statistics (read first when MERGE); ez: ENTROPY
+        ncols, label_off, vocab_total, eps, zloss, cap, inv_temp,
+        STATS: tl.constexpr, MERGE: tl.constexpr, GRAD: tl.constexpr, LOSS: tl.constexpr, HAS_SCALE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
+        ZLOSS: tl.constexpr, ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr,
         COMPACT: tl.constexpr, BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: rows * columns exceeds 2**31 on real shapes
@@ -143,11 +155,12 @@ if triton is not None:
         inside = (yl >= 0) & (yl < ncols)
 
         if STATS:
-            # per-lane online softmax: each lane keeps its own max / sum-exp / first argmax / sum, reduced across
-            # lanes once at the end (no cross-warp reduction inside the loop: the loop just streams)
+            # per-lane online softmax: each lane keeps its own max / sum-exp / first argmax / sum (/ entropy sum
+            # ez = sum e^(z - m) (z - m)), reduced across lanes once at the end (the loop just streams)
             m_v = tl.full([BLOCK], float("-inf"), tl.float32)
             s_v = tl.zeros([BLOCK], tl.float32)
             zs_v = tl.zeros([BLOCK], tl.float32)
+            ez_v = tl.zeros([BLOCK], tl.float32)
             am_v = tl.zeros([BLOCK], tl.int32)
             # last block first: the gradient pass below starts at the first block, which is then still in L2
             for kk in range(0, nblk):
@@ -156,9 +169,11 @@ if triton is not None:
                 msk = cols < ncols
                 z = tl.load(z_row + cols, mask=msk, other=0.0)
                 if HAS_BIAS:
-                    z += tl.load(b_ptr + cols, mask=msk, other=0.0).to(tl.float32)
+                    z += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
                 if SOFTCAP:
                     z = cap * _tanh(z / cap)
+                if TEMP:  # after the softcap
+                    z = z * inv_temp
                 if SMOOTH:
                     zs_v += tl.where(msk, z, 0.0)
                 z = tl.where(msk, z, float("-inf"))
@@ -167,21 +182,32 @@ if triton is not None:
                 am_v = tl.where(msk & (z >= m_v), cols, am_v)
                 new_m = tl.maximum(m_v, z)
                 ref = tl.where(new_m == float("-inf"), 0.0, new_m)
-                e = tl.exp(tl.minimum(m_v, z) - ref)  # one exp: the larger of the two is exp(0) = 1
+                dlt = tl.minimum(m_v, z) - ref
+                e = tl.exp(dlt)  # one exp: the larger of the two is exp(0) = 1
+                if ENTROPY:
+                    # e (z - m) with z - m floored where exp underflows: a -inf logit adds 0, not 0 * -inf
+                    ed = e * tl.maximum(dlt, -104.0)
+                    ez_v = tl.where(up, e * ez_v + ed * s_v, ez_v + ed)
                 s_v = tl.where(up, s_v * e + 1.0, s_v + e)
                 s_v = tl.where(z != z, z, s_v)  # a NaN logit poisons the sum (max/min would skip it)
                 m_v = new_m
             m = tl.max(m_v, axis=0)
             ref = tl.where(m == float("-inf"), 0.0, m)
-            s = tl.sum(s_v * tl.exp(m_v - ref), axis=0)
+            f_v = tl.exp(m_v - ref)
+            s = tl.sum(s_v * f_v, axis=0)
+            ez = 0.0
+            if ENTROPY:  # each lane's sum moved to the row max like s: e^(m_l - m) (ez_l + (m_l - m) s_l)
+                ez = tl.sum(f_v * (ez_v + tl.maximum(m_v - ref, -104.0) * s_v), axis=0)
             am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
             zs = tl.sum(zs_v, axis=0)
             yc = tl.where(inside, yl, 0)
             zt = tl.load(z_row + yc, mask=inside, other=0.0)
             if HAS_BIAS:
-                zt += tl.load(b_ptr + yc, mask=inside, other=0.0).to(tl.float32)
+                zt += tl.load(bias_ptr + yc, mask=inside, other=0.0).to(tl.float32)
             if SOFTCAP:
                 zt = cap * _tanh(zt / cap)
+            if TEMP:
+                zt = zt * inv_temp
             zt = tl.where(inside, zt, 0.0)
             am += label_off  # global id
             if MERGE:  # fold in the statistics of the chunks to the left (lower ids win argmax ties)
@@ -189,7 +215,14 @@ if triton is not None:
                 s0 = tl.load(s_ptr + row)
                 new_m = tl.maximum(m0, m)
                 ref = tl.where(new_m == float("-inf"), 0.0, new_m)
-                s = s0 * tl.exp(m0 - ref) + s * tl.exp(m - ref)
+                d0 = m0 - ref
+                d1 = m - ref
+                f0 = tl.exp(d0)
+                f1 = tl.exp(d1)
+                if ENTROPY:
+                    ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
+                          + f1 * (ez + tl.maximum(d1, -104.0) * s))
+                s = s0 * f0 + s * f1
                 am = tl.where(m > m0, am, tl.load(am_ptr + row))
                 m = new_m
                 zt += tl.load(zt_ptr + row)
@@ -199,21 +232,43 @@ if triton is not None:
             tl.store(zt_ptr + row, zt)
             tl.store(zs_ptr + row, zs)
             tl.store(am_ptr + row, am)
+            if ENTROPY:
+                tl.store(ez_ptr + row, ez)
             lse = m + tl.log(s)  # one device: the row's own statistics are global
         else:
             lse = tl.load(lse_ptr + row)
 
         if GRAD:
-            g = tl.load(g_ptr + row).to(tl.float32)
-            if HAS_SCALE:
-                g = g * tl.load(scale_ptr)
-            a = g  # coefficient of softmax
-            if ZLOSS:
-                a = g * (1.0 + 2.0 * zloss * lse)
-            t = g * (1.0 - eps)  # coefficient of the one-hot target
-            u = g * eps / vocab_total  # coefficient of the uniform smoothing target
+            if LOSS:
+                g = tl.load(a_ptr + row).to(tl.float32)
+                if HAS_SCALE:
+                    g = g * tl.load(scale_ptr)
+                a = g  # coefficient of softmax
+                if ZLOSS:
+                    a = g * (1.0 + 2.0 * zloss * lse)
+                t = g * (1.0 - eps)  # coefficient of the one-hot target
+                u = g * eps / vocab_total  # coefficient of the uniform smoothing target
+                cb = 0.0
+                dead = g == 0
+            else:
+                sc = 1.0
+                if HAS_SCALE:
+                    sc = tl.load(scale_ptr)
+                a = tl.load(a_ptr + row) * sc
+                t = tl.load(t_ptr + row) * sc
+                u = 0.0
+                if HAS_U:
+                    u = tl.load(u_ptr + row) * sc
+                cb = 0.0  # coefficient of softmax * z (the entropy)
+                if HAS_B:
+                    cb = tl.load(b_ptr + row) * sc
+                dead = (a == 0) & (t == 0)  # a NaN is not 0: it poisons the row
+                if HAS_U:
+                    dead = dead & (u == 0)
+                if HAS_B:
+                    dead = dead & (cb == 0)
             dz_row = dz_ptr + row * stride_dz
-            if g == 0:  # ignored token: a zero row, without reading the logits
+            if dead:  # ignored token: a zero row, without reading the logits
                 for k in range(0, nblk):
                     cols = k * BLOCK + offs
                     tl.store(dz_row + cols, tl.zeros([BLOCK], dz_ptr.dtype.element_ty), mask=cols < ncols)
@@ -221,17 +276,24 @@ if triton is not None:
                 for k in range(0, nblk):
                     cols = k * BLOCK + offs
                     msk = cols < ncols
-                    z = tl.load(z_row + cols, mask=msk, other=0.0)
+                    c = tl.load(z_row + cols, mask=msk, other=0.0)
                     if HAS_BIAS:
-                        z += tl.load(b_ptr + cols, mask=msk, other=0.0).to(tl.float32)
+                        c += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
                     if SOFTCAP:
-                        z = cap * _tanh(z / cap)
-                    d = a * tl.exp(z - lse)
-                    if SMOOTH:
+                        c = cap * _tanh(c / cap)  # the capped logit
+                    z = c
+                    if TEMP:
+                        z = c * inv_temp
+                    if HAS_B:
+                        # z floored where p underflows: p = 0 gives 0 also where z = -inf
+                        d = tl.exp(z - lse) * (a + cb * tl.maximum(z, lse - 104.0))
+                    else:
+                        d = a * tl.exp(z - lse)
+                    if HAS_U:
                         d = d - u
                     d = tl.where(cols == yl, d - t, d)
-                    if SOFTCAP:
-                        r = z / cap
+                    if SOFTCAP:  # d softcap(x) / dx at the capped logit (the temperature is in the coefficients)
+                        r = c / cap
                         d = d * (1.0 - r * r)
                     if COMPACT:
                         # block k's half-width store lands on logits that other warps loaded in earlier
@@ -408,28 +470,38 @@ def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int, bu
 
 
 # ---------------------------------------------------------------------------------------------- launches
-def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats: Optional[Stats] = None, merge=False, grad=False,
-            dz=None, g=None, scale=None, lse=None, v0=0, v1=None):
-    """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard)."""
+def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False, grad=False, dz=None, g=None,
+            coef: Optional[Coefs] = None, scale=None, lse=None, v0=0, v1=None):
+    """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard). ``stats``: a
+    ``Stats`` / ``EntropyStats`` to write (and merge into). Gradients: from the driver's per-row ``coef`` or, for
+    the one-pass loss only (``stats`` and ``grad``), from the token weight ``g`` (the loss formula in the kernel)."""
     nrows = z.shape[0]
     if nrows == 0:
         return
     v1 = t.weight.shape[0] if v1 is None else v1
-    b = t.bias[v0:v1] if t.bias is not None else None
+    bias = t.bias[v0:v1] if t.bias is not None else None
 
     def arg(x):  # pointers whose constexpr flag is off are never dereferenced: pass z in their place
         return z if x is None else x
 
-    raw = stats if stats is not None else (z,) * 5
+    raw = tuple(stats[:5]) if stats is not None else (z,) * 5
+    ez = stats.ez if isinstance(stats, EntropyStats) else None
+    loss = grad and coef is None
+    if grad and loss and g is None:
+        raise RuntimeError("fused_lce triton: the row kernel's gradient needs coefficients")
+    a, tc, cb, u = (g, None, None, None) if loss else (coef if grad else (None,) * 4)
+    temp = float(opts.temperature)
     _rows_kernel[(nrows,)](
         z, z.stride(0),
         arg(dz), dz.stride(0) if dz is not None else 0,
-        arg(b), t.labels[rows], arg(g), arg(scale), arg(lse), *raw,
+        arg(bias), t.labels[rows], arg(a), arg(tc), arg(cb), arg(u), arg(scale), arg(lse), *raw, arg(ez),
         v1 - v0, int(opts.vocab_start + v0), int(opts.vocab(t.weight.shape[0])),
-        float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap or 1.0),
-        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), HAS_SCALE=scale is not None,
-        HAS_BIAS=b is not None, SOFTCAP=bool(opts.softcap), SMOOTH=bool(opts.label_smoothing),
-        ZLOSS=bool(opts.z_loss), COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
+        float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap or 1.0), 1.0 / temp,
+        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss), HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
+        SMOOTH=bool(opts.label_smoothing), ZLOSS=bool(opts.z_loss), ENTROPY=ez is not None,
+        HAS_B=cb is not None, HAS_U=bool(opts.label_smoothing) if loss else u is not None,
+        COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
         BLOCK=BLOCK, num_warps=NUM_WARPS,
     )
 
@@ -441,9 +513,11 @@ def _dz_view(z, dtype):
 
 
 
-def _new_stats(n, dev) -> Stats:
+def _new_stats(n, dev, entropy: bool = False):
+    """Statistics buffers: a ``Stats``, or an ``EntropyStats`` (the entropy sum ``ez`` too)."""
     f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
-    return Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
+    st = Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
+    return EntropyStats(*st, f()) if entropy else st
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -472,6 +546,7 @@ class TritonProvider(Provider):
     name = "triton"
     device_types = ("cuda",)
     grads_scaled = True
+    supports_logprobs = True  # temperature and entropy on the cuBLAS path's row kernel (docs/providers.md)
 
     def unavailable_reason(self) -> Optional[str]:
         if triton is None:
@@ -506,7 +581,10 @@ class TritonProvider(Provider):
         if compact_mode():
             return max(p.n, 1)
         gemm = gemm_path_reason(p.dtype, p.d, p.device, p.opts) is None
-        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, keep and p.mask[1], False, p.opts.tile_bytes,
+        # linear_logprobs' backward (keep False) also gets the final dW's room: its blocks free their buffer
+        # before finish allocates dW, as the one-pass loss's chunks do
+        want_dw = p.mask[1] and (keep or p.op == "logprobs")
+        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
                                    _free_bytes(p.device), self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm))
         return rows
 
@@ -544,10 +622,12 @@ class TritonProvider(Provider):
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
-        raw = _new_stats(nc, h.device)
-        gemm = self.path_reason(t, opts) is None
+        raw = _new_stats(nc, h.device, opts.entropy)
+        gemm = self.path_reason(t, opts) is None  # never with temperature / entropy (the row kernel does them)
         if v == 0:
             raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            if opts.entropy:
+                raw.ez.zero_()
             return raw, None
         if compact_mode():
             if gemm:
@@ -579,23 +659,25 @@ class TritonProvider(Provider):
         _launch(t, opts, z, rows, stats=raw)
         return raw, (z if keep else None)
 
-    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         st, _ = out.extra
         kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
+        coef = Coefs(*(None if x is None else x.to(torch.float32).contiguous() for x in coef))
         h = t.hidden[rows]
         v = t.weight.shape[0]
         if compact_mode():
-            self._compact_grads(t, rows, lse, g, kscale, scale, opts, out)
+            self._compact_grads(t, rows, lse, coef, kscale, scale, opts, out)
             return
-        if self.path_reason(t, opts) is None:
+        if self.path_reason(t, opts) is None:  # b is None here: entropy problems take the cuBLAS path
             cfg = self._cfg(h.shape[1])
             if isinstance(cache, _ExpCache):
                 dz, tile_m = cache
-                krows.dz_from_exp(dz, tile_m, cfg.bn, lse, g, kscale, t.labels[rows], opts.vocab_start,
-                                  zloss=opts.z_loss, eps=opts.label_smoothing, vocab_total=opts.vocab(v))
+                krows.dz_from_exp(dz, tile_m, cfg.bn, lse, (coef.a, coef.t, coef.u), kscale, t.labels[rows],
+                                  opts.vocab_start)
             else:
                 dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
-                self._dz_gemm(t, h, t.weight, t.bias, dz, rows, lse, g, kscale, opts, 0)
+                self._dz_gemm(t, h, t.weight, t.bias, dz, rows, lse, coef, kscale, opts, 0)
             self._token_gemms(t, rows, dz, out)
             return
         z = cache
@@ -603,7 +685,7 @@ class TritonProvider(Provider):
             z = torch.empty(h.shape[0], _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
             _logits32(h, t.weight, z)
         dz = _dz_view(z, h.dtype)
-        _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse)
+        _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse)
         self._token_gemms(t, rows, dz, out)
 
     def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:
@@ -656,12 +738,13 @@ class TritonProvider(Provider):
         return raw
 
     # -- GEMMs ------------------------------------------------------------------------------------------------
-    def _dz_gemm(self, t: Tensors, h, w, bias, dz, rows: slice, lse, g, kscale, opts: Options, v0: int) -> None:
+    def _dz_gemm(self, t: Tensors, h, w, bias, dz, rows: slice, lse, coef: Coefs, kscale, opts: Options,
+                 v0: int) -> None:
         """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
+        if coef.b is not None:
+            raise RuntimeError("fused_lce triton: the GEMM epilogue has no entropy term (cuBLAS path expected)")
         kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=t.labels[rows],
-                       label_off=opts.vocab_start + v0, lse=lse, g=g, scale=kscale, zloss=opts.z_loss,
-                       eps=opts.label_smoothing, vocab_total=opts.vocab(t.weight.shape[0]),
-                       smooth=bool(opts.label_smoothing))
+                       label_off=opts.vocab_start + v0, lse=lse, a=coef.a, t=coef.t, u=coef.u, scale=kscale)
 
     def _token_gemms(self, t: Tensors, rows: slice, dz, out: Grads) -> None:
         """Gradients of one token chunk: dX rows complete, dW (and db) accumulated."""
@@ -705,7 +788,8 @@ class TritonProvider(Provider):
                           col_off=opts.vocab_start + v0, merge=v0 > 0)
         krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target)
 
-    def _compact_grads(self, t: Tensors, rows: slice, lse, g, kscale, scale, opts: Options, out: Grads) -> None:
+    def _compact_grads(self, t: Tensors, rows: slice, lse, coef: Coefs, kscale, scale, opts: Options,
+                       out: Grads) -> None:
         """Per vocabulary chunk: dz (again), dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
         st, want_dw = out.extra
         h, w = t.hidden[rows], t.weight
@@ -727,14 +811,14 @@ class TritonProvider(Provider):
             if gemm:
                 vp = _pad(v1 - v0, 64)
                 dz = buf[: n * vp].view(n, vp)[:, : v1 - v0]
-                self._dz_gemm(t, h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, rows, lse, g, kscale,
-                              opts, v0)
+                self._dz_gemm(t, h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, rows, lse, coef,
+                              kscale, opts, v0)
             else:
                 vp = _pad(v1 - v0, 32)
                 z = buf[: n * vp].view(n, vp)[:, : v1 - v0]
                 _logits32(h, w[v0:v1], z)
                 dz = _dz_view(z, h.dtype)
-                _launch(t, opts, z, rows, grad=True, dz=dz, g=g, scale=kscale, lse=lse, v0=v0, v1=v1)
+                _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse, v0=v0, v1=v1)
             if want_dw:
                 if post:
                     tmp = torch.empty(v1 - v0, h.shape[1], device=h.device, dtype=torch.float32)

@@ -9,7 +9,8 @@ size reduced in float32 on the tensor cores), then, on the float32 accumulator, 
   [0, 1] and carries one rounding of relative size 2^-9 (bf16), where a bf16 logit would carry one of size
   2^-9 * |z| into the exponent. The statistics come from the unrounded float32 accumulator.
 * ``STATS``: the statistics only, nothing stored (the compact schedule's first pass).
-* ``DZ``: the lse is known (recompute / compact second pass): ``dz`` itself is stored.
+* ``DZ``: the lse is known (recompute / compact second pass): ``dz`` itself is stored, from the per-row
+  coefficients the driver formed (``dz = a p - t onehot - u``; no entropy term: those problems take the cuBLAS path).
 
 Tile order: groups of GROUP_M row tiles sweep the vocabulary, so a group's hidden rows stay in L2 while each weight
 tile is read from memory once per group. With ``PERSISTENT`` a fixed grid of programs walks the tiles (the next
@@ -71,8 +72,8 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _one_tile(
     tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, y_ptr, label_off,
-    lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+    lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, HAS_U: tl.constexpr,
     HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -98,20 +99,25 @@ def _one_tile(
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     z = tl.where(cmask[None, :], acc, float("-inf"))
-    if MODE == 2:  # DZ: the gradient of this tile, the row lse known
+    if MODE == 2:  # DZ: the gradient of this tile, the row lse known: dz = a p - t onehot - u (the driver's rows)
         lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-        g = tl.load(g_ptr + rows, mask=rmask, other=0.0)
+        a = tl.load(a_ptr + rows, mask=rmask, other=0.0)
+        tc = tl.load(t_ptr + rows, mask=rmask, other=0.0)
+        uc = tl.zeros([BM], tl.float32)
+        if HAS_U:
+            uc = tl.load(u_ptr + rows, mask=rmask, other=0.0)
         if HAS_SCALE:
-            g = g * tl.load(scale_ptr)
-        coef = g
-        if ZLOSS:
-            coef = g * (1.0 + 2.0 * zloss * lse)
+            sc = tl.load(scale_ptr)
+            a = a * sc
+            tc = tc * sc
+            uc = uc * sc
         yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
-        out = coef[:, None] * tl.exp2((z - lse[:, None]) * 1.4426950408889634)
-        if SMOOTH:
-            out = out - (g * eps / vocab_total)[:, None]
-        out = tl.where(cols[None, :] == yl[:, None], out - (g * (1.0 - eps))[:, None], out)
-        out = tl.where((g == 0.0)[:, None], 0.0, out)  # ignored rows: exact zeros whatever the logits
+        out = a[:, None] * tl.exp2((z - lse[:, None]) * 1.4426950408889634)
+        if HAS_U:
+            out = out - uc[:, None]
+        out = tl.where(cols[None, :] == yl[:, None], out - tc[:, None], out)
+        dead = (a == 0.0) & (tc == 0.0) & (uc == 0.0)  # ignored rows (a NaN is not 0: it poisons)
+        out = tl.where(dead[:, None], 0.0, out)  # ignored rows: exact zeros whatever the logits
     else:
         m_t = tl.max(z, axis=1)
         ref = tl.where(m_t == float("-inf"), 0.0, m_t)
@@ -136,30 +142,29 @@ def _one_tile(
 
 
 # sizes, strides and label offsets vary per chunk and shard: one compiled kernel for all of them
-@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off", "zloss", "eps", "vocab_total"])
+@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off"])
 def _lce_gemm_kernel(
     h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
     M, V, D,
     b_ptr,  # bias [V] (HAS_BIAS)
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t,  # per-tile max / sum-exp / argmax (int32) / sum z: [M, tiles]
     y_ptr, label_off,  # DZ: labels (global ids) and this weight's first id
-    lse_ptr, g_ptr, scale_ptr,  # DZ: row lse, token weight, 0-dim scale (HAS_SCALE)
-    zloss, eps, vocab_total,
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+    lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,  # DZ: row lse, coefficients a, t (, u: HAS_U), 0-dim scale
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, HAS_U: tl.constexpr,
     HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
     NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
 ):
     if NUM_PROGS == 0:  # one tile per program
         _one_tile(tl.program_id(0), h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                  stride_t, y_ptr, label_off, lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
-                  MODE, HAS_BIAS, SMOOTH, ZLOSS, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+                  stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
+                  MODE, HAS_BIAS, SMOOTH, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
     else:  # persistent: a fixed grid walks the tiles
         num_tiles = tl.cdiv(M, BM) * tl.cdiv(V, BN)
         for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN):
             _one_tile(tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                      stride_t, y_ptr, label_off, lse_ptr, g_ptr, scale_ptr, zloss, eps, vocab_total,
-                      MODE, HAS_BIAS, SMOOTH, ZLOSS, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+                      stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
+                      MODE, HAS_BIAS, SMOOTH, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
 
 
 def num_tiles_n(v: int, cfg: GemmConfig) -> int:
@@ -192,11 +197,12 @@ class TileStats:
 
 def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
              bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
-             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, g=None, scale=None,
-             zloss: float = 0.0, eps: float = 0.0, vocab_total: int = 1) -> None:
+             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, u=None,
+             scale=None) -> None:
     """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T``. ``out``: an ``[M, V]`` view with unit column
     stride and a 16-byte aligned row stride (EXP / DZ), in the input dtype. ``tiles``: ``[M, >= tiles]`` arrays
-    (EXP / STATS)."""
+    (EXP / STATS). DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``u`` of
+    ``dz = a softmax - t onehot - u`` (times the 0-dim ``scale``)."""
     m, d = h.shape
     v = w.shape[0]
     if m == 0 or v == 0:
@@ -220,9 +226,9 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
         tiles.zs if tiles is not None and tiles.zs is not None else dummy,
         tiles.m.stride(0) if tiles is not None else 0,
         labels if labels is not None else dummy, int(label_off),
-        lse if lse is not None else dummy, g if g is not None else dummy, scale if scale is not None else dummy,
-        float(zloss), float(eps), int(vocab_total),
-        MODE=mode, HAS_BIAS=bias is not None, SMOOTH=bool(smooth), ZLOSS=bool(zloss),
+        lse if lse is not None else dummy, a if a is not None else dummy, t if t is not None else dummy,
+        u if u is not None else dummy, scale if scale is not None else dummy,
+        MODE=mode, HAS_BIAS=bias is not None, SMOOTH=bool(smooth), HAS_U=u is not None,
         HAS_SCALE=scale is not None, OUT_BF16=h.dtype == torch.bfloat16,
         BM=bm, BN=bn, BK=bk, GROUP_M=cfg.group_m, SUBTILE=cfg.subtile, NUM_PROGS=nprog,
         FLATTEN=bool(cfg.persistent), UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16,

@@ -111,9 +111,9 @@ def target_logit(h, w, bias, labels, label_off: int, out) -> None:
 # accesses; columns are masked against ``ld``, not V, for the same reason (the padding columns are scratch)
 @triton.jit(do_not_specialize=["stride_t", "label_off", "M", "zloss", "eps", "vocab_total"])
 def _dz_from_exp_kernel(
-    e_ptr, ld, tm_ptr, stride_t, lse_ptr, g_ptr, scale_ptr, y_ptr, label_off, M,
+    e_ptr, ld, tm_ptr, stride_t, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr, y_ptr, label_off, M,
     zloss, eps, vocab_total,
-    HAS_SCALE: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, TILE_N: tl.constexpr,
+    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, ZLOSS: tl.constexpr, TILE_N: tl.constexpr,
     BR: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -123,45 +123,63 @@ def _dz_from_exp_kernel(
     rows64 = rows.to(tl.int64)
     m_t = tl.load(tm_ptr + rows64 * stride_t + t, mask=rmask, other=0.0)
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-    g = tl.load(g_ptr + rows, mask=rmask, other=0.0)
-    if HAS_SCALE:
-        g = g * tl.load(scale_ptr)
-    coef = g
-    if ZLOSS:
-        coef = g * (1.0 + 2.0 * zloss * lse)
+    if LOSS:  # the one-pass loss: coefficients from the token weight g (a_ptr) and the loss options
+        g = tl.load(a_ptr + rows, mask=rmask, other=0.0)
+        if HAS_SCALE:
+            g = g * tl.load(scale_ptr)
+        coef = g
+        if ZLOSS:
+            coef = g * (1.0 + 2.0 * zloss * lse)
+        tgt = g * (1.0 - eps)
+        u = g * eps / vocab_total
+        keep = g != 0.0
+    else:  # the driver's per-row coefficients
+        coef = tl.load(a_ptr + rows, mask=rmask, other=0.0)
+        tgt = tl.load(t_ptr + rows, mask=rmask, other=0.0)
+        u = tl.zeros([BR], tl.float32)
+        if HAS_U:
+            u = tl.load(u_ptr + rows, mask=rmask, other=0.0)
+        if HAS_SCALE:
+            sc = tl.load(scale_ptr)
+            coef = coef * sc
+            tgt = tgt * sc
+            u = u * sc
+        keep = (coef != 0.0) | (tgt != 0.0) | (u != 0.0)  # a NaN is not 0: it poisons its row
     ref = tl.where(m_t == float("-inf"), 0.0, m_t)
     c = coef * tl.exp(ref - lse)  # the tile's exp values were taken relative to its max
-    tgt = g * (1.0 - eps)
-    u = g * eps / vocab_total
     yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
-    keep = g != 0.0
     cols = t * TILE_N + tl.arange(0, TILE_N)
     msk = rmask[:, None] & (cols < ld)[None, :]
     ptr = e_ptr + rows64[:, None] * ld + cols[None, :]
     e = tl.load(ptr, mask=msk, other=0.0).to(tl.float32)
     d = c[:, None] * e
-    if SMOOTH:
+    if HAS_U:
         d = d - u[:, None]
     d = tl.where(cols[None, :] == yl[:, None], d - tgt[:, None], d)
     d = tl.where(keep[:, None], d, 0.0)
     tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
 
 
-def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, g, scale, labels, label_off: int, *,
-                zloss: float, eps: float, vocab_total: int) -> None:
+def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels, label_off: int, *,
+                zloss: float = 0.0, eps: float = 0.0, vocab_total: int = 1) -> None:
     """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of 64
-    elements; the padding columns are overwritten): ``dz = g (1 + 2 zloss lse) exp(m_t - lse) e - g (1 - eps)
-    [col == label] - g eps / V_total``; 0 on rows with g == 0; ``scale`` (0-dim) multiplies g."""
+    elements; the padding columns are overwritten): ``dz = a exp(m_t - lse) e - t [col == label] - u``, 0 on rows
+    whose coefficients are all 0; ``scale`` (0-dim) multiplies them. ``coef``: the driver's per-row ``(a, t, u)``
+    (``u`` may be None), or a tensor ``g`` of token weights (the one-pass loss), whose coefficients are formed
+    here: ``a = g (1 + 2 zloss lse)``, ``t = g (1 - eps)``, ``u = g eps / vocab_total``."""
     m, v = e.shape
     if m == 0 or v == 0:
         return
     ld = e.stride(0)
     assert ld % 64 == 0 and e.stride(1) == 1, "dz_from_exp wants rows padded to 64 elements"
+    loss = isinstance(coef, torch.Tensor)
+    a, t, u = (coef, None, None) if loss else coef
     br = 16
     _dz_from_exp_kernel[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
-        e, ld, tile_m, tile_m.stride(0), lse, g, scale if scale is not None else g, labels,
-        int(label_off), m, float(zloss), float(eps), int(vocab_total),
-        HAS_SCALE=scale is not None, SMOOTH=bool(eps), ZLOSS=bool(zloss), TILE_N=tile_n, BR=br, num_warps=4,
+        e, ld, tile_m, tile_m.stride(0), lse, a, t if t is not None else a, u if u is not None else a,
+        scale if scale is not None else a, labels, int(label_off), m, float(zloss), float(eps), int(vocab_total),
+        LOSS=loss, HAS_SCALE=scale is not None, HAS_U=bool(eps) if loss else u is not None, ZLOSS=bool(zloss),
+        TILE_N=tile_n, BR=br, num_warps=4,
     )
 
 
