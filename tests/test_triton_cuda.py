@@ -17,7 +17,7 @@ import torch
 
 import fused_lce
 
-from .conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
+from .conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_TRITON = True
