@@ -252,6 +252,9 @@ def environment(device) -> dict:
     except OSError:
         pass
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.environ.get("FUSED_LCE_COMMIT"):  # a copy of the tree without its own .git (e.g. sent to a remote GPU)
+        env["commit"] = os.environ["FUSED_LCE_COMMIT"]
+        return env
     try:
         import subprocess
 

@@ -233,7 +233,7 @@ def test_out_of_memory_names_the_tile_budget(backend):
 def test_cuda_out_of_memory_names_the_tile_budget():
     """CUDA: the caching allocator limited to a small fraction of the GPU; torch.OutOfMemoryError is re-raised
     as torch.OutOfMemoryError with the fused_lce message."""
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(dev).total_memory
     n, d, v = 4096, 16, 200_000
     h = torch.randn(n, d, device=dev, requires_grad=True)

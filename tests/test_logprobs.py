@@ -228,7 +228,7 @@ def test_opcheck(bd, seed):
     torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, b, *opts))
     torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *opts[:-1], False))
     _lp, _ent, lse, zmean = torch.ops.fused_lce.logprobs(h, w, y, b, *opts)
-    g1, g2 = torch.randn(11), torch.randn(11)
+    g1, g2 = torch.randn(11, device=device), torch.randn(11, device=device)
     torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, g2, *opts,
                                                                   [True, True, True]))
     torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, None, g2, *opts,
