@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, grads64, logits64, rel_l2
+from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, coef_grads64, grads64, logits64, rel_l2, twin_loss_grads
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (70, 24, 150)]
@@ -50,7 +50,7 @@ def test_grads_match_float64(ops, part, seed, hw, dtype, opt):
         y = torch.randint(0, v, (n,))
         g = torch.rand(n) + 0.5
         lse = lse_of(h, w, b, cap)
-        got = ops._twin_grads(g, h, w, b, y, lse.float(), 0, v, eps, zl, cap, [True, True, True])
+        got = twin_loss_grads(ops, g, h, w, b, y, lse.float(), 0, v, eps, zl, cap, [True, True, True])
         ref = grads64(g, h, w, b, y, lse.float(), 0, v, eps, zl, cap)
         check(got, ref if b is not None else ref[:2] + (None,), dtype, f"seed={seed} shape={(n, d, v)}")
 
@@ -63,7 +63,7 @@ def test_grad_masks(ops, part, seed, mask):
     y = torch.randint(0, v, (n,))
     g = torch.rand(n)
     lse = lse_of(h, w, b, 0.0)
-    got = ops._twin_grads(g, h, w, b, y, lse.float(), 0, v, 0.0, 0.0, 0.0, list(mask))
+    got = twin_loss_grads(ops, g, h, w, b, y, lse.float(), 0, v, 0.0, 0.0, 0.0, list(mask))
     ref = grads64(g, h, w, b, y, lse.float(), 0, v, 0.0, 0.0, 0.0)
     check(got, tuple(r if m else None for r, m in zip(ref, mask)), torch.float32, f"mask={mask}")
 
@@ -80,13 +80,13 @@ def test_ignored_tokens_and_bad_labels(ops, part, seed):
     g[[1, 2, 3]] = 0.0
     g[5] = float("nan")
     lse = lse_of(h, w, b, 0.0).float()
-    dx, dw, db = ops._twin_grads(g, h, w, b, y, lse, 0, v, 0.1, 0.0, 0.0, [True, True, True])
+    dx, dw, db = twin_loss_grads(ops, g, h, w, b, y, lse, 0, v, 0.1, 0.0, 0.0, [True, True, True])
     assert torch.isnan(dx[5]).all() and not torch.isnan(dx[torch.arange(n) != 5]).any()
     assert torch.isnan(dw).any() and torch.isnan(db).any()
     assert torch.equal(dx[[1, 2, 3]], torch.zeros(3, d))
     g2 = g.clone()
     g2[5] = 0.0
-    got = ops._twin_grads(g2, h, w, b, y, lse, 0, v, 0.1, 0.0, 0.0, [True, True, True])
+    got = twin_loss_grads(ops, g2, h, w, b, y, lse, 0, v, 0.1, 0.0, 0.0, [True, True, True])
     check(got, grads64(g2, h, w, b, y, lse, 0, v, 0.1, 0.0, 0.0), torch.bfloat16, f"seed={seed}")
 
 
@@ -99,7 +99,7 @@ def test_vocab_shard(ops, part, seed):
     y = torch.randint(0, vt, (n,))
     y[::3] = torch.randint(vs, vs + v, (len(y[::3]),))
     lse = (lse_of(h, w, b, 0.0) + 1.3).float()  # the global lse is larger than the shard's
-    got = ops._twin_grads(torch.ones(n), h, w, b, y, lse, vs, vt, 0.1, 1e-3, 0.0, [True, True, True])
+    got = twin_loss_grads(ops, torch.ones(n), h, w, b, y, lse, vs, vt, 0.1, 1e-3, 0.0, [True, True, True])
     check(got, grads64(torch.ones(n), h, w, b, y, lse, vs, vt, 0.1, 1e-3, 0.0), torch.float16, f"seed={seed}")
 
 
@@ -113,6 +113,6 @@ def test_atomic_order_only_changes_rounding(ops, part, seed):
     outs = []
     for s in (seed, seed + 7):
         part(HW_TINY, sched_seed=s, switch_prob=0.9)
-        outs.append(ops._twin_grads(torch.ones(n), h, w, b, y, lse, 0, v, 0.0, 0.0, 0.0, [True, True, True]))
+        outs.append(twin_loss_grads(ops, torch.ones(n), h, w, b, y, lse, 0, v, 0.0, 0.0, 0.0, [True, True, True]))
     for a, c in zip(*outs):
         assert rel_l2(a, c) < 1e-6
