@@ -7,6 +7,8 @@
 //     op uses `cols` elements; whole-tile element-wise ops may run over them, their results are never used);
 //   * vector operands start on 32-byte UB blocks (asc-devkit docs 通用说明和约束: "Unified Buffer 32Byte对齐"), so
 //     per-row slices z[r * baseN] are aligned because baseN is a multiple of 16;
+//   * in-place element-wise ops (dst the same tensor as a source) overlap 100%, which 通用说明和约束 (通用地址重叠约束)
+//     allows; partial overlaps never occur (every view starts at a row or plane boundary);
 //   * pipes are ordered explicitly: PipeBarrier<PIPE_V> between dependent vector instructions, SetFlag/WaitFlag
 //     V_S before the scalar unit reads what the vector unit wrote and S_V before the vector unit touches what the
 //     scalar unit read or wrote (asc-devkit docs 同步控制/核内同步; the kernels do not rely on the compiler's
@@ -170,7 +172,9 @@ __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& 
         }
         Exp(work, work, rows * baseN);
         PipeBarrier<PIPE_V>();
-        if (withEz) {  // before the ReduceSum below, which uses `work` as its own sharedTmpBuffer (ReduceSum.md)
+        // ez terms before the row sums: the ReduceSums get their source as sharedTmpBuffer, which Atlas A2 / A3
+        // (累加方式一) never touch (ReduceSum.md 关键特性说明); doing the Mul first does not depend on that
+        if (withEz) {
             for (uint32_t r = 0; r < rows; ++r) {
                 if (m.GetValue(r) != negInf) Mul(z[r * baseN], z[r * baseN], work[r * baseN], cols);
             }
