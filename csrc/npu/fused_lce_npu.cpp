@@ -99,7 +99,8 @@ static c10::optional<Tensor> contiguous_or_none(const c10::optional<Tensor>& t) 
 
 // Per-token local statistics over this rank's vocabulary rows [vocab_start, vocab_start + V): max, sum exp(z - max),
 // target logit (0 when the label is not in this shard), sum of logits (only when with_zsum), first argmax as a global
-// id (int64), and with with_entropy ez = sum exp(z - max) (z - max) (empty otherwise); z = softcap(logits) / temperature.
+// id (int64), and with with_entropy ez = sum exp(z - max) (z - max) (empty otherwise); z = softcap(logits) /
+// temperature.
 Tensor6 npu_stats(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                   const Tensor& labels, int64_t vocab_start, double softcap, bool with_zsum, double temperature,
                   bool with_entropy) {

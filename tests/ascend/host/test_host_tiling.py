@@ -1,7 +1,8 @@
 """The real tiling / inference functions of FusedLceStats and FusedLceGrad, run under the host twin's runtime on a grid
-of problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts): status handling,
-workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to fused_lce_tiling.h's plan(),
-attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
+of problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
+status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to
+fused_lce_tiling.h's plan(), attributes read at the right index, inputs read by IR index, bad nodes rejected without
+a crash."""
 from __future__ import annotations
 
 import os
