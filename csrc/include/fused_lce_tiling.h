@@ -41,6 +41,7 @@ enum Flags : uint32_t {
     kSmoothing = 2u,      // sum of logits per token is needed (label smoothing)
     kSoftcap = 4u,        // logits -> c * tanh(z / c)
     kBackward = 8u,       // plan for the gradient kernel
+    kEntropy = 16u,       // forward: the entropy statistic ez = sum exp(z - m)(z - m) is a sixth statistic
 };
 
 enum Status : int32_t {
@@ -55,9 +56,10 @@ enum Status : int32_t {
 constexpr uint64_t kUbReserved = 16 * 1024;
 constexpr uint64_t kUbAlign = 32;          // UB allocations are 32-byte blocks
 constexpr uint64_t kGmAlign = 512;         // workspace slices start on 512-byte boundaries
-constexpr uint64_t kRowSlots = 16;         // per-row fp32 slots in UB (stats, temporaries, coefficients, label)
+constexpr uint64_t kRowSlots = 20;         // per-row fp32 slots in UB (stats, temporaries, coefficients, label)
 constexpr uint32_t kUbNone = 0xffffffffu;  // offset of a UB region the plan does not allocate (never a valid view)
 constexpr uint64_t kStatBytes = 20;        // partial stats per token per segment: m, s, zt, zs (fp32), argmax (i32)
+constexpr uint64_t kStatBytesEntropy = 24; // the same and ez (fp32), with kEntropy
 constexpr uint32_t kMinBase = 16;          // cube fractal edge
 
 // The plan. Plain old data: op_host copies it verbatim into the tiling buffer, the kernels read it from there.
@@ -304,7 +306,8 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
     uint64_t stats = 0, dz = 0, dx = 0, dw = 0, tmp = 0;
     bool ok = true;
     if (p.segments > 1) {
-        ok = ok && detail::mul_ok(p.segments, n, &tmp) && detail::mul_ok(tmp, kStatBytes, &stats);
+        const uint64_t per = (flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
+        ok = ok && detail::mul_ok(p.segments, n, &tmp) && detail::mul_ok(tmp, per, &stats);
     }
     if (bwd) {
         dz = static_cast<uint64_t>(p.used_cores) * 2 * p.base_m * p.base_n * elt_bytes;

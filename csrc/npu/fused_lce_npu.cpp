@@ -2,8 +2,10 @@
 // Status: compiled and linked against the torch-npu wheel's headers and libtorch_npu.so in CI
 // (tests/npu/test_npu_adapter_build.py), never loaded, not run on hardware.
 //
-//   fused_lce::_npu_stats  -> aclnnFusedLceStats (per-token local statistics of this rank's vocabulary rows)
-//   fused_lce::_npu_grads  -> aclnnFusedLceGrad  (float32 dX / dW / db of sum_i grad_tok[i] * loss_i)
+//   fused_lce::_npu_stats  -> aclnnFusedLceStats (per-token local statistics of this rank's vocabulary rows, of
+//                             z = softcap(logits) / temperature; the entropy statistic ez with with_entropy)
+//   fused_lce::_npu_grads  -> aclnnFusedLceGrad  (float32 dX / dW / db of dz = p (a + b z) - t onehot - u from the
+//                             driver's per-token coefficients, (4, N) float32)
 //
 // Both are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run
@@ -25,7 +27,7 @@ namespace fused_lce_npu {
 
 using at::Tensor;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
-using Tensor5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 constexpr int64_t kMaskHidden = 1, kMaskWeight = 2, kMaskBias = 4;
 // The Matmul API takes int32 shapes (fused_lce_tiling.h kTooLarge); checked here so the error names the argument.
@@ -86,19 +88,27 @@ static void check_vector(const char* op, const char* name, const Tensor& t, cons
     same_device(op, name, t, hidden);
 }
 
+static void check_temperature(const char* op, double temperature) {
+    TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0, op, ": temperature must be finite and > 0, got ",
+                temperature);
+}
+
 static c10::optional<Tensor> contiguous_or_none(const c10::optional<Tensor>& t) {
     return has(t) ? c10::optional<Tensor>(t->contiguous()) : c10::nullopt;
 }
 
 // Per-token local statistics over this rank's vocabulary rows [vocab_start, vocab_start + V): max, sum exp(z - max),
 // target logit (0 when the label is not in this shard), sum of logits (only when with_zsum), first argmax as a global
-// id (int64).
-Tensor5 npu_stats(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                  const Tensor& labels, int64_t vocab_start, double softcap, bool with_zsum) {
+// id (int64), and with with_entropy ez = sum exp(z - max) (z - max) (empty otherwise); z = softcap(logits) /
+// temperature.
+Tensor6 npu_stats(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+                  const Tensor& labels, int64_t vocab_start, double softcap, bool with_zsum, double temperature,
+                  bool with_entropy) {
     const char* op = "fused_lce::_npu_stats";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
                 softcap);
+    check_temperature(op, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -107,36 +117,39 @@ Tensor5 npu_stats(const Tensor& hidden, const Tensor& weight, const c10::optiona
     Tensor zt = at::empty({n}, f32);
     Tensor zs = at::empty({n}, f32);
     Tensor amax_local = at::empty({n}, hidden.options().dtype(at::kInt));
+    Tensor ez = at::empty({with_entropy ? n : 0}, f32);
     if (n > 0) {
         Tensor h = hidden.contiguous();
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceStats, h, w, b, y, vocab_start, softcap, with_zsum, m, s, zt, zs, amax_local);
+        EXEC_NPU_CMD_EXT(aclnnFusedLceStats, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_entropy, m,
+                         s, zt, zs, amax_local, ez);
     }
     // the kernel keeps 32-bit shard-local ids (cheap on the vector unit); global ids are int64
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
-    return {m, s, zt, zs, amax};
+    return {m, s, zt, zs, amax, ez};
 }
 
-// float32 gradients of sum_i grad_tok[i] * loss_i (grad_tok is 0 for ignored tokens, NaN for bad labels); lse is the
-// per-token log-sum-exp over the whole (possibly sharded) vocabulary of vocab_total ids. Outputs grad_mask does not
-// ask for (or db without bias) are empty.
-Tensor3 npu_grads(const Tensor& grad_tok, const Tensor& hidden, const Tensor& weight,
+// float32 gradients of dz = p (a + b z) - t onehot(label) - u (times the softcap derivative), z = softcap(logits) /
+// temperature, p = exp(z - lse), from coefs (4, N) = the per-token a, t, b, u the driver forms (0 for ignored tokens,
+// NaN for bad labels; 1 / temperature already folded in); lse is the per-token log-sum-exp over the whole (possibly
+// sharded) vocabulary. Outputs grad_mask does not ask for (or db without bias) are empty.
+Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
                   const c10::optional<Tensor>& bias, const Tensor& labels, const Tensor& lse, int64_t vocab_start,
-                  int64_t vocab_total, double label_smoothing, double z_loss, double softcap,
-                  std::array<bool, 3> grad_mask) {
+                  double softcap, double temperature, std::array<bool, 3> grad_mask) {
     const char* op = "fused_lce::_npu_grads";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
-    check_vector(op, "grad_tok", grad_tok, hidden);
+    TORCH_CHECK(coefs.defined() && coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0), op,
+                ": coefs must have shape (4, N) = (4, ", hidden.size(0), "), got ",
+                coefs.defined() ? coefs.sizes() : at::IntArrayRef());
+    TORCH_CHECK(at::isFloatingType(coefs.scalar_type()), op, ": coefs must be a floating tensor, got ",
+                coefs.scalar_type());
+    same_device(op, "coefs", coefs, hidden);
     check_vector(op, "lse", lse, hidden);
-    TORCH_CHECK(vocab_total >= vocab_start + weight.size(0), op, ": vocab_total (", vocab_total,
-                ") must be >= vocab_start + V (", vocab_start + weight.size(0), ")");
-    TORCH_CHECK(std::isfinite(label_smoothing) && label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-                ": label_smoothing must be in [0, 1], got ", label_smoothing);
-    TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, op, ": z_loss must be finite and >= 0, got ", z_loss);
     TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
                 softcap);
+    check_temperature(op, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const bool has_bias = has(bias);
     const int64_t mask = (grad_mask[0] ? kMaskHidden : 0) | (grad_mask[1] ? kMaskWeight : 0) |
@@ -147,14 +160,13 @@ Tensor3 npu_grads(const Tensor& grad_tok, const Tensor& hidden, const Tensor& we
     Tensor dw = (mask & kMaskWeight) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
     Tensor db = (mask & kMaskBias) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
     if (mask != 0 && hidden.size(0) > 0) {
-        Tensor g = grad_tok.to(at::kFloat).contiguous();
+        Tensor c = coefs.to(at::kFloat).contiguous();
         Tensor l = lse.to(at::kFloat).contiguous();
         Tensor h = hidden.contiguous();
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceGrad, g, h, w, b, y, l, vocab_start, vocab_total, label_smoothing, z_loss,
-                         softcap, mask, dx, dw, db);
+        EXEC_NPU_CMD_EXT(aclnnFusedLceGrad, c, h, w, b, y, l, vocab_start, softcap, temperature, mask, dx, dw, db);
     }
     return {dx, dw, db};
 }
@@ -165,10 +177,9 @@ Tensor3 npu_grads(const Tensor& grad_tok, const Tensor& hidden, const Tensor& we
 // two private kernel ops only; their meta kernels and every public op are registered in Python.
 TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
     m.def("_npu_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "bool with_zsum) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-    m.def("_npu_grads(Tensor grad_tok, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
-          "int vocab_start, int vocab_total, float label_smoothing, float z_loss, float softcap, bool[3] grad_mask) "
-          "-> (Tensor, Tensor, Tensor)");
+          "bool with_zsum, float temperature, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+    m.def("_npu_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
+          "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fused_lce, PrivateUse1, m) {

@@ -4,7 +4,7 @@ finishing phase behind SyncAll), vocabulary shards (vocab_start != 0), the 910B 
 import pytest
 import torch
 
-from twin_ref import HW_910B, HW_TINY, assert_stats, stats64
+from twin_ref import HW_910B, HW_TINY, assert_stats, ez64, stats64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (N, D, V): tails in N, D and V; few tokens (segments), many vocabulary blocks on the tiny part
@@ -21,7 +21,10 @@ def make(n, d, v, dtype, bias, scale=1.0):
 
 
 def run(ops, h, w, b, y, vs, softcap, with_zsum):
-    return ops._twin_stats(h, w, b, y, vs, softcap, with_zsum)
+    """The loss statistics (temperature 1, no entropy: the sixth output is empty)."""
+    out = ops._twin_stats(h, w, b, y, vs, softcap, with_zsum, 1.0, False)
+    assert out[5].numel() == 0
+    return out[:5]
 
 
 @pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
@@ -120,3 +123,77 @@ def test_scheduler_seeds_agree(ops, part, seed):
     for o in outs[1:]:
         for a, b_ in zip(outs[0], o):
             assert torch.equal(a, b_)
+
+
+# ------------------------------------------------------------------ linear_logprobs: temperature and entropy (ez)
+def assert_ez(ez, ref, scale, msg):
+    """ez = sum exp(z - m) (z - m) against float64: E_p[z] - m = ez / s to float32 rounding of the logits."""
+    rm, rs, z = ref[0], ref[1], ref[5]
+    rez = ez64(z, rm)
+    assert ez.dtype == torch.float32 and ez.shape == rm.shape, msg
+    err = (ez.double() - rez).abs()
+    tol = 2e-5 * scale * rs + 1e-5 * rez.abs()
+    assert bool((err <= tol).all()), f"ez {msg}: worst {float((err - tol).max())}"
+
+
+TEMP_OPTIONS = [dict(temperature=0.7), dict(temperature=1.3, bias=True), dict(temperature=0.7, softcap=4.0),
+                dict(temperature=1.0), dict(temperature=1.3, softcap=3.0, bias=True, with_zsum=True)]
+
+
+@pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("opt", TEMP_OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in sorted(o.items())))
+def test_temperature_and_entropy_match_float64(ops, part, seed, hw, dtype, opt):
+    """z = softcap(h W^T + b) / T (softcap first): every statistic of the tempered logits, and ez, on shapes with
+    tails, many cores and (tiny part) vocabulary segments merged by the finishing phase."""
+    part(hw, sched_seed=seed)
+    temp, cap, zsum = opt["temperature"], opt.get("softcap", 0.0), opt.get("with_zsum", False)
+    for n, d, v in SHAPES:
+        h, w, b = make(n, d, v, dtype, opt.get("bias", False))
+        y = torch.randint(0, v, (n,))
+        got = ops._twin_stats(h, w, b, y, 0, cap, zsum, temp, True)
+        ref = stats64(h, w, b, y, 0, cap, zsum, temp)
+        scale = float(ref[5].abs().max())
+        msg = f"seed={seed} shape={(n, d, v)}"
+        assert_stats(got, ref, scale, 0, msg)
+        assert_ez(got[5], ref, scale, msg)
+        plain = ops._twin_stats(h, w, b, y, 0, cap, zsum, temp, False)  # the same statistics without ez
+        assert plain[5].numel() == 0 and all(torch.equal(a, c) for a, c in zip(plain[:5], got[:5])), msg
+
+
+def test_entropy_segments_with_minus_inf_logits(ops, part, seed):
+    """-inf logits add 0 to ez (not 0 * -inf): whole vocabulary blocks and segments that are -inf for every row
+    (partials with m = -inf merge as 0), scattered -inf columns, and a row whose logits are all -inf (m = -inf,
+    s = ez = 0)."""
+    part(HW_TINY, sched_seed=seed)
+    n, d, v = 5, 16, 300
+    assert ops._twin_plan(n, d, v, 4, 1 | 16)[7] > 1  # segments (kBias | kEntropy)
+    h, w, _ = make(n, d, v, torch.float32, False)
+    b = torch.zeros(v)
+    b[:130] = -float("inf")  # the first segments: -inf for every row
+    b[torch.randperm(v)[:40]] = -float("inf")
+    y = torch.randint(150, v, (n,))
+    got = ops._twin_stats(h, w, b, y, 0, 0.0, False, 0.8, True)
+    ref = stats64(h, w, b, y, 0, 0.0, False, 0.8)
+    assert torch.isfinite(got[5]).all()
+    assert_stats(got, ref, float(ref[5][torch.isfinite(ref[5])].abs().max()), 0, f"seed={seed}")
+    assert_ez(got[5], ref, float(ref[5][torch.isfinite(ref[5])].abs().max()), f"seed={seed}")
+    dead = ops._twin_stats(h, w, torch.full((v,), -float("inf")), y, 0, 0.0, False, 1.0, True)
+    assert torch.equal(dead[1], torch.zeros(n)) and torch.equal(dead[5], torch.zeros(n))
+    assert bool((dead[0] == -float("inf")).all())
+
+
+def test_entropy_nan_propagates_and_seeds_agree(ops, part, seed):
+    """A NaN hidden row gives a NaN ez for that token only; interleavings give the same ez bit for bit."""
+    n, d, v = 37, 45, 301
+    h, w, b = make(n, d, v, torch.bfloat16, True)
+    y = torch.randint(0, v, (n,))
+    outs = []
+    for s in (seed, seed + 1):
+        part(HW_TINY, sched_seed=s, switch_prob=0.9)
+        outs.append(ops._twin_stats(h, w, b, y, 0, 2.0, False, 0.7, True))
+    assert all(torch.equal(a, c) for a, c in zip(*outs))
+    h2 = h.clone()
+    h2[3, 1] = float("nan")
+    got = ops._twin_stats(h2, w, b, y, 0, 0.0, False, 1.3, True)
+    assert torch.isnan(got[5][3]) and torch.isfinite(got[5][torch.arange(n) != 3]).all()

@@ -45,17 +45,16 @@ def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazar
 
 class TwinKernels:
     """The kernels on the twin behind the interface the "npu" backend calls (``stats`` / ``grads``, the same
-    arguments as ``fused_lce.backends.npu_ascendc._AdapterKernels``), for plugging them into the npu provider."""
+    arguments as ``fused_lce.backends.npu._AdapterKernels``), for plugging them into the npu provider."""
 
     def __init__(self, hw: dict = HW_910B, seed: int = 1):
         self.ops = load_twin()
         configure(hw, seed)
 
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum):
-        return self.ops._twin_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum))
+    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
+        return self.ops._twin_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
+                                    float(temperature), bool(with_entropy))
 
-    def grads(self, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, label_smoothing, z_loss,
-              softcap, grad_mask):
-        return self.ops._twin_grads(grad_tok, hidden, weight, bias, labels, lse, int(vocab_start), int(vocab_total),
-                                    float(label_smoothing), float(z_loss), float(softcap),
-                                    [bool(x) for x in grad_mask])
+    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask):
+        return self.ops._twin_grads(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
+                                    float(temperature), [bool(x) for x in grad_mask])

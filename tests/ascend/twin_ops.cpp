@@ -1,10 +1,11 @@
 // Torch extension of the test suite: the AscendC kernels of csrc/ascend compiled with g++ against the AscendC CPU
 // twin (csrc/ascend/twin/kernel), exposed as CPU ops with exactly the contracts of the NPU adapter's
 // fused_lce::_npu_stats / fused_lce::_npu_grads (csrc/npu/fused_lce_npu.cpp):
-//   fused_lce::_twin_stats(hidden, weight, bias, labels, vocab_start, softcap, with_zsum)
-//       -> (max, sum_exp, target, zsum, argmax int64 global)
-//   fused_lce::_twin_grads(grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, label_smoothing,
-//                          z_loss, softcap, grad_mask) -> (dx, dw, db float32)
+//   fused_lce::_twin_stats(hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature,
+//                          with_entropy) -> (max, sum_exp, target, zsum, argmax int64 global, ez; ez empty unless
+//                          with_entropy)
+//   fused_lce::_twin_grads(coefs (4, N): a, t, b, u, hidden, weight, bias, labels, lse, vocab_start, softcap,
+//                          temperature, grad_mask) -> (dx, dw, db float32)
 //   fused_lce::_twin_config(hw, seed, switch_prob, hazards): the part (HwSpec and memories) and the scheduler seed
 //       used by the next calls; fused_lce::_twin_plan(...) returns the plan fields for the tests.
 // The tiling is what op_host computes: fused_lce::tiling::plan (csrc/include/fused_lce_tiling.h) for the part, and
@@ -13,30 +14,38 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
 #include "../../csrc/ascend/common/fused_lce_tiling_data.h"
 #include "twin_launch.h"
 
-using GmKernel11 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+// stats: hidden, weight, bias, labels, 6 outputs, workspace, tiling; grad: coefs, hidden, weight, bias, labels, lse,
+// 3 outputs, workspace, tiling
+using StatsKernel = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                             GM_ADDR, GM_ADDR, GM_ADDR);
+using GradKernel = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
                             GM_ADDR);
 
-#define TWIN_DECLARE(kind, dt, lt) \
-    extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
-                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
-TWIN_DECLARE(stats, bf16, i64)
-TWIN_DECLARE(stats, bf16, i32)
-TWIN_DECLARE(stats, f16, i64)
-TWIN_DECLARE(stats, f16, i32)
-TWIN_DECLARE(stats, f32, i64)
-TWIN_DECLARE(stats, f32, i32)
-TWIN_DECLARE(grad, bf16, i64)
-TWIN_DECLARE(grad, bf16, i32)
-TWIN_DECLARE(grad, f16, i64)
-TWIN_DECLARE(grad, f16, i32)
-TWIN_DECLARE(grad, f32, i64)
-TWIN_DECLARE(grad, f32, i32)
+#define TWIN_DECLARE_STATS(dt, lt) \
+    extern "C" void fused_lce_stats_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+#define TWIN_DECLARE_GRAD(dt, lt) \
+    extern "C" void fused_lce_grad_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                               GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+TWIN_DECLARE_STATS(bf16, i64)
+TWIN_DECLARE_STATS(bf16, i32)
+TWIN_DECLARE_STATS(f16, i64)
+TWIN_DECLARE_STATS(f16, i32)
+TWIN_DECLARE_STATS(f32, i64)
+TWIN_DECLARE_STATS(f32, i32)
+TWIN_DECLARE_GRAD(bf16, i64)
+TWIN_DECLARE_GRAD(bf16, i32)
+TWIN_DECLARE_GRAD(f16, i64)
+TWIN_DECLARE_GRAD(f16, i32)
+TWIN_DECLARE_GRAD(f32, i64)
+TWIN_DECLARE_GRAD(f32, i32)
 
 namespace {
 
@@ -58,15 +67,20 @@ std::mutex& launch_mutex() {
     return m;
 }
 
-GmKernel11 pick(bool stats, at::ScalarType dt, at::ScalarType lt) {
+StatsKernel pick_stats(at::ScalarType dt, at::ScalarType lt) {
     const bool i64 = lt == at::kLong;
     TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
-    if (dt == at::kBFloat16) return stats ? (i64 ? fused_lce_stats_bf16_i64 : fused_lce_stats_bf16_i32)
-                                          : (i64 ? fused_lce_grad_bf16_i64 : fused_lce_grad_bf16_i32);
-    if (dt == at::kHalf) return stats ? (i64 ? fused_lce_stats_f16_i64 : fused_lce_stats_f16_i32)
-                                      : (i64 ? fused_lce_grad_f16_i64 : fused_lce_grad_f16_i32);
-    if (dt == at::kFloat) return stats ? (i64 ? fused_lce_stats_f32_i64 : fused_lce_stats_f32_i32)
-                                       : (i64 ? fused_lce_grad_f32_i64 : fused_lce_grad_f32_i32);
+    if (dt == at::kBFloat16) return i64 ? fused_lce_stats_bf16_i64 : fused_lce_stats_bf16_i32;
+    if (dt == at::kHalf) return i64 ? fused_lce_stats_f16_i64 : fused_lce_stats_f16_i32;
+    if (dt == at::kFloat) return i64 ? fused_lce_stats_f32_i64 : fused_lce_stats_f32_i32;
+    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
+}
+GradKernel pick_grad(at::ScalarType dt, at::ScalarType lt) {
+    const bool i64 = lt == at::kLong;
+    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
+    if (dt == at::kBFloat16) return i64 ? fused_lce_grad_bf16_i64 : fused_lce_grad_bf16_i32;
+    if (dt == at::kHalf) return i64 ? fused_lce_grad_f16_i64 : fused_lce_grad_f16_i32;
+    if (dt == at::kFloat) return i64 ? fused_lce_grad_f32_i64 : fused_lce_grad_f32_i32;
     TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
 }
 
@@ -134,8 +148,10 @@ ft::Plan make_plan(const Tensor& hidden, const Tensor& weight, uint32_t flags) {
     return p;
 }
 
-void launch(GmKernel11 k, const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, std::array<GM_ADDR, 9> args,
-            Tensor& workspace, const FusedLceTilingData& td) {
+// `call(ws, tiling)` calls the kernel entry with its GM arguments.
+template <class Call>
+void launch(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor& workspace, const FusedLceTilingData& td,
+            Call call) {
     std::lock_guard<std::mutex> lock(launch_mutex());
     GM_ADDR ws = reinterpret_cast<GM_ADDR>(workspace.data_ptr());
     bufs.push_back({ws + kSysWorkspace, static_cast<uint64_t>(workspace.numel()) - kSysWorkspace, "workspace",
@@ -145,9 +161,7 @@ void launch(GmKernel11 k, const ft::Plan& p, std::vector<twin_test::GmBuffer> bu
     const int ratio = static_cast<int>(state().hw.vec_per_cube);
     GM_ADDR tiling = reinterpret_cast<GM_ADDR>(const_cast<FusedLceTilingData*>(&td));
     try {
-        twin_test::run_kernel(block_dim, ratio, twin_config(), bufs, ws, kSysWorkspace, [&]() {
-            k(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], ws, tiling);
-        });
+        twin_test::run_kernel(block_dim, ratio, twin_config(), bufs, ws, kSysWorkspace, [&]() { call(ws, tiling); });
     } catch (const twin::Error& e) {
         TORCH_CHECK(false, e.what());
     }
@@ -161,49 +175,64 @@ twin_test::GmBuffer buf(const Tensor& t, const char* name, bool ro) {
             name, ro};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tensor& hidden, const Tensor& weight,
-                                                                const c10::optional<Tensor>& bias,
-                                                                const Tensor& labels, int64_t vocab_start,
-                                                                double softcap, bool with_zsum) {
+void check_temperature(double temperature) {
+    TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0, "fused_lce twin: temperature must be finite and > 0, "
+                "got ", temperature);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tensor& hidden, const Tensor& weight,
+                                                                        const c10::optional<Tensor>& bias,
+                                                                        const Tensor& labels, int64_t vocab_start,
+                                                                        double softcap, bool with_zsum,
+                                                                        double temperature, bool with_entropy) {
     check_problem(hidden, weight, bias, labels);
+    check_temperature(temperature);
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
     Tensor m = at::empty({n}, f32), s = at::empty({n}, f32), zt = at::empty({n}, f32), zs = at::empty({n}, f32);
     Tensor am = at::empty({n}, hidden.options().dtype(at::kInt));
+    Tensor ez = at::empty({with_entropy ? n : 0}, f32);
     if (n > 0) {
         Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
         const bool has_bias = bias.has_value() && bias->defined();
         Tensor b = has_bias ? bias->contiguous() : Tensor();
         const uint32_t flags = (has_bias ? ft::kBias : 0u) | (with_zsum ? ft::kSmoothing : 0u) |
-                               (softcap > 0 ? ft::kSoftcap : 0u);
+                               (softcap > 0 ? ft::kSoftcap : 0u) | (with_entropy ? ft::kEntropy : 0u);
         const ft::Plan p = make_plan(h, w, flags);
         FusedLceTilingData td{};
         td.plan = p;
         td.vocabStart = vocab_start;
-        td.vocabTotal = 0;
         td.softcap = static_cast<float>(softcap);
-        td.labelSmoothing = with_zsum ? 1.0f : 0.0f;
+        td.temperature = static_cast<float>(temperature);
+        td.withZsum = with_zsum ? 1u : 0u;
+        td.withEntropy = with_entropy ? 1u : 0u;
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasBias = has_bias ? 1u : 0u;
         td.mmLogits = fill_gemm(p.vec_rows, p.base_n, p.d, static_cast<uint32_t>(ft::align_up(p.vec_rows, 16)),
                                 p.base_n, p.base_k, p.elt_bytes, state().hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
-        launch(pick(true, h.scalar_type(), y.scalar_type()), p,
+        const StatsKernel k = pick_stats(h.scalar_type(), y.scalar_type());
+        launch(p,
                {buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true), buf(y, "labels", true),
                 buf(m, "max", false), buf(s, "sum_exp", false), buf(zt, "target", false), buf(zs, "zsum", false),
-                buf(am, "argmax", false)},
-               {addr(h), addr(w), addr(b), addr(y), addr(m), addr(s), addr(zt), addr(zs), addr(am)}, ws, td);
+                buf(am, "argmax", false), buf(ez, "ez", false)},
+               ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
+                   k(addr(h), addr(w), addr(b), addr(y), addr(m), addr(s), addr(zt), addr(zs), addr(am), addr(ez), wsp,
+                     tiling);
+               });
     }
     Tensor amax = am.to(at::kLong).add_(vocab_start);
-    return {m, s, zt, zs, amax};
+    return {m, s, zt, zs, amax, ez};
 }
 
-std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& grad_tok, const Tensor& hidden, const Tensor& weight,
+std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
                                               const c10::optional<Tensor>& bias, const Tensor& labels,
-                                              const Tensor& lse, int64_t vocab_start, int64_t vocab_total,
-                                              double label_smoothing, double z_loss, double softcap,
-                                              std::array<bool, 3> grad_mask) {
+                                              const Tensor& lse, int64_t vocab_start, double softcap,
+                                              double temperature, std::array<bool, 3> grad_mask) {
     check_problem(hidden, weight, bias, labels);
+    check_temperature(temperature);
+    TORCH_CHECK(coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0),
+                "fused_lce twin: coefs must be (4, N) = (a, t, b, u), got ", coefs.sizes());
     const bool has_bias = bias.has_value() && bias->defined();
     const int64_t mask = (grad_mask[0] ? 1 : 0) | (grad_mask[1] ? 2 : 0) | (grad_mask[2] && has_bias ? 4 : 0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -211,19 +240,16 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& grad_tok, const Tens
     Tensor dw = (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
     Tensor db = (mask & 4) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
     if (mask != 0 && hidden.size(0) > 0) {
-        Tensor g = grad_tok.to(at::kFloat).contiguous(), l = lse.to(at::kFloat).contiguous();
+        Tensor c = coefs.to(at::kFloat).contiguous(), l = lse.to(at::kFloat).contiguous();
         Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
         Tensor b = has_bias ? bias->contiguous() : Tensor();
-        const uint32_t flags = ft::kBackward | (has_bias ? ft::kBias : 0u) |
-                               (label_smoothing > 0 ? ft::kSmoothing : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
+        const uint32_t flags = ft::kBackward | (has_bias ? ft::kBias : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
         const ft::Plan p = make_plan(h, w, flags);
         FusedLceTilingData td{};
         td.plan = p;
         td.vocabStart = vocab_start;
-        td.vocabTotal = vocab_total > 0 ? vocab_total : static_cast<int64_t>(p.v);
         td.softcap = static_cast<float>(softcap);
-        td.labelSmoothing = static_cast<float>(label_smoothing);
-        td.zLoss = static_cast<float>(z_loss);
+        td.temperature = static_cast<float>(temperature);
         td.gradMask = static_cast<uint32_t>(mask);
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasBias = has_bias ? 1u : 0u;
@@ -233,11 +259,14 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& grad_tok, const Tens
         td.mmDx = fill_gemm(p.vec_rows, p.d, p.base_n, bm, p.base_d, p.base_n, p.elt_bytes, hw);
         td.mmDw = fill_gemm(p.base_n, p.d, p.vec_rows, p.base_n, p.base_d, bm, p.elt_bytes, hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
-        launch(pick(false, h.scalar_type(), y.scalar_type()), p,
-               {buf(g, "grad_tok", true), buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true),
+        const GradKernel k = pick_grad(h.scalar_type(), y.scalar_type());
+        launch(p,
+               {buf(c, "coefs", true), buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true),
                 buf(y, "labels", true), buf(l, "lse", true), buf(dx, "dx", false), buf(dw, "dw", false),
                 buf(db, "db", false)},
-               {addr(g), addr(h), addr(w), addr(b), addr(y), addr(l), addr(dx), addr(dw), addr(db)}, ws, td);
+               ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
+                   k(addr(c), addr(h), addr(w), addr(b), addr(y), addr(l), addr(dx), addr(dw), addr(db), wsp, tiling);
+               });
     }
     return {dx, dw, db};
 }
@@ -270,10 +299,9 @@ std::vector<int64_t> twin_plan(int64_t n, int64_t d, int64_t v, int64_t elt, int
 
 TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
     m.def("_twin_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "bool with_zsum) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-    m.def("_twin_grads(Tensor grad_tok, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
-          "int vocab_start, int vocab_total, float label_smoothing, float z_loss, float softcap, bool[3] grad_mask) "
-          "-> (Tensor, Tensor, Tensor)");
+          "bool with_zsum, float temperature, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+    m.def("_twin_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
+          "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
     m.def("_twin_config(int[] hw, int seed, float switch_prob, bool hazards) -> ()", &twin_config_op);
     m.def("_twin_plan(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan);
 }

@@ -19,19 +19,27 @@ def fresh_seed() -> int:
 
 
 # ---------------------------------------------------------------------------------------------- float64 references
-def logits64(hidden, weight, bias, softcap):
+def logits64(hidden, weight, bias, softcap, temperature=1.0):
+    """(z, raw): z = softcap(h W^T + b) / temperature (softcap first), raw = h W^T + b."""
     z = hidden.double() @ weight.double().t()
     if bias is not None:
         z = z + bias.double()
     raw = z
     if softcap:
         z = softcap * torch.tanh(z / softcap)
-    return z, raw
+    return z / temperature, raw
 
 
-def stats64(hidden, weight, bias, labels, vocab_start, softcap, with_zsum):
+def ez64(z, m):
+    """sum_j exp(z_j - m) (z_j - m), -inf logits (and rows whose max is -inf) adding 0."""
+    d = z - m[:, None]
+    e = torch.exp(d)
+    return torch.where(e > 0, e * d, torch.zeros_like(d)).sum(dim=1)
+
+
+def stats64(hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature=1.0):
     """(max, sum exp(z - max), target logit or 0, sum of logits or 0, first argmax + vocab_start) over the shard."""
-    z, _ = logits64(hidden, weight, bias, softcap)
+    z, _ = logits64(hidden, weight, bias, softcap, temperature)
     n, v = z.shape
     m = z.max(dim=1).values if v else torch.full((n,), -float("inf"), dtype=torch.float64)
     s = torch.exp(z - m[:, None]).sum(dim=1)
@@ -63,6 +71,38 @@ def grads64(grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_tota
     return dx, dw, db
 
 
+def loss_coefs(grad_tok, lse, eps, z_loss, vocab_total):
+    """The loss's (4, N) float32 coefficient planes a, t, b, u of the grad kernel (fused_lce.driver.loss_coefs)."""
+    g = grad_tok.float()
+    l32 = lse.float()
+    return torch.stack([g * (1 + 2 * z_loss * l32), g * (1 - eps), torch.zeros_like(g), g * (eps / vocab_total)])
+
+
+def coef_grads64(coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature=1.0):
+    """Float64 dX, dW, db of dz = p (a + b z) - t onehot - u (times the softcap derivative) over the shard."""
+    z, raw = logits64(hidden, weight, bias, softcap, temperature)
+    n, v = z.shape
+    a, t, b, u = (c.double() for c in coefs)
+    l64 = lse.double()
+    p = torch.exp(z - l64[:, None])
+    bz = torch.where(p > 0, b[:, None] * z, torch.zeros_like(z))  # p = 0 (z = -inf) adds 0
+    dz = p * a[:, None] + p * bz - u[:, None]
+    local = labels.long() - vocab_start
+    hit = (local >= 0) & (local < v)
+    rows = torch.arange(n)[hit]
+    dz[rows, local[hit]] -= t[hit]
+    if softcap:
+        dz = dz * (1 - torch.tanh(raw / softcap) ** 2)
+    return dz @ weight.double(), dz.t() @ hidden.double(), dz.sum(dim=0)
+
+
+def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap,
+                    mask):
+    """The grad kernel on the twin with the loss's coefficients (what the npu provider sends for the loss)."""
+    return ops._twin_grads(loss_coefs(grad_tok, lse, eps, z_loss, vocab_total), hidden, weight, bias, labels, lse,
+                           vocab_start, softcap, 1.0, list(mask))
+
+
 # ---------------------------------------------------------------------------------------------- tolerances
 # relative L2 error of the gradients against float64: bf16 / fp16 round dz to the operand dtype before the GEMMs
 GRAD_RTOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
@@ -76,7 +116,7 @@ def rel_l2(a, b) -> float:
 
 def assert_stats(got, ref, scale, vocab_start, msg):
     """Statistics within float32 rounding of the float64 reference, scaled by the logits' magnitude."""
-    m, s, zt, zs, am = got
+    m, s, zt, zs, am = got[:5]
     rm, rs, rzt, rzs, ram, z = ref
     atol = 2e-5 * scale
     assert torch.allclose(m.double(), rm, rtol=1e-5, atol=atol), f"max {msg}: {(m.double() - rm).abs().max()}"

@@ -35,7 +35,7 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
     assert "npu_stats" in syms and "npu_grads" in syms
     assert "forward_npu" not in syms and "backward_npu" not in syms
     blob = open(so, "rb").read()  # schema strings: exactly the two private ops are defined, no routing glue
-    assert b"_npu_stats(Tensor hidden" in blob and b"_npu_grads(Tensor grad_tok" in blob
+    assert b"_npu_stats(Tensor hidden" in blob and b"_npu_grads(Tensor coefs" in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP

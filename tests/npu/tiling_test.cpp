@@ -85,6 +85,9 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
             }
         }
         CHECK(p.ub_end % kUbAlign == 0, "%s", s);
+        // the forward's finishing phase keeps 12 planes of align8(vec_rows) floats in the work region (6 segment
+        // partials and 6 temporaries, fused_lce_stats.cpp Finish), the grad kernel the b-term tile
+        CHECK(vr * bn >= 12 * align_up(vr, 8), "%s work region too small for the finishing phase", s);
     }
     // tile shapes
     CHECK(p.base_m % kMinBase == 0 && p.base_n % kMinBase == 0 && p.base_k % kMinBase == 0, "%s", s);
@@ -144,7 +147,9 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
         CHECK(ok && covered == rows, "%s rows=%llu", s, (unsigned long long)rows);
     }
     // workspace / accumulator bytes, exact in 128-bit arithmetic
-    unsigned __int128 st = p.segments > 1 ? (unsigned __int128)p.segments * p.n * kStatBytes : 0;
+    // m, s, zt, zs, argmax per token and segment, and ez with kEntropy (the finishing phase's sixth plane)
+    const uint64_t per_tok = (p.flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
+    unsigned __int128 st = p.segments > 1 ? (unsigned __int128)p.segments * p.n * per_tok : 0;
     CHECK(p.ws_stats >= st && p.ws_stats < st + kGmAlign && p.ws_stats % kGmAlign == 0, "%s", s);
     if (bwd) {
         CHECK((unsigned __int128)p.acc_dx_bytes == (unsigned __int128)p.n * p.d * 4, "%s", s);
@@ -167,10 +172,10 @@ static void test_grid() {
         for (uint64_t d : ds)
             for (uint64_t v : vs)
                 for (uint32_t elt : {2u, 4u})
-                    for (uint32_t flags = 0; flags < 16; flags += (n % 2 ? 3 : 5))  // a spread of flag sets
+                    for (uint32_t flags = 0; flags < 32; flags += (n % 2 ? 3 : 5))  // a spread of flag sets
                         check_plan(plan(n, d, v, elt, flags, hw), hw);
     // every flag combination on the Qwen head shapes
-    for (uint32_t flags = 0; flags < 16; ++flags)
+    for (uint32_t flags = 0; flags < 32; ++flags)
         for (uint32_t elt : {2u, 4u}) {
             check_plan(plan(8192, 4096, 151936, elt, flags, hw), hw);
             check_plan(plan(2048, 896, 151936, elt, flags, hw), hw);
@@ -201,6 +206,10 @@ static void test_expected_tiles() {
     CHECK(s.base_m == 16 && s.m_blocks == 1, "base_m=%u", s.base_m);
     CHECK(s.segments == 24 && s.used_cores == 24, "segments=%llu", (unsigned long long)s.segments);
     CHECK(s.ws_stats == align_up(24 * 5 * kStatBytes, kGmAlign), "ws_stats=%llu", (unsigned long long)s.ws_stats);
+    // with the entropy statistic: six planes (24 bytes per token and segment), the same tiles and UB layout
+    Plan se = plan(5, 896, 151936, 2, kEntropy);
+    CHECK(se.ws_stats == align_up(24 * 5 * kStatBytesEntropy, kGmAlign) && se.base_n == s.base_n &&
+          se.ub_used == s.ub_used, "ws_stats=%llu", (unsigned long long)se.ws_stats);
     // more token blocks than cores: one segment, no stats workspace
     Plan big = plan(1 << 16, 4096, 151936, 2, 0);
     CHECK(big.segments == 1 && big.ws_stats == 0, "%s", "");
@@ -246,7 +255,7 @@ static void test_other_parts() {
     HwSpec small;
     small.ub_bytes = 64 * 1024;
     small.cube_cores = 20;
-    for (uint32_t flags = 0; flags < 16; ++flags) {
+    for (uint32_t flags = 0; flags < 32; ++flags) {
         Plan p = plan(4096, 4096, 151936, 2, flags, small);
         check_plan(p, small);
         CHECK(p.base_n < 128 || p.base_m < 128, "flags=%u base %u x %u", flags, p.base_m, p.base_n);

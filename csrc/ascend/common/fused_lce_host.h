@@ -106,6 +106,9 @@ inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input
     return ge::GRAPH_SUCCESS;
 }
 
+// temperature attribute: finite and > 0 (the kernels multiply the logits by its reciprocal)
+inline bool temperature_ok(float t) { return t > 0.0f && t <= 3.4028234663852886e38f; }
+
 template <typename T>
 inline bool attr(const gert::RuntimeAttrs* attrs, size_t index, T* out) {
     const T* p = attrs != nullptr ? attrs->GetAttrPointer<T>(index) : nullptr;

@@ -14,13 +14,14 @@
 struct FusedLceTilingData {
     fused_lce::tiling::Plan plan;
     int64_t vocabStart;      // first global id of this rank's vocabulary rows
-    int64_t vocabTotal;      // global vocabulary size (label smoothing's uniform term, bad-label test)
     float softcap;           // 0: off
-    float labelSmoothing;
-    float zLoss;
+    float temperature;       // z = softcap(h W^T + b) / temperature (1: off; > 0 and finite)
+    uint32_t withZsum;       // FusedLceStats: sum of logits wanted (label smoothing)
+    uint32_t withEntropy;    // FusedLceStats: the entropy statistic ez wanted (a sixth output)
     uint32_t gradMask;       // bit0 dX, bit1 dW, bit2 db (FusedLceGrad)
     uint32_t labelBytes;     // 4 or 8
     uint32_t hasBias;
+    uint32_t pad_;
     AscendC::tiling::TCubeTiling mmLogits;  // z = h[rows] @ W[cols].T      (vec_rows x base_n, K = D)
     AscendC::tiling::TCubeTiling mmDx;      // dX[rows] += dz @ W[cols]     (vec_rows x D,      K = base_n)
     AscendC::tiling::TCubeTiling mmDw;      // dW[cols] += dz.T @ h[rows]   (base_n x D,        K = vec_rows)

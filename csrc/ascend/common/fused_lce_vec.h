@@ -7,6 +7,8 @@
 //     op uses `cols` elements; whole-tile element-wise ops may run over them, their results are never used);
 //   * vector operands start on 32-byte UB blocks (asc-devkit docs 通用说明和约束: "Unified Buffer 32Byte对齐"), so
 //     per-row slices z[r * baseN] are aligned because baseN is a multiple of 16;
+//   * in-place element-wise ops (dst the same tensor as a source) overlap 100%, which 通用说明和约束 (通用地址重叠约束)
+//     allows; partial overlaps never occur (every view starts at a row or plane boundary);
 //   * pipes are ordered explicitly: PipeBarrier<PIPE_V> between dependent vector instructions, SetFlag/WaitFlag
 //     V_S before the scalar unit reads what the vector unit wrote and S_V before the vector unit touches what the
 //     scalar unit read or wrote (asc-devkit docs 同步控制/核内同步; the kernels do not rely on the compiler's
@@ -35,14 +37,20 @@ constexpr uint32_t kReduceTmpFloats = 16;               // ReduceMax(calIndex) s
                                                         // (ReduceMax.md sharedTmpBuffer formula)
 
 // Per-row float32 slots of the `rows` UB region (fused_lce::tiling::kRowSlots slots of align8(vec_rows) floats).
+// The statistics come first, in output order, so that the kernels copy slots kRowMax + k for k < statistics.
 enum RowSlot : uint32_t {
-    kRowMax = 0, kRowSum, kRowTarget, kRowZsum, kRowArgmax,  // running statistics (argmax: int32 bits)
-    kRowTileSum, kRowTileZsum, kRowScaleArg, kRowScale,       // per-block temporaries of the online update
-    kRowRedPair,                                              // ReduceMax (value, index) pairs: 2 slots
-    kRowCoefP = kRowRedPair + 2, kRowCoefT, kRowCoefU, kRowLse,  // backward coefficients a, t, u and lse
-    kRowLabel,                                                // shard-local label (int32 bits)
+    kRowMax = 0, kRowSum, kRowTarget, kRowZsum, kRowArgmax, kRowEz,  // running statistics (argmax: int32 bits)
+    kRowTileSum, kRowTileZsum, kRowTileEz, kRowScaleArg, kRowScale,   // per-block temporaries of the online update
+    kRowRedPair,                                                      // ReduceMax (value, index) pairs: 2 slots
+    kRowCoefA = kRowRedPair + 2, kRowCoefT, kRowCoefB, kRowCoefU,     // backward coefficients (Coefs) a, t, b, u
+    kRowLse, kRowLabel,                                               // lse, shard-local label (int32 bits)
+    kRowLive,                                                         // backward: 1 unless all coefficients are 0
     kRowSlotCount
 };
+// The floor of z - m in the entropy sum and of z - lse in the b * z term: exp(-104) is below float32's smallest
+// subnormal (exp(-103.97) = 2^-149), so a logit that far below the max has p = 0 and contributes exactly 0 instead
+// of 0 * (-inf) = NaN at a -inf logit (docs/providers.md, "Log-probs and entropy").
+constexpr float kLogFloor = -104.0f;
 
 struct RowView {
     LocalTensor<float> base;
@@ -62,9 +70,10 @@ __aicore__ inline void Order() {
 }
 
 // z[r, :cols] += bias[:cols]; then z = c * tanh(z / c) when softcap c > 0, keeping tanh(z / c) = z_capped / c in
-// `capScratch` (the backward's softcap derivative needs it). Entered with z and bias readable by the vector pipe.
+// `capScratch` (the backward's softcap derivative needs it); then z *= invTemp (softcap first, then temperature,
+// as the contract and TRL's chunked log-prob transform). Entered with z and bias readable by the vector pipe.
 __aicore__ inline void VectorLogits(const LocalTensor<float>& z, const LocalTensor<float>& biasF32, bool hasBias,
-                                    float softcap, uint32_t rows, uint32_t cols, uint32_t baseN,
+                                    float softcap, float invTemp, uint32_t rows, uint32_t cols, uint32_t baseN,
                                     const LocalTensor<float>& capScratch) {
     if (hasBias) {
         for (uint32_t r = 0; r < rows; ++r) {
@@ -81,16 +90,24 @@ __aicore__ inline void VectorLogits(const LocalTensor<float>& z, const LocalTens
         Muls(z, capScratch, softcap, count);
         PipeBarrier<PIPE_V>();
     }
+    if (invTemp != 1.0f) {
+        Muls(z, z, invTemp, rows * baseN);  // whole tile: the padding columns are never read as data
+        PipeBarrier<PIPE_V>();
+    }
 }
 
 // One vocabulary block of the online softmax for `rows` rows, the shard-local columns [c0, c0 + cols).
 // Mirrors the float64-tested semantics: the first maximum keeps the argmax (strict >; ReduceMax returns the
 // smallest index among equal maxima, ReduceMax.md), rows whose running max is still -inf keep sum = 0, and
-//   sum = sum * exp(m_old - m_new) + sum_j exp(z_j - m_new).
-// `work` is a (rows x baseN) scratch tile. Entered with z readable by V and the row slots last touched by S or by
-// S-ordered pipes; leaves with the S -> V order established (S_V).
+//   sum = sum * exp(m_old - m_new) + sum_j exp(z_j - m_new);
+// with `withEz` also the entropy statistic relative to the same running max,
+//   ez = exp(m_old - m_new) * (ez + max(m_old - m_new, -104) * sum) + sum_j exp(z_j - m_new) * max(z_j - m_new, -104)
+// (the floors make -inf logits and a -inf previous max add 0; at -104 the exp factor is 0 anyway). z is consumed
+// (it holds max(z - m, -104) * exp(z - m) afterwards). `work` is a (rows x baseN) scratch tile. Entered with z
+// readable by V and the row slots last touched by S or by S-ordered pipes; leaves with the S -> V order (S_V).
 __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& rv, uint32_t rows, uint32_t cols,
-                                    uint32_t baseN, int32_t c0, bool withZsum, const LocalTensor<float>& work) {
+                                    uint32_t baseN, int32_t c0, bool withZsum, bool withEz,
+                                    const LocalTensor<float>& work) {
     LocalTensor<float> m = rv.slot(kRowMax);
     LocalTensor<float> s = rv.slot(kRowSum);
     LocalTensor<float> zt = rv.slot(kRowTarget);
@@ -102,6 +119,8 @@ __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& 
     LocalTensor<float> tileZsum = rv.slot(kRowTileZsum);
     LocalTensor<float> scaleArg = rv.slot(kRowScaleArg);
     LocalTensor<float> scale = rv.slot(kRowScale);
+    LocalTensor<float> ez = rv.slot(kRowEz);
+    LocalTensor<float> tileEz = rv.slot(kRowTileEz);
     const float negInf = NegInf();
 
     // 1. per row: (max, first index) and the sum of logits, into distinct row slots
@@ -145,11 +164,26 @@ __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& 
     }
     if (finiteRows > 0) {
         PipeBarrier<PIPE_V>();
+        if (withEz) {  // z (no longer needed: the target logit was read in step 2) <- max(z - m, -104)
+            for (uint32_t r = 0; r < rows; ++r) {
+                if (m.GetValue(r) != negInf) Maxs(z[r * baseN], work[r * baseN], kLogFloor, cols);
+            }
+            PipeBarrier<PIPE_V>();
+        }
         Exp(work, work, rows * baseN);
         PipeBarrier<PIPE_V>();
+        // ez terms before the row sums: the ReduceSums get their source as sharedTmpBuffer, which Atlas A2 / A3
+        // (累加方式一) never touch (ReduceSum.md 关键特性说明); doing the Mul first does not depend on that
+        if (withEz) {
+            for (uint32_t r = 0; r < rows; ++r) {
+                if (m.GetValue(r) != negInf) Mul(z[r * baseN], z[r * baseN], work[r * baseN], cols);
+            }
+            PipeBarrier<PIPE_V>();
+        }
         for (uint32_t r = 0; r < rows; ++r) {
             if (m.GetValue(r) != negInf) {
                 ReduceSum<float>(tileSum[r], work[r * baseN], work[r * baseN], cols);
+                if (withEz) ReduceSum<float>(tileEz[r], z[r * baseN], z[r * baseN], cols);
             }
         }
     }
@@ -160,25 +194,52 @@ __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& 
         if (m.GetValue(r) == negInf) {
             continue;
         }
-        const float a = scaleArg.GetValue(r) == 0.0f ? 1.0f : scale.GetValue(r);
-        s.SetValue(r, s.GetValue(r) * a + tileSum.GetValue(r));
+        const float arg = scaleArg.GetValue(r);
+        const float a = arg == 0.0f ? 1.0f : scale.GetValue(r);
+        const float sOld = s.GetValue(r);
+        if (withEz) {
+            const float d = arg > kLogFloor ? arg : kLogFloor;  // -inf (first finite block): 0 * (0 - 104 * 0)
+            ez.SetValue(r, a * (ez.GetValue(r) + d * sOld) + tileEz.GetValue(r));
+        }
+        s.SetValue(r, sOld * a + tileSum.GetValue(r));
     }
     Order<HardEvent::S_V>();
 }
 
-// dz of one tile for `rows` rows, in place in z (float32):
-//   p = exp(z - lse); dz = a * p - u - t * onehot(label); dz *= 1 - (z / c)^2 with softcap c,
-// where `capTanh` holds tanh(z_raw / c) = z_capped / c from VectorLogits. colsum (db) gets the column sums of dz
-// over the rows. Entered with z readable by V, the coefficient slots written by S before an S_V order point, and
-// colsum free for V; leaves with the vector results complete up to PipeBarrier<PIPE_V>.
+// dz of one tile for `rows` rows, in place in z (float32), from the per-token coefficients (Coefs) a, t, b, u:
+//   p = exp(z - lse); dz = p * (a + b * max(z, lse - 104)) - t * onehot(label) - u; dz *= 1 - (z_capped / c)^2,
+// z the tempered logits, `capTanh` = tanh(z_raw / c) = z_capped / c from VectorLogits (softcap c > 0 only). The
+// b term runs only when `withB` (a b of the task is not 0) and uses `work` (rows x baseN) for the per-element
+// coefficient; the floor at lse - 104 keeps p = 0 at z = -inf from giving 0 * (-inf) = NaN. Rows whose coefficients
+// are all 0 (kRowLive = 0) are set to 0 whatever their logits (an all -inf row's lse is -inf); a NaN coefficient
+// is not 0 and poisons its row. colsum (db) gets the column sums of dz over the rows. Entered with z readable by V,
+// the coefficient slots written by S before an S_V order point, and colsum free for V; leaves with the vector
+// results complete up to PipeBarrier<PIPE_V>.
 __aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTensor<float>& capTanh, const RowView& rv,
                                     uint32_t rows, uint32_t cols, uint32_t baseN, int32_t c0, float softcap,
-                                    bool wantColsum, const LocalTensor<float>& colsum) {
-    LocalTensor<float> a = rv.slot(kRowCoefP);
+                                    bool withB, const LocalTensor<float>& work, bool wantColsum,
+                                    const LocalTensor<float>& colsum) {
+    LocalTensor<float> a = rv.slot(kRowCoefA);
     LocalTensor<float> t = rv.slot(kRowCoefT);
+    LocalTensor<float> b = rv.slot(kRowCoefB);
     LocalTensor<float> u = rv.slot(kRowCoefU);
     LocalTensor<float> lse = rv.slot(kRowLse);
+    LocalTensor<float> live = rv.slot(kRowLive);
     LocalTensor<int32_t> lab = rv.slot(kRowLabel).ReinterpretCast<int32_t>();
+    if (withB) {  // work = a + b * max(z, lse - 104), per row
+        for (uint32_t r = 0; r < rows; ++r) {
+            Maxs(work[r * baseN], z[r * baseN], lse.GetValue(r) + kLogFloor, cols);
+        }
+        PipeBarrier<PIPE_V>();
+        for (uint32_t r = 0; r < rows; ++r) {
+            Muls(work[r * baseN], work[r * baseN], b.GetValue(r), cols);
+        }
+        PipeBarrier<PIPE_V>();
+        for (uint32_t r = 0; r < rows; ++r) {
+            Adds(work[r * baseN], work[r * baseN], a.GetValue(r), cols);
+        }
+        PipeBarrier<PIPE_V>();  // z is overwritten below
+    }
     for (uint32_t r = 0; r < rows; ++r) {
         Adds(z[r * baseN], z[r * baseN], -lse.GetValue(r), cols);
     }
@@ -186,7 +247,11 @@ __aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTens
     Exp(z, z, rows * baseN);
     PipeBarrier<PIPE_V>();
     for (uint32_t r = 0; r < rows; ++r) {
-        Muls(z[r * baseN], z[r * baseN], a.GetValue(r), cols);
+        if (withB) {
+            Mul(z[r * baseN], z[r * baseN], work[r * baseN], cols);
+        } else {
+            Muls(z[r * baseN], z[r * baseN], a.GetValue(r), cols);
+        }
     }
     PipeBarrier<PIPE_V>();
     for (uint32_t r = 0; r < rows; ++r) {
@@ -212,6 +277,10 @@ __aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTens
         Mul(z, z, capTanh, count);
         PipeBarrier<PIPE_V>();
     }
+    for (uint32_t r = 0; r < rows; ++r) {
+        if (live.GetValue(r) == 0.0f) Duplicate(z[r * baseN], 0.0f, cols);
+    }
+    PipeBarrier<PIPE_V>();
     if (wantColsum) {
         Duplicate(colsum, 0.0f, cols);
         PipeBarrier<PIPE_V>();

@@ -1,7 +1,8 @@
 """The real tiling / inference functions of FusedLceStats and FusedLceGrad, run under the host twin's runtime on a grid
-of problems (N, D, V, dtypes, label dtype, bias, softcap / smoothing / z-loss, grad mask, parts): status handling,
-workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to fused_lce_tiling.h's plan(),
-attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
+of problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
+status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to
+fused_lce_tiling.h's plan(), attributes read at the right index, inputs read by IR index, bad nodes rejected without
+a crash."""
 from __future__ import annotations
 
 import os
@@ -32,10 +33,10 @@ SEED = _seed()
 
 
 def case(op="stats", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
-         smoothing=0.0, zloss=0.0, mask=7, vocab_start=0, vocab_total=0, **extra) -> str:
+         temperature=1.0, with_zsum=0, entropy=0, mask=7, vocab_start=0, **extra) -> str:
     words = [f"op={op}", f"part={part}", f"n={n}", f"d={d}", f"v={v}", f"dtype={dtype}", f"label={label}",
-             f"bias={int(bias)}", f"softcap={softcap}", f"smoothing={smoothing}", f"zloss={zloss}", f"mask={mask}",
-             f"vocab_start={vocab_start}", f"vocab_total={vocab_total}"]
+             f"bias={int(bias)}", f"softcap={softcap}", f"temperature={temperature}", f"with_zsum={int(with_zsum)}",
+             f"entropy={int(entropy)}", f"mask={mask}", f"vocab_start={vocab_start}"]
     words += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
     return " ".join(words)
 
@@ -57,9 +58,9 @@ def grid(op: str, count: int, rng: random.Random) -> list[str]:
         if rng.random() < 0.3:  # odd sizes
             n, d, v = rng.randrange(0, 3000), rng.randrange(1, 9000), rng.randrange(1, 200000)
         out.append(case(op, rng.choice(PARTS), n, d, v, rng.choice(["bf16", "fp16", "fp32"]),
-                        rng.choice(["i32", "i64"]), rng.random() < 0.5, rng.choice([0.0, 0.0, 30.0]), rng.choice([0.0, 0.0, 0.1]),
-                        rng.choice([0.0, 1e-4]), rng.randrange(0, 8), rng.choice([0, 0, 1000]),
-                        rng.choice([0, v + 1000 + 1000])))
+                        rng.choice(["i32", "i64"]), rng.random() < 0.5, rng.choice([0.0, 0.0, 30.0]),
+                        rng.choice([1.0, 1.0, 0.7, 1.3]), rng.random() < 0.3, rng.random() < 0.4,
+                        rng.randrange(0, 8), rng.choice([0, 0, 1000])))
     return out
 
 
@@ -100,21 +101,21 @@ def problems(line: str, r: dict) -> list[str]:
     want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + e["ws_total"]],
          f"workspaces {r['workspaces']} != [{r['lib_ws']} + {e['ws_total']}]")
     if e["segments"] > 1:
-        want(e["ws_stats"] >= e["segments"] * e["n"] * 20, "stats workspace too small for the segment partials")
+        per = 24 if not grad and c["entropy"] == "1" else 20  # m, s, zt, zs, argmax (+ ez) per token and segment
+        want(e["ws_stats"] >= e["segments"] * e["n"] * per, "stats workspace too small for the segment partials")
     # attributes, each at its OpDef index, and the label dtype read by IR index
     want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
     want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
+    want(r["temperature"] == pytest.approx(float(c["temperature"])), f"temperature {r['temperature']}")
     want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']} for {c['label']} labels")
     want(r["hasBias"] == int(c["bias"]), "hasBias")
     if grad:
-        vt = int(c["vocab_total"]) or int(c["v"])
-        want(r["vocabTotal"] == vt, f"vocabTotal {r['vocabTotal']} != {vt}")
-        want(r["labelSmoothing"] == pytest.approx(float(c["smoothing"])), "labelSmoothing")
-        want(r["zLoss"] == pytest.approx(float(c["zloss"])), "zLoss")
         want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
+        want(r["withZsum"] == 0 and r["withEntropy"] == 0, "the backward has no statistics flags")
     else:
-        want(r["labelSmoothing"] == (1.0 if float(c["smoothing"]) > 0 else 0.0), "labelSmoothing flag")
-        want(r["gradMask"] == 0 and r["zLoss"] == 0, "forward has no gradients")
+        want(r["withZsum"] == int(c["with_zsum"]), "withZsum")
+        want(r["withEntropy"] == int(c["entropy"]), "withEntropy")
+        want(r["gradMask"] == 0, "forward has no gradients")
     # the Matmul tilings describe the GEMMs the kernels issue
     n, d = e["n"], e["d"]
     gemms = {"mmLogits": (e["vec_rows"], e["base_n"], d, align(e["vec_rows"], 16), e["base_n"])}
@@ -186,12 +187,14 @@ def test_inputs_after_the_optional_bias_are_read_by_ir_index(op, bias, label, dr
 
 
 def test_attributes_are_read_at_their_opdef_index(driver):
-    r = driver.one(case("grad", n=64, d=64, v=1000, bias=1, softcap=12.5, smoothing=0.25, zloss=0.125, mask=5,
-                        vocab_start=3000, vocab_total=9000))
-    assert (r["vocabStart"], r["vocabTotal"], r["softcap"], r["labelSmoothing"], r["zLoss"], r["gradMask"]) == \
-        (3000, 9000, 12.5, 0.25, 0.125, 5)
-    r = driver.one(case("stats", n=64, d=64, v=1000, softcap=7.5, vocab_start=123, with_zsum=1))
-    assert (r["vocabStart"], r["softcap"], r["labelSmoothing"]) == (123, 7.5, 1.0)
+    r = driver.one(case("grad", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
+                        vocab_start=3000))
+    assert (r["vocabStart"], r["softcap"], r["temperature"], r["gradMask"]) == (3000, 12.5, 0.625, 5)
+    for zsum, ent in ((1, 0), (0, 1), (1, 1)):
+        r = driver.one(case("stats", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
+                            with_zsum=zsum, entropy=ent))
+        assert (r["vocabStart"], r["softcap"], r["temperature"], r["withZsum"], r["withEntropy"]) == \
+            (123, 7.5, 1.25, zsum, ent)
 
 
 BAD = [
@@ -209,14 +212,17 @@ BAD = [
     ("D > int32", dict(d=1 << 31)),
     ("negative vocab_start", dict(vocab_start=-1)),
     ("negative softcap", dict(softcap=-1.0)),
+    ("temperature 0", dict(temperature=0.0)),
+    ("negative temperature", dict(temperature=-0.5)),
+    ("infinite temperature", dict(temperature="inf")),
 ]
 BAD_GRAD = [
-    ("grad_tok length", dict(shape__grad_tok="36")),
+    ("coefs length", dict(shape__coefs="4,36")),
+    ("coefs planes", dict(shape__coefs="3,37")),
+    ("coefs 1-D", dict(shape__coefs="37")),
+    ("coefs dtype", dict(dtype__coefs="bf16")),
     ("lse dtype", dict(dtype__lse="bf16")),
-    ("vocab_total too small", dict(vocab_start=100, vocab_total=300)),
     ("grad_mask > 7", dict(mask=8)),
-    ("label_smoothing > 1", dict(smoothing=1.5)),
-    ("negative z_loss", dict(zloss=-0.5)),
 ]
 
 
@@ -233,7 +239,7 @@ def test_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
 
 def test_inferred_shapes_and_dtypes(driver):
     r = driver.one("infer " + case("stats", n=37, d=45, v=301))
-    assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 5 and r["dtypes"] == [0, 0, 0, 0, 3]
+    assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 6 and r["dtypes"] == [0, 0, 0, 0, 3, 0]
     for bias in (0, 1):
         r = driver.one("infer " + case("grad", n=37, d=45, v=301, bias=bias))
         assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]

@@ -2,8 +2,8 @@
 // their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for tests/ascend/host/test_host_tiling.py.
 //
 // stdin: one case per line, `key=value` words:
-//   op=stats|grad part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1 softcap= smoothing=
-//   zloss= mask= vocab_start= vocab_total= [with_zsum=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   op=stats|grad part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1 softcap= temperature=
+//   mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -86,7 +86,7 @@ Case build(const std::map<std::string, std::string>& kv) {
     const th::OpInfo* op = th::find_op(c.type);
     if (op == nullptr) throw std::runtime_error("no OpDef for " + c.type);
     std::map<std::string, th::TensorArg> by_name;
-    by_name["grad_tok"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    by_name["coefs"] = th::TensorArg{true, {4, n}, ge::DT_FLOAT};
     by_name["hidden"] = th::TensorArg{true, {n, d}, dt};
     by_name["weight"] = th::TensorArg{true, {v, d}, dt};
     by_name["bias"] = th::TensorArg{bias, {v}, dt};
@@ -98,16 +98,15 @@ Case build(const std::map<std::string, std::string>& kv) {
     }
     if (kv.count("absent")) by_name.at(get(kv, "absent", "")).present = false;
     for (const th::ParamInfo& p : op->inputs) c.inputs.push_back(by_name.at(p.name));
-    const float softcap = std::stof(get(kv, "softcap", "0")), smoothing = std::stof(get(kv, "smoothing", "0"));
+    const float softcap = std::stof(get(kv, "softcap", "0"));
     c.attrs["vocab_start"] = th::AttrArg::Int(std::stoll(get(kv, "vocab_start", "0")));
     c.attrs["softcap"] = th::AttrArg::Float(softcap);
+    c.attrs["temperature"] = th::AttrArg::Float(std::stof(get(kv, "temperature", "1")));
     if (grad) {
-        c.attrs["vocab_total"] = th::AttrArg::Int(std::stoll(get(kv, "vocab_total", "0")));
-        c.attrs["label_smoothing"] = th::AttrArg::Float(smoothing);
-        c.attrs["z_loss"] = th::AttrArg::Float(std::stof(get(kv, "zloss", "0")));
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
     } else {
-        c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", smoothing > 0 ? "1" : "0") == "1");
+        c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
+        c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
     return c;
 }
@@ -186,7 +185,8 @@ void run_case(const std::map<std::string, std::string>& kv) {
     bool has_expected = false;
     if (h.shape.size() == 2 && w.shape.size() == 2) {
         uint32_t flags = (bias ? ft::kBias : 0u) | (grad ? ft::kBackward : 0u);
-        if (grad ? c.attrs.at("label_smoothing").f > 0 : c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
+        if (!grad && c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
+        if (!grad && c.attrs.at("with_entropy").b) flags |= ft::kEntropy;
         if (c.attrs.at("softcap").f > 0) flags |= ft::kSoftcap;
         expected = ft::plan(static_cast<uint64_t>(h.shape[0]), static_cast<uint64_t>(h.shape[1]),
                             static_cast<uint64_t>(w.shape[0]), h.dtype == ge::DT_FLOAT ? 4u : 2u, flags,
@@ -200,8 +200,8 @@ void run_case(const std::map<std::string, std::string>& kv) {
         o << ",\"plan\":" << plan_json(td.plan) << ",\"plan_bytes_equal\":"
           << (has_expected && std::memcmp(&td.plan, &expected, sizeof(ft::Plan)) == 0)
           << ",\"vocabStart\":" << td.vocabStart
-          << ",\"vocabTotal\":" << td.vocabTotal << ",\"softcap\":" << td.softcap
-          << ",\"labelSmoothing\":" << td.labelSmoothing << ",\"zLoss\":" << td.zLoss
+          << ",\"softcap\":" << td.softcap << ",\"temperature\":" << td.temperature
+          << ",\"withZsum\":" << td.withZsum << ",\"withEntropy\":" << td.withEntropy
           << ",\"gradMask\":" << td.gradMask << ",\"labelBytes\":" << td.labelBytes << ",\"hasBias\":" << td.hasBias
           << ",\"mmLogits\":" << cube_json(td.mmLogits) << ",\"mmDx\":" << cube_json(td.mmDx)
           << ",\"mmDw\":" << cube_json(td.mmDw);

@@ -1,11 +1,14 @@
 // FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
 // AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
 //
-// Gradients of sum_i g_i * loss_i given the saved lse and per-token upstream weights g (0 for ignored tokens, NaN
-// for out-of-range labels, so a bad label poisons what it touches instead of reading out of bounds). Same tasks
-// and tile order as FusedLceStats. For every tile, each vector core (vec_rows rows):
+// Gradients of the logits gradient dz_j = p_j (a + b z_j) - t [j == label] - u (times the softcap derivative) given
+// the saved lse and the per-token coefficients Coefs(a, t, b, u) that the driver forms (docs/providers.md, "Log-probs
+// and entropy": for the loss a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, b = 0; for log-probs
+// and entropy b != 0; all 0 for ignored tokens, NaN for out-of-range labels, so a bad label poisons what it touches
+// instead of reading out of bounds; 1 / temperature is already folded in). Same tasks and tile order as
+// FusedLceStats. For every tile, each vector core (vec_rows rows):
 //   1. recomputes z = h[rows] @ W[cols].T (Matmul; on an Atlas A2 the C tile goes L0C -> GM staging -> UB), adds
-//      bias / softcap;
+//      bias / softcap, divides by the temperature;
 //   2. forms dz in float32 (TileGradient), adds its column sums into db with a float32 atomic add;
 //   3. stages dz in its slot of the GM workspace (rounded to the operand dtype for bf16 / fp16; the float32 tile
 //      as it is for fp32);
@@ -40,12 +43,13 @@ public:
     matmul::Matmul<DzType, WType, CGm> mmDx;
     matmul::Matmul<DzTType, HType, CGm> mmDw;
 
-    __aicore__ inline void Init(GM_ADDR gradTok, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
+    __aicore__ inline void Init(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
                                 GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
                                 const FusedLceTilingData* td, TPipe* pipe) {
         td_ = td;
         p_ = &td->plan;
-        gGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gradTok));
+        invTemp_ = 1.0f / td->temperature;
+        cGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(coefs));  // (4, N): planes a, t, b, u
         hGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(hidden));
         wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(weight));
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
@@ -61,6 +65,7 @@ public:
         const uint32_t cElems = static_cast<uint32_t>(td->mmLogits.baseM) * static_cast<uint32_t>(td->mmLogits.baseN);
         z_ = ub_.GetWithOffset<float>(cElems, p_->ub_c);  // exactly baseM x baseN: see FusedLceStats
         const uint32_t tileElems = p_->vec_rows * p_->base_n;
+        work_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work);  // a + b z of TileGradient's b term
         if (td->softcap > 0.0f) work2_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work2);
         if constexpr (!IsSameType<T, float>::value) cast_ = ub_.GetWithOffset<T>(tileElems, p_->ub_cast);
         if (td->hasBias) {
@@ -91,24 +96,34 @@ public:
     }
 
 private:
-    // a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, shard-local labels, lse
-    __aicore__ inline void LoadRows(uint64_t row0, uint32_t rows) {
+    // The rows' coefficients a, t, b, u (scalar reads of the (4, N) coefs input), lse, shard-local labels, and
+    // whether each row is live (a coefficient not 0; NaN counts as live). Returns whether any b of the rows is not
+    // 0 (the b term of TileGradient runs only then: the loss never pays for it).
+    __aicore__ inline bool LoadRows(uint64_t row0, uint32_t rows) {
         LocalTensor<int32_t> lab = rows_.slot(kRowLabel).ReinterpretCast<int32_t>();
-        LocalTensor<float> a = rows_.slot(kRowCoefP), t = rows_.slot(kRowCoefT), u = rows_.slot(kRowCoefU);
-        LocalTensor<float> lse = rows_.slot(kRowLse);
+        LocalTensor<float> a = rows_.slot(kRowCoefA), t = rows_.slot(kRowCoefT), b = rows_.slot(kRowCoefB),
+                           u = rows_.slot(kRowCoefU);
+        LocalTensor<float> lse = rows_.slot(kRowLse), live = rows_.slot(kRowLive);
         const int64_t v = static_cast<int64_t>(p_->v);
-        const float eps = td_->labelSmoothing;
+        const uint64_t n = p_->n;
+        bool anyB = false;
         for (uint32_t r = 0; r < rows; ++r) {
-            const int64_t y = static_cast<int64_t>(yGm_.GetValue(row0 + r)) - td_->vocabStart;
+            const uint64_t i = row0 + r;
+            const int64_t y = static_cast<int64_t>(yGm_.GetValue(i)) - td_->vocabStart;
             lab.SetValue(r, (y >= 0 && y < v) ? static_cast<int32_t>(y) : -1);
-            const float g = gGm_.GetValue(row0 + r);
-            const float l = lseGm_.GetValue(row0 + r);
-            lse.SetValue(r, l);
-            a.SetValue(r, g * (1.0f + 2.0f * td_->zLoss * l));
-            t.SetValue(r, g * (1.0f - eps));
-            u.SetValue(r, g * (eps / static_cast<float>(td_->vocabTotal)));
+            const float ca = cGm_.GetValue(i), ct = cGm_.GetValue(n + i), cb = cGm_.GetValue(2 * n + i),
+                        cu = cGm_.GetValue(3 * n + i);
+            lse.SetValue(r, lseGm_.GetValue(i));
+            a.SetValue(r, ca);
+            t.SetValue(r, ct);
+            b.SetValue(r, cb);
+            u.SetValue(r, cu);
+            const bool isLive = !(ca == 0.0f && ct == 0.0f && cb == 0.0f && cu == 0.0f);  // NaN != 0: live
+            live.SetValue(r, isLive ? 1.0f : 0.0f);
+            anyB = anyB || cb != 0.0f;
         }
         Order<HardEvent::S_V>();
+        return anyB;
     }
 
     __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
@@ -121,7 +136,7 @@ private:
     }
 
     __aicore__ inline void RunTask(uint64_t row0, uint32_t rows, uint64_t sIdx) {
-        LoadRows(row0, rows);
+        const bool withB = LoadRows(row0, rows);
         uint64_t nb0, nb1;
         ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
         const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
@@ -141,10 +156,10 @@ private:
             mmLogits.template Iterate<true>();
             mmLogits.template GetTensorC<true>(z_, 0, false);  // rows at the orgN = base_n stride
             if (td_->hasBias) LoadBias(c0, cols);
-            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
+            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, invTemp_, rows, cols, p_->base_n, work2_);
             if (wantDb) Order<HardEvent::MTE3_V>();  // the previous block's db copy has read colsum
-            TileGradient(z_, work2_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->softcap, wantDb,
-                         colsum_);
+            TileGradient(z_, work2_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->softcap, withB,
+                         work_, wantDb, colsum_);
             if (wantDb) {
                 Order<HardEvent::V_MTE3>();
                 SetAtomicAdd<float>();
@@ -185,16 +200,17 @@ private:
 
     const FusedLceTilingData* td_;
     const ft::Plan* p_;
-    GlobalTensor<float> gGm_, lseGm_, dxGm_, dwGm_, dbGm_;
+    GlobalTensor<float> cGm_, lseGm_, dxGm_, dwGm_, dbGm_;
+    float invTemp_;
     GlobalTensor<T> hGm_, wGm_, bGm_, dzGm_;
     GlobalTensor<LabelT> yGm_;
     TBuf<TPosition::VECCALC> ub_;
-    LocalTensor<float> z_, work2_, biasF32_, colsum_;
+    LocalTensor<float> z_, work_, work2_, biasF32_, colsum_;
     LocalTensor<T> cast_, biasIn_;
     RowView rows_;
 };
 
-extern "C" __global__ __aicore__ void fused_lce_grad(GM_ADDR gradTok, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
+extern "C" __global__ __aicore__ void fused_lce_grad(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
                                                      GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db,
                                                      GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -205,6 +221,6 @@ extern "C" __global__ __aicore__ void fused_lce_grad(GM_ADDR gradTok, GM_ADDR hi
     FusedLceGradKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mmLogits, &td.mmLogits, op.mmDx, &td.mmDx, op.mmDw,
                       &td.mmDw);
-    op.Init(gradTok, hidden, weight, bias, labels, lse, dx, dw, db, user, &td, &pipe);
+    op.Init(coefs, hidden, weight, bias, labels, lse, dx, dw, db, user, &td, &pipe);
     op.Process();
 }

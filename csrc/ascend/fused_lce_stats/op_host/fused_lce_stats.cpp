@@ -1,7 +1,9 @@
 // FusedLceStats: operator definition, shape / dtype inference and tiling. The CANN build generates the two-phase
 // aclnn API from this definition:
 //   aclnnFusedLceStatsGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
-//                                      maxOut, sumExpOut, targetLogitOut, logitSumOut, argmaxOut, ws, executor)
+//                                      temperature, withEntropy, maxOut, sumExpOut, targetLogitOut, logitSumOut,
+//                                      argmaxOut, entropyStatOut, ws, executor)
+// entropyStatOut (ez = sum exp(z - max) (z - max)) is written only with withEntropy; otherwise it may be empty.
 //   aclnnFusedLceStats(workspace, workspaceSize, executor, stream)
 // Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
 // (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
@@ -12,7 +14,7 @@ namespace optiling {
 // IR input indices (the Input(...) order below); bias is optional, so GetInputDesc(3) would not be labels without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
 // attribute indices (the Attr(...) order below)
-constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrWithZsum = 2;
+constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrWithZsum = 2, kAttrTemperature = 3, kAttrWithEntropy = 4;
 
 static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
@@ -28,24 +30,27 @@ static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
     if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
     int64_t vocabStart = 0;
     float softcap = 0.0f;
-    bool withZsum = false;
+    float temperature = 1.0f;
+    bool withZsum = false, withEntropy = false;
     const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
     if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
-        !fh::attr(attrs, kAttrWithZsum, &withZsum))
+        !fh::attr(attrs, kAttrWithZsum, &withZsum) || !fh::attr(attrs, kAttrTemperature, &temperature) ||
+        !fh::attr(attrs, kAttrWithEntropy, &withEntropy))
         return fh::fail(ctx, "missing attribute");
-    if (vocabStart < 0 || !(softcap >= 0.0f)) return fh::fail(ctx, "vocab_start must be >= 0 and softcap >= 0");
+    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature))
+        return fh::fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
 
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
-                           (softcap > 0.0f ? ft::kSoftcap : 0u);
+                           (softcap > 0.0f ? ft::kSoftcap : 0u) | (withEntropy ? ft::kEntropy : 0u);
     const ft::Plan plan = ft::plan(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
     if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStats: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding too: the tiling data is copied as bytes
     td->plan = plan;
     td->vocabStart = vocabStart;
-    td->vocabTotal = 0;
     td->softcap = softcap;
-    td->labelSmoothing = withZsum ? 1.0f : 0.0f;  // the kernel only needs "sum of logits wanted"
-    td->zLoss = 0.0f;
+    td->temperature = temperature;
+    td->withZsum = withZsum ? 1u : 0u;
+    td->withEntropy = withEntropy ? 1u : 0u;
     td->gradMask = 0;
     td->labelBytes = labels.dtype == ge::DT_INT64 ? 8u : 4u;
     td->hasBias = bias.present ? 1u : 0u;
@@ -64,7 +69,7 @@ namespace ge {
 static graphStatus FusedLceStatsInferShape(gert::InferShapeContext* ctx) {
     const gert::Shape* h = ctx->GetInputShape(0);
     if (h == nullptr || h->GetDimNum() != 2) return GRAPH_FAILED;
-    for (size_t i = 0; i < 5; ++i) {
+    for (size_t i = 0; i < 6; ++i) {
         gert::Shape* out = ctx->GetOutputShape(i);
         if (out == nullptr) return GRAPH_FAILED;
         out->SetDimNum(1);
@@ -76,6 +81,7 @@ static graphStatus FusedLceStatsInferShape(gert::InferShapeContext* ctx) {
 static graphStatus FusedLceStatsInferDataType(gert::InferDataTypeContext* ctx) {
     for (size_t i = 0; i < 4; ++i) ctx->SetOutputDataType(i, DT_FLOAT);
     ctx->SetOutputDataType(4, DT_INT32);
+    ctx->SetOutputDataType(5, DT_FLOAT);
     return GRAPH_SUCCESS;
 }
 
@@ -102,9 +108,12 @@ public:
         Output("target_logit").ParamType(REQUIRED).DataType(f32).Format(nd);
         Output("logit_sum").ParamType(REQUIRED).DataType(f32).Format(nd);
         Output("argmax").ParamType(REQUIRED).DataType(i32).Format(nd);
+        Output("entropy_stat").ParamType(REQUIRED).DataType(f32).Format(nd);
         Attr("vocab_start").AttrType(REQUIRED).Int();
         Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
         Attr("with_zsum").AttrType(OPTIONAL).Bool(false);
+        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
+        Attr("with_entropy").AttrType(OPTIONAL).Bool(false);
         SetInferShape(ge::FusedLceStatsInferShape).SetInferDataType(ge::FusedLceStatsInferDataType);
         AICore().SetTiling(optiling::FusedLceStatsTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

@@ -7,14 +7,16 @@
 //   1. drives the Matmul API: z = h[rows] @ W[cols].T, K = D in base_k chunks, float32 accumulation in L0C. On an
 //      Atlas A2 the tile then goes L0C -> GM (the client's staging workspace, fixpipe) -> UB (DataCopy on MTE2):
 //      logits exist in global memory one (vec_rows x base_n) tile per vector core at a time, never as N x V;
-//   2. adds the bias and applies the softcap (float32);
-//   3. updates the running max / sum-exp / target logit / sum of logits / first argmax of its rows.
+//   2. adds the bias, applies the softcap and divides by the temperature (float32; softcap first);
+//   3. updates the running max / sum-exp / target logit / sum of logits / first argmax of its rows, and with
+//      withEntropy the entropy statistic ez = sum exp(z - max) (z - max) relative to the same running max.
 // With one segment the task writes the outputs; otherwise it writes its partial statistics to the workspace and,
 // after a barrier of all vector cores (SyncAll), the finishing phase merges the segments of each token in segment
 // order, vectorised over tokens and written out with DataCopyPad (no scalar GM stores: cores never share a cache
 // line).
 // Outputs (per token, this rank's vocabulary only): max, sum exp(z - max), target logit (0 when the label is not in
-// this shard), sum of logits (0 unless with_zsum), first argmax as a shard-local int32 id.
+// this shard), sum of logits (0 unless with_zsum), first argmax as a shard-local int32 id, and with withEntropy ez
+// (the output is not touched otherwise and may be empty).
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
@@ -35,9 +37,12 @@ public:
 
     __aicore__ inline void Init(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels, GM_ADDR outMax,
                                 GM_ADDR outSum, GM_ADDR outTarget, GM_ADDR outZsum, GM_ADDR outArgmax,
-                                GM_ADDR workspace, const FusedLceTilingData* td, TPipe* pipe) {
+                                GM_ADDR outEz, GM_ADDR workspace, const FusedLceTilingData* td, TPipe* pipe) {
         td_ = td;
         p_ = &td->plan;
+        withEz_ = td->withEntropy != 0;
+        nStats_ = withEz_ ? 6u : 5u;
+        invTemp_ = 1.0f / td->temperature;
         hGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(hidden));
         wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(weight));
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
@@ -47,8 +52,9 @@ public:
         out_[2].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outTarget));
         out_[3].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outZsum));
         out_[4].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outArgmax));  // int32 bits, copied as 4-byte words
-        // partial statistics of segment s for token i at [plane * segments * N + s * N + i], five planes (m, s, zt,
-        // zs, argmax as int32 bits)
+        if (withEz_) out_[5].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outEz));
+        // partial statistics of segment s for token i at [plane * segments * N + s * N + i], nStats_ planes (m, s,
+        // zt, zs, argmax as int32 bits, ez with withEntropy: the plan sizes the workspace for them, kEntropy)
         wsStats_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         pipe->InitBuffer(ub_, static_cast<uint32_t>(p_->ub_used));
         // The C tile view has exactly baseM x baseN elements of the Matmul tiling: GetTensorC(LocalTensor) copies
@@ -104,6 +110,7 @@ private:
         Duplicate(rows_.slot(kRowTarget), 0.0f, rows_.stride);
         Duplicate(rows_.slot(kRowZsum), 0.0f, rows_.stride);
         Duplicate(rows_.slot(kRowArgmax).ReinterpretCast<int32_t>(), 0, rows_.stride);
+        if (withEz_) Duplicate(rows_.slot(kRowEz), 0.0f, rows_.stride);
         Order<HardEvent::V_S>();  // the scalar unit reads and updates these slots next
     }
 
@@ -138,8 +145,8 @@ private:
             // block; with true they would land at the stride of the tile's own width (copy_cube_out_fixpipe.h)
             mm.template GetTensorC<true>(z_, 0, false);
             if (td_->hasBias) LoadBias(c0, cols);
-            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
-            OnlineUpdate(z_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->labelSmoothing > 0.0f,
+            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, invTemp_, rows, cols, p_->base_n, work2_);
+            OnlineUpdate(z_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->withZsum != 0, withEz_,
                          work_);
         }
         if (p_->segments == 1) {
@@ -150,13 +157,13 @@ private:
         }
     }
 
-    // The five statistics slots -> GM (MTE3): to `dst` planes, or to the workspace planes at `wsOff`.
+    // The nStats_ statistics slots -> GM (MTE3): to `dst` planes, or to the workspace planes at `wsOff`.
     __aicore__ inline void WriteStats(uint64_t row0, uint32_t rows, GlobalTensor<float>* dst, uint64_t wsOff) {
         Order<HardEvent::V_MTE3>();
         Order<HardEvent::S_MTE3>();  // the slots were last written by SetValue
         const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
         const uint64_t plane = p_->segments * p_->n;
-        for (uint32_t k = 0; k < 5; ++k) {
+        for (uint32_t k = 0; k < nStats_; ++k) {
             GlobalTensor<float> g = dst != nullptr ? dst[k][row0] : wsStats_[k * plane + wsOff + row0];
             DataCopyPad(g, rows_.slot(kRowMax + k), cp);
         }
@@ -164,7 +171,9 @@ private:
 
     // Finishing phase: vector core (core, sub) merges tokens [i0, i1) over the segments in segment order,
     // `stride` tokens at a time, as the float64-tested semantics (merge of (m, s) pairs, first argmax of the lower
-    // segment on ties). Inputs come in by DataCopyPad, outputs leave by DataCopyPad.
+    // segment on ties; ez moved like s, see OnlineUpdate). Inputs come in by DataCopyPad, outputs leave by
+    // DataCopyPad. The work tile holds 12 planes of align8(vec_rows) floats: vec_rows is a multiple of 8 and
+    // base_n >= 16 (fused_lce_tiling.h), so vec_rows * base_n >= 12 * align8(vec_rows).
     __aicore__ inline void Finish(uint64_t core, uint32_t sub) {
         const uint64_t workers = static_cast<uint64_t>(p_->used_cores) * GetTaskRation();
         const uint64_t me = core * GetTaskRation() + sub;
@@ -173,11 +182,14 @@ private:
         const uint64_t i1 = i0 + per < p_->n ? i0 + per : p_->n;
         const uint64_t plane = p_->segments * p_->n;
         const uint32_t w = rows_.stride;
+        const uint32_t ns = nStats_;
         // accumulators in the statistics slots, segment partials and temporaries in the work tile
-        LocalTensor<float> acc[5] = {rows_.slot(kRowMax), rows_.slot(kRowSum), rows_.slot(kRowTarget),
-                                     rows_.slot(kRowZsum), rows_.slot(kRowArgmax)};
-        LocalTensor<float> part[5] = {work_[0 * w], work_[1 * w], work_[2 * w], work_[3 * w], work_[4 * w]};
-        LocalTensor<float> mNew = work_[5 * w], shift = work_[6 * w], ea = work_[7 * w], eb = work_[8 * w];
+        LocalTensor<float> acc[6] = {rows_.slot(kRowMax), rows_.slot(kRowSum), rows_.slot(kRowTarget),
+                                     rows_.slot(kRowZsum), rows_.slot(kRowArgmax), rows_.slot(kRowEz)};
+        LocalTensor<float> part[6] = {work_[0 * w], work_[1 * w], work_[2 * w], work_[3 * w], work_[4 * w],
+                                      work_[5 * w]};
+        LocalTensor<float> mNew = work_[6 * w], shift = work_[7 * w], ea = work_[8 * w], eb = work_[9 * w];
+        LocalTensor<float> da = work_[10 * w], db = work_[11 * w];
         for (uint64_t t0 = i0; t0 < i1; t0 += w) {
             const uint32_t cnt = static_cast<uint32_t>(i1 - t0 < w ? i1 - t0 : w);
             const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
@@ -186,7 +198,7 @@ private:
                 LocalTensor<float>* into = sg == 0 ? acc : part;
                 Order<HardEvent::V_MTE2>();
                 Order<HardEvent::S_MTE2>();
-                for (uint32_t k = 0; k < 5; ++k) {
+                for (uint32_t k = 0; k < ns; ++k) {
                     DataCopyPad(into[k], wsStats_[k * plane + sg * p_->n + t0], cp, {false, 0, 0, 0});
                 }
                 Order<HardEvent::MTE2_V>();
@@ -208,9 +220,26 @@ private:
                 Sub(ea, acc[0], shift, cnt);
                 Sub(eb, part[0], shift, cnt);
                 PipeBarrier<PIPE_V>();
+                if (withEz_) {  // the shifts floored at -104: a -inf partial adds exp(-inf) * (0 - 104 * 0) = 0
+                    Maxs(da, ea, kLogFloor, cnt);
+                    Maxs(db, eb, kLogFloor, cnt);
+                    PipeBarrier<PIPE_V>();  // Exp overwrites ea / eb in place
+                }
                 Exp(ea, ea, cnt);
                 Exp(eb, eb, cnt);
                 PipeBarrier<PIPE_V>();
+                if (withEz_) {  // ez = ea (ez + da s) + eb (pez + db ps), with s and ps before their update
+                    Mul(da, da, acc[1], cnt);
+                    Mul(db, db, part[1], cnt);
+                    PipeBarrier<PIPE_V>();
+                    Add(da, da, acc[5], cnt);
+                    Add(db, db, part[5], cnt);
+                    PipeBarrier<PIPE_V>();
+                    Mul(da, da, ea, cnt);
+                    Mul(db, db, eb, cnt);
+                    PipeBarrier<PIPE_V>();
+                    Add(acc[5], da, db, cnt);
+                }
                 Mul(acc[1], acc[1], ea, cnt);
                 Mul(eb, part[1], eb, cnt);
                 Add(acc[2], acc[2], part[2], cnt);
@@ -223,7 +252,7 @@ private:
             }
             Order<HardEvent::V_MTE3>();
             Order<HardEvent::S_MTE3>();
-            for (uint32_t k = 0; k < 5; ++k) {
+            for (uint32_t k = 0; k < ns; ++k) {
                 DataCopyPad(out_[k][t0], acc[k], cp);
             }
         }
@@ -233,7 +262,10 @@ private:
     const ft::Plan* p_;
     GlobalTensor<T> hGm_, wGm_, bGm_;
     GlobalTensor<LabelT> yGm_;
-    GlobalTensor<float> out_[5], wsStats_;
+    GlobalTensor<float> out_[6], wsStats_;
+    bool withEz_;
+    uint32_t nStats_;
+    float invTemp_;
     TBuf<TPosition::VECCALC> ub_;
     LocalTensor<float> z_, work_, work2_, biasF32_;
     LocalTensor<T> biasIn_;
@@ -242,8 +274,8 @@ private:
 
 extern "C" __global__ __aicore__ void fused_lce_stats(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
                                                       GM_ADDR outMax, GM_ADDR outSum, GM_ADDR outTarget,
-                                                      GM_ADDR outZsum, GM_ADDR outArgmax, GM_ADDR workspace,
-                                                      GM_ADDR tiling) {
+                                                      GM_ADDR outZsum, GM_ADDR outArgmax, GM_ADDR outEz,
+                                                      GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceTilingData);
     GET_TILING_DATA(td, tiling);
@@ -251,6 +283,6 @@ extern "C" __global__ __aicore__ void fused_lce_stats(GM_ADDR hidden, GM_ADDR we
     TPipe pipe;
     FusedLceStatsKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mm, &td.mmLogits);
-    op.Init(hidden, weight, bias, labels, outMax, outSum, outTarget, outZsum, outArgmax, user, &td, &pipe);
+    op.Init(hidden, weight, bias, labels, outMax, outSum, outTarget, outZsum, outArgmax, outEz, user, &td, &pipe);
     op.Process();
 }
