@@ -1,0 +1,124 @@
+// Tiling of the cube-driven MIX kernels (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_mix.cpp), plain C++17
+// with no CANN include, on top of fused_lce::tiling::plan (fused_lce_tiling.h: tile choice, grid, segments, cores).
+//
+// The cube core (AIC) of every used AI core computes whole base_m x base_n logit tiles (MatmulImpl, fp32 in L0C) into
+// a two-slot ring in GM (its own slice of the workspace); its two vector cores (AIV) take vec_rows rows each of a
+// slot, and the slot is handed back to the cube as soon as both have copied it to UB, so the cube computes tile k + 1
+// (and k + 2) while the vector cores work on tile k. The hand-off uses CrossCoreSetFlag / CrossCoreWaitFlag in mode 2
+// (one AI core's cube and its vector cores), the shape of hicann/ops-nn
+// matmul/fused_linear_online_max_sum/op_kernel/fused_linear_online_max_sum.h (CVProcess).
+//
+// The vector side works on whole tiles with level-0 (repeat) instructions, one repeat per row, so every per-row
+// statistic is a vector of row slots (kMixSlots of slot_stride = align64(vec_rows) floats: Compare / Select work on
+// whole 256-byte repeats).
+#ifndef FUSED_LCE_MIX_TILING_H_
+#define FUSED_LCE_MIX_TILING_H_
+
+#include <cstdint>
+
+#include "fused_lce_tiling.h"
+
+namespace fused_lce {
+namespace mix {
+
+namespace ft = fused_lce::tiling;
+
+constexpr uint32_t kMixSlots = 28;      // per-row float slots (fused_lce_mix_vec.h MixSlot)
+constexpr uint32_t kRingSlots = 2;      // GM ring slots per AI core (double buffer)
+constexpr uint64_t kMixStatPlanes = 6;  // m, s, target, zsum, argmax (float), ez per token and segment
+constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel as exact floats (< 2^24)
+constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
+
+struct MixPlan {
+    ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
+    uint32_t slot_stride;  // floats per row slot
+    uint32_t ub_z, ub_w, ub_w2, ub_bias, ub_bias_f32, ub_bc, ub_mask, ub_slots, ub_end;
+    uint64_t ws_stats;  // kMixStatPlanes * segments * N floats (segments > 1 only)
+    uint64_t ws_ring;   // used_cores * kRingSlots * base_m * base_n floats
+    uint64_t ws_total;
+    int32_t status;
+    uint32_t pad_;
+};
+
+namespace detail {
+// UB of one vector core (byte offsets, ft::kUbNone for an absent region):
+//   z     the logit tile (vec_rows x base_n floats), as copied from the ring, then biased / capped / tempered
+//   w     z - max and its exponentials; w2: softcap tanh scratch, then exp when the entropy sum is wanted
+//   bias  the bias block as loaded; bias_f32 its float copy (bf16 / fp16)
+//   bc    per-row values broadcast to one 32-byte block per row (Brcb), align8(vec_rows) blocks
+//   mask  Compare results (4 masks of slot_stride bits)
+//   slots kMixSlots row slots
+inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez, MixPlan* p) {
+    const bool bias = (flags & ft::kBias) != 0;
+    const bool w2 = (flags & ft::kSoftcap) != 0 || ez;
+    const uint64_t stride = ft::align_up(vr, 64);
+    uint64_t off = 0;
+    auto take = [&off](bool need, uint64_t bytes) -> uint64_t {
+        if (!need) return ft::kUbNone;
+        const uint64_t at = off;
+        off += ft::align_up(bytes, ft::kUbAlign);
+        return at;
+    };
+    const uint64_t z = take(true, vr * bn * 4);
+    const uint64_t w = take(true, vr * bn * 4);
+    const uint64_t w2o = take(w2, vr * bn * 4);
+    const uint64_t b = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+    const uint64_t bf = take(bias && elt != 4, bn * 4);
+    const uint64_t bc = take(true, ft::align_up(vr, 8) * 8 * 4);
+    const uint64_t mask = take(true, 4 * kMaskBytes);
+    const uint64_t slots = take(true, stride * kMixSlots * 4);
+    if (p != nullptr) {
+        p->slot_stride = static_cast<uint32_t>(stride);
+        p->ub_z = static_cast<uint32_t>(z);
+        p->ub_w = static_cast<uint32_t>(w);
+        p->ub_w2 = static_cast<uint32_t>(w2o);
+        p->ub_bias = static_cast<uint32_t>(b);
+        p->ub_bias_f32 = static_cast<uint32_t>(bf);
+        p->ub_bc = static_cast<uint32_t>(bc);
+        p->ub_mask = static_cast<uint32_t>(mask);
+        p->ub_slots = static_cast<uint32_t>(slots);
+        p->ub_end = static_cast<uint32_t>(off);
+    }
+    return off;
+}
+}  // namespace detail
+
+// Plan of the MIX forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is wanted.
+// Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout fits.
+inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
+                          const ft::HwSpec& hw = ft::HwSpec()) {
+    MixPlan m{};
+    if (v >= kMaxLocalVocab) {
+        m.status = ft::kTooLarge;
+        return m;
+    }
+    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
+    ft::HwSpec h = hw;
+    for (;;) {
+        m.base = ft::plan(n, d, v, elt, flags & ~static_cast<uint32_t>(ft::kBackward), h);
+        if (m.base.status != ft::kOk) {
+            m.status = m.base.status;
+            return m;
+        }
+        if (detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, nullptr) <= budget) break;
+        if (h.ub_bytes <= ft::kUbReserved + 4096) {
+            m.status = ft::kNoFit;
+            return m;
+        }
+        h.ub_bytes -= 4096;
+    }
+    detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, &m);
+    const ft::Plan& p = m.base;
+    uint64_t stats = 0;
+    if (p.segments > 1) stats = kMixStatPlanes * p.segments * n * 4;  // n < 2^40 per the Matmul limits of one rank
+    m.ws_stats = ft::align_up(stats, ft::kGmAlign);
+    m.ws_ring = ft::align_up(static_cast<uint64_t>(p.used_cores) * kRingSlots * p.base_m * p.base_n * 4, ft::kGmAlign);
+    m.ws_total = m.ws_stats + m.ws_ring;
+    m.status = ft::kOk;
+    return m;
+}
+
+}  // namespace mix
+}  // namespace fused_lce
+
+#endif  // FUSED_LCE_MIX_TILING_H_
