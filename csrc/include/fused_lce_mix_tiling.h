@@ -118,6 +118,80 @@ inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint
     return m;
 }
 
+// ---- backward (fused_lce_grad_mix.cpp) ---------------------------------------------------------------------------
+// Phase X: token block m on AI core m % cores walks every vocabulary block (dX[m] += dz @ W[nb]); phase W: vocabulary
+// block nb on core nb % cores walks every token block (dW[nb] += dz^T @ h[m], db partials per vector core). Each
+// output element is accumulated by one core in a fixed order, so the result does not depend on core timing.
+struct MixGradPlan {
+    ft::Plan base;           // tile (with base_d for the dX / dW GEMMs), grid; base.used_cores = cores below
+    uint32_t slot_stride;
+    uint32_t ub_z, ub_w, ub_w2, ub_cast, ub_bias, ub_bias_f32, ub_bc, ub_bc2, ub_colsum, ub_slots, ub_end;
+    uint64_t ws_ring, ws_dz, ws_db, ws_total;  // z ring (fp32), dz ring (operand dtype), db partials (2 x V fp32)
+    uint64_t dw_workspace_bytes;  // fp32 dW bytes outside the output: none (the output itself is accumulated)
+    int32_t status;
+    uint32_t pad_;
+};
+
+inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
+                             const ft::HwSpec& hw = ft::HwSpec()) {
+    MixGradPlan m{};
+    if (v >= kMaxLocalVocab || n >= kMaxLocalVocab) {  // ids and row offsets travel as exact floats
+        m.status = ft::kTooLarge;
+        return m;
+    }
+    const bool bias = (flags & ft::kBias) != 0;
+    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
+    ft::HwSpec h = hw;
+    uint64_t need = 0;
+    for (;;) {
+        m.base = ft::plan(n, d, v, elt, flags | ft::kBackward, h);
+        if (m.base.status != ft::kOk) {
+            m.status = m.base.status;
+            return m;
+        }
+        const uint64_t vr = m.base.vec_rows, bn = m.base.base_n, st = ft::align_up(vr, 64);
+        uint64_t off = 0;
+        auto take = [&off](bool on, uint64_t bytes) -> uint32_t {
+            if (!on) return ft::kUbNone;
+            const uint64_t at = off;
+            off += ft::align_up(bytes, ft::kUbAlign);
+            return static_cast<uint32_t>(at);
+        };
+        m.slot_stride = static_cast<uint32_t>(st);
+        m.ub_z = take(true, vr * bn * 4);
+        m.ub_w = take(true, vr * bn * 4);
+        m.ub_w2 = take(true, vr * bn * 4);
+        m.ub_cast = take(elt != 4, vr * bn * elt);
+        m.ub_bias = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+        m.ub_bias_f32 = take(bias && elt != 4, bn * 4);
+        m.ub_bc = take(true, ft::align_up(vr, 8) * 8 * 4);
+        m.ub_bc2 = take(true, ft::align_up(vr, 8) * 8 * 4);
+        m.ub_colsum = take(bias, bn * 4);
+        m.ub_slots = take(true, st * kMixSlots * 4);
+        m.ub_end = static_cast<uint32_t>(off);
+        need = off;
+        if (need <= budget) break;
+        if (h.ub_bytes <= ft::kUbReserved + 4096) {
+            m.status = ft::kNoFit;
+            return m;
+        }
+        h.ub_bytes -= 4096;
+    }
+    ft::Plan& p = m.base;
+    uint64_t cores = p.m_blocks > p.n_blocks ? p.m_blocks : p.n_blocks;
+    if (cores > hw.cube_cores) cores = hw.cube_cores;
+    if (cores == 0) cores = 1;
+    p.used_cores = static_cast<uint32_t>(cores);
+    const uint64_t tile = static_cast<uint64_t>(p.base_m) * p.base_n;
+    m.ws_ring = ft::align_up(cores * kRingSlots * tile * 4, ft::kGmAlign);
+    m.ws_dz = ft::align_up(cores * kRingSlots * tile * elt, ft::kGmAlign);
+    m.ws_db = bias ? ft::align_up(2 * v * 4, ft::kGmAlign) : 0;
+    m.ws_total = m.ws_ring + m.ws_dz + m.ws_db;
+    m.dw_workspace_bytes = 0;
+    m.status = ft::kOk;
+    return m;
+}
+
 }  // namespace mix
 }  // namespace fused_lce
 

@@ -42,7 +42,7 @@ __aicore__ inline uint32_t ChunkMask(uint32_t cols, uint32_t c) { return cols - 
 // Row-wise tile (rows x baseN) op with a row vector broadcast: dst[r, :cols] = op(x[r, :cols], v) where v is one row
 // of baseN floats (src1 repeat stride 0: every repeat reads the same row, e.g. the bias) or, with `perRowBlock`, a
 // Brcb result holding row r's value in block r (src1 block stride 0, repeat stride 1).
-enum class RowOp { kAdd, kSub };
+enum class RowOp { kAdd, kSub, kMul, kMax };
 __aicore__ inline void RowBroadcast(RowOp op, const LocalTensor<float>& dst, const LocalTensor<float>& x,
                                     const LocalTensor<float>& v, bool perRowBlock, uint32_t rows, uint32_t cols,
                                     uint32_t baseN) {
@@ -50,10 +50,13 @@ __aicore__ inline void RowBroadcast(RowOp op, const LocalTensor<float>& dst, con
     const BinaryRepeatParams p = perRowBlock ? BinaryRepeatParams(1, 1, 0, rs, rs, 1) : BinaryRepeatParams(1, 1, 1, rs, rs, 0);
     for (uint32_t c = 0; c < cols; c += kChunk) {
         const LocalTensor<float> vv = perRowBlock ? v : v[c];
-        if (op == RowOp::kAdd) {
-            Add(dst[c], x[c], vv, ChunkMask(cols, c), static_cast<uint8_t>(rows), p);
-        } else {
-            Sub(dst[c], x[c], vv, ChunkMask(cols, c), static_cast<uint8_t>(rows), p);
+        const uint64_t mask = ChunkMask(cols, c);
+        const uint8_t rep = static_cast<uint8_t>(rows);
+        switch (op) {
+            case RowOp::kAdd: Add(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kSub: Sub(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kMul: Mul(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kMax: Max(dst[c], x[c], vv, mask, rep, p); break;
         }
     }
 }
