@@ -165,3 +165,22 @@ def test_mix_matches_old_kernel(ops, part, seed):
     for a, o in zip(new[:4], old[:4]):
         assert torch.allclose(a, o, rtol=1e-5, atol=1e-5)
     assert torch.equal(new[4], old[4])
+
+
+def test_mix_work_counters(ops, part, seed):
+    """The twin's work counters (benchmarks/npu_model.py): the cube cores do every FLOP of the GEMM (2 N V D) and no
+    vector work, the vector cores the opposite; the old kernel's client GEMMs are counted on the vector cores."""
+    part(HW_TINY, sched_seed=seed)
+    n, d, v = 37, 45, 301
+    h, w, b = make(n, d, v, torch.bfloat16, False)
+    y = torch.randint(0, v, (n,))
+    run(ops, h, w, b, y)
+    rows = [ops._twin_counters()[i:i + 7] for i in range(0, len(ops._twin_counters()), 7)]
+    aic, aiv = [r for r in rows if r[0] == 1], [r for r in rows if r[0] == 0]
+    assert len(aiv) == 2 * len(aic) > 0
+    assert sum(r[6] for r in aic) == 2 * n * v * d and all(r[6] == 0 for r in aiv)
+    assert all(r[1] == 0 for r in aic) and all(r[1] > 0 for r in aiv if r[4] > 0)
+    assert sum(r[4] for r in aiv) >= n * v * 4  # every logit read from the ring once
+    ops._twin_stats(h, w, b, y, 0, 0.0, False)
+    rows = [ops._twin_counters()[i:i + 7] for i in range(0, len(ops._twin_counters()), 7)]
+    assert sum(r[6] for r in rows if r[0] == 0) == 2 * n * v * d

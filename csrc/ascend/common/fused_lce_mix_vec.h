@@ -47,7 +47,8 @@ __aicore__ inline void RowBroadcast(RowOp op, const LocalTensor<float>& dst, con
                                     const LocalTensor<float>& v, bool perRowBlock, uint32_t rows, uint32_t cols,
                                     uint32_t baseN) {
     const uint8_t rs = static_cast<uint8_t>(baseN / 8);
-    const BinaryRepeatParams p = perRowBlock ? BinaryRepeatParams(1, 1, 0, rs, rs, 1) : BinaryRepeatParams(1, 1, 1, rs, rs, 0);
+    const BinaryRepeatParams p =
+        perRowBlock ? BinaryRepeatParams(1, 1, 0, rs, rs, 1) : BinaryRepeatParams(1, 1, 1, rs, rs, 0);
     for (uint32_t c = 0; c < cols; c += kChunk) {
         const LocalTensor<float> vv = perRowBlock ? v : v[c];
         const uint64_t mask = ChunkMask(cols, c);

@@ -199,7 +199,8 @@ public:
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagDzReady);
             if (wantDb && lastOfW) {
                 Order<HardEvent::V_MTE3>();
-                DataCopyPad(dbPart_[sub * p_->v + c0], colsum_, {1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0});
+                const DataCopyExtParams cp{1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0};
+                DataCopyPad(dbPart_[sub * p_->v + c0], colsum_, cp);
             }
         }
         if (wantDb) {

@@ -325,6 +325,7 @@ private:
     }
     void compute(const char* api, const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n(), K = single_k_;
+        core_->cnt.cube_flops += 2ull * static_cast<uint64_t>(mh) * nw * K;
         const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
         std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw)
         std::vector<float>& B = b_buf_;

@@ -115,6 +115,7 @@ inline twin::Region& gm_side(twin::Core& c, const GlobalTensor<T>& g, uint64_t l
                       static_cast<unsigned long long>(lo_bytes + span),
                       static_cast<unsigned long long>(g.GetSize()));
     twin::Region& r = twin::gm_bounds(a, span, write, api, loc);
+    (write ? c.cnt.gm_wr : c.cnt.gm_rd) += span;
     twin::dcache_dma_check(c, a, span, api, loc);
     twin::gm_race(r, a, span, write, atomic, c, pipe, c.clk.epoch[pipe], twin::site_id(api, loc), api, loc);
     return r;

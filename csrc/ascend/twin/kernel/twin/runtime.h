@@ -282,6 +282,12 @@ struct Core {
     std::unordered_map<uintptr_t, CacheLineCopy> dcache;
     int declared_type = -1;
     uint64_t api_calls = 0;
+    // work counters of the performance model (benchmarks/npu_model.py): vector instructions and the UB bytes they
+    // write (repeats = bytes / 256), scalar-pipe operations, GM bytes moved by this core (DMA, cube operand reads,
+    // fixpipe writes, scalar GM access) and cube FLOPs (2 m n k of every Matmul tile)
+    struct Counters {
+        uint64_t v_instr = 0, v_bytes = 0, s_ops = 0, gm_rd = 0, gm_wr = 0, cube_flops = 0;
+    } cnt;
     // cross-core ordering: vc[a * kNumPipes + p] = epochs of agent a's pipe p known complete to this core
     int agent = 0;
     std::vector<uint32_t> vc;
@@ -386,7 +392,11 @@ inline void block(const std::string& why) {
 }
 
 // ---- pipe clocks -----------------------------------------------------------------------------------------------
-inline uint32_t issue(Core& c, int p) { return ++c.clk.epoch[p]; }
+inline uint32_t issue(Core& c, int p) {
+    if (p == kV) ++c.cnt.v_instr;
+    if (p == kS) ++c.cnt.s_ops;
+    return ++c.clk.epoch[p];
+}
 inline void barrier_all(Core& c) {
     for (int q = 0; q < kNumPipes; ++q)
         for (int p = 0; p < kNumPipes; ++p) c.clk.known[q][p] = c.clk.epoch[p];
@@ -416,6 +426,7 @@ inline std::string sync_hint(int from, int to) {
 inline void ub_access(Core& c, uint64_t off, uint64_t len, int p, bool write, uint32_t epoch, uint16_t site,
                       const char* api, const Loc& loc) {
     Runtime& r = rt();
+    if (write && p == kV) c.cnt.v_bytes += len;
     if (!r.cfg.hazards || len == 0) return;
     const int slot = ub_reader_slot(p);
     const uint64_t g0 = off / 2, g1 = (off + len + 1) / 2;
@@ -652,6 +663,16 @@ struct LaunchSpec {
 
 inline void check_xflags_at_end(Runtime& r);
 
+// Per-core counters of the last launch (AIVs first, then AICs), kept after the launch for the tests / model.
+struct CoreCounters {
+    bool aic;
+    Core::Counters c;
+};
+inline std::vector<CoreCounters>& last_counters() {
+    static std::vector<CoreCounters> v;
+    return v;
+}
+
 inline std::unique_ptr<Core> make_fiber(Core::Kind kind, const std::function<void()>& kernel) {
     auto c = std::make_unique<Core>();
     c->kind = kind;
@@ -754,6 +775,8 @@ inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
                 if (o->state == Core::Blocked) o->state = Core::Ready;
         }
     }
+    last_counters().clear();
+    for (Core* c : r.agents) last_counters().push_back({c->kind == Core::AIC, c->cnt});
     if (r.error.empty()) {
         try {
             check_xflags_at_end(r);
