@@ -45,17 +45,35 @@ def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazar
 
 class TwinKernels:
     """The kernels on the twin behind the interface the "npu" backend calls (``stats`` / ``grads``, the same
-    arguments as ``fused_lce.backends.npu_ascendc._AdapterKernels``), for plugging them into the npu provider."""
+    arguments as ``fused_lce.backends.npu._AdapterKernels``), for plugging them into the npu provider.
 
-    def __init__(self, hw: dict = HW_910B, seed: int = 1):
+    ``kernels="old"`` (the default; FUSED_LCE_TWIN_KERNELS overrides it) runs FusedLceStats / FusedLceGrad, which the
+    adapter calls on hardware; ``"mix"`` runs the cube-driven FusedLceStatsMix / FusedLceGradMix behind the same
+    interface (the loss's coefficients a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total formed here, as
+    the driver's loss_coefs does), to check them against every suite before the adapter switches."""
+
+    def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
         self.ops = load_twin()
         configure(hw, seed)
+        self.kind = kernels or os.environ.get("FUSED_LCE_TWIN_KERNELS", "old")
+        if self.kind not in ("old", "mix"):
+            raise ValueError(f"kernels must be 'old' or 'mix', got {self.kind!r}")
 
     def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum):
+        if self.kind == "mix":
+            return self.ops._twin_stats_mix(hidden, weight, bias, labels, int(vocab_start), float(softcap), 1.0,
+                                            bool(with_zsum), False)[:5]
         return self.ops._twin_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum))
 
     def grads(self, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, label_smoothing, z_loss,
               softcap, grad_mask):
+        if self.kind == "mix":
+            g, l32 = grad_tok.float(), lse.float()
+            a = g * (1 + 2 * float(z_loss) * l32)
+            t = g * (1 - float(label_smoothing))
+            u = g * (float(label_smoothing) / int(vocab_total)) if label_smoothing > 0 else None
+            return self.ops._twin_grads_mix(hidden, weight, bias, labels, l32, a, t, None, u, int(vocab_start),
+                                            float(softcap), 1.0, [bool(x) for x in grad_mask])
         return self.ops._twin_grads(grad_tok, hidden, weight, bias, labels, lse, int(vocab_start), int(vocab_total),
                                     float(label_smoothing), float(z_loss), float(softcap),
                                     [bool(x) for x in grad_mask])
