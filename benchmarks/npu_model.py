@@ -19,8 +19,9 @@ shape are checked against the same formulas). Time per kernel:
     like the old kernel's atomics; its vector work per tile is taken equal to the mix kernel's (not counted: its source
     is not compiled here).
 Every kernel is also bounded below by HBM bytes / bandwidth and by ring / staging / accumulation bytes / L2
-bandwidth. Token blocks are dealt to the 24 cores in waves, so ceil(m_blocks / 24) waves are paid (e.g. 32 blocks
-cost two full waves). The floor is
+bandwidth. Tasks (token block, vocabulary segment) are dealt to the 24 cores in waves, so ceil(tasks / 24) waves are
+paid (e.g. 32 token blocks in one segment cost two full waves; the MIX forward's planner splits the vocabulary to
+balance them; the trio deals (m, n) tiles round-robin, CVProcess). The floor is
 6 N D V / cube peak (forward + backward GEMMs once each); every schedule that recomputes the logits in the backward
 does 8 N D V, i.e. >= 1.33x the floor.
 
@@ -159,8 +160,12 @@ def model_rows(ops):
             for name, key, overlap, stage in (("old", "old_fwd", False, 4), ("mix", "mix_fwd", True, 4),
                                               ("trio", "mix_fwd", True, 2)):
                 bm, bn, mb, nbk, tc, tv = tile_costs(key, 1)
-                tiles_core = math.ceil(mb / CUBE_CORES) * nbk
-                res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(math.ceil(mb / CUBE_CORES), 1),
+                p = plans[key]  # tasks = token blocks x segments, each task seg_blocks = ceil(n_blocks / segments)
+                waves = math.ceil(p[8] / CUBE_CORES)
+                tiles_core = waves * math.ceil(nbk / p[7])
+                if name == "trio":  # its own tiling: tiles dealt round-robin over the cores
+                    waves, tiles_core = math.ceil(mb / CUBE_CORES), math.ceil(mb * nbk / CUBE_CORES)
+                res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(waves, 1),
                                            mb * nbk * bm * bn * stage * 2) + (tc, tv)
             # backward, old: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
             # (read + write per tile, L2-resident working set) and dz staged in GM

@@ -28,6 +28,7 @@ constexpr uint32_t kRingSlots = 2;      // GM ring slots per AI core (double buf
 constexpr uint64_t kMixStatPlanes = 6;  // m, s, target, zsum, argmax (float), ez per token and segment
 constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel as exact floats (< 2^24)
 constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
+constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
 
 struct MixPlan {
     ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
@@ -108,7 +109,25 @@ inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint
         h.ub_bytes -= 4096;
     }
     detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, &m);
-    const ft::Plan& p = m.base;
+    ft::Plan& p = m.base;
+    // Balance the last wave: with more token blocks than cores but not a multiple of them, split the vocabulary in
+    // up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
+    // waves of 1187 tiles -> 4 x 396 with 3 segments); the finishing phase merges them (O(N x segments)).
+    if (p.m_blocks >= hw.cube_cores && p.m_blocks % hw.cube_cores != 0) {
+        uint64_t best = 0, best_seg = 1;
+        for (uint64_t s = 1; s <= kMaxSegments && s <= p.n_blocks; ++s) {
+            const uint64_t sb = ft::ceil_div(p.n_blocks, s), segs = ft::ceil_div(p.n_blocks, sb);
+            const uint64_t tiles = ft::ceil_div(p.m_blocks * segs, hw.cube_cores) * sb;
+            if (best == 0 || tiles < best) {
+                best = tiles;
+                best_seg = s;
+            }
+        }
+        p.seg_blocks = ft::ceil_div(p.n_blocks, best_seg);
+        p.segments = ft::ceil_div(p.n_blocks, p.seg_blocks);
+        p.tasks = p.m_blocks * p.segments;
+        p.used_cores = static_cast<uint32_t>(p.tasks < hw.cube_cores ? p.tasks : hw.cube_cores);
+    }
     uint64_t stats = 0;
     if (p.segments > 1) stats = kMixStatPlanes * p.segments * n * 4;  // n < 2^40 per the Matmul limits of one rank
     m.ws_stats = ft::align_up(stats, ft::kGmAlign);

@@ -184,3 +184,20 @@ def test_mix_work_counters(ops, part, seed):
     ops._twin_stats(h, w, b, y, 0, 0.0, False)
     rows = [ops._twin_counters()[i:i + 7] for i in range(0, len(ops._twin_counters()), 7)]
     assert sum(r[6] for r in rows if r[0] == 0) == 2 * n * v * d
+
+
+def test_mix_balances_the_last_wave_with_segments(ops, part, seed):
+    """More token blocks than cores but not a multiple: the planner splits the vocabulary so that the busiest core
+    gets fewer tiles (910B: 32 blocks on 24 cores -> 3 segments), and the merged statistics stay exact."""
+    part(HW_910B)
+    plan = ops._twin_plan_mix(4096, 3584, 152064, 2, 0, False)
+    assert plan[5] == 32 and plan[7] == 3 and plan[8] == 96, plan
+    assert ops._twin_plan_mix(3072, 64, 1000, 2, 0, False)[7] == 1  # 24 blocks: already balanced
+    part(HW_TINY, sched_seed=seed)
+    mb = ops._twin_plan_mix(4096, 16, 301, 2, 0, True)[1]  # the full tile height
+    n = 6 * mb  # 6 token blocks on 5 cores
+    plan = ops._twin_plan_mix(n, 16, 301, 2, 0, True)
+    assert plan[5] == 6 and plan[7] > 1, plan
+    h, w, b = make(n, 16, 301, torch.bfloat16, True)
+    y = torch.randint(0, 301, (n,))
+    check(run(ops, h, w, b, y, 0, 0.0, 0.9, True, True), h, w, b, y, 0, 0.0, 0.9, True, True, f"seed={seed}")
