@@ -5,7 +5,8 @@ import pytest
 import torch
 
 CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok_atomic_add", "ok_reduce",
-         "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride"]
+         "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions", "ok_xflag_ring",
+         "ok_xflag_mode0_mode1"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
     "raw_v_s": "HardEvent::V_S",
@@ -22,7 +23,7 @@ VIOLATIONS = {
     "gm_read_past_allocation": "past the end of in",
     "gm_write_input": "write of 32 bytes to the input",
     "tpipe_over_capacity": "exceed the unified buffer",
-    "missing_syncall": "a SyncAll is missing",
+    "missing_syncall": "no SyncAll or CrossCoreSetFlag",
     "scalar_stores_share_cache_line": "shares a 64-byte cache line",
     "scalar_store_not_written_back": "still in the data cache",
     "syncall_deadlock": "deadlock",
@@ -31,6 +32,20 @@ VIOLATIONS = {
     "reduce_tmp_too_small": "sharedTmpBuffer",
     "mm_getc_short_tensor": "fewer than baseM * baseN",
     "mm_tail_k_reads_past_b": "past the end of in",
+    "level0_beyond_tensor": "beyond its LocalTensor length",
+    "compare_partial_repeat": "not a multiple of 256",
+    "xflag_missing_wait": "cross-core race",
+    "xflag_missing_free": "cross-core race on GM out",  # WAR on the slot or RAW of the tile after it
+    "xflag_set_on_wrong_pipe": "write after read",
+    "xflag_never_waited": "never waited",
+    "xflag_deadlock": "deadlock",
+    "xflag_mode1_unmatched": "deadlock",
+    "xflag_counter_overflow": "exceed 15",
+    "xflag_id_out_of_range": "outside 0..15",
+    "xflag_mode4_not_on_a2": "not supported on Atlas A2",
+    "xflag_ids_of_syncall": "ids 11..14",
+    "xflag_aiv_only_kernel": "needs a MIX kernel type",
+    "matmulimpl_on_vector_core": "MatmulImpl runs on the cube core",
 }
 
 

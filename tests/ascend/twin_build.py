@@ -45,16 +45,32 @@ def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazar
 
 class TwinKernels:
     """The kernels on the twin behind the interface the "npu" backend calls (``stats`` / ``grads``, the same
-    arguments as ``fused_lce.backends.npu._AdapterKernels``), for plugging them into the npu provider."""
+    arguments as ``fused_lce.backends.npu._AdapterKernels``), for plugging them into the npu provider.
 
-    def __init__(self, hw: dict = HW_910B, seed: int = 1):
+    ``kernels="old"`` (the default; FUSED_LCE_TWIN_KERNELS overrides it) runs FusedLceStats / FusedLceGrad, which the
+    adapter calls on hardware; ``"mix"`` runs the cube-driven FusedLceStatsMix / FusedLceGradMix behind the same
+    interface (the driver's Coefs (a, t, b, u) passed through), to check them against every suite before the adapter
+    switches."""
+
+    def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
         self.ops = load_twin()
         configure(hw, seed)
+        self.kind = kernels or os.environ.get("FUSED_LCE_TWIN_KERNELS", "old")
+        if self.kind not in ("old", "mix"):
+            raise ValueError(f"kernels must be 'old' or 'mix', got {self.kind!r}")
 
     def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
+        if self.kind == "mix":
+            return self.ops._twin_stats_mix(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                            float(temperature), bool(with_zsum), bool(with_entropy))
         return self.ops._twin_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
                                     float(temperature), bool(with_entropy))
 
     def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask):
+        if self.kind == "mix":
+            c = coefs.float()
+            return self.ops._twin_grads_mix(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
+                                            int(vocab_start), float(softcap), float(temperature),
+                                            [bool(x) for x in grad_mask])
         return self.ops._twin_grads(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
                                     float(temperature), [bool(x) for x in grad_mask])

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <vector>
 
+#include "../../csrc/ascend/common/fused_lce_mix_tiling_data.h"
 #include "../../csrc/ascend/common/fused_lce_tiling_data.h"
 #include "twin_launch.h"
 
@@ -47,9 +48,33 @@ TWIN_DECLARE_GRAD(f16, i32)
 TWIN_DECLARE_GRAD(f32, i64)
 TWIN_DECLARE_GRAD(f32, i32)
 
+using GmKernel12 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                            GM_ADDR, GM_ADDR);
+#define TWIN_DECLARE12(kind, dt, lt) \
+    extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+TWIN_DECLARE12(stats_mix, bf16, i64)
+TWIN_DECLARE12(stats_mix, bf16, i32)
+TWIN_DECLARE12(stats_mix, f16, i64)
+TWIN_DECLARE12(stats_mix, f16, i32)
+TWIN_DECLARE12(stats_mix, f32, i64)
+TWIN_DECLARE12(stats_mix, f32, i32)
+using GmKernel14 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                            GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+#define TWIN_DECLARE14(kind, dt, lt)                                                                          \
+    extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+TWIN_DECLARE14(grad_mix, bf16, i64)
+TWIN_DECLARE14(grad_mix, bf16, i32)
+TWIN_DECLARE14(grad_mix, f16, i64)
+TWIN_DECLARE14(grad_mix, f16, i32)
+TWIN_DECLARE14(grad_mix, f32, i64)
+TWIN_DECLARE14(grad_mix, f32, i32)
+
 namespace {
 
 namespace ft = fused_lce::tiling;
+namespace fm = fused_lce::mix;
 using at::Tensor;
 
 struct TwinState {
@@ -148,10 +173,10 @@ ft::Plan make_plan(const Tensor& hidden, const Tensor& weight, uint32_t flags) {
     return p;
 }
 
-// `call(ws, tiling)` calls the kernel entry with its GM arguments.
-template <class Call>
-void launch(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor& workspace, const FusedLceTilingData& td,
-            Call call) {
+// Runs `call(ws, tiling)` (the kernel entry with its GM arguments) on used_cores AI cores.
+template <class TilingData, class Call>
+void launch_any(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor& workspace, const TilingData& td,
+                Call call) {
     std::lock_guard<std::mutex> lock(launch_mutex());
     GM_ADDR ws = reinterpret_cast<GM_ADDR>(workspace.data_ptr());
     bufs.push_back({ws + kSysWorkspace, static_cast<uint64_t>(workspace.numel()) - kSysWorkspace, "workspace",
@@ -159,12 +184,21 @@ void launch(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor& wo
     bufs.push_back({&td, sizeof(td), "tiling", true});
     const int block_dim = static_cast<int>(p.used_cores > 0 ? p.used_cores : 1);
     const int ratio = static_cast<int>(state().hw.vec_per_cube);
-    GM_ADDR tiling = reinterpret_cast<GM_ADDR>(const_cast<FusedLceTilingData*>(&td));
+    GM_ADDR tiling = reinterpret_cast<GM_ADDR>(const_cast<TilingData*>(&td));
     try {
         twin_test::run_kernel(block_dim, ratio, twin_config(), bufs, ws, kSysWorkspace, [&]() { call(ws, tiling); });
     } catch (const twin::Error& e) {
         TORCH_CHECK(false, e.what());
     }
+}
+
+GmKernel12 pick_mix(at::ScalarType dt, at::ScalarType lt) {
+    const bool i64 = lt == at::kLong;
+    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
+    if (dt == at::kBFloat16) return i64 ? fused_lce_stats_mix_bf16_i64 : fused_lce_stats_mix_bf16_i32;
+    if (dt == at::kHalf) return i64 ? fused_lce_stats_mix_f16_i64 : fused_lce_stats_mix_f16_i32;
+    if (dt == at::kFloat) return i64 ? fused_lce_stats_mix_f32_i64 : fused_lce_stats_mix_f32_i32;
+    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
 }
 
 GM_ADDR addr(const Tensor& t) {
@@ -212,7 +246,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tens
                                 p.base_n, p.base_k, p.elt_bytes, state().hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
         const StatsKernel k = pick_stats(h.scalar_type(), y.scalar_type());
-        launch(p,
+        launch_any(p,
                {buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true), buf(y, "labels", true),
                 buf(m, "max", false), buf(s, "sum_exp", false), buf(zt, "target", false), buf(zs, "zsum", false),
                 buf(am, "argmax", false), buf(ez, "ez", false)},
@@ -223,6 +257,120 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tens
     }
     Tensor amax = am.to(at::kLong).add_(vocab_start);
     return {m, s, zt, zs, amax, ez};
+}
+
+// The cube-driven MIX forward (fused_lce_stats_mix.cpp): the contract of _twin_stats plus temperature and the
+// entropy sum ez; returns (max, sum_exp, target, zsum, argmax int64 global, ez).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
+    const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias, const Tensor& labels,
+    int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_ez) {
+    check_problem(hidden, weight, bias, labels);
+    TORCH_CHECK(temperature > 0, "fused_lce twin: temperature must be > 0");
+    const int64_t n = hidden.size(0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    Tensor m = at::empty({n}, f32), s = at::empty({n}, f32), zt = at::empty({n}, f32), zs = at::empty({n}, f32);
+    Tensor ez = at::empty({n}, f32);
+    Tensor am = at::empty({n}, hidden.options().dtype(at::kInt));
+    if (n > 0) {
+        Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
+        const bool has_bias = bias.has_value() && bias->defined();
+        Tensor b = has_bias ? bias->contiguous() : Tensor();
+        const uint32_t flags = (has_bias ? ft::kBias : 0u) | (with_zsum ? ft::kSmoothing : 0u) |
+                               (softcap > 0 ? ft::kSoftcap : 0u);
+        const fm::MixPlan mp = fm::plan_stats(static_cast<uint64_t>(n), static_cast<uint64_t>(h.size(1)),
+                                              static_cast<uint64_t>(w.size(0)),
+                                              static_cast<uint32_t>(h.element_size()), flags, with_ez, state().hw);
+        TORCH_CHECK(mp.status == ft::kOk, "fused_lce twin: no tiling: ", ft::status_text(mp.status));
+        const ft::Plan& p = mp.base;
+        FusedLceMixTilingData td{};
+        td.plan = mp;
+        td.vocabStart = vocab_start;
+        td.softcap = static_cast<float>(softcap);
+        td.invTemperature = static_cast<float>(1.0 / temperature);
+        td.withZsum = with_zsum ? 1u : 0u;
+        td.withEz = with_ez ? 1u : 0u;
+        td.hasBias = has_bias ? 1u : 0u;
+        td.labelBytes = static_cast<uint32_t>(y.element_size());
+        td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
+        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
+        const GmKernel12 k = pick_mix(h.scalar_type(), y.scalar_type());
+        launch_any(p,
+                   {buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true), buf(y, "labels", true),
+                    buf(m, "max", false), buf(s, "sum_exp", false), buf(zt, "target", false), buf(zs, "zsum", false),
+                    buf(am, "argmax", false), buf(ez, "ez", false)},
+                   ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
+                       k(addr(h), addr(w), addr(b), addr(y), addr(m), addr(s), addr(zt), addr(zs), addr(am), addr(ez),
+                         wsp, tiling);
+                   });
+    }
+    Tensor amax = am.to(at::kLong).add_(vocab_start);
+    return {m, s, zt, zs, amax, ez};
+}
+
+GmKernel14 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) {
+    const bool i64 = lt == at::kLong;
+    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
+    if (dt == at::kBFloat16) return i64 ? fused_lce_grad_mix_bf16_i64 : fused_lce_grad_mix_bf16_i32;
+    if (dt == at::kHalf) return i64 ? fused_lce_grad_mix_f16_i64 : fused_lce_grad_mix_f16_i32;
+    if (dt == at::kFloat) return i64 ? fused_lce_grad_mix_f32_i64 : fused_lce_grad_mix_f32_i32;
+    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
+}
+
+// The deterministic MIX backward (fused_lce_grad_mix.cpp) with the driver's Coefs(a, t, b, u) contract:
+// returns (dx, dw, db float32) of dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u (softcap derivative).
+std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Tensor& weight,
+                                                  const c10::optional<Tensor>& bias, const Tensor& labels,
+                                                  const Tensor& lse, const Tensor& a, const Tensor& t,
+                                                  const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
+                                                  int64_t vocab_start, double softcap, double temperature,
+                                                  std::array<bool, 3> grad_mask) {
+    check_problem(hidden, weight, bias, labels);
+    TORCH_CHECK(temperature > 0, "fused_lce twin: temperature must be > 0");
+    const bool has_bias = bias.has_value() && bias->defined();
+    const bool has_b = b.has_value() && b->defined(), has_u = u.has_value() && u->defined();
+    const int64_t mask = (grad_mask[0] ? 1 : 0) | (grad_mask[1] ? 2 : 0) | (grad_mask[2] && has_bias ? 4 : 0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    Tensor dx = (mask & 1) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
+    Tensor dw = (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    Tensor db = (mask & 4) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
+    if (mask != 0 && hidden.size(0) > 0) {
+        auto vec = [](const Tensor& x) { return x.to(at::kFloat).contiguous(); };
+        Tensor ta = vec(a), tt = vec(t), tb = has_b ? vec(*b) : Tensor(), tu = has_u ? vec(*u) : Tensor();
+        Tensor l = vec(lse);
+        Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
+        Tensor bb = has_bias ? bias->contiguous() : Tensor();
+        const uint32_t flags = (has_bias ? ft::kBias : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
+        const fm::MixGradPlan mp = fm::plan_grad(static_cast<uint64_t>(h.size(0)), static_cast<uint64_t>(h.size(1)),
+                                                 static_cast<uint64_t>(w.size(0)),
+                                                 static_cast<uint32_t>(h.element_size()), flags, state().hw);
+        TORCH_CHECK(mp.status == ft::kOk, "fused_lce twin: no tiling: ", ft::status_text(mp.status));
+        const ft::Plan& p = mp.base;
+        FusedLceGradMixTilingData td{};
+        td.plan = mp;
+        td.vocabStart = vocab_start;
+        td.softcap = static_cast<float>(softcap);
+        td.invTemperature = static_cast<float>(1.0 / temperature);
+        td.gradMask = static_cast<uint32_t>(mask);
+        td.hasBias = has_bias ? 1u : 0u;
+        td.hasB = has_b ? 1u : 0u;
+        td.hasU = has_u ? 1u : 0u;
+        const ft::HwSpec& hw = state().hw;
+        const uint32_t bm = p.base_m, bn = p.base_n;
+        td.mmZ = fill_gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
+        td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
+        td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
+        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
+        const GmKernel14 k = pick_grad_mix(h.scalar_type(), y.scalar_type());
+        launch_any(p,
+                   {buf(ta, "a", true), buf(tt, "t", true), buf(tb, "b", true), buf(tu, "u", true),
+                    buf(h, "hidden", true), buf(w, "weight", true), buf(bb, "bias", true), buf(y, "labels", true),
+                    buf(l, "lse", true), buf(dx, "dx", false), buf(dw, "dw", false), buf(db, "db", false)},
+                   ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
+                       k(addr(ta), addr(tt), addr(tb), addr(tu), addr(h), addr(w), addr(bb), addr(y), addr(l),
+                         addr(dx), addr(dw), addr(db), wsp, tiling);
+                   });
+    }
+    return {dx, dw, db};
 }
 
 std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
@@ -260,7 +408,7 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor&
         td.mmDw = fill_gemm(p.base_n, p.d, p.vec_rows, p.base_n, p.base_d, bm, p.elt_bytes, hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
         const GradKernel k = pick_grad(h.scalar_type(), y.scalar_type());
-        launch(p,
+        launch_any(p,
                {buf(c, "coefs", true), buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true),
                 buf(y, "labels", true), buf(l, "lse", true), buf(dx, "dx", false), buf(dw, "dw", false),
                 buf(db, "db", false)},
@@ -295,6 +443,36 @@ std::vector<int64_t> twin_plan(int64_t n, int64_t d, int64_t v, int64_t elt, int
             p.used_cores, static_cast<int64_t>(p.tail_n), static_cast<int64_t>(p.ub_used)};
 }
 
+std::vector<int64_t> twin_plan_mix(int64_t n, int64_t d, int64_t v, int64_t elt, int64_t flags, bool ez) {
+    const fm::MixPlan m = fm::plan_stats(static_cast<uint64_t>(n), static_cast<uint64_t>(d), static_cast<uint64_t>(v),
+                                         static_cast<uint32_t>(elt), static_cast<uint32_t>(flags), ez, state().hw);
+    const ft::Plan& p = m.base;
+    return {m.status, p.base_m, p.base_n, p.base_k, p.vec_rows, static_cast<int64_t>(p.m_blocks),
+            static_cast<int64_t>(p.n_blocks), static_cast<int64_t>(p.segments), static_cast<int64_t>(p.tasks),
+            p.used_cores, static_cast<int64_t>(p.tail_n), m.ub_end, static_cast<int64_t>(m.ws_total)};
+}
+
+// Work counters of the last launch, one row per core: [is_aic, vector instructions, vector UB bytes written,
+// scalar ops, GM bytes read, GM bytes written, cube FLOPs] (benchmarks/npu_model.py).
+std::vector<int64_t> twin_counters() {
+    std::vector<int64_t> out;
+    for (const twin::CoreCounters& k : twin::last_counters()) {
+        const auto& c = k.c;
+        out.insert(out.end(), {k.aic ? 1 : 0, static_cast<int64_t>(c.v_instr), static_cast<int64_t>(c.v_bytes),
+                               static_cast<int64_t>(c.s_ops), static_cast<int64_t>(c.gm_rd),
+                               static_cast<int64_t>(c.gm_wr), static_cast<int64_t>(c.cube_flops)});
+    }
+    return out;
+}
+
+std::vector<int64_t> twin_plan_grad(int64_t n, int64_t d, int64_t v, int64_t elt, int64_t flags) {
+    const fm::MixGradPlan m = fm::plan_grad(static_cast<uint64_t>(n), static_cast<uint64_t>(d),
+                                            static_cast<uint64_t>(v), static_cast<uint32_t>(elt),
+                                            static_cast<uint32_t>(flags), state().hw);
+    return {m.status, m.base.base_m, m.base.base_n, m.base.base_d, m.base.used_cores,
+            static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
@@ -302,6 +480,14 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
           "bool with_zsum, float temperature, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
     m.def("_twin_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
           "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
+    m.def("_twin_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
+          "float temperature, bool with_zsum, bool with_ez) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+    m.def("_twin_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
+          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("_twin_plan_grad(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan_grad);
+    m.def("_twin_counters() -> int[]", &twin_counters);
+    m.def("_twin_plan_mix(int n, int d, int v, int elt, int flags, bool ez) -> int[]", &twin_plan_mix);
     m.def("_twin_config(int[] hw, int seed, float switch_prob, bool hazards) -> ()", &twin_config_op);
     m.def("_twin_plan(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan);
 }
@@ -309,4 +495,6 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
 TORCH_LIBRARY_IMPL(fused_lce, CPU, m) {
     m.impl("_twin_stats", &twin_stats);
     m.impl("_twin_grads", &twin_grads);
+    m.impl("_twin_stats_mix", &twin_stats_mix);
+    m.impl("_twin_grads_mix", &twin_grads_mix);
 }

@@ -53,6 +53,113 @@ GlobalTensor<float> gout() {
 constexpr int kIn = 1024, kOut = 1024;
 constexpr int kM = 32, kN = 48, kK = 16;
 
+tiling::TCubeTiling mm_tiling(int m, int n, int k, int bm, int bn, int bk);
+
+// Cube -> vector hand-off through a two-slot GM ring, the way the fused kernels do it: the AIC computes tile t
+// (16 x 16 = A @ B^T, K = 16) into slot t % 2 and sets flag 1 (mode 2, FIX); both AIVs wait, read their 8 rows and
+// set flag 2 (mode 2, MTE2) to free the slot; the AIC waits for that before reusing a slot. `bug` breaks one step.
+constexpr int kRingTiles = 4, kT = 16;
+void xflag_ring(std::vector<float>& in, int bug) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    GlobalTensor<float> ring = gout()[GetBlockIdx() / (ASCEND_IS_AIC ? 1 : 2) * 2 * kT * kT];
+    if ASCEND_IS_AIC {
+        TPipe pipe;
+        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+        using B = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
+        using C = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+        MatmulImpl<A, B, C> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, kT);
+        mm.Init(&t, &pipe);
+        if (bug == 5) CrossCoreWaitFlag(3);  // nobody sets 3
+        for (int k = 0; k < kRingTiles; ++k) {
+            if (k >= 2 && bug != 2) CrossCoreWaitFlag(2);
+            mm.SetTensorA(gin()[k * kT]);
+            mm.SetTensorB(gin()[256 + k * kT], true);
+            mm.IterateAll(ring[(k % 2) * kT * kT]);
+            mm.End();
+            CrossCoreSetFlag<2, PIPE_FIX>(1);
+        }
+        if (bug == 4) CrossCoreSetFlag<2, PIPE_FIX>(1);  // one count more than the vector cores wait for
+        return;
+    }
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 4096);
+    LocalTensor<float> t = buf.Get<float>(8 * kT);
+    const int r0 = static_cast<int>(GetSubBlockIdx()) * 8;
+    for (int k = 0; k < kRingTiles; ++k) {
+        if (bug != 1) CrossCoreWaitFlag(1);
+        order<HardEvent::S_MTE2>();
+        order<HardEvent::V_MTE2>();
+        DataCopy(t, ring[(k % 2) * kT * kT + r0 * kT], 8 * kT);
+        if (k + 2 < kRingTiles) {
+            if (bug == 3) {
+                CrossCoreSetFlag<2, PIPE_V>(2);  // the slot's reads are on MTE2, not V
+            } else {
+                CrossCoreSetFlag<2, PIPE_MTE2>(2);
+            }
+        }
+        order<HardEvent::MTE2_S>();
+        if (bug != 0) continue;
+        // tile k: C[i][j] = sum_x A[i][x] B[j][x], A rows at stride K (= kT) from in[k * kT], B from in[256 + k * kT]
+        for (int r = 0; r < 8; r += 3)
+            for (int j = 0; j < kT; j += 5) {
+                float ref = 0;
+                for (int x = 0; x < kT; ++x) ref += in[k * kT + (r0 + r) * kT + x] * in[256 + k * kT + j * kT + x];
+                EXPECT(std::fabs(t.GetValue(r * kT + j) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+            }
+    }
+}
+
+// Mode 0 (all vector cores) and mode 1 (the two vector cores of one AI core) barriers.
+void xflag_modes(int bug) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    if ASCEND_IS_AIC return;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 1024);
+    LocalTensor<float> t = buf.Get<float>(8);
+    const int64_t me = GetBlockIdx();
+    Duplicate(t, static_cast<float>(me + 1), 8);
+    order<HardEvent::V_MTE3>();
+    DataCopy(gout()[me * 8], t, 8);
+    CrossCoreSetFlag<0, PIPE_MTE3>(4);
+    CrossCoreWaitFlag(4);
+    DataCopy(t, gout()[((me + 1) % 4) * 8], 8);
+    order<HardEvent::MTE2_S>();
+    EXPECT(t.GetValue(0) == static_cast<float>((me + 1) % 4 + 1));
+    if (bug == 1 && GetSubBlockIdx() == 1) return;  // the pair's second core never sets
+    CrossCoreSetFlag<1, PIPE_MTE2>(5);
+    CrossCoreWaitFlag(5);
+}
+
+void xflag_limits(int which) {
+    KERNEL_TASK_TYPE_DEFAULT(which == 4 ? KERNEL_TYPE_AIV_ONLY : KERNEL_TYPE_MIX_AIC_1_2);
+    if (which == 5) {  // MatmulImpl driven from a vector core
+        if ASCEND_IS_AIC return;
+        TPipe pipe;
+        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+        MatmulImpl<A, A, A> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, kT);
+        mm.Init(&t, &pipe);
+        return;
+    }
+    if (which != 4 && ASCEND_IS_AIV) return;
+    switch (which) {
+        case 0:
+            for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_FIX>(1);
+            break;
+        case 1: CrossCoreSetFlag<2, PIPE_FIX>(16); break;
+        case 2: CrossCoreSetFlag<4, PIPE_FIX>(1); break;
+        case 3:
+            CrossCoreSetFlag<0, PIPE_FIX>(12);
+            CrossCoreWaitFlag(12);
+            SyncAll<false>();
+            break;
+        case 4: CrossCoreSetFlag<0, PIPE_MTE3>(1); break;
+    }
+}
+
 std::map<std::string, Probe> probes() {
     std::map<std::string, Probe> p;
     // ---- correct pipelines run clean and compute the right values ----
@@ -306,6 +413,94 @@ std::map<std::string, Probe> probes() {
         PipeBarrier<PIPE_V>();
         ReduceMax<float>(d, x, tmp, 512, true);
     }};
+    // ---- level-0 vector forms, row reductions, compare / select / gather ----
+    p["ok_row_reductions"] = {1, 0, [](auto& in, auto& out) {
+        // a 4 x 256 tile: per-row max (fold 256 -> 64 with level-0 Max, then ReduceRepeat), first argmax per
+        // quarter, z - rowmax with a Brcb broadcast, Compares / Select, Gather of one element per row
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 32 * 1024);
+        LocalTensor<float> z = buf.Get<float>(1024), w = buf.GetWithOffset<float>(1024, 4096);
+        LocalTensor<float> mx = buf.GetWithOffset<float>(64, 8192), bc = buf.GetWithOffset<float>(64, 8192 + 256);
+        LocalTensor<uint32_t> idx = buf.GetWithOffset<uint32_t>(64, 8192 + 512);
+        LocalTensor<uint8_t> mask = buf.GetWithOffset<uint8_t>(128, 8192 + 768);
+        LocalTensor<float> sel = buf.GetWithOffset<float>(1024, 12288);
+        LocalTensor<uint32_t> off = buf.GetWithOffset<uint32_t>(64, 16384);
+        LocalTensor<float> g = buf.GetWithOffset<float>(64, 16384 + 256);
+        DataCopy(z, gin(), 1024);
+        order<HardEvent::MTE2_V>();
+        const BinaryRepeatParams row(1, 1, 1, 32, 32, 32);
+        Max(w, z, z[128], 64, 4, row);
+        Max(w[64], z[64], z[192], 64, 4, row);
+        PipeBarrier<PIPE_V>();
+        Max(w, w, w[64], 64, 4, row);
+        PipeBarrier<PIPE_V>();
+        ReduceRepeat<ReduceType::MAX, float, float>(mx, w, 64, 4, 1, 1, 32, ReduceOrder::ORDER_ONLY_VALUE);
+        ReduceRepeat<ReduceType::MAX, float, float>(idx.ReinterpretCast<float>(), z, 64, 4, 1, 1, 32,
+                                                    ReduceOrder::ORDER_ONLY_INDEX);
+        PipeBarrier<PIPE_V>();
+        Brcb(bc, mx, 1, {1, 8});
+        PipeBarrier<PIPE_V>();
+        const BinaryRepeatParams bcast(1, 1, 0, 32, 32, 1);
+        for (int q = 0; q < 4; ++q) Sub(w[q * 64], z[q * 64], bc, 64, 4, bcast);
+        PipeBarrier<PIPE_V>();
+        Compares(mask, w, 0.0f, CMPMODE::EQ, 1024);
+        PipeBarrier<PIPE_V>();
+        Select(sel, mask, z, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, 1024);
+        order<HardEvent::V_S>();
+        for (int r = 0; r < 4; ++r) off.SetValue(r, static_cast<uint32_t>((r * 256 + 7 * r) * 4));
+        order<HardEvent::S_V>();
+        Gather(g, z, off, 0, 4);
+        order<HardEvent::V_S>();
+        for (int r = 0; r < 4; ++r) {
+            float m = in[r * 256];
+            uint32_t first = 0;
+            for (int j = 1; j < 64; ++j)
+                if (in[r * 256 + j] > in[r * 256 + first]) first = static_cast<uint32_t>(j);
+            for (int j = 1; j < 256; ++j) m = std::max(m, in[r * 256 + j]);
+            EXPECT(mx.GetValue(r) == m);
+            EXPECT(idx.GetValue(r) == first);
+            EXPECT(w.GetValue(r * 256 + 3) == in[r * 256 + 3] - m);
+            for (int j = 0; j < 256; ++j)
+                EXPECT(sel.GetValue(r * 256 + j) == (in[r * 256 + j] == m ? m : -1.0f));
+            EXPECT(g.GetValue(r) == in[r * 256 + 7 * r]);
+        }
+        (void)out;
+    }};
+    p["level0_beyond_tensor"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 8192);
+        LocalTensor<float> z = buf.Get<float>(512), w = buf.GetWithOffset<float>(512, 4096);
+        Duplicate(z, 1.0f, 512);
+        PipeBarrier<PIPE_V>();
+        Add(w, z, z, 64, 4, BinaryRepeatParams(1, 1, 1, 32, 32, 32));  // rows of 256: 4 repeats need 832 elements
+    }};
+    p["compare_partial_repeat"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 8192);
+        LocalTensor<float> z = buf.Get<float>(512);
+        LocalTensor<uint8_t> m = buf.GetWithOffset<uint8_t>(64, 4096);
+        Duplicate(z, 1.0f, 512);
+        PipeBarrier<PIPE_V>();
+        Compares(m, z, 0.0f, CMPMODE::GT, 60);
+    }};
+    // ---- cross-core flags (MIX 1:2, 2 AI cores): the cube computes tiles into GM, the vector cores consume them ----
+    p["ok_xflag_ring"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 0); }};
+    p["xflag_missing_wait"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 1); }};
+    p["xflag_missing_free"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 2); }};
+    p["xflag_set_on_wrong_pipe"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 3); }};
+    p["xflag_never_waited"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 4); }};
+    p["xflag_deadlock"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 5); }};
+    p["ok_xflag_mode0_mode1"] = {2, 2, [](auto&, auto&) { xflag_modes(0); }};
+    p["xflag_mode1_unmatched"] = {2, 2, [](auto&, auto&) { xflag_modes(1); }};
+    p["xflag_counter_overflow"] = {1, 2, [](auto&, auto&) { xflag_limits(0); }};
+    p["xflag_id_out_of_range"] = {1, 2, [](auto&, auto&) { xflag_limits(1); }};
+    p["xflag_mode4_not_on_a2"] = {1, 2, [](auto&, auto&) { xflag_limits(2); }};
+    p["xflag_ids_of_syncall"] = {1, 2, [](auto&, auto&) { xflag_limits(3); }};
+    p["xflag_aiv_only_kernel"] = {1, 0, [](auto&, auto&) { xflag_limits(4); }};
+    p["matmulimpl_on_vector_core"] = {1, 2, [](auto&, auto&) { xflag_limits(5); }};
     return p;
 }
 

@@ -25,7 +25,7 @@ inline void declare_kernel_type(int type) {
     Runtime& r = rt();
     const int want = type == AscendC::KERNEL_TYPE_MIX_AIC_1_2 ? 2 : type == AscendC::KERNEL_TYPE_MIX_AIC_1_1 ? 1 : 0;
     if (type != AscendC::KERNEL_TYPE_AIV_ONLY && type != AscendC::KERNEL_TYPE_MIX_AIC_1_2 &&
-        type != AscendC::KERNEL_TYPE_MIX_AIC_1_1)
+        type != AscendC::KERNEL_TYPE_MIX_AIC_1_1 && type != AscendC::KERNEL_TYPE_MIX_AIV_1_0)
         throw Error(format("twin ERROR [%s]: kernel type %d is not modelled", cur().name.c_str(), type));
     if (want != r.ratio)
         throw Error(format("twin ERROR [%s]: the kernel declares %d vector cores per cube core but was launched "

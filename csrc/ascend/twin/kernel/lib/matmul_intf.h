@@ -1,6 +1,10 @@
-// CPU twin of the AscendC Matmul high-level API as a MIX (AIC:AIV) kernel's vector core sees it on Atlas A2
-// (NPU arch 2201, USE_WORKSPACE mode of impl/adv_api/detail/matmul/utils/matmul_utils.h). Semantics modelled from
-// asc-devkit:
+// CPU twin of the AscendC Matmul high-level API on Atlas A2 (NPU arch 2201), in its two forms:
+//   * the client `Matmul` a MIX kernel's vector core drives (USE_WORKSPACE mode of impl/adv_api/detail/matmul/utils/
+//     matmul_utils.h; REGIST_MATMUL_OBJ runs the server on the cube core, which the twin does in the client's call);
+//   * `MatmulImpl` on the cube core itself (include/adv_api/matmul/matmul.h; what ops-nn's fused kernels use): its
+//     GM reads are the cube's MTE2, its results leave through the fixpipe (FIX), both attributed to the AIC for the
+//     race checker; CrossCoreSetFlag<2, PIPE_FIX> after IterateAll covers the whole GEMM (FIX runs after MTE2 / M).
+// Semantics modelled from asc-devkit:
 //   * include/adv_api/matmul/matmul_client.h: SetTensorA/B (a transpose must be declared in MatmulType), SetTail
 //     (new singleCore M/N/K), Iterate<true> (one baseM x baseN tile per call, false after the last), synchronous
 //     GetTensorC(LocalTensor c): the cube writes the tile through the fixpipe into a GM staging buffer of
@@ -70,6 +74,12 @@ public:
         if (cubeTiling == nullptr) twin::fail_at(loc, api, "null tiling");
         t_ = *cubeTiling;
         core_ = &c;
+        if (impl_ && c.kind != twin::Core::AIC)
+            twin::fail_at(loc, api, "MatmulImpl runs on the cube core (guard its use with ASCEND_IS_AIC)");
+        if (!impl_ && c.kind == twin::Core::AIC)
+            twin::fail_at(loc, api, "the Matmul client runs on vector cores (REGIST_MATMUL_OBJ serves it on the cube)");
+        rd_pipe_ = impl_ ? twin::kMTE2 : twin::kS;
+        wr_pipe_ = impl_ ? twin::kFIX : twin::kS;
         const twin::Config& cfg = twin::rt().cfg;
         if (t_.baseM <= 0 || t_.baseN <= 0 || t_.baseK <= 0)
             twin::fail_at(loc, api, "base tile %d x %d x %d is not positive", t_.baseM, t_.baseN, t_.baseK);
@@ -89,7 +99,14 @@ public:
         if (l1 > cfg.l1_bytes)
             twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (unsigned long long)l1,
                           t_.depthA1, t_.depthB1, (unsigned long long)cfg.l1_bytes);
-        if (c.aic >= 0) twin::rt().mm_res[c.aic]->l1_objects_bytes += l1;
+        if (c.aic >= 0) {
+            uint64_t& used = twin::rt().mm_res[c.aic]->l1_objects_bytes;
+            used += l1;
+            // MatmulImpl objects allocate their L1 buffers from the cube core's TPipe: together they must fit
+            if (impl_ && used > cfg.l1_bytes)
+                twin::fail_at(loc, api, "the MatmulImpl objects of %s need %llu bytes of L1 together (> %llu)",
+                              c.name.c_str(), (unsigned long long)used, (unsigned long long)cfg.l1_bytes);
+        }
         single_m_ = t_.singleCoreM;
         single_n_ = t_.singleCoreN;
         single_k_ = t_.singleCoreK;
@@ -247,6 +264,7 @@ public:
         check(api, loc);
         if (enAtomic > 1) twin::fail_at(loc, api, "only enAtomic 0 / 1 (add) are modelled");
         first_ = true;
+        if (impl_) cube_pipeline();
         while (Iterate<true>(false, loc)) fixpipe_gm(gm, enAtomic == 1, enSequentialWrite, api, loc);
     }
     __aicore__ inline void End() {
@@ -255,7 +273,20 @@ public:
     }
 
     // ---- twin internals ----
+protected:
+    bool impl_ = false;  // MatmulImpl (the cube core drives it) rather than the client
 private:
+    // One GEMM on the cube core: operands in on MTE2, the cube (M), results out through the fixpipe, which knows the
+    // loads and the cube done (the Matmul API orders them internally).
+    void cube_pipeline() {
+        twin::Core& c = *core_;
+        twin::issue(c, twin::kMTE2);
+        twin::issue(c, twin::kM);
+        twin::issue(c, twin::kFIX);
+        c.clk.known[twin::kFIX][twin::kMTE2] = c.clk.epoch[twin::kMTE2];
+        c.clk.known[twin::kFIX][twin::kM] = c.clk.epoch[twin::kM];
+    }
+    int rd_pipe_ = twin::kS, wr_pipe_ = twin::kS;
     static int ceil_div(int a, int b) { return (a + b - 1) / b; }
     void check(const char* api, const twin::Loc& loc) const {
         if (!inited_) twin::fail_at(loc, api, "Matmul object used before REGIST_MATMUL_OBJ / Init");
@@ -278,7 +309,7 @@ private:
                 const uint64_t n = contiguous ? rows * cols : cols;
                 try {
                     twin_ops::gm_side(c, g, ((row0 + r) * stride + col0) * sizeof(T), n * sizeof(T), false, false,
-                                      twin::kS, api, loc);
+                                      rd_pipe_, api, loc);
                 } catch (const twin::Error& e) {
                     throw twin::Error(std::string(e.what()) +
                                       twin::format(" (cube reading %s rows %llu..%llu, %llu elements each)", what,
@@ -294,6 +325,7 @@ private:
     }
     void compute(const char* api, const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n(), K = single_k_;
+        core_->cnt.cube_flops += 2ull * static_cast<uint64_t>(mh) * nw * K;
         const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
         std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw)
         std::vector<float>& B = b_buf_;
@@ -362,7 +394,7 @@ private:
         for (int i = 0; i < mh; ++i) {
             const uint64_t o = off + i * stride;
             try {
-                twin_ops::gm_side(c, gm, o * sizeof(DstT), nw * sizeof(DstT), true, atomic, twin::kS, api, loc);
+                twin_ops::gm_side(c, gm, o * sizeof(DstT), nw * sizeof(DstT), true, atomic, wr_pipe_, api, loc);
             } catch (const twin::Error& e) {
                 throw twin::Error(std::string(e.what()) + twin::format(" (fixpipe writing C row %d of the tile)", i));
             }
@@ -388,16 +420,26 @@ private:
     std::vector<float> tile_, a_buf_, b_buf_;
 };
 
+// MatmulImpl: the Matmul object a cube core drives itself (no client / server messages).
+template <class A_TYPE, class B_TYPE, class C_TYPE, class BIAS_TYPE = C_TYPE, const auto& MM_CFG = CFG_NORM,
+          class MM_CB = MatmulCallBackFunc<>, class POLICY = void>
+class MatmulImpl : public Matmul<A_TYPE, B_TYPE, C_TYPE, BIAS_TYPE, MM_CFG, MM_CB, POLICY> {
+public:
+    MatmulImpl() { this->impl_ = true; }
+};
+
 namespace twin_detail {
 inline void regist_matmul() {}
 template <class MM, class... Rest>
 inline void regist_matmul(MM& mm, const tiling::TCubeTiling* t, Rest&&... rest) {
     mm.Init(t);
+    ++twin::cur().matmul_client_objects;  // each client object takes two cross-core flag ids
     regist_matmul(rest...);
 }
 template <class MM, class... Rest>
 inline void regist_matmul(MM& mm, tiling::TCubeTiling* t, Rest&&... rest) {
     mm.Init(t);
+    ++twin::cur().matmul_client_objects;
     regist_matmul(rest...);
 }
 }  // namespace twin_detail
@@ -406,12 +448,14 @@ inline void regist_matmul(MM& mm, tiling::TCubeTiling* t, Rest&&... rest) {
 
 namespace matmul = AscendC;
 
-// REGIST_MATMUL_OBJ(pipe, sysWorkspace, mm0, &tiling0, mm1, &tiling1, ...): on the AIV, initialises each client
-// (on the AIC the real macro runs the Matmul server; the twin runs the cube work in the calling AIV's context).
+// REGIST_MATMUL_OBJ(pipe, sysWorkspace, mm0, &tiling0, mm1, &tiling1, ...): on the AIV, initialises each client;
+// on the AIC the real macro runs the Matmul server until the clients are done and returns from the kernel (the twin
+// runs the cube work in the calling AIV's context, so the AIC just returns).
 #define REGIST_MATMUL_OBJ(tpipe, workspace, ...)                     \
     do {                                                             \
         (void)(tpipe);                                               \
         (void)(workspace);                                           \
+        if (ASCEND_IS_AIC) return;                                   \
         ::AscendC::twin_detail::regist_matmul(__VA_ARGS__);          \
     } while (0)
 #define REGIST_CUBE_OBJ REGIST_MATMUL_OBJ

@@ -115,9 +115,9 @@ inline twin::Region& gm_side(twin::Core& c, const GlobalTensor<T>& g, uint64_t l
                       static_cast<unsigned long long>(lo_bytes + span),
                       static_cast<unsigned long long>(g.GetSize()));
     twin::Region& r = twin::gm_bounds(a, span, write, api, loc);
-    if (!write) twin::gm_pending_check(c, a, span, pipe, api, loc);
+    (write ? c.cnt.gm_wr : c.cnt.gm_rd) += span;
     twin::dcache_dma_check(c, a, span, api, loc);
-    twin::gm_race(r, a, span, write, atomic, twin::core_id(c), api, loc);
+    twin::gm_race(r, a, span, write, atomic, c, pipe, c.clk.epoch[pipe], twin::site_id(api, loc), api, loc);
     return r;
 }
 
@@ -839,6 +839,394 @@ __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>
     }
     twin_ops::ptr(dst)[0] = acc;
 }
+
+// ---- vector unit: tensor high-dimension (level 0) forms ("高维切分", mask continuous mode) -------------------------
+// One instruction runs repeatTime repeats; repeat j covers the first `mask` elements of 8 data blocks (32 bytes each,
+// 32 / sizeof(T) elements): element i of repeat j lives at j * repStride + (i / perBlock) * blkStride blocks, at
+// (i % perBlock) inside its block (SIMD计算说明/高维切分.md; BinaryRepeatParams / UnaryRepeatParams). Strides are in
+// 32-byte blocks; operands start on 32-byte blocks; every element touched must lie inside its LocalTensor.
+struct BinaryRepeatParams {
+    BinaryRepeatParams() {}
+    BinaryRepeatParams(uint8_t dstBlk, uint8_t src0Blk, uint8_t src1Blk, uint8_t dstRep, uint8_t src0Rep,
+                       uint8_t src1Rep)
+        : dstBlkStride(dstBlk), src0BlkStride(src0Blk), src1BlkStride(src1Blk), dstRepStride(dstRep),
+          src0RepStride(src0Rep), src1RepStride(src1Rep) {}
+    uint32_t blockNumber = DEFAULT_BLK_NUM;
+    uint8_t dstBlkStride = DEFAULT_BLK_STRIDE;
+    uint8_t src0BlkStride = DEFAULT_BLK_STRIDE;
+    uint8_t src1BlkStride = DEFAULT_BLK_STRIDE;
+    uint8_t dstRepStride = DEFAULT_REPEAT_STRIDE;
+    uint8_t src0RepStride = DEFAULT_REPEAT_STRIDE;
+    uint8_t src1RepStride = DEFAULT_REPEAT_STRIDE;
+    bool repeatStrideMode = false;
+    bool strideSizeMode = false;
+};
+struct UnaryRepeatParams {
+    UnaryRepeatParams() {}
+    UnaryRepeatParams(uint16_t dstBlk, uint16_t srcBlk, uint8_t dstRep, uint8_t srcRep)
+        : dstBlkStride(dstBlk), srcBlkStride(srcBlk), dstRepStride(dstRep), srcRepStride(srcRep) {}
+    uint32_t blockNumber = DEFAULT_BLK_NUM;
+    uint16_t dstBlkStride = DEFAULT_BLK_STRIDE;
+    uint16_t srcBlkStride = DEFAULT_BLK_STRIDE;
+    uint8_t dstRepStride = DEFAULT_REPEAT_STRIDE;
+    uint8_t srcRepStride = DEFAULT_REPEAT_STRIDE;
+    bool repeatStrideMode = false;
+    bool strideSizeMode = false;
+};
+struct BrcbRepeatParams {
+    BrcbRepeatParams() {}
+    BrcbRepeatParams(uint16_t dstBlk, uint16_t dstRep) : dstRepStride(dstRep), dstBlkStride(dstBlk) {}
+    uint32_t blockNumber = DEFAULT_BLK_NUM;
+    uint16_t dstRepStride = DEFAULT_REPEAT_STRIDE;
+    uint16_t dstBlkStride = DEFAULT_BLK_STRIDE;
+};
+
+namespace twin_ops {
+// Element offset (in T) of element i of repeat j of an operand with the given strides.
+template <typename T>
+inline uint64_t l0_off(uint32_t j, uint32_t i, uint32_t blk, uint32_t rep) {
+    const uint32_t per = 32 / sizeof(T);
+    return (static_cast<uint64_t>(j) * rep + (i / per) * static_cast<uint64_t>(blk)) * per + i % per;
+}
+// Bounds and hazard record of every block an operand's level-0 access touches.
+template <typename T>
+inline void l0_touch(twin::Core& c, const LocalTensor<T>& t, uint32_t mask, uint32_t repeat, uint32_t blk,
+                     uint32_t rep, bool write, uint32_t e, uint16_t site, const char* api, const Loc& loc,
+                     const char* role) {
+    check_ub(t, 0, api, loc, role);
+    const uint32_t per = 32 / sizeof(T);
+    uint64_t maxel = 0;
+    for (uint32_t j = 0; j < repeat; ++j)
+        for (uint32_t b = 0; b * per < mask; ++b) {
+            const uint64_t el = l0_off<T>(j, b * per, blk, rep);
+            const uint32_t n = std::min(per, mask - b * per);
+            maxel = std::max<uint64_t>(maxel, el + n);
+            if (maxel <= t.GetSize())
+                twin::ub_access(c, t.offset() + el * sizeof(T), n * sizeof(T), twin::kV, write, e, site, api, loc);
+        }
+    if (maxel > t.GetSize())
+        twin::fail_at(loc, api, "%s operand: the repeats reach element %llu, beyond its LocalTensor length %u", role,
+                      static_cast<unsigned long long>(maxel), t.GetSize());
+}
+template <typename T, typename F>
+inline void l0_binary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
+                      uint64_t mask, uint8_t repeat, const BinaryRepeatParams& p, F f, const Loc& loc) {
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    require_vec_type<T>(api, loc);
+    if (mask == 0 || mask > 256 / sizeof(T))
+        twin::fail_at(loc, api, "mask %llu outside 1..%zu (continuous mode)", static_cast<unsigned long long>(mask),
+                      256 / sizeof(T));
+    if (repeat == 0) return;  // NOP on Atlas A2
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    const uint32_t m = static_cast<uint32_t>(mask);
+    l0_touch(c, a, m, repeat, p.src0BlkStride, p.src0RepStride, false, e, site, api, loc, "source 0");
+    l0_touch(c, b, m, repeat, p.src1BlkStride, p.src1RepStride, false, e, site, api, loc, "source 1");
+    l0_touch(c, dst, m, repeat, p.dstBlkStride, p.dstRepStride, true, e, site, api, loc, "destination");
+    T* d = ptr(dst);
+    const T* x = ptr(a);
+    const T* y = ptr(b);
+    std::vector<T> out(m);
+    for (uint32_t j = 0; j < repeat; ++j) {  // a repeat reads its operands, then writes
+        for (uint32_t i = 0; i < m; ++i)
+            out[i] = f(x[l0_off<T>(j, i, p.src0BlkStride, p.src0RepStride)],
+                       y[l0_off<T>(j, i, p.src1BlkStride, p.src1RepStride)]);
+        for (uint32_t i = 0; i < m; ++i) d[l0_off<T>(j, i, p.dstBlkStride, p.dstRepStride)] = out[i];
+    }
+}
+}  // namespace twin_ops
+
+#define TWIN_BINARY_L0(NAME, EXPR)                                                                                  \
+    template <typename T, bool isSetMask = true>                                                                    \
+    __aicore__ inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
+                                uint64_t mask, const uint8_t repeatTime, const BinaryRepeatParams& repeatParams,    \
+                                twin::Loc loc = {}) {                                                               \
+        twin_ops::l0_binary(#NAME "(level 0)", dst, src0, src1, mask, repeatTime, repeatParams,                    \
+                            [](T x, T y) -> T {                                                                     \
+                                const float a = twin_ops::f(x), b = twin_ops::f(y);                                 \
+                                return twin_ops::from<T>(EXPR);                                                     \
+                            },                                                                                      \
+                            loc);                                                                                   \
+    }
+TWIN_BINARY_L0(Add, a + b)
+TWIN_BINARY_L0(Sub, a - b)
+TWIN_BINARY_L0(Mul, a * b)
+TWIN_BINARY_L0(Max, (a > b || std::isnan(a)) ? a : b)
+TWIN_BINARY_L0(Min, (a < b || std::isnan(a)) ? a : b)
+#undef TWIN_BINARY_L0
+
+// ReduceRepeat<type>: one result per repeat (归约计算/ReduceRepeat.md): SUM adds the repeat's elements as a binary
+// tree of adjacent pairs (ReduceDataBlock.md 关键特性说明); MAX / MIN give the value and / or the first index of the
+// extreme inside the repeat (the index as the bits of the value type; ORDER_ONLY_INDEX: a uint32). dstRepStride is in
+// results (value + index: 2 elements; value or SUM: 1 element; index only: 4 bytes).
+template <ReduceType reduceType, typename T, typename U, bool isSetMask = true>
+__aicore__ inline void ReduceRepeat(const LocalTensor<T>& dst, const LocalTensor<U>& src, const int32_t mask,
+                                    const int32_t repeatTime, const int32_t dstRepStride, const int32_t srcBlkStride,
+                                    const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX,
+                                    twin::Loc loc = {}) {
+    static const char* api = "ReduceRepeat";
+    static_assert(std::is_same<T, U>::value, "ReduceRepeat: one data type on Atlas A2");
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "ReduceRepeat: half / float");
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    const int32_t per_rep = 256 / sizeof(T);
+    if (mask < 1 || mask > per_rep || repeatTime < 0 || repeatTime > 255 || dstRepStride < 0 || srcBlkStride < 0 ||
+        srcRepStride < 0)
+        twin::fail_at(loc, api, "mask %d / repeatTime %d / strides out of range", mask, repeatTime);
+    if (repeatTime == 0) return;
+    const bool both = reduceType != ReduceType::SUM &&
+                      (order == ReduceOrder::ORDER_VALUE_INDEX || order == ReduceOrder::ORDER_INDEX_VALUE);
+    const bool only_index = reduceType != ReduceType::SUM && order == ReduceOrder::ORDER_ONLY_INDEX;
+    const uint32_t unit = both ? 2 * sizeof(T) : only_index ? 4 : sizeof(T);  // bytes of one result
+    twin_ops::check_ub(dst, 0, api, loc, "destination", unit);
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    twin_ops::l0_touch(c, src, mask, repeatTime, srcBlkStride, srcRepStride, false, e, site, api, loc, "source");
+    const uint64_t need = (static_cast<uint64_t>(repeatTime - 1) * dstRepStride) * unit + unit;
+    if (need > dst.len_)
+        twin::fail_at(loc, api, "the results need %llu bytes of the destination, which has %u",
+                      static_cast<unsigned long long>(need), dst.len_);
+    const U* s = twin_ops::ptr(src);
+    uint8_t* d = dst.addr_;
+    for (int32_t j = 0; j < repeatTime; ++j) {
+        uint8_t* out = d + static_cast<uint64_t>(j) * dstRepStride * unit;
+        twin::ub_access(c, dst.offset() + static_cast<uint64_t>(j) * dstRepStride * unit, unit, twin::kV, true, e,
+                        site, api, loc);
+        if (reduceType == ReduceType::SUM) {
+            T lane[128];
+            for (int32_t i = 0; i < per_rep; ++i)
+                lane[i] = i < mask ? s[twin_ops::l0_off<U>(j, i, srcBlkStride, srcRepStride)] : T(0.0f);
+            for (int32_t w = per_rep / 2; w >= 1; w /= 2)
+                for (int32_t i = 0; i < w; ++i) lane[i] = T(twin_ops::f(lane[2 * i]) + twin_ops::f(lane[2 * i + 1]));
+            std::memcpy(out, &lane[0], sizeof(T));
+            continue;
+        }
+        float best = twin_ops::f(s[twin_ops::l0_off<U>(j, 0, srcBlkStride, srcRepStride)]);
+        uint32_t idx = 0;
+        for (int32_t i = 1; i < mask; ++i) {
+            const float v = twin_ops::f(s[twin_ops::l0_off<U>(j, i, srcBlkStride, srcRepStride)]);
+            if (reduceType == ReduceType::MAX ? v > best : v < best) {
+                best = v;
+                idx = static_cast<uint32_t>(i);
+            }
+        }
+        const T val = s[twin_ops::l0_off<U>(j, idx, srcBlkStride, srcRepStride)];
+        T ib;
+        std::memset(static_cast<void*>(&ib), 0, sizeof(T));
+        std::memcpy(&ib, &idx, sizeof(T) < 4 ? sizeof(T) : 4);
+        switch (order) {
+            case ReduceOrder::ORDER_VALUE_INDEX:
+                std::memcpy(out, &val, sizeof(T));
+                std::memcpy(out + sizeof(T), &ib, sizeof(T));
+                break;
+            case ReduceOrder::ORDER_INDEX_VALUE:
+                std::memcpy(out, &ib, sizeof(T));
+                std::memcpy(out + sizeof(T), &val, sizeof(T));
+                break;
+            case ReduceOrder::ORDER_ONLY_VALUE: std::memcpy(out, &val, sizeof(T)); break;
+            case ReduceOrder::ORDER_ONLY_INDEX: std::memcpy(out, &idx, 4); break;
+        }
+    }
+}
+
+// Brcb: element i * 8 + k of src fills data block k of repeat i (数据填充/Brcb.md); dstBlkStride 0 counts as 1.
+template <typename T>
+__aicore__ inline void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t repeatTime,
+                            const BrcbRepeatParams& p, twin::Loc loc = {}) {
+    static const char* api = "Brcb";
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Brcb: b16 / b32");
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    if (repeatTime == 0) return;
+    const uint32_t per = 32 / sizeof(T), blk = p.dstBlkStride == 0 ? 1 : p.dstBlkStride;
+    twin_ops::check_ub(src, static_cast<uint64_t>(repeatTime) * 8, api, loc, "source");
+    twin_ops::check_ub(dst, 0, api, loc, "destination");
+    const uint64_t last = ((static_cast<uint64_t>(repeatTime) - 1) * p.dstRepStride + 7ull * blk) * per + per;
+    if (last > dst.GetSize())
+        twin::fail_at(loc, api, "destination: the repeats reach element %llu, beyond its LocalTensor length %u",
+                      static_cast<unsigned long long>(last), dst.GetSize());
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    twin_ops::rd(c, src, static_cast<uint64_t>(repeatTime) * 8 * sizeof(T), twin::kV, e, site, api, loc);
+    const T* s = twin_ops::ptr(src);
+    T* d = twin_ops::ptr(dst);
+    for (uint32_t i = 0; i < repeatTime; ++i)
+        for (uint32_t k = 0; k < 8; ++k) {
+            const uint64_t b0 = (static_cast<uint64_t>(i) * p.dstRepStride + k * blk) * per;
+            twin::ub_access(c, dst.offset() + b0 * sizeof(T), 32, twin::kV, true, e, site, api, loc);
+            for (uint32_t x = 0; x < per; ++x) d[b0 + x] = s[i * 8 + k];
+        }
+}
+
+// ---- compare, select, gather, index (比较与选择, 离散与聚合, 数据填充) --------------------------------------------------
+namespace twin_ops {
+inline bool cmp(float a, float b, CMPMODE m) {
+    switch (m) {
+        case CMPMODE::LT: return a < b;
+        case CMPMODE::GT: return a > b;
+        case CMPMODE::EQ: return a == b;
+        case CMPMODE::LE: return a <= b;
+        case CMPMODE::GE: return a >= b;
+        default: return a != b;
+    }
+}
+template <typename T, typename F>
+inline void compare_impl(const char* api, const LocalTensor<uint8_t>& dst, const LocalTensor<T>& a,
+                         const LocalTensor<T>* b, uint32_t count, F value_b, CMPMODE mode, const Loc& loc) {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "Compare: half / float");
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    // count elements must fill whole 256-byte repeats: the rest would be left out silently (Compare.md / Compares.md)
+    if ((static_cast<uint64_t>(count) * sizeof(T)) % 256 != 0)
+        twin::fail_at(loc, api, "count %u * %zu bytes is not a multiple of 256 (the hardware drops the partial repeat)",
+                      count, sizeof(T));
+    check_ub(a, count, api, loc, "source 0");
+    if (b) check_ub(*b, count, api, loc, "source 1");
+    check_ub(dst, count / 8, api, loc, "destination");
+    if (count == 0) return;
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    rd(c, a, count * sizeof(T), twin::kV, e, site, api, loc);
+    if (b) rd(c, *b, count * sizeof(T), twin::kV, e, site, api, loc);
+    wr(c, dst, count / 8, twin::kV, e, site, api, loc);
+    const T* x = ptr(a);
+    uint8_t* d = ptr(dst);
+    std::memset(d, 0, count / 8);
+    for (uint32_t i = 0; i < count; ++i)
+        if (cmp(f(x[i]), value_b(i), mode)) d[i / 8] |= static_cast<uint8_t>(1u << (i % 8));  // element i: bit i
+}
+}  // namespace twin_ops
+
+template <typename T, typename U>
+__aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,
+                               CMPMODE cmpMode, uint32_t count, twin::Loc loc = {}) {
+    static_assert(std::is_same<U, uint8_t>::value, "Compare: uint8_t mask");
+    const T* y = twin_ops::ptr(src1);
+    twin_ops::compare_impl("Compare", dst, src0, &src1, count, [y](uint32_t i) { return twin_ops::f(y[i]); },
+                           cmpMode, loc);
+}
+template <typename T, typename U>
+__aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
+                                CMPMODE cmpMode, uint32_t count, twin::Loc loc = {}) {
+    static_assert(std::is_same<U, uint8_t>::value, "Compares: uint8_t mask");
+    const float v = twin_ops::f(src1Scalar);
+    twin_ops::compare_impl("Compares", dst, src0, static_cast<const LocalTensor<T>*>(nullptr), count,
+                           [v](uint32_t) { return v; }, cmpMode, loc);
+}
+template <typename T, typename U>
+__aicore__ inline void CompareScalar(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
+                                     CMPMODE cmpMode, uint32_t count, twin::Loc loc = {}) {
+    Compares(dst, src0, src1Scalar, cmpMode, count, loc);
+}
+
+namespace twin_ops {
+template <typename T, typename U, typename F>
+inline void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U>& mask,
+                        const LocalTensor<T>& a, const LocalTensor<T>* b, F value_b, SELMODE mode, uint32_t count,
+                        const Loc& loc) {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "Select: half / float");
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    check_ub(dst, count, api, loc, "destination");
+    check_ub(a, count, api, loc, "source 0");
+    if (b) check_ub(*b, count, api, loc, "source 1");
+    const uint32_t per_rep = 256 / sizeof(T);
+    const uint64_t mask_bytes = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep / 8 : (count + 7) / 8;
+    check_ub(mask.template ReinterpretCast<uint8_t>(), mask_bytes, api, loc, "selMask");
+    if (count == 0) return;
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    rd(c, mask, mask_bytes, twin::kV, e, site, api, loc);
+    rd(c, a, count * sizeof(T), twin::kV, e, site, api, loc);
+    if (b) rd(c, *b, count * sizeof(T), twin::kV, e, site, api, loc);
+    wr(c, dst, count * sizeof(T), twin::kV, e, site, api, loc);
+    const uint8_t* m = reinterpret_cast<const uint8_t*>(mask.addr_);
+    const T* x = ptr(a);
+    T* d = ptr(dst);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint32_t bit = mode == SELMODE::VSEL_CMPMASK_SPR ? i % per_rep : i;  // mode 0: the same bits per repeat
+        d[i] = (m[bit / 8] >> (bit % 8) & 1u) ? x[i] : value_b(i);
+    }
+}
+}  // namespace twin_ops
+
+// Select (count form): element i from src0 where bit i of selMask is 1, else from src1 (a tensor in modes 0 and 2, a
+// scalar in mode 1); mode 0 reuses the first 256 / sizeof(T) bits for every repeat (Select.md).
+template <typename T, typename U>
+__aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
+                              T src1, SELMODE selMode, uint32_t count, twin::Loc loc = {}) {
+    if (selMode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
+        twin::fail_at(loc, "Select", "a scalar src1 needs VSEL_TENSOR_SCALAR_MODE");
+    twin_ops::select_impl("Select", dst, selMask, src0, static_cast<const LocalTensor<T>*>(nullptr),
+                          [src1](uint32_t) { return src1; }, selMode, count, loc);
+}
+template <typename T, typename U>
+__aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
+                              const LocalTensor<T>& src1, SELMODE selMode, uint32_t count, twin::Loc loc = {}) {
+    if (selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE)
+        twin::fail_at(loc, "Select", "VSEL_TENSOR_SCALAR_MODE takes a scalar src1");
+    const T* y = twin_ops::ptr(src1);
+    twin_ops::select_impl("Select", dst, selMask, src0, &src1, [y](uint32_t i) { return y[i]; }, selMode, count,
+                          loc);
+}
+
+// Gather: dst[i] = the element of src at byte offset srcBaseAddr + srcOffset[i] (离散与聚合/Gather.md).
+template <typename T>
+__aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src,
+                              const LocalTensor<uint32_t>& srcOffset, const uint32_t srcBaseAddr,
+                              const uint32_t count, twin::Loc loc = {}) {
+    static const char* api = "Gather";
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    twin_ops::check_ub(dst, count, api, loc, "destination");
+    twin_ops::check_ub(src, 0, api, loc, "source");
+    twin_ops::check_ub(srcOffset, count, api, loc, "srcOffset");
+    if (count == 0) return;
+    const uint32_t e = twin::issue(c, twin::kV);
+    const uint16_t site = twin::site_id(api, loc);
+    twin_ops::rd(c, srcOffset, count * 4, twin::kV, e, site, api, loc);
+    const uint32_t* off = twin_ops::ptr(srcOffset);
+    T* d = twin_ops::ptr(dst);
+    std::vector<T> out(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint64_t b = static_cast<uint64_t>(srcBaseAddr) + off[i];
+        if (b % sizeof(T) != 0 || b + sizeof(T) > src.len_)
+            twin::fail_at(loc, api, "offset %llu bytes of element %u is outside the source (%u bytes) or misaligned",
+                          static_cast<unsigned long long>(b), i, src.len_);
+        twin::ub_access(c, src.offset() + b, sizeof(T), twin::kV, false, e, site, api, loc);
+        std::memcpy(&out[i], src.addr_ + b, sizeof(T));
+    }
+    twin_ops::wr(c, dst, count * sizeof(T), twin::kV, e, site, api, loc);
+    std::memcpy(d, out.data(), count * sizeof(T));
+}
+
+// CreateVecIndex: dst[i] = firstValue + i.
+template <typename T>
+__aicore__ inline void CreateVecIndex(const LocalTensor<T>& dst, const T firstValue, uint32_t calCount,
+                                      twin::Loc loc = {}) {
+    static const char* api = "CreateVecIndex";
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    twin_ops::check_ub(dst, calCount, api, loc, "destination");
+    if (calCount == 0) return;
+    const uint32_t e = twin::issue(c, twin::kV);
+    twin_ops::wr(c, dst, calCount * sizeof(T), twin::kV, e, twin::site_id(api, loc), api, loc);
+    T* d = twin_ops::ptr(dst);
+    for (uint32_t i = 0; i < calCount; ++i) d[i] = static_cast<T>(twin_ops::f(firstValue) + static_cast<float>(i));
+}
+
+// Bitwise And / Or of 16-bit integers (逻辑计算).
+#define TWIN_LOGIC(NAME, OP)                                                                                        \
+    template <typename T>                                                                                           \
+    __aicore__ inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
+                                const int32_t& count, twin::Loc loc = {}) {                                         \
+        static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value, #NAME ": 16-bit ints"); \
+        twin_ops::binary(#NAME, dst, src0, src1, count, [](T x, T y) -> T { return static_cast<T>(x OP y); }, loc); \
+    }
+TWIN_LOGIC(And, &)
+TWIN_LOGIC(Or, |)
+#undef TWIN_LOGIC
 
 // ---- Tanh (advanced API, math) ---------------------------------------------------------------------------------
 namespace twin_ops {

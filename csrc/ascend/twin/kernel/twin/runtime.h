@@ -1,8 +1,10 @@
 // CPU twin of the AscendC API: the machine model.
 //
-//   * cores: every AIV (vector core) of a launch runs the kernel entry in its own fiber; AIC (cube) cores exist as
-//     objects that own the cube-side resources (the Matmul model runs on them when an AIV asks); a later version can
-//     give AICs fibers of their own (cross-core flags of MIX kernels) without changing this layout;
+//   * cores: every AIV (vector core) and, in MIX kernels, every AIC (cube core) of a launch runs the kernel entry in
+//     its own fiber (ASCEND_IS_AIC / ASCEND_IS_AIV select the code); the AIC runs MatmulImpl itself, or, for kernels
+//     that drive the Matmul client from the AIV, only serves it (REGIST_MATMUL_OBJ returns on the AIC);
+//   * cross-core flags (CrossCoreSetFlag / CrossCoreWaitFlag, modes 0 / 1 / 2 of Atlas A2) with their 4-bit
+//     counters, and SyncAll, order GM accesses across cores through vector clocks (happens-before);
 //   * a deterministic seeded cooperative scheduler switches fibers only at API calls that touch global memory or
 //     synchronise cores, so cross-core orders vary with the seed but every run of a seed is identical;
 //   * memories: UB per AIV with its capacity, GM as registered allocations (bounds, read-only inputs), a 64-byte
@@ -11,8 +13,9 @@
 //       - pipe hazards: every UB access is attributed to a pipe (S, V, MTE2, MTE3); vector clocks per pipe are
 //         advanced by SetFlag/WaitFlag, PipeBarrier and the internal syncs of the APIs; a UB access that conflicts
 //         (RAW, WAR, WAW) with an earlier access of another pipe not ordered before it is an error;
-//       - GM: out-of-allocation accesses, writes to inputs, same-core MTE3 -> reader ordering, cross-core races
-//         (an access conflicting with another core's access since the last SyncAll, atomics excepted);
+//       - GM: out-of-allocation accesses, writes to inputs, same-core ordering between pipes, cross-core races (an
+//         access conflicting with another core's access that no SyncAll / cross-core flag orders before it, float
+//         atomic adds commute), deadlocks and cross-core flags left unmatched at the end;
 //       - API contracts: 32-byte alignment, lengths against LocalTensor::GetSize(), capacities, round modes.
 #ifndef FUSED_LCE_TWIN_RUNTIME_H_
 #define FUSED_LCE_TWIN_RUNTIME_H_
@@ -200,12 +203,17 @@ struct Config {
 };
 
 // ---- GM allocations --------------------------------------------------------------------------------------------
+// One GM access as the race checker remembers it: agent (core), pipe and the pipe's epoch at the access.
+struct Access {
+    uint8_t agent = 0xff;  // 0xff: none
+    uint8_t pipe = 0;
+    uint16_t site = 0;
+    uint32_t epoch = 0;
+};
 struct GmShadow {  // cross-core access record of one 4-byte granule
-    int16_t writer = -1;  // core index, -2: several atomic writers
-    uint8_t atomic = 0;
-    uint32_t wgen = 0;
-    uint64_t readers = 0;
-    uint32_t rgen = 0;
+    Access w;          // last write
+    uint8_t atomic = 0;  // the last write was a float atomic add
+    Access r[2];       // the last readers (two agents; a third replaces the older)
 };
 struct Region {
     uintptr_t start = 0;
@@ -270,10 +278,32 @@ struct Core {
         uint32_t epoch;
         uint16_t site;
     };
-    std::vector<PendingGm> pending_mte3;  // DMA writes to GM not yet known complete to every pipe
+    std::vector<PendingGm> pending_mte3;  // unused (same-core GM order is checked by gm_race)
     std::unordered_map<uintptr_t, CacheLineCopy> dcache;
     int declared_type = -1;
     uint64_t api_calls = 0;
+    // work counters of the performance model (benchmarks/npu_model.py): vector instructions and the UB bytes they
+    // write (repeats = bytes / 256), scalar-pipe operations, GM bytes moved by this core (DMA, cube operand reads,
+    // fixpipe writes, scalar GM access) and cube FLOPs (2 m n k of every Matmul tile)
+    struct Counters {
+        uint64_t v_instr = 0, v_bytes = 0, s_ops = 0, gm_rd = 0, gm_wr = 0, cube_flops = 0;
+    } cnt;
+    // cross-core ordering: vc[a * kNumPipes + p] = epochs of agent a's pipe p known complete to this core
+    int agent = 0;
+    std::vector<uint32_t> vc;
+    struct XFlag {             // CrossCoreWaitFlag counter of one flag id (0..15) of this core
+        std::vector<std::vector<uint32_t>> pending;  // one clock snapshot per count (FIFO)
+        int mode = -1;         // mode of the syncs in flight on this id (one mode at a time per core and id)
+        uint16_t site = 0;     // the last CrossCoreSetFlag that counted here
+    };
+    XFlag xflag[16];
+    struct XSet {              // this core's CrossCoreSetFlag calls not yet matched by all participants
+        std::vector<std::vector<uint32_t>> snaps;
+        uint16_t site = 0;
+    };
+    XSet xset[3][16];          // per mode and id
+    int waiting_xflag = -1;    // flag id this core is blocked on (-1: none)
+    int matmul_client_objects = 0;  // Matmul client objects registered on this core (their flag ids are taken)
     // fiber
     ucontext_t ctx;
     std::unique_ptr<char[]> stack;
@@ -294,6 +324,9 @@ struct Runtime {
     std::map<uintptr_t, Region> gm;
     uint32_t gen = 1;  // SyncAll generation
     int barrier_count = 0;
+    std::vector<uint32_t> barrier_join;  // clock join of the cores arrived in the current SyncAll
+    std::vector<Core*> agents;          // every core of the launch by agent id (AIVs first, then AICs)
+    std::string syncall_site, xflag_11_14_site;  // SyncAll and CrossCore flag ids 11..14 must not meet
     std::unordered_map<uintptr_t, int> scalar_store_owner;  // 64-byte GM line -> core that stored to it
     uint64_t rng_state = 1;
     bool aborting = false;
@@ -349,7 +382,7 @@ inline void switch_to_main() {
 inline void yield_point() {
     Runtime& r = rt();
     check_abort();
-    if (r.cur != nullptr && r.aiv.size() > 1 && r.rand01() < r.cfg.switch_prob) switch_to_main();
+    if (r.cur != nullptr && r.agents.size() > 1 && r.rand01() < r.cfg.switch_prob) switch_to_main();
 }
 inline void block(const std::string& why) {
     Core& c = cur();
@@ -359,7 +392,11 @@ inline void block(const std::string& why) {
 }
 
 // ---- pipe clocks -----------------------------------------------------------------------------------------------
-inline uint32_t issue(Core& c, int p) { return ++c.clk.epoch[p]; }
+inline uint32_t issue(Core& c, int p) {
+    if (p == kV) ++c.cnt.v_instr;
+    if (p == kS) ++c.cnt.s_ops;
+    return ++c.clk.epoch[p];
+}
 inline void barrier_all(Core& c) {
     for (int q = 0; q < kNumPipes; ++q)
         for (int p = 0; p < kNumPipes; ++p) c.clk.known[q][p] = c.clk.epoch[p];
@@ -389,6 +426,7 @@ inline std::string sync_hint(int from, int to) {
 inline void ub_access(Core& c, uint64_t off, uint64_t len, int p, bool write, uint32_t epoch, uint16_t site,
                       const char* api, const Loc& loc) {
     Runtime& r = rt();
+    if (write && p == kV) c.cnt.v_bytes += len;
     if (!r.cfg.hazards || len == 0) return;
     const int slot = ub_reader_slot(p);
     const uint64_t g0 = off / 2, g1 = (off + len + 1) / 2;
@@ -477,66 +515,70 @@ inline std::string core_label(int id) {
     return id >= 0 && id < static_cast<int>(r.aiv.size()) ? r.aiv[id]->name : "?";
 }
 
-// Cross-core race check of GM bytes [a, a + bytes) accessed by the current core (an AIC's accesses are made on
-// behalf of the AIV that asked, `agent`).
-inline void gm_race(Region& g, uintptr_t a, uint64_t bytes, bool write, bool atomic, int agent, const char* api,
-                    const Loc& loc) {
+inline std::string agent_label(int a) {
+    Runtime& r = rt();
+    return a >= 0 && a < static_cast<int>(r.agents.size()) ? r.agents[a]->name : std::string("?");
+}
+// Is the earlier access `e` ordered before an access of core x on pipe `pipe`? Same core: the pipe clocks (the
+// same pipe runs in order; another pipe must know it complete through SetFlag/WaitFlag or a barrier). Another
+// core: x's vector clock, advanced by CrossCoreWaitFlag and SyncAll.
+inline bool gm_ordered(const Core& x, int pipe, const Access& e) {
+    if (e.agent == 0xff) return true;
+    if (e.agent == x.agent) return e.pipe == pipe || x.clk.known[pipe][e.pipe] >= e.epoch;
+    return x.vc[static_cast<size_t>(e.agent) * kNumPipes + e.pipe] >= e.epoch;
+}
+
+// Race check of GM bytes [a, a + bytes) accessed by core c on `pipe` at `epoch` (the Matmul client's cube accesses
+// are made on behalf of the AIV that asked, on its scalar pipe). Conflicting accesses (a write and another access)
+// must be ordered: on one core by its pipe order, across cores by a cross-core flag or SyncAll. Float atomic adds
+// commute with each other.
+inline void gm_race(Region& g, uintptr_t a, uint64_t bytes, bool write, bool atomic, Core& c, int pipe,
+                    uint32_t epoch, uint16_t site, const char* api, const Loc& loc) {
     Runtime& r = rt();
     if (!r.cfg.hazards || g.shadow.empty() || bytes == 0) return;
     const uint64_t b0 = (a - g.start) / 4, b1 = (a - g.start + bytes + 3) / 4;
-    const uint64_t me = agent < 64 ? (1ull << agent) : 0;
+    const Access me{static_cast<uint8_t>(c.agent), static_cast<uint8_t>(pipe), site, epoch};
+    auto report = [&](const char* kind, const Access& prev, uint64_t i) {
+        if (prev.agent == c.agent)
+            fail_at(loc, api,
+                    "GM hazard on %s: %s on pipe %s after %s on pipe %s of the same core with no ordering between "
+                    "them (%s; %s)",
+                    gm_describe(g.start + i * 4).c_str(), api, pipe_name(pipe), site_text(prev.site).c_str(),
+                    pipe_name(prev.pipe), kind,
+                    format("SetFlag/WaitFlag<HardEvent::%s_%s> needed", pipe_name(prev.pipe), pipe_name(pipe)).c_str());
+        fail_at(loc, api,
+                "cross-core race on GM %s: %s (pipe %s) %s bytes that %s %s (%s on pipe %s) with no SyncAll or "
+                "CrossCoreSetFlag/CrossCoreWaitFlag ordering them (%s)",
+                gm_describe(g.start + i * 4).c_str(), c.name.c_str(), pipe_name(pipe), write ? "writes" : "reads",
+                agent_label(prev.agent).c_str(), kind[0] == 'w' && kind[6] == 'a' ? "read" : "wrote",
+                site_text(prev.site).c_str(), pipe_name(prev.pipe), kind);
+    };
     for (uint64_t i = b0; i < b1 && i < g.shadow.size(); ++i) {
         GmShadow& e = g.shadow[i];
-        const bool other_writer = e.writer != -1 && e.writer != agent && e.wgen == r.gen;
         if (write) {
-            if (other_writer && !(atomic && e.atomic))
-                fail_at(loc, api,
-                        "cross-core race on GM %s: %s writes bytes that %s wrote since the last SyncAll "
-                        "(write after write)",
-                        gm_describe(g.start + i * 4).c_str(), core_label(agent).c_str(),
-                        core_label(e.writer).c_str());
-            if (e.rgen == r.gen && (e.readers & ~me) != 0) {
-                int other = 0;
-                while (!((e.readers & ~me) >> other & 1ull)) ++other;
-                fail_at(loc, api,
-                        "cross-core race on GM %s: %s writes bytes that %s read since the last SyncAll "
-                        "(write after read)",
-                        gm_describe(g.start + i * 4).c_str(), core_label(agent).c_str(), core_label(other).c_str());
-            }
-            if (atomic && e.atomic && e.wgen == r.gen && e.writer != agent) {
-                e.writer = -2;
-            } else {
-                e.writer = static_cast<int16_t>(agent);
-            }
+            if (!(atomic && e.atomic) && !gm_ordered(c, pipe, e.w)) report("write after write", e.w, i);
+            for (const Access& rd : e.r)
+                if (rd.agent != 0xff && !gm_ordered(c, pipe, rd)) report("write after read", rd, i);
+            e.w = me;
             e.atomic = atomic ? 1 : 0;
-            e.wgen = r.gen;
+            e.r[0] = Access{};
+            e.r[1] = Access{};
         } else {
-            if (other_writer)
-                fail_at(loc, api,
-                        "cross-core race on GM %s: %s reads bytes that %s wrote since the last SyncAll "
-                        "(read after write; a SyncAll is missing)",
-                        gm_describe(g.start + i * 4).c_str(), core_label(agent).c_str(),
-                        core_label(e.writer).c_str());
-            if (e.rgen != r.gen) {
-                e.readers = 0;
-                e.rgen = r.gen;
+            if (!gm_ordered(c, pipe, e.w)) report("read after write", e.w, i);
+            if (e.r[0].agent == c.agent) {
+                e.r[0] = me;
+            } else if (e.r[1].agent == c.agent || e.r[1].agent == 0xff) {
+                e.r[1] = me;
+            } else {
+                e.r[0] = e.r[1];
+                e.r[1] = me;
             }
-            e.readers |= me;
         }
     }
 }
 
-// Same-core ordering of GM: bytes written by this core's MTE3 must be known complete to the reading pipe.
-inline void gm_pending_check(Core& c, uintptr_t a, uint64_t bytes, int reader, const char* api, const Loc& loc) {
-    if (!rt().cfg.hazards) return;
-    for (const auto& w : c.pending_mte3) {
-        if (w.hi > a && w.lo < a + bytes && c.clk.known[reader][kMTE3] < w.epoch)
-            fail_at(loc, api,
-                    "GM hazard on %s: %s reads on pipe %s bytes written by %s (pipe MTE3) that are not known "
-                    "complete (SetFlag/WaitFlag<HardEvent::MTE3_%s> needed)",
-                    gm_describe(a).c_str(), api, pipe_name(reader), site_text(w.site).c_str(), pipe_name(reader));
-    }
-}
+// Same-core ordering of GM is checked by gm_race (every writable region keeps its last accesses).
+inline void gm_pending_check(Core&, uintptr_t, uint64_t, int, const char*, const Loc&) {}
 inline void gm_prune(Core& c) {
     auto& v = c.pending_mte3;
     v.erase(std::remove_if(v.begin(), v.end(),
@@ -619,7 +661,34 @@ struct LaunchSpec {
     GM_ADDR sys_workspace = nullptr;
 };
 
-// Runs `kernel` on every vector core of the launch, interleaved. Throws twin::Error with the first error.
+inline void check_xflags_at_end(Runtime& r);
+
+// Per-core counters of the last launch (AIVs first, then AICs), kept after the launch for the tests / model.
+struct CoreCounters {
+    bool aic;
+    Core::Counters c;
+};
+inline std::vector<CoreCounters>& last_counters() {
+    static std::vector<CoreCounters> v;
+    return v;
+}
+
+inline std::unique_ptr<Core> make_fiber(Core::Kind kind, const std::function<void()>& kernel) {
+    auto c = std::make_unique<Core>();
+    c->kind = kind;
+    c->fn = kernel;
+    const size_t stack_bytes = 1u << 20;
+    c->stack.reset(new char[stack_bytes]);
+    getcontext(&c->ctx);
+    c->ctx.uc_stack.ss_sp = c->stack.get();
+    c->ctx.uc_stack.ss_size = stack_bytes;
+    c->ctx.uc_link = &rt().main_ctx;
+    makecontext(&c->ctx, fiber_entry, 0);
+    return c;
+}
+
+// Runs `kernel` on every core of the launch, interleaved: the vector cores and, for MIX kernels, the cube cores
+// (each its own fiber). Throws twin::Error with the first error.
 inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
                    const std::function<void(Runtime&)>& register_memory) {
     if (rt_ptr() != nullptr) throw Error("twin: nested launch");
@@ -639,22 +708,13 @@ inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
     const int n_aiv = spec.ratio == 0 ? spec.block_dim : spec.block_dim * spec.ratio;
     if (spec.block_dim <= 0) throw Error("twin: block_dim must be > 0");
     if (n_aiv > 64) throw Error("twin: at most 64 vector cores per launch");
+    if (spec.ratio != 0 && spec.block_dim > 32) throw Error("twin: at most 32 cube cores per launch");
     register_memory(r);
     if (r.sys_ws) register_gm(r.sys_ws, r.sys_ws_bytes, "system workspace", false);
     const int n_aic = spec.ratio == 0 ? 0 : spec.block_dim;
-    for (int i = 0; i < n_aic; ++i) {
-        auto c = std::make_unique<Core>();
-        c->kind = Core::AIC;
-        c->index = i;
-        c->block_idx = i;
-        c->name = format("AIC%d", i);
-        r.aic.push_back(std::move(c));
-    }
-    const size_t stack_bytes = 1u << 20;
     r.kfc_ring.resize(n_aiv);
     for (int i = 0; i < n_aiv; ++i) {
-        auto c = std::make_unique<Core>();
-        c->kind = Core::AIV;
+        auto c = make_fiber(Core::AIV, kernel);
         c->index = i;
         c->block_idx = i;
         c->sub_idx = spec.ratio == 2 ? i % 2 : 0;
@@ -664,37 +724,45 @@ inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
         c->ub = static_cast<uint8_t*>(std::aligned_alloc(64, (c->ub_size + 63) / 64 * 64));
         std::memset(c->ub, 0xff, c->ub_size);  // uninitialised UB reads as NaN / -1
         if (spec.cfg.hazards) c->ush.assign((c->ub_size + 1) / 2, UbShadow{});
-        c->fn = kernel;
-        c->stack.reset(new char[stack_bytes]);
-        getcontext(&c->ctx);
-        c->ctx.uc_stack.ss_sp = c->stack.get();
-        c->ctx.uc_stack.ss_size = stack_bytes;
-        c->ctx.uc_link = &r.main_ctx;
-        makecontext(&c->ctx, fiber_entry, 0);
         r.aiv.push_back(std::move(c));
         r.kfc_ring[i].assign(spec.cfg.ub_bytes, 0);  // the client's GM staging ring is as large as the UB
         register_gm(r.kfc_ring[i].data(), r.kfc_ring[i].size(), format("GetTensorC staging of AIV%d", i), false);
     }
+    for (int i = 0; i < n_aic; ++i) {
+        auto c = make_fiber(Core::AIC, kernel);  // the cube core runs the kernel entry too (ASCEND_IS_AIC)
+        c->index = i;
+        c->block_idx = i;
+        c->aic = i;
+        c->name = format("AIC%d", i);
+        r.aic.push_back(std::move(c));
+    }
+    for (auto& c : r.aiv) r.agents.push_back(c.get());
+    for (auto& c : r.aic) r.agents.push_back(c.get());
+    for (size_t i = 0; i < r.agents.size(); ++i) {
+        r.agents[i]->agent = static_cast<int>(i);
+        r.agents[i]->vc.assign(r.agents.size() * kNumPipes, 0);
+    }
     init_matmul_resources(r);
     // scheduler: run a random ready core until it reaches a scheduling point
+    std::vector<Core*> ready;
     while (true) {
-        std::vector<Core*> ready;
+        ready.clear();
         bool any_left = false;
-        for (auto& c : r.aiv) {
-            if (c->state == Core::Ready) ready.push_back(c.get());
+        for (Core* c : r.agents) {
+            if (c->state == Core::Ready) ready.push_back(c);
             if (c->state != Core::Done) any_left = true;
         }
         if (!any_left) break;
         if (ready.empty()) {
             std::string who;
-            for (auto& c : r.aiv)
+            for (Core* c : r.agents)
                 if (c->state == Core::Blocked)
                     who += format("\n  %s waits in %s", c->name.c_str(), c->blocked_on.c_str());
-            for (auto& c : r.aiv)
+            for (Core* c : r.agents)
                 if (c->state == Core::Done) who += format("\n  %s has returned", c->name.c_str());
             if (r.error.empty()) r.error = "twin ERROR: deadlock, every core is blocked:" + who;
             r.aborting = true;
-            for (auto& c : r.aiv)
+            for (Core* c : r.agents)
                 if (c->state == Core::Blocked) c->state = Core::Ready;
             continue;
         }
@@ -703,8 +771,17 @@ inline void launch(const LaunchSpec& spec, const std::function<void()>& kernel,
         swapcontext(&r.main_ctx, &c->ctx);
         r.cur = nullptr;
         if (r.aborting) {
-            for (auto& o : r.aiv)
+            for (Core* o : r.agents)
                 if (o->state == Core::Blocked) o->state = Core::Ready;
+        }
+    }
+    last_counters().clear();
+    for (Core* c : r.agents) last_counters().push_back({c->kind == Core::AIC, c->cnt});
+    if (r.error.empty()) {
+        try {
+            check_xflags_at_end(r);
+        } catch (const Error& e) {
+            r.error = e.what();
         }
     }
     if (!r.error.empty()) throw Error(r.error);

@@ -175,8 +175,8 @@ public:
         twin::Region& g = twin::gm_bounds(a, sizeof(T), false, api, loc);
         twin::issue(c, twin::kS);
         twin::barrier_pipe(c, twin::kS);
-        twin::gm_pending_check(c, a, sizeof(T), twin::kS, api, loc);
-        twin::gm_race(g, a, sizeof(T), false, false, twin::core_id(c), api, loc);
+        twin::gm_race(g, a, sizeof(T), false, false, c, twin::kS, c.clk.epoch[twin::kS], twin::site_id(api, loc), api,
+                      loc);
         T v;
         uint8_t* out = reinterpret_cast<uint8_t*>(&v);
         for (uint64_t i = 0; i < sizeof(T); ++i) {
@@ -203,7 +203,8 @@ public:
         twin::Region& g = twin::gm_bounds(a, sizeof(T), true, api, loc);
         twin::issue(c, twin::kS);
         twin::barrier_pipe(c, twin::kS);
-        twin::gm_race(g, a, sizeof(T), true, false, twin::core_id(c), api, loc);
+        twin::gm_race(g, a, sizeof(T), true, false, c, twin::kS, c.clk.epoch[twin::kS], twin::site_id(api, loc), api,
+                      loc);
         const uint8_t* in = reinterpret_cast<const uint8_t*>(&value);
         for (uint64_t i = 0; i < sizeof(T); ++i) {
             const uintptr_t b = a + i;
@@ -333,26 +334,180 @@ private:
     }
 };
 
-// SyncAll<isAIVOnly>: a PipeBarrier<PIPE_ALL> and a barrier of all vector cores of the launch
-// (impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl). The data cache is not written back.
+// ---- cross-core ordering ----------------------------------------------------------------------------------------
+namespace twin_detail {
+// What core c has completed and knows at this point, for another core: its vector clock plus its own pipes' epochs
+// as known to `pipe` (-1: every pipe, after a PipeBarrier<PIPE_ALL>).
+inline std::vector<uint32_t> clock_snapshot(twin::Core& c, int pipe) {
+    std::vector<uint32_t> s = c.vc;
+    uint32_t* me = &s[static_cast<size_t>(c.agent) * twin::kNumPipes];
+    for (int q = 0; q < twin::kNumPipes; ++q)
+        me[q] = std::max(me[q], pipe < 0 ? c.clk.epoch[q] : c.clk.known[pipe][q]);
+    if (pipe >= 0) me[pipe] = c.clk.epoch[pipe];
+    return s;
+}
+inline void clock_join(std::vector<uint32_t>& into, const std::vector<uint32_t>& s) {
+    if (into.size() < s.size()) into.resize(s.size(), 0);
+    for (size_t i = 0; i < s.size(); ++i) into[i] = std::max(into[i], s[i]);
+}
+}  // namespace twin_detail
+
+// SyncAll<isAIVOnly>: a PipeBarrier<PIPE_ALL> and a barrier of all vector cores of the launch (and of the cube cores
+// too with isAIVOnly = false; impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl). Every access before
+// it on any participant is ordered before every access after it. The data cache is not written back. Its hardware
+// implementation takes the cross-core flag ids 11..14 (CrossCoreSetFlag docs, 约束说明).
 template <bool isAIVOnly = true>
 __aicore__ inline void SyncAll(twin::Loc loc = {}) {
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     twin::Runtime& r = twin::rt();
+    if (isAIVOnly && c.kind == twin::Core::AIC)
+        twin::fail_at(loc, "SyncAll", "SyncAll<true> (vector cores only) called on a cube core");
+    if (!r.xflag_11_14_site.empty())
+        twin::fail_at(loc, "SyncAll",
+                      "SyncAll uses the cross-core flag ids 11..14, which the kernel also uses (%s)",
+                      r.xflag_11_14_site.c_str());
+    if (r.syncall_site.empty()) r.syncall_site = twin::format("SyncAll at %s:%d", twin::base_name(loc.file), loc.line);
     twin::barrier_all(c);
     twin::gm_prune(c);
+    twin_detail::clock_join(r.barrier_join, twin_detail::clock_snapshot(c, -1));
+    const int participants = static_cast<int>(r.aiv.size() + (isAIVOnly ? 0 : r.aic.size()));
     const uint32_t my = r.gen;
-    if (++r.barrier_count == static_cast<int>(r.aiv.size())) {
+    if (++r.barrier_count == participants) {
         r.barrier_count = 0;
         ++r.gen;
-        for (auto& o : r.aiv)
+        for (twin::Core* o : r.agents) {
+            if (isAIVOnly && o->kind == twin::Core::AIC) continue;
+            twin_detail::clock_join(o->vc, r.barrier_join);
             if (o->state == twin::Core::Blocked && o->barrier_gen_wait == my) o->state = twin::Core::Ready;
+        }
+        r.barrier_join.clear();
     } else {
         c.barrier_gen_wait = my;
         twin::block(twin::format("SyncAll at %s:%d", twin::base_name(loc.file), loc.line));
     }
     twin::yield_point();
+}
+
+// CrossCoreSetFlag<modeId, pipe>(flagId) / CrossCoreWaitFlag(flagId), Atlas A2 (docs 同步控制/核间同步: CrossCoreSetFlag,
+// CrossCoreWaitFlag, 关键特性说明): every core has 16 flag ids, each a counter of 0..15; a set counts on the waiting
+// side once every participant of its mode has set: mode 0 all vector cores (or all cube cores) of the launch, mode 1
+// the vector cores of one AI core, mode 2 an AI core's cube core and its vector cores (the cube's set counts on each
+// vector core; the vector cores' sets count on the cube once all of them have set). CrossCoreWaitFlag blocks the
+// core until its counter is non-zero, then decrements it; on A2 its template arguments have no effect. The set runs
+// on `pipe` after the work issued there before it (not PIPE_S / PIPE_ALL), so what the waiter may rely on is what
+// that pipe had completed. Errors: modes other than 0 / 1 / 2, ids outside 0..15, a counter above 15, one id used by
+// two modes at once on a core, the ids Matmul client objects (0 .. 2N-1) or SyncAll (11..14) take, kernels that are
+// not MIX, a deadlock, and sets left unmatched or never waited when the kernel ends.
+namespace twin_detail {
+inline std::vector<twin::Core*> xflag_group(twin::Core& c, int mode) {
+    twin::Runtime& r = twin::rt();
+    std::vector<twin::Core*> g;
+    if (mode == 0) {
+        for (auto& o : (c.kind == twin::Core::AIV ? r.aiv : r.aic)) g.push_back(o.get());
+    } else {  // the vector cores of c's AI core
+        for (auto& o : r.aiv)
+            if (o->aic == c.aic) g.push_back(o.get());
+    }
+    return g;
+}
+inline void xflag_count(twin::Core& target, int id, int mode, const std::vector<uint32_t>& snap, uint16_t site,
+                        const char* api, const twin::Loc& loc) {
+    twin::Core::XFlag& f = target.xflag[id];
+    if (!f.pending.empty() && f.mode != mode)
+        twin::fail_at(loc, api,
+                      "flag id %d of %s is used by mode %d while a mode-%d sync on it is still in flight (a flag id "
+                      "may change modes only after every set and wait of the previous mode has run)",
+                      id, target.name.c_str(), mode, f.mode);
+    if (f.pending.size() >= 15)
+        twin::fail_at(loc, api, "the counter of flag id %d on %s would exceed 15 (too many sets not yet waited)", id,
+                      target.name.c_str());
+    f.mode = mode;
+    f.site = site;
+    f.pending.push_back(snap);
+    if (target.state == twin::Core::Blocked && target.waiting_xflag == id) target.state = twin::Core::Ready;
+}
+}  // namespace twin_detail
+
+template <uint8_t modeId, pipe_t pipe>
+__aicore__ inline void CrossCoreSetFlag(uint16_t flagId, twin::Loc loc = {}) {
+    static const char* api = "CrossCoreSetFlag";
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    twin::yield_point();
+    twin::Runtime& r = twin::rt();
+    if (modeId != 0 && modeId != 1 && modeId != 2)
+        twin::fail_at(loc, api, "mode %d is not supported on Atlas A2 (modes 0, 1, 2)", modeId);
+    if (pipe == PIPE_S || pipe == PIPE_ALL)
+        twin::fail_at(loc, api, "pipe PIPE_S / PIPE_ALL is not allowed (PIPE_V, M, MTE1, MTE2, MTE3, FIX)");
+    if (flagId > 15)
+        twin::fail_at(loc, api, "flag id %u outside 0..15 (the hardware would keep its low 4 bits)", flagId);
+    if (c.declared_type != KERNEL_TYPE_MIX_AIC_1_2 && c.declared_type != KERNEL_TYPE_MIX_AIC_1_1 &&
+        c.declared_type != KERNEL_TYPE_MIX_AIV_1_0 && c.declared_type != KERNEL_TYPE_MIX_AIC_1_0)
+        twin::fail_at(loc, api, "cross-core sync needs a MIX kernel type (the scheduler is off for AIV_ONLY / AIC_ONLY)");
+    if ((modeId == 1 || modeId == 2) && r.ratio == 0)
+        twin::fail_at(loc, api, "mode %d needs a MIX 1:1 / 1:2 kernel", modeId);
+    if (modeId == 1 && c.kind == twin::Core::AIC) twin::fail_at(loc, api, "mode 1 syncs vector cores only");
+    if (static_cast<int>(flagId) < 2 * c.matmul_client_objects)
+        twin::fail_at(loc, api,
+                      "flag id %u is taken by the Matmul client (%d objects use ids 0..%d; CrossCoreSetFlag docs)",
+                      flagId, c.matmul_client_objects, 2 * c.matmul_client_objects - 1);
+    if (flagId >= 11 && flagId <= 14) {
+        if (!r.syncall_site.empty())
+            twin::fail_at(loc, api, "flag id %u is taken by SyncAll (ids 11..14), which the kernel uses (%s)", flagId,
+                          r.syncall_site.c_str());
+        if (r.xflag_11_14_site.empty())
+            r.xflag_11_14_site = twin::format("CrossCoreSetFlag at %s:%d", twin::base_name(loc.file), loc.line);
+    }
+    const int p = twin::pipe_of(pipe);
+    twin::issue(c, p);
+    const std::vector<uint32_t> snap = twin_detail::clock_snapshot(c, p);
+    const uint16_t site = twin::site_id(api, loc);
+    const int id = flagId;
+    if (modeId == 2 && c.kind == twin::Core::AIC) {
+        for (twin::Core* v : twin_detail::xflag_group(c, 2)) twin_detail::xflag_count(*v, id, 2, snap, site, api, loc);
+        return;
+    }
+    // the participants' sets are collected until each has one; then one count goes to every waiting core
+    twin::Core::XSet& mine = c.xset[modeId][id];
+    mine.snaps.push_back(snap);
+    mine.site = site;
+    const std::vector<twin::Core*> group = twin_detail::xflag_group(c, modeId);
+    for (twin::Core* o : group)
+        if (o->xset[modeId][id].snaps.empty()) return;
+    std::vector<uint32_t> joined;
+    for (twin::Core* o : group) {
+        twin_detail::clock_join(joined, o->xset[modeId][id].snaps.front());
+        o->xset[modeId][id].snaps.erase(o->xset[modeId][id].snaps.begin());
+    }
+    if (modeId == 2) {
+        twin_detail::xflag_count(*r.aic[c.aic], id, 2, joined, site, api, loc);
+    } else {
+        for (twin::Core* o : group) twin_detail::xflag_count(*o, id, modeId, joined, site, api, loc);
+    }
+}
+
+template <uint8_t modeId = 0, pipe_t pipe = PIPE_S>
+__aicore__ inline void CrossCoreWaitFlag(uint16_t flagId, twin::Loc loc = {}) {
+    static const char* api = "CrossCoreWaitFlag";
+    twin::Core& c = twin::cur();
+    twin::api_enter(c);
+    twin::yield_point();
+    if (flagId > 15)
+        twin::fail_at(loc, api, "flag id %u outside 0..15 (the hardware would keep its low 4 bits)", flagId);
+    twin::Core::XFlag& f = c.xflag[flagId];
+    while (f.pending.empty()) {
+        c.waiting_xflag = flagId;
+        twin::block(twin::format("CrossCoreWaitFlag(%u) at %s:%d", flagId, twin::base_name(loc.file), loc.line));
+    }
+    c.waiting_xflag = -1;
+    const std::vector<uint32_t>& snap = f.pending.front();
+    twin_detail::clock_join(c.vc, snap);
+    // this core's own work covered by the sets (its own set, in modes 0 / 1) is complete for all of its pipes now
+    const uint32_t* mine = &snap[static_cast<size_t>(c.agent) * twin::kNumPipes];
+    for (int q = 0; q < twin::kNumPipes; ++q)
+        for (int x = 0; x < twin::kNumPipes; ++x) c.clk.known[q][x] = std::max(c.clk.known[q][x], mine[x]);
+    f.pending.erase(f.pending.begin());
 }
 
 // ---- atomics of DMA writes to GM (SetAtomicAdd.md: PIPE_S, ordered with the other pipes by hardware) -----------
@@ -611,6 +766,23 @@ __aicore__ inline TPipe* GetTPipePtr() { return static_cast<TPipe*>(twin::cur().
 }  // namespace AscendC
 
 namespace twin {
+// End of the launch: every cross-core set matched and waited.
+inline void check_xflags_at_end(Runtime& r) {
+    for (Core* c : r.agents) {
+        for (int id = 0; id < 16; ++id) {
+            if (!c->xflag[id].pending.empty())
+                throw Error(format("twin ERROR [%s]: %zu CrossCoreSetFlag count(s) of flag id %d (last: %s) never "
+                                   "waited by CrossCoreWaitFlag before the kernel returned",
+                                   c->name.c_str(), c->xflag[id].pending.size(), id,
+                                   site_text(c->xflag[id].site).c_str()));
+            for (int m = 0; m < 3; ++m)
+                if (!c->xset[m][id].snaps.empty())
+                    throw Error(format("twin ERROR [%s]: CrossCoreSetFlag<%d>(%d) (%s) was never matched by the other "
+                                       "participants of mode %d before the kernel returned",
+                                       c->name.c_str(), m, id, site_text(c->xset[m][id].site).c_str(), m));
+        }
+    }
+}
 // End of a core's kernel: nothing may be left in flight.
 inline void finish_core(Core& c) {
     for (auto& kv : c.flags) {

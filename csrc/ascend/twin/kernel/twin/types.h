@@ -182,6 +182,13 @@ template <typename T>
 using PrimT = T;
 
 constexpr uint32_t ONE_BLK_SIZE = 32;          // bytes of one UB data block
+constexpr uint32_t DEFAULT_BLK_NUM = 8;        // data blocks of one vector repeat
+constexpr uint8_t DEFAULT_BLK_STRIDE = 1;
+constexpr uint8_t DEFAULT_REPEAT_STRIDE = 8;
+enum class ReduceType : uint8_t { SUM = 0, MAX, MIN };
+enum class ReduceOrder : uint8_t { ORDER_VALUE_INDEX = 0, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
+enum class CMPMODE : uint8_t { LT = 0, GT, EQ, LE, GE, NE };
+enum class SELMODE : uint8_t { VSEL_CMPMASK_SPR = 0, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
 constexpr uint32_t ONE_REPEAT_BYTE_SIZE = 256;  // bytes one vector repeat reads
 constexpr uint32_t DEFAULT_C0_SIZE = 32;
 

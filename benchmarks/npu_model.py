@@ -1,0 +1,237 @@
+"""Performance model of the AscendC kernels on an Atlas A2 (910B), from work counted on the CPU twin.
+
+Nothing here ran on an NPU. The twin (csrc/ascend/twin) counts, per core and launch, vector instructions and the UB
+bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes and cube FLOPs (fused_lce::_twin_counters).
+Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile vector work is counted on
+small shapes with the same tile as the 910B plan of the big shape (one AI core, one token block, two and four
+vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the big shape's
+tile count per core; cube FLOPs and operand / workspace bytes per tile are analytic (the twin's counts at the small
+shape are checked against the same formulas). Time per kernel:
+  * old (FusedLceStats / FusedLceGrad): each vector core drives a synchronous Matmul client, so cube and vector time
+    add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks being accumulated
+    by the 24 cores fit its 192 MB; atomic contention is not modelled);
+  * mix (FusedLceStatsMix / FusedLceGradMix): cube and vector overlap through the two-slot rings, per tile
+    max(cube, vector); the backward runs phase X (token blocks over cores) then phase W (vocabulary blocks over
+    cores), two GEMMs per tile in each, the fp32 accumulation of dX / dW by the owning core read and written in L2;
+  * trio (CANN's npu_fused_linear_online_max_sum + ..._backward, hicann/ops-nn matmul/fused_linear_online_max_sum and
+    matmul/fused_linear_cross_entropy_loss_grad mem_friendly): the same overlap, logits staged as bf16, its backward
+    writes per-core fp32 dX / dW partials and sums them on the vector cores (V2), so its partial traffic is modelled
+    like the old kernel's atomics; its vector work per tile is taken equal to the mix kernel's (not counted: its source
+    is not compiled here).
+Every kernel is also bounded below by HBM bytes / bandwidth and by ring / staging / accumulation bytes / L2
+bandwidth. Tasks (token block, vocabulary segment) are dealt to the 24 cores in waves, so ceil(tasks / 24) waves are
+paid (e.g. 32 token blocks in one segment cost two full waves; the MIX forward's planner splits the vocabulary to
+balance them; the trio deals (m, n) tiles round-robin, CVProcess). The floor is
+6 N D V / cube peak (forward + backward GEMMs once each); every schedule that recomputes the logits in the backward
+does 8 N D V, i.e. >= 1.33x the floor.
+
+Published figures used (cite): GM (HBM) bandwidth about 1.6 TB/s, L2 about 7 TB/s and 192 MB (asc-devkit
+docs/zh/guide/算子实践参考/SIMD算子性能优化/内存访问/L2-Cache切分.md); 24 AI cores with 2 vector cores each (Atlas A2
+MIX 1:2, asc-devkit docs; fused_lce_tiling.h HwSpec); bf16/fp16 cube peak 313 TFLOPS per 910B (Huawei Atlas 800T A2
+datasheet: 2.5 PFLOPS FP16 for 8 NPUs; quoted, not checked here: no internet access); a 16x16x16 fp16 MAC cube per
+AI core (Da Vinci architecture), which with the peak gives the clock used for the vector and scalar pipes.
+Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
+of issue / barrier overhead per vector instruction, SCALAR_CYCLES per scalar operation, fp32 cube at 1/4 of the bf16
+rate, no other stalls.
+
+Run: python benchmarks/npu_model.py  (writes benchmarks/results/npu_model.json and .md)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "ascend"))
+import twin_build  # noqa: E402
+
+from fused_lce.bench import environment  # noqa: E402
+
+# ---- 910B figures (see the module docstring for sources) --------------------------------------------------------
+CUBE_CORES = 24
+VEC_PER_CUBE = 2
+CUBE_PEAK = {"bfloat16": 313e12, "float16": 313e12, "float32": 313e12 / 4}
+CLOCK_HZ = CUBE_PEAK["bfloat16"] / (CUBE_CORES * 2 * 16 * 16 * 16)  # ~1.59 GHz
+HBM_BPS = 1.6e12
+L2_BPS = 7e12
+VEC_BYTES_PER_CYCLE = 256
+VEC_ISSUE = 8       # cycles per vector instruction beyond its repeats (assumption)
+SCALAR_CYCLES = 2   # cycles per scalar-pipe operation (assumption)
+
+SHAPES = [(8192, 4096, 151936), (32768, 4096, 151936), (16384, 2048, 151936), (8192, 2304, 256000),
+          (4096, 3584, 152064)]
+DTYPES = {"bfloat16": torch.bfloat16}
+COUNT_D = 32  # hidden size of the counting runs (vector work per tile does not depend on D)
+
+
+def _hw_one_core() -> dict:
+    hw = dict(twin_build.HW_910B)
+    hw["cube_cores"] = 1
+    return hw
+
+
+def _vec_cycles(row) -> float:
+    """Cycles of one vector core for counted work (v_instr, v_bytes, s_ops)."""
+    v_instr, v_bytes, s_ops = row
+    return v_bytes / VEC_BYTES_PER_CYCLE + VEC_ISSUE * v_instr + SCALAR_CYCLES * s_ops
+
+
+def _counters(ops):
+    c = ops._twin_counters()
+    rows = [c[i:i + 7] for i in range(0, len(c), 7)]
+    aiv = [r for r in rows if r[0] == 0]
+    worst = max(aiv, key=lambda r: _vec_cycles(r[1:4]))
+    return worst[1:4], sum(r[6] for r in rows)
+
+
+def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int):
+    """(per-tile (v_instr, v_bytes, s_ops) of the busiest vector core, per-task fixed part) counted on the twin."""
+    out = []
+    twin_build.configure(_hw_one_core(), seed=1, switch_prob=0.0, hazards=False)
+    for k in (2, 4):
+        n, d, v = bm, COUNT_D, k * bn
+        g = torch.Generator().manual_seed(k)
+        h = torch.randn(n, d, generator=g).to(dtype)
+        w = (torch.randn(v, d, generator=g) / d**0.5).to(dtype)
+        y = torch.randint(0, v, (n,), generator=g)
+        lse = torch.logsumexp(h.float() @ w.float().t(), dim=1)
+        if kernel == "old_fwd":
+            ops._twin_stats(h, w, None, y, 0, 0.0, False, 1.0, False)
+        elif kernel == "mix_fwd":
+            ops._twin_stats_mix(h, w, None, y, 0, 0.0, 1.0, False, False)
+        elif kernel == "old_bwd":
+            one, zero = torch.ones(n), torch.zeros(n)  # the loss's Coefs (a, t, b, u) for g = 1
+            ops._twin_grads(torch.stack([one, one, zero, zero]), h, w, None, y, lse, 0, 0.0, 1.0, [True, True, False])
+        elif kernel == "mix_bwd":
+            ops._twin_grads_mix(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
+                                [True, True, False])
+        vec, flops = _counters(ops)
+        gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4}[kernel]
+        assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
+        out.append(vec)
+    tiles = 2 if kernel == "mix_bwd" else 1  # the MIX backward visits every tile twice (phases X and W)
+    per_tile = [(b - a) / (2 * tiles) for a, b in zip(out[0], out[1])]
+    fixed = [a - 2 * tiles * t for a, t in zip(out[0], per_tile)]
+    return per_tile, fixed
+
+
+def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes):
+    """Modelled seconds and the bound: the cube / vector pipeline of the busiest core, HBM and L2 traffic."""
+    if overlap:
+        pipe = tiles_core * max(t_cube, t_vec) + min(t_cube, t_vec)  # + filling the two-slot ring once
+    else:
+        pipe = tiles_core * (t_cube + t_vec)
+    parts = {"cube" if t_cube >= t_vec or not overlap else "vector": pipe, "hbm": hbm_bytes / HBM_BPS,
+             "l2": l2_bytes / L2_BPS}
+    bound = max(parts, key=parts.get)
+    return parts[bound], bound
+
+
+def model_rows(ops):
+    rows = []
+    counted = {}
+    for dname, dtype in DTYPES.items():
+        elt = torch.tensor([], dtype=dtype).element_size()
+        peak_core = CUBE_PEAK[dname] / CUBE_CORES
+        for n, d, v in SHAPES:
+            twin_build.configure(twin_build.HW_910B)
+            plans = {"old_fwd": ops._twin_plan(n, d, v, elt, 0), "old_bwd": ops._twin_plan(n, d, v, elt, 8),
+                     "mix_fwd": ops._twin_plan_mix(n, d, v, elt, 0, False)}
+            pg = ops._twin_plan_grad(n, d, v, elt, 0)
+            plans["mix_bwd"] = [pg[0], pg[1], pg[2]]
+            assert all(p[0] == 0 for p in plans.values()), plans
+            for key, p in plans.items():
+                if (key, p[1], p[2]) not in counted:
+                    counted[(key, p[1], p[2])] = count_per_tile(ops, key, dtype, p[1], p[2])
+
+            def tile_costs(key, gemms):
+                bm, bn = plans[key][1], plans[key][2]
+                per_tile, fixed = counted[(key, bm, bn)]
+                mb, nbk = math.ceil(n / bm), math.ceil(v / bn)
+                return bm, bn, mb, nbk, gemms * 2 * bm * bn * d / peak_core, _vec_cycles(per_tile) / CLOCK_HZ
+
+            inputs = lambda waves_w, waves_h: v * d * elt * waves_w + n * d * elt * waves_h  # noqa: E731
+            res = {}
+            # forward: one GEMM per tile; logits staged through GM (L2) once written, once read
+            for name, key, overlap, stage in (("old", "old_fwd", False, 4), ("mix", "mix_fwd", True, 4),
+                                              ("trio", "mix_fwd", True, 2)):
+                bm, bn, mb, nbk, tc, tv = tile_costs(key, 1)
+                p = plans[key]  # tasks = token blocks x segments, each task seg_blocks = ceil(n_blocks / segments)
+                waves = math.ceil(p[8] / CUBE_CORES)
+                tiles_core = waves * math.ceil(nbk / p[7])
+                if name == "trio":  # its own tiling: tiles dealt round-robin over the cores
+                    waves, tiles_core = math.ceil(mb / CUBE_CORES), math.ceil(mb * nbk / CUBE_CORES)
+                res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(waves, 1),
+                                           mb * nbk * bm * bn * stage * 2) + (tc, tv)
+            # backward, old: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
+            # (read + write per tile, L2-resident working set) and dz staged in GM
+            bm, bn, mb, nbk, tc, tv = tile_costs("old_bwd", 3)
+            l2 = mb * nbk * (bm * bn * (4 + elt) * 2 + (bm + bn) * d * 4 * 2)
+            hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
+            res[("old", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2) + (tc, tv)
+            # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the old kernel's counted dz work),
+            # per-core fp32 partials of dX and dW written and read back by V2
+            res[("trio", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, hbm,
+                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2)) + (tc, tv)
+            # mix: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile two GEMMs
+            # overlapping the vector dz; one owner per output block, fixpipe accumulation read + write in L2
+            bm, bn, mb, nbk, tc, tv = tile_costs("mix_bwd", 2)
+            tx = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, inputs(math.ceil(mb / CUBE_CORES), 1),
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8))
+            tw = _time(math.ceil(nbk / CUBE_CORES) * mb, tc, tv, True, inputs(1, math.ceil(nbk / CUBE_CORES)),
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8))
+            res[("mix", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv)
+            floor = 6 * n * d * v / CUBE_PEAK[dname]
+            for name in ("old", "mix", "trio"):
+                f, b = res[(name, "fwd")], res[(name, "bwd")]
+                total = f[0] + b[0]
+                rows.append({"N": n, "D": d, "V": v, "dtype": dname, "kernels": name,
+                             "fwd_ms": round(f[0] * 1e3, 3), "bwd_ms": round(b[0] * 1e3, 3),
+                             "modeled_ms": round(total * 1e3, 3), "floor_ms": round(floor * 1e3, 3),
+                             "ratio": round(total / floor, 3), "fwd_bound": f[1], "bwd_bound": b[1],
+                             "fwd_tile_us": {"cube": round(f[2] * 1e6, 2), "vector": round(f[3] * 1e6, 2)},
+                             "bwd_tile_us": {"cube": round(b[2] * 1e6, 2), "vector": round(b[3] * 1e6, 2)}})
+    return rows, counted
+
+
+def main() -> int:
+    ops = twin_build.load_twin()
+    rows, counted = model_rows(ops)
+    twin_build.configure(twin_build.HW_910B)
+    out = os.path.join(HERE, "results")
+    os.makedirs(out, exist_ok=True)
+    meta = {"status": "modelled from twin counts; not run on NPU hardware",
+            "figures": {"cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ, "hbm_bps": HBM_BPS, "l2_bps": L2_BPS,
+                        "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE, "vec_issue_cycles": VEC_ISSUE,
+                        "scalar_cycles": SCALAR_CYCLES},
+            "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]}": {"per_tile": v[0], "per_task": v[1]}
+                                 for k, v in counted.items()},
+            "environment": environment("cpu")}
+    with open(os.path.join(out, "npu_model.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu.md)", "",
+             "| N | D | V | dtype | kernels | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
+             "bound (fwd/bwd; mix bwd: X/W) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['fwd_ms']} | "
+                     f"{r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
+                     f"{r['fwd_bound']}/{r['bwd_bound']} |")
+    lines += ["", "Per-tile vector work counted on the twin (busiest vector core: instructions, UB bytes written, "
+              "scalar ops):", ""]
+    for k, v in counted.items():
+        lines.append(f"* {k[0]} tile {k[1]}x{k[2]}: per tile {[round(x) for x in v[0]]}, per task "
+                     f"{[round(x) for x in v[1]]}")
+    with open(os.path.join(out, "npu_model.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+// Whole-tile vector building blocks of the cube-driven MIX kernels (fused_lce_stats_mix.cpp). Status: compiled and
+// run on CPU against the AscendC API twin (csrc/ascend/twin); not run on NPU hardware.
+//
+// A tile is `rows` rows of baseN floats at a row stride of baseN (baseN a multiple of 16, so every row starts on a
+// 32-byte block); the first `cols` columns are data, the others are never read as data. Per-row work is one level-0
+// instruction per 64-column chunk (a 256-byte repeat) with one repeat per row: mask = the chunk's data columns,
+// repeat stride = baseN / 8 blocks (asc-devkit docs SIMD计算说明/高维切分, BinaryRepeatParams; 归约计算/ReduceRepeat;
+// 数据填充/Brcb). Per-row results live in row slots of `stride` = align64(rows) floats, so the statistics are updated
+// with count-form instructions over whole 256-byte repeats (Compare / Select need whole repeats, Compare.md).
+// Callers order the pipes; inside a function every dependent vector instruction follows a PipeBarrier<PIPE_V>.
+#ifndef FUSED_LCE_MIX_VEC_H_
+#define FUSED_LCE_MIX_VEC_H_
+
+#include "kernel_operator.h"
+
+namespace fused_lce_mix {
+
+using namespace AscendC;
+
+constexpr uint32_t kChunk = 64;          // floats of one 256-byte repeat
+constexpr float kMinFinite = -3.4028234663852886e38f;  // -FLT_MAX: a finite shift for rows whose max is -inf
+constexpr float kExpFloor = -104.0f;     // float32 exp underflows to 0 below (the ez contract floors z - m here)
+
+__aicore__ inline float NegInf() {
+    union {
+        uint32_t u;
+        float f;
+    } v{0xff800000u};
+    return v.f;
+}
+
+// One-directional pipe order point with an id the TPipe reports free (as asc-devkit's own APIs do).
+template <HardEvent ev>
+__aicore__ inline void Order() {
+    const event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(ev));
+    SetFlag<ev>(id);
+    WaitFlag<ev>(id);
+}
+
+__aicore__ inline uint32_t ChunkMask(uint32_t cols, uint32_t c) { return cols - c < kChunk ? cols - c : kChunk; }
+
+// Row-wise tile (rows x baseN) op with a row vector broadcast: dst[r, :cols] = op(x[r, :cols], v) where v is one row
+// of baseN floats (src1 repeat stride 0: every repeat reads the same row, e.g. the bias) or, with `perRowBlock`, a
+// Brcb result holding row r's value in block r (src1 block stride 0, repeat stride 1).
+enum class RowOp { kAdd, kSub, kMul, kMax };
+__aicore__ inline void RowBroadcast(RowOp op, const LocalTensor<float>& dst, const LocalTensor<float>& x,
+                                    const LocalTensor<float>& v, bool perRowBlock, uint32_t rows, uint32_t cols,
+                                    uint32_t baseN) {
+    const uint8_t rs = static_cast<uint8_t>(baseN / 8);
+    const BinaryRepeatParams p =
+        perRowBlock ? BinaryRepeatParams(1, 1, 0, rs, rs, 1) : BinaryRepeatParams(1, 1, 1, rs, rs, 0);
+    for (uint32_t c = 0; c < cols; c += kChunk) {
+        const LocalTensor<float> vv = perRowBlock ? v : v[c];
+        const uint64_t mask = ChunkMask(cols, c);
+        const uint8_t rep = static_cast<uint8_t>(rows);
+        switch (op) {
+            case RowOp::kAdd: Add(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kSub: Sub(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kMul: Mul(dst[c], x[c], vv, mask, rep, p); break;
+            case RowOp::kMax: Max(dst[c], x[c], vv, mask, rep, p); break;
+        }
+    }
+}
+
+// sum[r] = sum over the data columns of x[r, :]: ReduceRepeat SUM per chunk (the first straight into `sum`), the
+// other chunks' sums added in chunk order. `red` is a row slot of scratch.
+__aicore__ inline void RowSum(const LocalTensor<float>& sum, const LocalTensor<float>& x, uint32_t rows, uint32_t cols,
+                              uint32_t baseN, uint32_t stride, const LocalTensor<float>& red) {
+    const int32_t rs = static_cast<int32_t>(baseN / 8);
+    ReduceRepeat<ReduceType::SUM, float, float>(sum, x, static_cast<int32_t>(ChunkMask(cols, 0)),
+                                                static_cast<int32_t>(rows), 1, 1, rs);
+    for (uint32_t c = kChunk; c < cols; c += kChunk) {
+        PipeBarrier<PIPE_V>();
+        ReduceRepeat<ReduceType::SUM, float, float>(red, x[c], static_cast<int32_t>(ChunkMask(cols, c)),
+                                                    static_cast<int32_t>(rows), 1, 1, rs);
+        PipeBarrier<PIPE_V>();
+        Add(sum, sum, red, stride);
+    }
+}
+
+// Row max and the first column index holding it: ReduceRepeat MAX gives each chunk's max and its first index
+// (ReduceRepeat.md: the smallest index among equal maxima); chunks are combined in column order keeping the earlier
+// chunk on ties (strict >). `idx` holds float column indices (exact: baseN <= 256). `cv`, `ci` are scratch slots,
+// `mask` a Compare mask of stride bits.
+__aicore__ inline void RowMaxArgmax(const LocalTensor<float>& mx, const LocalTensor<float>& idx,
+                                    const LocalTensor<float>& x, uint32_t rows, uint32_t cols, uint32_t baseN,
+                                    uint32_t stride, const LocalTensor<float>& cv, const LocalTensor<float>& ci,
+                                    const LocalTensor<uint8_t>& mask) {
+    const int32_t rs = static_cast<int32_t>(baseN / 8);
+    const int32_t r = static_cast<int32_t>(rows);
+    ReduceRepeat<ReduceType::MAX, float, float>(mx, x, static_cast<int32_t>(ChunkMask(cols, 0)), r, 1, 1, rs,
+                                                ReduceOrder::ORDER_ONLY_VALUE);
+    ReduceRepeat<ReduceType::MAX, float, float>(idx, x, static_cast<int32_t>(ChunkMask(cols, 0)), r, 1, 1, rs,
+                                                ReduceOrder::ORDER_ONLY_INDEX);
+    PipeBarrier<PIPE_V>();
+    Cast(idx, idx.ReinterpretCast<int32_t>(), RoundMode::CAST_NONE, stride);  // uint32 index bits -> float
+    for (uint32_t c = kChunk; c < cols; c += kChunk) {
+        PipeBarrier<PIPE_V>();
+        ReduceRepeat<ReduceType::MAX, float, float>(cv, x[c], static_cast<int32_t>(ChunkMask(cols, c)), r, 1, 1, rs,
+                                                    ReduceOrder::ORDER_ONLY_VALUE);
+        ReduceRepeat<ReduceType::MAX, float, float>(ci, x[c], static_cast<int32_t>(ChunkMask(cols, c)), r, 1, 1, rs,
+                                                    ReduceOrder::ORDER_ONLY_INDEX);
+        PipeBarrier<PIPE_V>();
+        Cast(ci, ci.ReinterpretCast<int32_t>(), RoundMode::CAST_NONE, stride);
+        Compare(mask, cv, mx, CMPMODE::GT, stride);
+        PipeBarrier<PIPE_V>();
+        Adds(ci, ci, static_cast<float>(c), stride);
+        Select(mx, mask, cv, mx, SELMODE::VSEL_TENSOR_TENSOR_MODE, stride);
+        PipeBarrier<PIPE_V>();
+        Select(idx, mask, ci, idx, SELMODE::VSEL_TENSOR_TENSOR_MODE, stride);
+    }
+}
+
+}  // namespace fused_lce_mix
+
+#endif  // FUSED_LCE_MIX_VEC_H_

@@ -1,0 +1,217 @@
+// Tiling of the cube-driven MIX kernels (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_mix.cpp), plain C++17
+// with no CANN include, on top of fused_lce::tiling::plan (fused_lce_tiling.h: tile choice, grid, segments, cores).
+//
+// The cube core (AIC) of every used AI core computes whole base_m x base_n logit tiles (MatmulImpl, fp32 in L0C) into
+// a two-slot ring in GM (its own slice of the workspace); its two vector cores (AIV) take vec_rows rows each of a
+// slot, and the slot is handed back to the cube as soon as both have copied it to UB, so the cube computes tile k + 1
+// (and k + 2) while the vector cores work on tile k. The hand-off uses CrossCoreSetFlag / CrossCoreWaitFlag in mode 2
+// (one AI core's cube and its vector cores), the shape of hicann/ops-nn
+// matmul/fused_linear_online_max_sum/op_kernel/fused_linear_online_max_sum.h (CVProcess).
+//
+// The vector side works on whole tiles with level-0 (repeat) instructions, one repeat per row, so every per-row
+// statistic is a vector of row slots (kMixSlots of slot_stride = align64(vec_rows) floats: Compare / Select work on
+// whole 256-byte repeats).
+#ifndef FUSED_LCE_MIX_TILING_H_
+#define FUSED_LCE_MIX_TILING_H_
+
+#include <cstdint>
+
+#include "fused_lce_tiling.h"
+
+namespace fused_lce {
+namespace mix {
+
+namespace ft = fused_lce::tiling;
+
+constexpr uint32_t kMixSlots = 28;      // per-row float slots (fused_lce_mix_vec.h MixSlot)
+constexpr uint32_t kRingSlots = 2;      // GM ring slots per AI core (double buffer)
+constexpr uint64_t kMixStatPlanes = 6;  // m, s, target, zsum, argmax (float), ez per token and segment
+constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel as exact floats (< 2^24)
+constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
+constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
+
+struct MixPlan {
+    ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
+    uint32_t slot_stride;  // floats per row slot
+    uint32_t ub_z, ub_w, ub_w2, ub_bias, ub_bias_f32, ub_bc, ub_mask, ub_slots, ub_end;
+    uint64_t ws_stats;  // kMixStatPlanes * segments * N floats (segments > 1 only)
+    uint64_t ws_ring;   // used_cores * kRingSlots * base_m * base_n floats
+    uint64_t ws_total;
+    int32_t status;
+    uint32_t pad_;
+};
+
+namespace detail {
+// UB of one vector core (byte offsets, ft::kUbNone for an absent region):
+//   z     the logit tile (vec_rows x base_n floats), as copied from the ring, then biased / capped / tempered
+//   w     z - max and its exponentials; w2: softcap tanh scratch, then exp when the entropy sum is wanted
+//   bias  the bias block as loaded; bias_f32 its float copy (bf16 / fp16)
+//   bc    per-row values broadcast to one 32-byte block per row (Brcb), align8(vec_rows) blocks
+//   mask  Compare results (4 masks of slot_stride bits)
+//   slots kMixSlots row slots
+inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez, MixPlan* p) {
+    const bool bias = (flags & ft::kBias) != 0;
+    const bool w2 = (flags & ft::kSoftcap) != 0 || ez;
+    const uint64_t stride = ft::align_up(vr, 64);
+    uint64_t off = 0;
+    auto take = [&off](bool need, uint64_t bytes) -> uint64_t {
+        if (!need) return ft::kUbNone;
+        const uint64_t at = off;
+        off += ft::align_up(bytes, ft::kUbAlign);
+        return at;
+    };
+    const uint64_t z = take(true, vr * bn * 4);
+    const uint64_t w = take(true, vr * bn * 4);
+    const uint64_t w2o = take(w2, vr * bn * 4);
+    const uint64_t b = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+    const uint64_t bf = take(bias && elt != 4, bn * 4);
+    const uint64_t bc = take(true, ft::align_up(vr, 8) * 8 * 4);
+    const uint64_t mask = take(true, 4 * kMaskBytes);
+    const uint64_t slots = take(true, stride * kMixSlots * 4);
+    if (p != nullptr) {
+        p->slot_stride = static_cast<uint32_t>(stride);
+        p->ub_z = static_cast<uint32_t>(z);
+        p->ub_w = static_cast<uint32_t>(w);
+        p->ub_w2 = static_cast<uint32_t>(w2o);
+        p->ub_bias = static_cast<uint32_t>(b);
+        p->ub_bias_f32 = static_cast<uint32_t>(bf);
+        p->ub_bc = static_cast<uint32_t>(bc);
+        p->ub_mask = static_cast<uint32_t>(mask);
+        p->ub_slots = static_cast<uint32_t>(slots);
+        p->ub_end = static_cast<uint32_t>(off);
+    }
+    return off;
+}
+}  // namespace detail
+
+// Plan of the MIX forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is wanted.
+// Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout fits.
+inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
+                          const ft::HwSpec& hw = ft::HwSpec()) {
+    MixPlan m{};
+    if (v >= kMaxLocalVocab) {
+        m.status = ft::kTooLarge;
+        return m;
+    }
+    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
+    ft::HwSpec h = hw;
+    for (;;) {
+        m.base = ft::plan(n, d, v, elt, flags & ~static_cast<uint32_t>(ft::kBackward), h);
+        if (m.base.status != ft::kOk) {
+            m.status = m.base.status;
+            return m;
+        }
+        if (detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, nullptr) <= budget) break;
+        if (h.ub_bytes <= ft::kUbReserved + 4096) {
+            m.status = ft::kNoFit;
+            return m;
+        }
+        h.ub_bytes -= 4096;
+    }
+    detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, &m);
+    ft::Plan& p = m.base;
+    // Balance the last wave: with more token blocks than cores but not a multiple of them, split the vocabulary in
+    // up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
+    // waves of 1187 tiles -> 4 x 396 with 3 segments); the finishing phase merges them (O(N x segments)).
+    if (p.m_blocks >= hw.cube_cores && p.m_blocks % hw.cube_cores != 0) {
+        uint64_t best = 0, best_seg = 1;
+        for (uint64_t s = 1; s <= kMaxSegments && s <= p.n_blocks; ++s) {
+            const uint64_t sb = ft::ceil_div(p.n_blocks, s), segs = ft::ceil_div(p.n_blocks, sb);
+            const uint64_t tiles = ft::ceil_div(p.m_blocks * segs, hw.cube_cores) * sb;
+            if (best == 0 || tiles < best) {
+                best = tiles;
+                best_seg = s;
+            }
+        }
+        p.seg_blocks = ft::ceil_div(p.n_blocks, best_seg);
+        p.segments = ft::ceil_div(p.n_blocks, p.seg_blocks);
+        p.tasks = p.m_blocks * p.segments;
+        p.used_cores = static_cast<uint32_t>(p.tasks < hw.cube_cores ? p.tasks : hw.cube_cores);
+    }
+    uint64_t stats = 0;
+    if (p.segments > 1) stats = kMixStatPlanes * p.segments * n * 4;  // n < 2^40 per the Matmul limits of one rank
+    m.ws_stats = ft::align_up(stats, ft::kGmAlign);
+    m.ws_ring = ft::align_up(static_cast<uint64_t>(p.used_cores) * kRingSlots * p.base_m * p.base_n * 4, ft::kGmAlign);
+    m.ws_total = m.ws_stats + m.ws_ring;
+    m.status = ft::kOk;
+    return m;
+}
+
+// ---- backward (fused_lce_grad_mix.cpp) ---------------------------------------------------------------------------
+// Phase X: token block m on AI core m % cores walks every vocabulary block (dX[m] += dz @ W[nb]); phase W: vocabulary
+// block nb on core nb % cores walks every token block (dW[nb] += dz^T @ h[m], db partials per vector core). Each
+// output element is accumulated by one core in a fixed order, so the result does not depend on core timing.
+struct MixGradPlan {
+    ft::Plan base;           // tile (with base_d for the dX / dW GEMMs), grid; base.used_cores = cores below
+    uint32_t slot_stride;
+    uint32_t ub_z, ub_w, ub_w2, ub_cast, ub_bias, ub_bias_f32, ub_bc, ub_bc2, ub_colsum, ub_slots, ub_end;
+    uint64_t ws_ring, ws_dz, ws_db, ws_total;  // z ring (fp32), dz ring (operand dtype), db partials (2 x V fp32)
+    uint64_t dw_workspace_bytes;  // fp32 dW bytes outside the output: none (the output itself is accumulated)
+    int32_t status;
+    uint32_t pad_;
+};
+
+inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
+                             const ft::HwSpec& hw = ft::HwSpec()) {
+    MixGradPlan m{};
+    if (v >= kMaxLocalVocab || n >= kMaxLocalVocab) {  // ids and row offsets travel as exact floats
+        m.status = ft::kTooLarge;
+        return m;
+    }
+    const bool bias = (flags & ft::kBias) != 0;
+    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
+    ft::HwSpec h = hw;
+    uint64_t need = 0;
+    for (;;) {
+        m.base = ft::plan(n, d, v, elt, flags | ft::kBackward, h);
+        if (m.base.status != ft::kOk) {
+            m.status = m.base.status;
+            return m;
+        }
+        const uint64_t vr = m.base.vec_rows, bn = m.base.base_n, st = ft::align_up(vr, 64);
+        uint64_t off = 0;
+        auto take = [&off](bool on, uint64_t bytes) -> uint32_t {
+            if (!on) return ft::kUbNone;
+            const uint64_t at = off;
+            off += ft::align_up(bytes, ft::kUbAlign);
+            return static_cast<uint32_t>(at);
+        };
+        m.slot_stride = static_cast<uint32_t>(st);
+        m.ub_z = take(true, vr * bn * 4);
+        m.ub_w = take(true, vr * bn * 4);
+        m.ub_w2 = take(true, vr * bn * 4);
+        m.ub_cast = take(elt != 4, vr * bn * elt);
+        m.ub_bias = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+        m.ub_bias_f32 = take(bias && elt != 4, bn * 4);
+        m.ub_bc = take(true, ft::align_up(vr, 8) * 8 * 4);
+        m.ub_bc2 = take(true, ft::align_up(vr, 8) * 8 * 4);
+        m.ub_colsum = take(bias, bn * 4);
+        m.ub_slots = take(true, st * kMixSlots * 4);
+        m.ub_end = static_cast<uint32_t>(off);
+        need = off;
+        if (need <= budget) break;
+        if (h.ub_bytes <= ft::kUbReserved + 4096) {
+            m.status = ft::kNoFit;
+            return m;
+        }
+        h.ub_bytes -= 4096;
+    }
+    ft::Plan& p = m.base;
+    uint64_t cores = p.m_blocks > p.n_blocks ? p.m_blocks : p.n_blocks;
+    if (cores > hw.cube_cores) cores = hw.cube_cores;
+    if (cores == 0) cores = 1;
+    p.used_cores = static_cast<uint32_t>(cores);
+    const uint64_t tile = static_cast<uint64_t>(p.base_m) * p.base_n;
+    m.ws_ring = ft::align_up(cores * kRingSlots * tile * 4, ft::kGmAlign);
+    m.ws_dz = ft::align_up(cores * kRingSlots * tile * elt, ft::kGmAlign);
+    m.ws_db = bias ? ft::align_up(2 * v * 4, ft::kGmAlign) : 0;
+    m.ws_total = m.ws_ring + m.ws_dz + m.ws_db;
+    m.dw_workspace_bytes = 0;
+    m.status = ft::kOk;
+    return m;
+}
+
+}  // namespace mix
+}  // namespace fused_lce
+
+#endif  // FUSED_LCE_MIX_TILING_H_
