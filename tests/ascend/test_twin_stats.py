@@ -4,20 +4,13 @@ finishing phase behind SyncAll), vocabulary shards (vocab_start != 0), the 910B 
 import pytest
 import torch
 
-from twin_ref import HW_910B, HW_TINY, assert_stats, ez64, stats64
+from twin_ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, ez64, stats64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (N, D, V): tails in N, D and V; few tokens (segments), many vocabulary blocks on the tiny part
 SHAPES = [(37, 45, 301), (5, 16, 77), (100, 24, 1000), (130, 33, 257)]
 OPTIONS = [dict(), dict(bias=True), dict(with_zsum=True), dict(softcap=5.0), dict(bias=True, with_zsum=True,
                                                                                  softcap=3.0)]
-
-
-def make(n, d, v, dtype, bias, scale=1.0):
-    h = (torch.randn(n, d) * scale).to(dtype)
-    w = (torch.randn(v, d) / d**0.5 * 3).to(dtype)
-    b = torch.randn(v).to(dtype) if bias else None
-    return h, w, b
 
 
 def run(ops, h, w, b, y, vs, softcap, with_zsum):

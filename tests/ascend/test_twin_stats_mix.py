@@ -5,19 +5,12 @@ segments, shards, both label dtypes, the 910B part and a tiny part that forces m
 import pytest
 import torch
 
-from twin_ref import HW_910B, HW_TINY, assert_stats, logits64
+from twin_ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, logits64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (100, 24, 1000), (130, 33, 257)]
 OPTIONS = [dict(), dict(bias=True, with_zsum=True), dict(softcap=5.0, temperature=0.7, with_ez=True),
            dict(bias=True, with_zsum=True, softcap=3.0, temperature=1.3, with_ez=True)]
-
-
-def make(n, d, v, dtype, bias, scale=1.0):
-    h = (torch.randn(n, d) * scale).to(dtype)
-    w = (torch.randn(v, d) / d**0.5 * 3).to(dtype)
-    b = torch.randn(v).to(dtype) if bias else None
-    return h, w, b
 
 
 def ref64(h, w, b, y, vs, softcap, temperature, with_zsum):
