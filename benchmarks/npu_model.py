@@ -199,7 +199,12 @@ def model_rows(ops):
     return rows, counted
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="Writes benchmarks/results/npu_model.json and .md (modelled, not measured).")
+    ap.parse_args(argv)
     ops = twin_build.load_twin()
     rows, counted = model_rows(ops)
     twin_build.configure(twin_build.HW_910B)
