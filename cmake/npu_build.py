@@ -14,7 +14,9 @@ Command line (no CANN needed):
                                                        compile csrc/npu/fused_lce_npu.cpp with the extension's
                                                        flags and link it (--no-undefined) against that
                                                        torch_npu: what tests/npu/test_npu_adapter_build.py runs
-Status: the OPP build (1) is written, not run here (no CANN toolkit); the adapter compile (2) is checked in CI.
+Status: the OPP build (1) is written and checked by reading against asc-devkit's custom_op example, not run here (no
+CANN toolkit; the host side of the package is compiled and run against stub CANN headers in CI, tests/ascend/host,
+docs/npu-host-build.md); the adapter compile (2) is checked in CI.
 """
 from __future__ import annotations
 
@@ -85,11 +87,14 @@ def adapter_extension(repo_root: str, tn_dir: str):
 def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Optional[str] = None) -> str:
     """Configure, build and install the custom OPP package; returns the vendor directory to put on
     ASCEND_CUSTOM_OPP_PATH."""
-    build_dir = build_dir or os.path.join(repo_root, "build", "ascend_opp")
-    install_dir = install_dir or os.path.join(repo_root, "build", "opp")
+    # the package's install.sh rejects a relative --install-path (asc-devkit cmake/asc/fwk_modules/scripts/install.sh)
+    build_dir = os.path.abspath(build_dir or os.path.join(repo_root, "build", "ascend_opp"))
+    install_dir = os.path.abspath(install_dir or os.path.join(repo_root, "build", "opp"))
     cmake = shutil.which("cmake")
     if cmake is None:
         raise RuntimeError("cmake not found: the custom OPP package needs CMake >= 3.16")
+    if not os.environ.get("ASCEND_HOME_PATH"):  # the ASC CMake package stops without it (asc-config.cmake)
+        raise RuntimeError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before building the OPP package")
     src = os.path.join(repo_root, "csrc", "ascend")
     subprocess.run([cmake, "-S", src, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"], check=True)
     subprocess.run([cmake, "--build", build_dir, "-j", str(os.cpu_count() or 2), "--target", "binary", "package"],

@@ -57,13 +57,15 @@ def linear_cross_entropy(
             autocast dtype, as ``F.linear`` would). With ``process_group`` it is this rank's contiguous shard.
         labels: ``hidden.shape[:-1]`` int64/int32 class ids (global ids with ``process_group``).
         bias: optional ``(V,)`` bias.
-        ignore_index: label value that contributes no loss and no gradient.
+        ignore_index: label value that contributes no loss and no gradient (a 64-bit integer).
         reduction: ``"mean"`` (sum / ``num_items`` or / number of valid tokens), ``"sum"`` or ``"none"``.
         label_smoothing: in [0, 1]; matches ``F.cross_entropy(label_smoothing=...)``.
         z_loss: >= 0; adds ``z_loss * lse**2`` per valid token.
         softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
-        shift: causal-LM shift: ``hidden[..., t, :]`` predicts ``labels[..., t + 1]``, without copying hidden.
-        num_items: divisor for ``"mean"`` instead of the count of valid tokens (HF ``num_items_in_batch``).
+        shift: a bool; causal-LM shift by one position: ``hidden[..., t, :]`` predicts ``labels[..., t + 1]``,
+            without copying hidden.
+        num_items: divisor for ``"mean"`` instead of the count of valid tokens (HF ``num_items_in_batch``): a
+            finite number >= 0 or a one-element tensor holding one (checked with one host sync; ``0`` gives 0).
         return_stats: return ``LCEOutput(loss, lse, token_accuracy, n_valid)`` instead of the loss.
         process_group: vocab-parallel group; ``weight``/``bias`` hold this rank's shard, every rank gets the
             loss of the unsharded problem, the full dX and its own dW shard.
@@ -73,11 +75,44 @@ def linear_cross_entropy(
         backend: ``"auto"`` or one of ``fused_lce.registry.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
         validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
-        tile_budget_mb: bytes of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
-            the backend's default).
+        tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
+            env ``FUSED_LCE_TILE_MB``, read once per call here so every backend means the same by it, else the
+            backend's own default: 256 MiB for torch/cpp on CPU, 1 GiB for torch on CUDA, planned from free
+            memory for triton; the AscendC kernels tile on-chip and ignore it). Lower it when a call runs out of
+            memory; the float32 gradient accumulators (``4 * (V*D + N*D + V)`` bytes) come on top.
 
     Returns:
-        float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``).
+        float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``). When no
+        label is valid (all ``ignore_index``, no tokens, or ``num_items == 0``), ``"mean"`` and ``"sum"`` are 0.0
+        with zero gradients, never NaN -- also with an empty vocabulary (``V == 0``); a valid label with
+        ``V == 0`` is a bad label.
+
+    Raises:
+        TypeError: an argument of the wrong type (non-tensor inputs, non-float hidden, a weight/bias dtype that
+            differs from hidden's, non-integer labels, ``shift`` / ``validate`` / ``sequence_parallel`` not a
+            bool, ``ignore_index`` not an int, ``num_items`` not a number or tensor). The message names it.
+        ValueError: a bad shape or value (mismatched D, labels not ``hidden.shape[:-1]``, bias not ``(V,)``,
+            ``shift=True`` without a sequence dimension, a label outside ``[0, V)`` other than ``ignore_index``
+            when ``validate``, an unknown reduction/backend, ``label_smoothing`` outside [0, 1], negative or
+            non-finite ``z_loss``, ``softcap <= 0``, ``ignore_index`` outside 64 bits, ``num_items`` negative /
+            NaN / infinite, a ``tile_budget_mb`` or ``FUSED_LCE_TILE_MB`` that is not a number > 0, a backend
+            that is not available or cannot run this problem (the message says why). The message names it.
+        torch.OutOfMemoryError / RuntimeError: an allocation failed (the type the allocator raised); the message
+            starts with "fused_lce: out of memory" and gives the sizes and the tile budget to lower.
+        RuntimeError: a second-order derivative was asked for (``create_graph=True`` double backward, nested
+            ``torch.func.grad``, ``hessian``, ``jvp`` / ``jacfwd``): the gradients come from fused kernels and
+            are not differentiable; use ``F.cross_entropy(F.linear(...))`` for those.
+
+    Tracing and transforms:
+        * ``torch.compile`` (``fullgraph=True`` works): shapes and options are checked while tracing, but label
+          VALUES are not (no host sync in a graph): a bad label gives that token a NaN loss. For a check that
+          stays in the graph, return :func:`label_errors` ``(labels, V)`` from the compiled step and test it
+          after the step. Meta / fake tensors likewise propagate shapes without value checks.
+        * ``torch.func``: ``grad``, ``grad_and_value``, ``vjp``, ``jacrev`` and ``vmap`` (one op call per batch
+          element; per-sample gradients with ``vmap(grad(...))``) work; forward mode and nested reverse mode
+          raise (see Raises). The gradients ``torch.func`` returns are first-order values: do not differentiate
+          them again with ``torch.autograd`` either.
+        * double backward (``create_graph=True``): raises at backward.
     """
     call = _normalise(hidden, weight, labels, bias, ignore_index=ignore_index, reduction=reduction,
                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, shift=shift,
@@ -87,9 +122,12 @@ def linear_cross_entropy(
     grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
                  grad_on and call.bias is not None and call.bias.requires_grad]
     o = call.opts
-    loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(
-        call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
-        *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
+    args = (call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
+            *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
+    if _functorch_active():  # torch.func.grad / vjp / jacrev / vmap: a functorch-compatible autograd.Function
+        loss, lse, correct, _, _, _ = ops.FuncForward.apply(*args)
+    else:
+        loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(*args)
     if reduction == "none":
         loss = _unshift(loss, call.labels_shape, call.out_shape)
     if not return_stats:
@@ -180,6 +218,8 @@ def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_s
                              f"got {tuple(hidden.shape)}")
         # shift the labels, not the hidden states: position t is scored against label t+1 and the last
         # position against ignore_index, so hidden is used as is (no copy) and its last row gets zero gradient
+        if labels.dtype == torch.int32 and not -2**31 <= ignore_index < 2**31:
+            labels = labels.long()  # the ignore_index padding must be representable
         pad = torch.full_like(labels[..., :1], ignore_index)
         labels = torch.cat([labels[..., 1:], pad], dim=-1)
         out_shape = out_shape[:-1] + (max(out_shape[-1] - 1, 0),)
@@ -196,18 +236,22 @@ def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_s
     # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
     h2 = hidden.reshape(y.numel() // sp_world, d)
     if validate and y.numel() > 0 and not torch.compiler.is_compiling() and not _values_hidden(y):
-        bad = (y != ignore_index) & ((y < 0) | (y >= total))
+        yv = _unwrapped(y)  # under vmap: the whole batch
+        bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
         if bool(bad.any()):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
-                             f"got {int(y[bad][0])}")
+                             f"got {int(yv[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
     opts = ops.make_options(int(ignore_index), label_smoothing, z_loss, softcap or 0.0, backend, group_name,
                             vocab_start, vocab_total, tile_bytes)
     return _Call(h2, weight, y, bias, num_items_t, opts, tuple(labels.shape), out_shape)
 
 
 class LinearCrossEntropy(torch.nn.Module):
-    """``nn.Module`` form of :func:`linear_cross_entropy`; the options are fixed at construction.
-    ``forward(hidden, weight, labels, bias=None)``."""
+    """``nn.Module`` form of :func:`linear_cross_entropy`; the options (its keyword arguments) are fixed at
+    construction, ``forward(hidden, weight, labels, bias=None)`` computes the loss. Unknown option names raise
+    TypeError at construction; option values are checked by every forward call, which raises, returns and
+    behaves under torch.compile / torch.func / double backward exactly as :func:`linear_cross_entropy` (see its
+    Raises and Tracing sections): 0.0 with zero gradients when no label is valid, ``tile_budget_mb`` in MiB."""
 
     def __init__(self, **options):
         super().__init__()
@@ -226,6 +270,33 @@ class LinearCrossEntropy(torch.nn.Module):
 
 _OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift", "num_items",
                  "return_stats", "process_group", "sequence_parallel", "backend", "validate", "tile_budget_mb"}
+
+
+def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -100,
+                 shift: bool = False) -> torch.Tensor:
+    """How many labels are outside ``[0, vocab_size)`` and not ``ignore_index`` (with ``shift``: among
+    ``labels[..., 1:]``, the ones that are scored), as a 0-dim int64 tensor on the labels' device.
+
+    No host sync, so it can run inside ``torch.compile(fullgraph=True)`` or a CUDA graph, where
+    :func:`linear_cross_entropy` does not check label values. Return it from the compiled step and raise after
+    it::
+
+        loss, bad = step(batch)   # step returns (loss, fused_lce.label_errors(labels, V))
+        if bad.item():
+            raise ValueError(f"labels: {bad.item()} outside [0, V)")
+    """
+    _check_tensor("labels", labels)
+    if labels.dtype not in _LABEL_DTYPES:
+        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 0:
+        raise ValueError(f"vocab_size: expected an int >= 0, got {vocab_size!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    if not isinstance(shift, bool):
+        raise TypeError(f"shift: expected a bool, got {type(shift).__name__}")
+    y = labels[..., 1:] if shift and labels.dim() > 0 else labels
+    bad = (y != ignore_index) & ((y < 0) | (y >= vocab_size))
+    return bad.sum()
 
 
 def backend_info() -> dict:
@@ -257,22 +328,44 @@ def _values_hidden(t: torch.Tensor) -> bool:
     return t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter))
 
 
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under torch.func wrappers (vmap's batched / grad's tracking tensors), for value checks."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+def _functorch_active() -> bool:
+    """True inside a torch.func transform; RuntimeError for what the op cannot do there (higher order)."""
+    if torch.compiler.is_compiling():
+        return False
+    stack = torch._C._functorch.get_interpreter_stack()
+    if not stack:
+        return False
+    kinds = [i.key() for i in stack]
+    tt = torch._C._functorch.TransformType
+    if tt.Jvp in kinds or kinds.count(tt.Grad) > 1:
+        raise RuntimeError(ops.DOUBLE_BACKWARD)
+    return True
+
+
 def _tile_bytes(tile_budget_mb) -> int:
     """Bytes of logits tiles a provider may keep live: the argument, else env FUSED_LCE_TILE_MB, else 0 (each
     provider's default). Read here, once, so every provider means the same thing by it."""
-    name, value = "tile_budget_mb", tile_budget_mb
-    if value is None:
+    if tile_budget_mb is None:
         env = os.environ.get("FUSED_LCE_TILE_MB", "").strip()
         if not env:
             return 0
-        name = "FUSED_LCE_TILE_MB"
         try:
             value = float(env)
         except ValueError:
-            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}") from None
-    value = _number(name, value)
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name}: expected a number of MiB > 0, got {value}")
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}")
+    else:
+        value = _number("tile_budget_mb", tile_budget_mb)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"tile_budget_mb: expected a number of MiB > 0, got {value}")
     return max(1, int(value * 2**20))
 
 

@@ -14,6 +14,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -298,30 +299,130 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+# ---------------------------------------------------------------------------------------------- arguments
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _token_list(text: str) -> list:
+    parts = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected positive integers, e.g. 256 or 256,512,1024, got {text!r}")
+    try:
+        return [_positive_int(t) for t in parts]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected positive integers, e.g. 256 or 256,512,1024, got {text!r}") \
+            from None
+
+
+def _mib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of MiB > 0, got {text}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--preset", default="qwen2.5-0.5b", choices=sorted(PRESETS),
                    help="LM head shape (hidden, vocab) of a Qwen model (default: qwen2.5-0.5b)")
-    p.add_argument("--tokens", default="256",
+    p.add_argument("--tokens", default=[256], type=_token_list,
                    help="tokens per step; a comma list sweeps (default: 256, which takes well under a minute on a "
                         "2-core CPU)")
-    p.add_argument("--hidden", type=int, help="override the preset's hidden size")
-    p.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
+    p.add_argument("--hidden", type=_positive_int, help="override the preset's hidden size")
+    p.add_argument("--vocab", type=_positive_int, help="override the preset's vocabulary size")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     p.add_argument("--backends", default=None,
                    help="comma list of paths to run: plain and backend names (default: plain + every backend "
                         "available on the device)")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--tile-mb", type=float, default=None, help="tile budget in MiB for the fused backends")
+    p.add_argument("--repeat", type=_positive_int, default=3, help="timed runs per path (>= 1; the median is shown)")
+    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed runs first (>= 0)")
+    p.add_argument("--tile-mb", type=_mib, default=None, help="tile budget in MiB for the fused backends (> 0)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 reference (error columns)")
     p.add_argument("--json", metavar="PATH", help="write the raw results and the environment as JSON")
     p.add_argument("--plot", metavar="PNG", help="plot time and memory vs tokens (sweeps N/4, N/2, N when "
-                                                 "--tokens is a single value)")
+                                                 "--tokens is a single value; needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _device_problem(text: Optional[str]):
+    """(torch.device, None) or (None, why it cannot be benchmarked here)."""
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu"), None
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return None, f"not a torch device: {text!r} (expected cpu, cuda, cuda:1, ...)"
+    if device.type == "cpu":
+        return device, None
+    if device.type == "meta":
+        return None, "meta tensors have no values to time"
+    module = getattr(torch, device.type, None)
+    if module is None or not hasattr(module, "is_available") or not module.is_available():
+        return None, f"{device.type} is not available here (torch.{device.type}.is_available() is False)"
+    count = module.device_count() if hasattr(module, "device_count") else 1
+    if device.index is not None and device.index >= count:
+        return None, f"{device} does not exist: {count} {device.type} device(s) here"
+    return device, None
+
+
+def check_args(parser: argparse.ArgumentParser, args) -> None:
+    """Checks that need more than one argument or this host (device, backends, optional dependencies), before
+    anything runs; a failure is a usage error (exit status 2), like argparse's own."""
+    from fused_lce import registry
+    from fused_lce.backends.base import Options, Problem
+
+    hidden, vocab = PRESETS[args.preset]
+    hidden, vocab = args.hidden or hidden, args.vocab or vocab
+    device, why = _device_problem(args.device)
+    if why:
+        parser.error(f"argument --device: {why}")
+    args.device = str(device)
+    if args.backends is not None:
+        paths = [b.strip() for b in args.backends.split(",") if b.strip()]
+        if not paths:
+            parser.error(f"argument --backends: expected a comma list of plain and {registry.NAMES}, "
+                         f"got {args.backends!r}")
+        unknown = [b for b in paths if b != "plain" and b not in registry.NAMES]
+        if unknown:
+            parser.error(f"argument --backends: unknown {unknown}; expected plain or any of {registry.NAMES}")
+        p = Problem(256, hidden, vocab, DTYPES[args.dtype], device, False, Options())
+        for name in paths:
+            reason = None if name == "plain" else registry.why_not(name, p)
+            if reason:
+                parser.error(f"argument --backends: {name} cannot run here: {reason}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            parser.error(f"argument --plot: needs matplotlib ({e}); pip install matplotlib, or drop --plot")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser.error(f"argument {flag}: the folder {folder} does not exist")
+
+
 def main_from_args(args) -> int:
+    """Runs the benchmark for parsed (and ``check_args``-checked) arguments."""
     import fused_lce
     from fused_lce import registry
     from fused_lce.backends.base import Options, Problem
@@ -329,18 +430,13 @@ def main_from_args(args) -> int:
     hidden, vocab = PRESETS[args.preset]
     hidden = args.hidden or hidden
     vocab = args.vocab or vocab
-    tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
-    if not tokens or min(tokens) < 1:
-        raise SystemExit("--tokens: expected positive integers, e.g. 256 or 256,512,1024")
+    tokens = args.tokens if isinstance(args.tokens, list) else _token_list(str(args.tokens))
     if args.plot and len(tokens) == 1:
         tokens = sorted({max(1, tokens[0] // 4), max(1, tokens[0] // 2), tokens[0]})
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES[args.dtype]
     if args.backends:
         paths = [b.strip() for b in args.backends.split(",") if b.strip()]
-        unknown = [b for b in paths if b != "plain" and b not in registry.NAMES]
-        if unknown:
-            raise SystemExit(f"--backends: unknown {unknown}; expected plain or any of {registry.NAMES}")
     else:
         p = Problem(256, hidden, vocab, dtype, device, False, Options())
         paths = ["plain"] + [n for n in registry.NAMES if registry.why_not(n, p) is None]
@@ -362,7 +458,9 @@ def main_from_args(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="fused-lce bench", description=__doc__.split("\n\n")[0])
     add_arguments(p)
-    return main_from_args(p.parse_args(argv))
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return main_from_args(args)
 
 
 if __name__ == "__main__":

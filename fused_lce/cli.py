@@ -24,6 +24,7 @@ def main(argv=None) -> int:
         print(json.dumps({"fused_lce": fused_lce.__version__, "torch": torch.__version__,
                           "backends": fused_lce.backend_info()}, indent=2))
         return 0
+    bench.check_args(b, args)  # device, backends, optional dependencies: usage errors before anything runs
     return bench.main_from_args(args)
 
 

@@ -3,8 +3,9 @@
 Vocabulary parallelism. Each rank of a group holds a contiguous shard of the vocabulary (rank order = vocabulary
 order; shards may be uneven, one may even be empty). Per token, a backend's statistics pass yields its shard's
 running max ``m``, ``s = sum exp(z - m)``, the target logit (0 unless the label is in the shard), ``sum z`` and the
-first argmax (a global id). :func:`combine_stats` turns them into the global statistics with ONE all-gather of
-20 bytes per token; no logits and no weights ever cross ranks. The gradient pass then gives each rank its own dW
+first argmax (a global id) -- and, for ``linear_logprobs(return_entropy=True)``, ``ez = sum exp(z - m) (z - m)``.
+:func:`combine_stats` turns them into the global statistics with ONE all-gather of 20 bytes per token (24 with
+the entropy statistic); no logits and no weights ever cross ranks. The gradient pass then gives each rank its own dW
 shard and a partial dX (``dz_shard @ W_shard``) that :func:`all_reduce_sum_` sums in float32.
 
 Sequence parallelism (Megatron SP). ``sequence_parallel=True`` gathers inside the op: :func:`sp_gather_rows` /
@@ -26,6 +27,8 @@ import torch
 
 # bytes of per-token statistics each rank contributes to combine_stats: m, s, target, sum z (float32) + argmax (int32)
 STATS_BYTES_PER_TOKEN = 20
+# ... plus the entropy statistic ez (float32) for linear_logprobs(return_entropy=True)
+ENTROPY_STATS_BYTES_PER_TOKEN = STATS_BYTES_PER_TOKEN + 4
 
 
 def _dist():
@@ -104,19 +107,21 @@ def agree_token_blocks(block: int, n_tokens: int, group_name: str) -> int:
 
 
 def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: torch.Tensor,
-                  argmax: torch.Tensor, group_name: str):
-    """Global (max, sum-exp relative to it, target logit, sum of logits, first argmax) over the group.
+                  argmax: torch.Tensor, group_name: str, ez: Optional[torch.Tensor] = None):
+    """Global (max, sum-exp relative to it, target logit, sum of logits, first argmax) over the group, and with
+    ``ez`` (the entropy statistic ``sum exp(z - m) (z - m)`` of each shard) a sixth output: its global value.
 
-    One all-gather of the packed (5, n) float32 statistics (argmax as int32 bits; global ids < 2**31), then the
-    same reduction, in rank order, on every rank, so every rank gets bit-identical results.
+    One all-gather of the packed (5, n) -- (6, n) with ``ez`` -- float32 statistics (argmax as int32 bits; global
+    ids < 2**31), then the same reduction, in rank order, on every rank, so every rank gets bit-identical results.
     """
     group = resolve_group(group_name)
     if group is None:
-        return m, s, target, zsum, argmax
+        return (m, s, target, zsum, argmax) + (() if ez is None else (ez,))
     world = _dist().get_world_size(group)
     f32 = torch.float32
-    packed = torch.stack([m.to(f32), s.to(f32), target.to(f32), zsum.to(f32),
-                          argmax.to(torch.int32).view(f32)])  # bit copy: the gather moves bytes, no arithmetic
+    rows = [m.to(f32), s.to(f32), target.to(f32), zsum.to(f32),
+            argmax.to(torch.int32).view(f32)]  # bit copy: the gather moves bytes, no arithmetic
+    packed = torch.stack(rows + ([] if ez is None else [ez.to(f32)]))
     allst = packed.new_empty((world * packed.shape[0], packed.shape[1]))  # gloo wants a dim-0 concatenation
     _all_gather_flat(allst, packed, group)
     allst = allst.view(world, *packed.shape)
@@ -129,8 +134,13 @@ def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: 
     # first argmax: among the shards holding the global max, the lowest global id
     ids = allst[:, 4].contiguous().view(torch.int32).to(torch.int64)
     cand = torch.where(top, ids, torch.full_like(ids, torch.iinfo(torch.int64).max))
-    return (m_all.to(m.dtype), s_all.to(s.dtype), allst[:, 2].sum(dim=0).to(target.dtype),
-            allst[:, 3].sum(dim=0).to(zsum.dtype), cand.amin(dim=0).to(argmax.dtype))
+    out = (m_all.to(m.dtype), s_all.to(s.dtype), allst[:, 2].sum(dim=0).to(target.dtype),
+           allst[:, 3].sum(dim=0).to(zsum.dtype), cand.amin(dim=0).to(argmax.dtype))
+    if ez is None:
+        return out
+    # sum exp(z - M)(z - M) = sum_k exp(m_k - M) (ez_k + (m_k - M) s_k); an all -inf shard (s_k = 0) adds 0
+    delta = torch.where(top | (ms == -torch.inf), torch.zeros_like(ms), ms - m_all)
+    return out + (((allst[:, 5] + delta * ss) * scale).sum(dim=0).to(ez.dtype),)
 
 
 def all_reduce_sum_(t: Optional[torch.Tensor], group_name: str) -> Optional[torch.Tensor]:
@@ -222,15 +232,18 @@ def reduce_grad_rows(grad: torch.Tensor, group_name: str, local_rows: int) -> to
 # -------------------------------------------------------------------------------------------------- volume
 def comm_bytes(n_tokens: int, d: int, world: int, *, grad_hidden: bool = True,
                sequence_parallel: bool = False, hidden_itemsize: int = 4, sp_reduce_scatter: bool = False,
-               recompute: bool = False) -> dict[str, int]:
-    """Bytes this rank hands to each kind of collective in one forward + backward of the loss (payload: the
+               recompute: bool = False, entropy: bool = False) -> dict[str, int]:
+    """Bytes this rank hands to each kind of collective in one forward + backward of the loss, or of
+    ``linear_logprobs`` (same collectives; ``entropy``: with ``return_entropy=True``, 24 bytes of statistics per
+    token instead of 20) (payload: the
     input tensor's size; the wire traffic of ring algorithms is ``(world-1) x`` that for an all-gather,
     ``2 (world-1)/world x`` for an all-reduce and ``(world-1)/world x`` for a reduce-scatter).
 
     ``n_tokens`` = N, the tokens of the whole problem (after the sequence-parallel gather); the volume does not
     depend on how many token blocks the driver ran (only the tiny per-collective latency does):
 
-    - all_gather: ``8`` (shard sizes) + ``20 N`` (statistics) [+ ``N/world * D * itemsize`` under SP: hidden]
+    - all_gather: ``8`` (shard sizes) + ``20 N`` (statistics; ``24 N`` with ``entropy``) [+ ``N/world * D *
+      itemsize`` under SP: hidden]
     - all_reduce: ``24`` (the driver's token-block agreement) + ``4 N D`` when dX is wanted (float32 partial dX),
       except with ``sp_reduce_scatter`` where dX goes to
     - reduce_scatter: ``4 N D`` (float32 partial dX in, this rank's ``N/world`` rows out). In that scheme the
@@ -242,7 +255,7 @@ def comm_bytes(n_tokens: int, d: int, world: int, *, grad_hidden: bool = True,
     """
     if world <= 1:
         return {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0}
-    gather = 8 + STATS_BYTES_PER_TOKEN * n_tokens
+    gather = 8 + (ENTROPY_STATS_BYTES_PER_TOKEN if entropy else STATS_BYTES_PER_TOKEN) * n_tokens
     if sequence_parallel:
         gather += (n_tokens // world) * d * hidden_itemsize
     dx = 4 * n_tokens * d if grad_hidden else 0

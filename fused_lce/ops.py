@@ -28,7 +28,9 @@ outside ``[0, vocab_total)`` that is not ``ignore_index`` gives that token a NaN
 
 Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
 ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
-``grad_mask``). Double backward (``create_graph=True``) raises.
+``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
+torch.func: ``FuncForward`` (used by the public API while a transform is active) makes ``grad`` / ``vjp`` /
+``jacrev`` work; both ops have vmap rules (one call per batch element).
 """
 from __future__ import annotations
 
@@ -115,6 +117,16 @@ def check_problem(hidden, weight, labels, bias, opts: Options) -> None:
     for name, t in (("weight", weight), ("labels", labels), ("bias", bias)):
         if t is not None and t.device != hidden.device:
             raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
+    if opts.group_name:
+        try:
+            distributed.resolve_group(opts.group_name)
+        except Exception as e:  # torch.distributed raises RuntimeError / ValueError depending on its state
+            raise ValueError(f"group_name: no torch.distributed process group is registered under "
+                             f"{opts.group_name!r} ({type(e).__name__}: {e})") from None
+    if not opts.group_name and (opts.vocab_start or opts.vocab_total not in (0, weight.shape[0])):
+        raise ValueError(f"vocab_start/vocab_total: a vocabulary shard (vocab_start={opts.vocab_start}, "
+                         f"vocab_total={opts.vocab_total}, weight.shape[0]={weight.shape[0]}) needs a group_name; "
+                         f"on one device use vocab_start=0, vocab_total=0")
     if opts.vocab_total and opts.vocab_start + weight.shape[0] > opts.vocab_total:
         raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
                          f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")
@@ -171,10 +183,16 @@ def _empty(t):
     return t.new_empty(0)
 
 
+def check_grad_mask(grad_mask) -> None:
+    if len(grad_mask) != 3:
+        raise ValueError(f"grad_mask: expected 3 bools (hidden, weight, bias), got {list(grad_mask)}")
+
+
 def _split_forward(args):
     hidden, weight, labels, bias, num_items, reduction = args[:6]
     opts = make_options(*args[6:6 + _N_OPTS])
     grad_mask = args[6 + _N_OPTS]
+    check_grad_mask(grad_mask)
     check_problem(hidden, weight, labels, bias, opts)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
@@ -186,6 +204,7 @@ def _split_backward(args):
     grad_loss, hidden, weight, labels, bias, lse = args[:6]
     opts = make_options(*args[6:6 + _N_OPTS])
     grad_mask = args[6 + _N_OPTS]
+    check_grad_mask(grad_mask)
     check_problem(hidden, weight, labels, bias, opts)
     check_per_token("grad_loss", grad_loss, labels.shape[0], hidden.device)
     check_per_token("lse", lse, labels.shape[0], hidden.device)
@@ -269,13 +288,23 @@ def _scale_precomputed_(pres, g) -> None:
     torch._foreach_mul_(pres, g)  # vectorised, reads g on the device (a 0-dim broadcast mul_ is slow)
 
 
+DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are not "
+                   "supported (double backward with create_graph=True, torch.func.hessian / jacfwd / jvp, grad of "
+                   "grad): its gradients come from fused kernels, not from differentiable ops. For those use the "
+                   "plain path F.cross_entropy(F.linear(hidden, weight, bias), labels), which materialises the "
+                   "logits.")
+
+
 def _backward(ctx, g_loss, *_unused):
+    if g_loss is not None and torch.is_grad_enabled():
+        raise RuntimeError(DOUBLE_BACKWARD)
+    return _backward_impl(ctx, g_loss)
+
+
+def _backward_impl(ctx, g_loss):
     n_inputs = 7 + _N_OPTS
     if g_loss is None:
         return (None,) * n_inputs
-    if torch.is_grad_enabled():
-        raise RuntimeError("fused_lce: double backward (create_graph=True) through linear_cross_entropy is not "
-                           "supported; its gradients are computed by fused kernels, not by differentiable ops")
     hidden, weight, labels, bias, num_items, lse = ctx.saved_tensors
     dh, dw, db = ctx.precomputed
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
@@ -283,8 +312,10 @@ def _backward(ctx, g_loss, *_unused):
     if ctx.fused and dh is not None:
         # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory (dW is
         # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
-        # Traced (FakeTensor/FunctionalTensor subclasses): out of place, the compiler plans the buffers.
-        eager = all(type(t) is torch.Tensor for t in (dh, dw, db, g_loss))
+        # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
+        # foreach rule): out of place.
+        eager = all(type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+                    for t in (dh, dw, db, g_loss))
         if eager:
             ctx.precomputed = (None, None, None)
         ready = [k for k, pre in enumerate((dh, dw, db)) if want[k] and ctx.pre_mask[k]]
@@ -310,3 +341,46 @@ def _backward(ctx, g_loss, *_unused):
 
 
 torch.library.register_autograd("fused_lce::forward", _backward, setup_context=_setup_context, lib=_lib)
+
+
+# ------------------------------------------------------------------------------------------------ torch.func
+class FuncForward(torch.autograd.Function):
+    """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
+    ``vmap``). The autograd formula that ``torch.library.register_autograd`` installs is not functorch-compatible
+    (it is a ctx-style ``autograd.Function``), so while a transform is active the public API calls the op through
+    this Function, whose backward is the same formula. One level of reverse mode: ``fused_lce.api`` rejects nested
+    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+
+    generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.fused_lce.forward(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, g_loss, *_unused):
+        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
+        # so this is a first-order gradient
+        return _backward_impl(ctx, g_loss)
+
+
+def _vmap_rule(op, n_out: int):
+    """vmap of an op: one call per batch element, outputs stacked along dim 0 (each element is an independent
+    problem with its own reduction, so the rows cannot simply be folded together)."""
+
+    def rule(info, in_dims, *args):
+        if info.batch_size == 0:
+            raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported")
+        outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
+                     for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
+        return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out
+
+    return rule
+
+
+torch.library.register_vmap("fused_lce::forward", _vmap_rule(torch.ops.fused_lce.forward.default, 6), lib=_lib)
+torch.library.register_vmap("fused_lce::backward", _vmap_rule(torch.ops.fused_lce.backward.default, 3), lib=_lib)

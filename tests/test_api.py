@@ -1,6 +1,10 @@
 """Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and backend_info."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -125,3 +129,128 @@ def test_autocast_promotes_like_f_linear():
     ref = lce(h.bfloat16(), w.bfloat16(), y)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, ref)
+
+
+# ------------------------------------------------------------------------------------------------ issue 14
+def test_more_errors_name_the_argument():
+    h, w, y = _p()
+    cases = [
+        (dict(shift=2), TypeError, "shift"),
+        (dict(shift=1), TypeError, "shift"),
+        (dict(shift="yes"), TypeError, "shift"),
+        (dict(validate=1), TypeError, "validate"),
+        (dict(ignore_index=2**70), ValueError, "ignore_index"),
+        (dict(ignore_index=True), TypeError, "ignore_index"),
+        (dict(num_items=torch.tensor(-7.0)), ValueError, "num_items"),
+        (dict(num_items=torch.tensor(float("nan"))), ValueError, "num_items"),
+        (dict(num_items=float("inf")), ValueError, "num_items"),
+        (dict(num_items=True), TypeError, "num_items"),
+        (dict(tile_budget_mb=-1), ValueError, "tile_budget_mb"),
+        (dict(tile_budget_mb=float("nan")), ValueError, "tile_budget_mb"),
+        (dict(z_loss=float("inf")), ValueError, "z_loss"),
+        (dict(softcap=float("inf")), ValueError, "softcap"),
+        (dict(label_smoothing="0.1"), TypeError, "label_smoothing"),
+        (dict(reduction=None), ValueError, "reduction"),
+        (dict(backend=None), ValueError, "backend"),
+    ]
+    for kw, exc, name in cases:
+        with pytest.raises(exc, match=name):
+            lce(h, w, y, **kw)
+        with pytest.raises(exc, match=name):  # the module form checks its options on every call
+            fused_lce.LinearCrossEntropy(**kw)(h, w, y)
+    with pytest.raises(ValueError, match="weight"):
+        lce(h, w.to("meta"), y)  # a tensor on another device is named
+    with pytest.raises(ValueError, match="labels"):
+        lce(h, w, y.to("meta"))
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "1e999", "nan"])
+def test_tile_env_is_read_once_by_the_api(monkeypatch, value):
+    h, w, y = _p()
+    monkeypatch.setenv("FUSED_LCE_TILE_MB", value)
+    with pytest.raises(ValueError, match="FUSED_LCE_TILE_MB") as e:
+        lce(h, w, y)
+    assert repr(value) in str(e.value)  # the text as set
+
+
+def test_docstrings_document_errors_and_tracing():
+    doc = fused_lce.linear_cross_entropy.__doc__
+    for text in ("Raises:", "TypeError", "ValueError", "OutOfMemoryError", "0.0", "MiB", "torch.compile",
+                 "torch.func", "create_graph", "label_errors", "vmap"):
+        assert text in doc, text
+    assert "linear_cross_entropy" in fused_lce.LinearCrossEntropy.__doc__
+    assert "torch.compile" in fused_lce.label_errors.__doc__
+
+
+OOM_SCRIPT = r"""
+import resource, sys, torch, fused_lce
+torch.set_num_threads(1)
+backend = sys.argv[1]
+n, d, v = 512, 4, 500_000
+g = torch.Generator().manual_seed(0)
+h = torch.randn(n, d, generator=g, requires_grad=True)
+w = (torch.randn(v, d, generator=g) * 0.5).requires_grad_()
+y = torch.randint(0, v, (n,), generator=g)
+fused_lce.linear_cross_entropy(h[:8], w, y[:8], backend=backend).backward()  # lazy initialisation first
+h.grad = w.grad = None
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+limit = vm + 160 * 2**20  # inputs 8 MiB, accumulators 8 MiB: room for small tiles, not for 512 x 500k logits
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    fused_lce.linear_cross_entropy(h, w, y, backend=backend, tile_budget_mb=4096).backward()
+    print("NO ERROR")
+except RuntimeError as e:
+    print("TYPE", type(e).__name__)
+    print("MESSAGE", str(e).replace("\n", " "))
+h.grad = w.grad = None
+loss = fused_lce.linear_cross_entropy(h, w, y, backend=backend, tile_budget_mb=8)
+loss.backward()
+print("SMALL", loss.item(), bool(torch.isfinite(h.grad).all() and torch.isfinite(w.grad).all()))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc for the address-space limit")
+@pytest.mark.parametrize("backend", [n for n in ("torch", "cpp") if fused_lce.backend_info()[n]["available"]])
+def test_out_of_memory_names_the_tile_budget(backend):
+    """Under a small address-space limit (RLIMIT_AS, fresh process), a tile budget too large for the memory left
+    raises the allocator's error type (RuntimeError on CPU, torch.OutOfMemoryError on CUDA) with a message
+    naming fused_lce, the sizes and the tile budget to lower; the same problem with a small budget then runs."""
+    out = subprocess.run([sys.executable, "-c", OOM_SCRIPT, backend], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
+    lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert lines.get("TYPE") == "RuntimeError", out.stdout
+    msg = lines["MESSAGE"]
+    assert msg.startswith("fused_lce: out of memory"), msg
+    for text in ("tile_budget_mb", "FUSED_LCE_TILE_MB", "N=512", "V=500000", "D=4", "4096.0 MiB",
+                 "can't allocate memory"):
+        assert text in msg, (text, msg)
+    loss, finite = lines["SMALL"].split()
+    assert 12.0 < float(loss) < 15.5 and finite == "True", lines["SMALL"]  # ~log(500k) = 13.1 for random logits
+
+
+@pytest.mark.cuda
+def test_cuda_out_of_memory_names_the_tile_budget():
+    """CUDA: the caching allocator limited to a small fraction of the GPU; torch.OutOfMemoryError is re-raised
+    as torch.OutOfMemoryError with the fused_lce message."""
+    dev = torch.device("cuda")
+    total = torch.cuda.get_device_properties(dev).total_memory
+    n, d, v = 4096, 16, 200_000
+    h = torch.randn(n, d, device=dev, requires_grad=True)
+    w = torch.randn(v, d, device=dev, requires_grad=True)
+    y = torch.randint(0, v, (n,), device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    frac = (torch.cuda.memory_allocated(dev) + 200 * 2**20) / total
+    torch.cuda.set_per_process_memory_fraction(frac, dev)
+    try:
+        for backend in [b for b in ("torch", "triton") if fused_lce.backend_info()[b]["available"]]:
+            with pytest.raises(torch.OutOfMemoryError, match="fused_lce: out of memory.*tile_budget_mb"):
+                fused_lce.linear_cross_entropy(h, w, y, backend=backend, tile_budget_mb=8192).backward()
+            h.grad = w.grad = None
+            fused_lce.linear_cross_entropy(h, w, y, backend=backend, tile_budget_mb=16).backward()
+            assert torch.isfinite(h.grad).all()
+            h.grad = w.grad = None
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-"""Vocab-parallel and sequence-parallel linear cross-entropy over gloo, with 2 and 4 CPU processes.
+"""Vocab-parallel and sequence-parallel linear cross-entropy (and vocab-parallel linear_logprobs) over gloo, with 2
+and 4 CPU processes.
 
 Every case draws fresh inputs in this process, runs the op on every rank of a persistent process pool (each rank
 holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token rows),
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import math
 import multiprocessing
 import os
 import queue
@@ -29,6 +31,7 @@ from fused_lce.backends.base import Options, Problem
 from fused_lce.reference import reference_loss
 
 from .conftest import GRAD_TOL, LOSS_TOL, rel_err
+from .test_logprobs import reference as logprob_reference
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available in this torch build")
@@ -310,6 +313,86 @@ def check_case(pool, *, lead=(37,), d=24, sizes=(31, 44), dtype=torch.float32, r
     return res
 
 
+# ------------------------------------------------------------------------------------------- linear_logprobs
+def _logprob_case(rank, world, spec):
+    group = dist.group.WORLD
+    data, sizes = spec["data"], spec["sizes"]
+    v0 = sum(sizes[:rank])
+    h = data["h"].clone().requires_grad_()
+    w = data["w"][v0:v0 + sizes[rank]].clone().requires_grad_()
+    b = data["b"][v0:v0 + sizes[rank]].clone().requires_grad_() if data["b"] is not None else None
+    entropy = spec["opts"]["return_entropy"]
+    with CountCollectives() as count:
+        out = fused_lce.linear_logprobs(h, w, data["y"], b, process_group=group, **spec["opts"])
+        lp, ent = out if entropy else (out, None)
+        objective = (lp * data["g_lp"]).sum() + ((ent * data["g_ent"]).sum() if entropy else 0)
+        leaves = [t for t in (h, w, b) if t is not None]
+        grads = list(torch.autograd.grad(objective, leaves)) + [None]
+    return {"lp": lp.detach(), "ent": None if ent is None else ent.detach(), "dh": grads[0], "dw": grads[1],
+            "db": grads[2] if b is not None else None, "bytes": count.bytes}
+
+
+def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32, bias=False, ignore_frac=0.0,
+                       tile=None, backend="torch", entropy=True, **opts):
+    """linear_logprobs on every rank of ``pool`` (uneven vocabulary shards) against the single-process call and
+    the float64 reference: identical outputs on every rank, full dX, each rank's dW/db shard, and the bytes."""
+    v = sum(sizes)
+    h, w, b, y = _problem((n,), d, v, dtype, bias=bias, ignore_frac=ignore_frac)
+    data = {"h": h, "w": w, "b": b, "y": y, "g_lp": torch.randn(n), "g_ent": torch.randn(n)}
+    call = dict(opts, return_entropy=entropy, backend=backend, tile_budget_mb=tile)
+    res = run_ok(pool, _logprob_case, {"data": data, "sizes": list(sizes), "opts": call})
+    for r in res[1:]:
+        assert torch.equal(r["lp"], res[0]["lp"]) and torch.equal(r["dh"], res[0]["dh"])
+        assert not entropy or torch.equal(r["ent"], res[0]["ent"])
+    leaves = [t.clone().requires_grad_() for t in (h, w, b) if t is not None]
+    single = fused_lce.linear_logprobs(*leaves[:2], y, leaves[2] if b is not None else None, **call)
+    refs = [t.double().requires_grad_() for t in (h, w, b) if t is not None]
+    rlp, rent = logprob_reference(refs[0], refs[1], y, refs[2] if b is not None else None, **opts)
+    s_lp, s_ent = single if entropy else (single, None)
+    objective = (s_lp * data["g_lp"]).sum() + ((s_ent * data["g_ent"]).sum() if entropy else 0)
+    ref_objective = (rlp * data["g_lp"].double()).sum() + ((rent * data["g_ent"].double()).sum() if entropy else 0)
+    single_grads = torch.autograd.grad(objective, leaves)
+    ref_grads = torch.autograd.grad(ref_objective, refs)
+    got = res[0]
+    for name, ours, one, ref in (("logprob", got["lp"], s_lp, rlp), ("entropy", got["ent"], s_ent, rent)):
+        if name == "entropy" and not entropy:
+            continue
+        torch.testing.assert_close(ours, one.detach(), rtol=2e-6, atol=2e-6)
+        mag = float(ref.detach().abs().max())
+        assert float((ours.double() - ref.detach()).abs().max()) <= LOSS_TOL[dtype] * (1 + mag), name
+    want = [got["dh"], torch.cat([r["dw"] for r in res])] + ([torch.cat([r["db"] for r in res])] if bias else [])
+    single_tol = 1e-5 if dtype == torch.float32 else GRAD_TOL[dtype]
+    for name, ours, one, ref, leaf in zip("hwb", want, single_grads, ref_grads, leaves):
+        assert ours.dtype == leaf.dtype and ours.shape == leaf.shape, name
+        assert rel_err(ours, one) <= single_tol, (name, rel_err(ours, one))
+        assert rel_err(ours, ref) <= GRAD_TOL[dtype], (name, rel_err(ours, ref))
+    expect = fdist.comm_bytes(n, d, len(sizes), entropy=entropy)
+    for r in res:
+        assert r["bytes"]["other"] == 0
+        for kind, nbytes in expect.items():
+            assert r["bytes"][kind] == nbytes, (kind, r["bytes"], expect)
+    return res
+
+
+LOGPROB_BACKENDS = ["torch"] + [n for n in OTHER_CPU if registry.load(n).supports_logprobs]
+
+
+@pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
+@pytest.mark.parametrize("backend", LOGPROB_BACKENDS)
+def test_logprobs(pools, world, sizes, backend):
+    """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine), temperature,
+    softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty shard; bf16."""
+    pool = pools(world)
+    check_logprob_case(pool, sizes=sizes, backend=backend)
+    check_logprob_case(pool, sizes=sizes, backend=backend, temperature=0.7, softcap=3.0, bias=True,
+                       ignore_frac=0.2, tile=TINY)
+    check_logprob_case(pool, sizes=sizes, backend=backend, temperature=1.3, entropy=False, ignore_frac=0.3)
+    if world == 4:
+        check_logprob_case(pool, sizes=(3, 0, 120, 9), backend=backend, temperature=0.7, tile=TINY)
+    else:
+        check_logprob_case(pool, sizes=sizes, backend=backend, dtype=torch.bfloat16, temperature=0.7, bias=True)
+
+
 # ------------------------------------------------------------------------------------------------ the cases
 OPTION_SETS = {
     "plain": {},
@@ -418,6 +501,9 @@ def _helpers_case(rank, world, spec):
     s = torch.tensor([2.0, 0.0, 1.0, 1.0])
     amax = torch.full((n,), 100 * (world - rank), dtype=torch.int64)
     out["combine"] = fdist.combine_stats(m, s, torch.full((n,), float(rank)), torch.ones(n), amax, name)
+    # the entropy statistic sum e^(z-m)(z-m) of each shard, moved to the global max (an all -inf shard adds 0)
+    out["combine_ez"] = fdist.combine_stats(m, s, torch.zeros(n), torch.zeros(n), amax, name,
+                                            ez=torch.tensor([-0.5, 0.0, -0.25, 0.1]) * (rank + 1))
     # gather along dim 1 ([b, s/tp, h] shards), backward: slice (already summed) and reduce-scatter (partial)
     x = spec["x"].chunk(world, dim=1)[rank].clone().requires_grad_()
     full = fdist.gather_sequence_parallel(x, dist.group.WORLD, dim=1)
@@ -458,6 +544,13 @@ def test_building_blocks(pools, world):
                                                 for i in range(world)))
         assert t.tolist() == [sum(range(world))] * 4 and zs.tolist() == [world] * 4
         assert am.tolist() == [100, 100, 100, 100]  # the lowest global id among the max-holding shards
+        *same, ez = r["combine_ez"]
+        torch.testing.assert_close(same[1], s)
+        ez_q = [-0.5 * (q + 1) for q in range(world)]  # token 0: equal maxima, ez adds up
+        assert float(ez[0]) == pytest.approx(sum(ez_q)) and float(ez[1]) == 0.0
+        # token 2: shard q has max 2 + q, s = 1, ez = -0.25 (q + 1); moved to the global max 1 + world
+        want = sum(math.exp(q + 1 - world) * (-0.25 * (q + 1) + (q + 1 - world)) for q in range(world))
+        assert float(ez[2]) == pytest.approx(want, rel=1e-6)
         torch.testing.assert_close(r["gathered"], x)
         torch.testing.assert_close(r["dx_slice"], g.chunk(world, dim=1)[rank])
         torch.testing.assert_close(r["dx_partial"], g.chunk(world, dim=1)[rank] * tot)
@@ -480,6 +573,9 @@ def test_sequence_parallel_needs_group():
 def test_comm_bytes_formula():
     assert fdist.comm_bytes(100, 8, 1) == {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0}
     assert fdist.comm_bytes(100, 8, 4) == {"all_gather": 8 + 2000, "all_reduce": 24 + 3200, "reduce_scatter": 0}
+    assert fdist.comm_bytes(100, 8, 4, entropy=True) == {"all_gather": 8 + 2400, "all_reduce": 24 + 3200,
+                                                        "reduce_scatter": 0}
+    assert fdist.STATS_BYTES_PER_TOKEN == 20 and fdist.ENTROPY_STATS_BYTES_PER_TOKEN == 24
     assert fdist.comm_bytes(100, 8, 4, sequence_parallel=True, hidden_itemsize=2, sp_reduce_scatter=True,
                             grad_hidden=True) == {"all_gather": 8 + 2000 + 25 * 8 * 2, "all_reduce": 24,
                                                   "reduce_scatter": 3200}

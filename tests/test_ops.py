@@ -1,6 +1,9 @@
 """The registered custom ops: opcheck, autograd, torch.compile(fullgraph=True), checkpointing, no_grad."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -161,3 +164,276 @@ def test_retain_graph_second_backward(bd):
     g2 = torch.autograd.grad(loss * 3.0, (h, w, b))
     for a, c in zip(g1, g2):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ input checks
+OPTS_BLOCK = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "group_name", "vocab_start",
+              "vocab_total", "tile_bytes")
+
+
+def _opts(be, **kw):
+    base = dict(ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0, backend=be, group_name="",
+                vocab_start=0, vocab_total=0, tile_bytes=0)
+    base.update(kw)
+    return [base[k] for k in OPTS_BLOCK]
+
+
+def _bad_op_calls(backend, device):
+    """(description, callable, exception type, argument the message must name) for the direct ops."""
+    n, d, v = 7, 5, 11
+    h = torch.randn(n, d, device=device)
+    w = torch.randn(v, d, device=device)
+    y = torch.randint(0, v, (n,), device=device)
+    b = torch.randn(v, device=device)
+    lse = torch.randn(n, device=device)
+    g = torch.rand(n, device=device)
+    mask = [True, True, True]
+    fwd = lambda hh=h, ww=w, yy=y, bb=b, ni=None, red="mean", gm=mask, **o: (  # noqa: E731
+        lambda: torch.ops.fused_lce.forward(hh, ww, yy, bb, ni, red, *_opts(backend, **o), gm))
+    bwd = lambda gg=g, hh=h, ww=w, yy=y, bb=b, ll=lse, gm=mask, **o: (  # noqa: E731
+        lambda: torch.ops.fused_lce.backward(gg, hh, ww, yy, bb, ll, *_opts(backend, **o), gm))
+    other = "meta"  # a device that is never hidden's
+    cases = []
+    for op, make in (("forward", fwd), ("backward", bwd)):
+        cases += [
+            (f"{op} short labels", make(yy=y[:3]), ValueError, "labels"),
+            (f"{op} long labels", make(yy=torch.randint(0, v, (n + 2,), device=device)), ValueError, "labels"),
+            (f"{op} 2-D labels", make(yy=y[None]), ValueError, "labels"),
+            (f"{op} float labels", make(yy=y.float()), TypeError, "labels"),
+            (f"{op} labels elsewhere", make(yy=y.to(other)), ValueError, "labels"),
+            (f"{op} short bias", make(bb=b[:3]), ValueError, "bias"),
+            (f"{op} long bias", make(bb=torch.randn(v + 1, device=device)), ValueError, "bias"),
+            (f"{op} bias dtype", make(bb=b.half()), TypeError, "bias"),
+            (f"{op} bias elsewhere", make(bb=b.to(other)), ValueError, "bias"),
+            (f"{op} 3-D hidden", make(hh=h[None]), ValueError, "hidden"),
+            (f"{op} float64 hidden", make(hh=h.double(), ww=w.double()), TypeError, "hidden"),
+            (f"{op} weight D", make(ww=torch.randn(v, d + 1, device=device)), ValueError, "weight"),
+            (f"{op} weight dtype", make(ww=w.half()), TypeError, "weight"),
+            (f"{op} weight elsewhere", make(ww=w.to(other)), ValueError, "weight"),
+            (f"{op} grad_mask", make(gm=[True, True]), ValueError, "grad_mask"),
+            (f"{op} label_smoothing", make(label_smoothing=1.5), ValueError, "label_smoothing"),
+            (f"{op} z_loss", make(z_loss=-1.0), ValueError, "z_loss"),
+            (f"{op} softcap", make(softcap=-2.0), ValueError, "softcap"),
+            (f"{op} softcap inf", make(softcap=float("inf")), ValueError, "softcap"),
+            (f"{op} tile_bytes", make(tile_bytes=-1), ValueError, "tile_bytes"),
+            (f"{op} vocab_start", make(vocab_start=-1), ValueError, "vocab_start"),
+            (f"{op} vocab_total", make(vocab_total=3), ValueError, "vocab_total"),
+            (f"{op} shard without a group", make(vocab_start=2, vocab_total=40), ValueError, "group_name"),
+            (f"{op} vocab_total without a group", make(vocab_total=40), ValueError, "group_name"),
+            (f"{op} backend", make(backend="cudnn"), ValueError, "backend"),
+            (f"{op} group_name", make(group_name="no-such-group"), ValueError, "group_name"),
+            (f"{op} ignore_index beyond 64 bits", make(ignore_index=2**70), RuntimeError, "ignore_index"),
+        ]
+    cases += [
+        ("forward reduction", fwd(red="avg"), ValueError, "reduction"),
+        ("forward num_items shape", fwd(ni=torch.ones(2, device=device)), ValueError, "num_items"),
+        ("forward num_items negative", fwd(ni=torch.tensor(-3.0, device=device)), ValueError, "num_items"),
+        ("forward num_items nan", fwd(ni=torch.tensor(float("nan"), device=device)), ValueError, "num_items"),
+        ("forward num_items inf", fwd(ni=torch.tensor(float("inf"), device=device)), ValueError, "num_items"),
+        ("forward num_items bool", fwd(ni=torch.tensor(True, device=device)), TypeError, "num_items"),
+        ("backward short lse", bwd(ll=lse[:2]), ValueError, "lse"),
+        ("backward long lse", bwd(ll=torch.randn(n + 1, device=device)), ValueError, "lse"),
+        ("backward int lse", bwd(ll=lse.long()), TypeError, "lse"),
+        ("backward lse elsewhere", bwd(ll=lse.to(other)), ValueError, "lse"),
+        ("backward short grad_loss", bwd(gg=g[:1]), ValueError, "grad_loss"),
+        ("backward 2-D grad_loss", bwd(gg=g[None]), ValueError, "grad_loss"),
+        ("backward grad_loss elsewhere", bwd(gg=g.to(other)), ValueError, "grad_loss"),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_direct_ops_check_every_input(bd):
+    """The documented ops check every size, dtype, device and option themselves (the C++ kernel used to read
+    past short labels / bias / lse / grad_loss): a ValueError/TypeError naming the argument, nothing computed."""
+    backend, device = bd
+    for what, call, exc, name in _bad_op_calls(backend, device):
+        with pytest.raises(exc, match=name):
+            call()
+            pytest.fail(f"{what}: no error")
+
+
+SHORT_4M = r"""
+import sys, torch, fused_lce
+backend = sys.argv[1]
+n, d, v = 4_000_000, 1, 3          # the sizes at which the C++ kernel used to crash (rc 139)
+h, w = torch.randn(n, d), torch.randn(v, d)
+y, b = torch.randint(0, v, (n,)), torch.randn(v)
+opts = (-100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0)
+calls = {  # the two that crashed first: a crash kills the process, and the test reports its exit status
+    "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), *opts,
+                                                [True, True, False]),
+    "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), *opts,
+                                                      [True, True, False]),
+    "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts, [True, True, False]),
+    "bias": lambda: torch.ops.fused_lce.forward(h, w, y, b[:1], None, "mean", *opts, [True, True, True]),
+}
+for name, call in calls.items():
+    try:
+        call()
+        print(name, "NO ERROR", flush=True)
+    except ValueError as e:
+        print(name, "ValueError", str(e).split(":")[0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", [n for n in ("torch", "cpp") if fused_lce.backend_info()[n]["available"]])
+def test_short_inputs_at_4m_rows_raise_in_a_fresh_process(backend):
+    """The crash of issue 14 (segfault, rc 139, of the C++ kernel's backward with a short lse / grad_loss at 4M
+    rows; garbage from forward with short labels / bias), run in a subprocess so a crash cannot take pytest
+    down: each is now a ValueError naming the argument."""
+    out = subprocess.run([sys.executable, "-c", SHORT_4M, backend], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (f"exit status {out.returncode} (-11: segfault)", out.stdout, out.stderr[-2000:])
+    lines = out.stdout.split("\n")
+    for name in ("labels", "bias", "lse", "grad_loss"):
+        assert f"{name} ValueError {name}" in lines, out.stdout
+
+
+# ------------------------------------------------------------------------------------------------ autograd
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_double_backward_raises(bd):
+    """create_graph=True used to return a first-order gradient without a graph, silently; now a RuntimeError
+    naming fused_lce and the alternative, at backward."""
+    backend, device = bd
+    h, w, y, b, *_ = _fwd_args(device, "mean", OPT_VARIANTS["all"], backend)
+    for reduction in ("mean", "none"):
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction).sum()
+        with pytest.raises(RuntimeError, match="fused_lce.*create_graph.*F.cross_entropy"):
+            torch.autograd.grad(loss, (h, w), create_graph=True)
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction).sum()
+        with pytest.raises(RuntimeError, match="fused_lce"):
+            loss.backward(create_graph=True)
+    # a first-order backward still works afterwards
+    h.grad = None
+    fused_lce.linear_cross_entropy(h, w, y, b, backend=backend).backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all()
+
+
+def _plain_loss(h, w, y, b, reduction="mean", **kw):
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b).float(), y, reduction=reduction,
+                                             **kw)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_torch_func_transforms(bd, seed):
+    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) match the
+    plain path; they used to fail inside torch ("must override setup_context", "data-dependent control flow")."""
+    import warnings
+
+    backend, device = bd
+    n, d, v = 6, 5, 13
+    h = torch.randn(n, d, device=device)
+    w = torch.randn(v, d, device=device)
+    b = torch.randn(v, device=device)
+    y = torch.randint(0, v, (n,), device=device)
+    y[2] = -100
+    kw = dict(label_smoothing=0.1)
+    ours = lambda hh, ww, bb, yy, red="mean": fused_lce.linear_cross_entropy(  # noqa: E731
+        hh, ww, yy, bb, backend=backend, reduction=red, **kw)
+    plain = lambda hh, ww, bb, yy, red="mean": _plain_loss(hh, ww, yy, bb, red, **kw)  # noqa: E731
+    tf = torch.func
+    close = lambda a, c: torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. torch's "no batching rule, performance drop"
+        for a, c in zip(tf.grad(ours, argnums=(0, 1, 2))(h, w, b, y), tf.grad(plain, argnums=(0, 1, 2))(h, w, b, y)):
+            close(a, c)
+        (ga, la), (gc, lc) = tf.grad_and_value(ours)(h, w, b, y), tf.grad_and_value(plain)(h, w, b, y)
+        close(ga, gc)
+        close(la, lc)
+        up = torch.rand(n, device=device)
+        out_a, vjp_a = tf.vjp(lambda ww: ours(h, ww, b, y, "none"), w)
+        out_c, vjp_c = tf.vjp(lambda ww: plain(h, ww, b, y, "none"), w)
+        close(out_a, out_c)
+        close(vjp_a(up)[0], vjp_c(up)[0])
+        close(tf.jacrev(lambda hh: ours(hh, w, b, y, "none"))(h), tf.jacrev(lambda hh: plain(hh, w, b, y, "none"))(h))
+        hb = torch.randn(3, n, d, device=device)
+        yb = torch.randint(0, v, (3, n), device=device)
+        close(tf.vmap(ours, in_dims=(0, None, None, 0))(hb, w, b, yb),
+              tf.vmap(plain, in_dims=(0, None, None, 0))(hb, w, b, yb))
+        per_sample = tf.vmap(tf.grad(ours, argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb)
+        close(per_sample, tf.vmap(tf.grad(plain, argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb))
+        # vmap with the ordinary autograd outside it
+        wa, wc = w.clone().requires_grad_(), w.clone().requires_grad_()
+        tf.vmap(ours, in_dims=(0, None, None, 0))(hb, wa, b, yb).sum().backward()
+        tf.vmap(plain, in_dims=(0, None, None, 0))(hb, wc, b, yb).sum().backward()
+        close(wa.grad, wc.grad)
+    # label values are still checked under vmap (over the whole batch)
+    yb[1, 3] = v
+    with pytest.raises(ValueError, match="labels"):
+        tf.vmap(ours, in_dims=(0, None, None, 0))(hb, w, b, yb)
+    # higher order / forward mode: a clear error naming fused_lce and the plain path
+    for call in (lambda: tf.hessian(lambda hh: ours(hh, w, b, y))(h),
+                 lambda: tf.grad(lambda hh: tf.grad(ours)(hh, w, b, y).sum())(h),
+                 lambda: tf.jvp(lambda hh: ours(hh, w, b, y), (h,), (h,)),
+                 lambda: tf.jacfwd(lambda hh: ours(hh, w, b, y))(h)):
+        with pytest.raises(RuntimeError, match="fused_lce.*F.cross_entropy"):
+            call()
+
+
+# ------------------------------------------------------------------------------------------------ meta / compile
+def test_meta_tensors_propagate_shapes():
+    """device="meta" through the public API and the ops: shapes (and grads' shapes) propagate, values are not
+    checked (they do not exist: .item() used to fail), shapes still are."""
+    meta = dict(device="meta")
+    h = torch.randn(2, 9, 8, requires_grad=True, **meta)
+    w = torch.randn(31, 8, requires_grad=True, **meta)
+    b = torch.randn(31, requires_grad=True, **meta)
+    y = torch.randint(0, 31, (2, 9), **meta)
+    for backend in ("auto", "torch"):
+        out = fused_lce.linear_cross_entropy(h, w, y, b, shift=True, reduction="none", return_stats=True,
+                                             backend=backend, num_items=torch.tensor(3.0, **meta))
+        assert out.loss.shape == (2, 8) and out.loss.device.type == "meta" and out.loss.dtype == torch.float32
+        assert out.lse.shape == (2, 8) and out.token_accuracy.shape == ()
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, label_smoothing=0.1,
+                                              num_items=torch.tensor(3.0, **meta))
+        assert loss.shape == () and loss.device.type == "meta"
+        gh, gw, gb = torch.autograd.grad(loss, (h, w, b))
+        assert gh.shape == h.shape and gw.shape == w.shape and gb.shape == b.shape
+        assert gh.device.type == "meta"
+        gh, = torch.autograd.grad(out.loss, h, torch.ones(2, 8, **meta))
+        assert gh.shape == h.shape
+    with pytest.raises(ValueError, match="labels"):
+        fused_lce.linear_cross_entropy(h, w, y[:, :-1], b)
+    with pytest.raises(ValueError, match="weight"):
+        fused_lce.linear_cross_entropy(h, w[:, :4], y, b)
+    # the ops directly (FakeTensor/meta kernels)
+    h2, w2, y2 = h.detach().reshape(18, 8), w.detach(), y.reshape(18)
+    loss, lse, correct, dh, dw, db = torch.ops.fused_lce.forward(h2, w2, y2, b.detach(), None, "sum",
+                                                                 *_opts("auto"), [True, True, True])
+    assert loss.shape == () and lse.shape == (18,) and correct.dtype == torch.bool
+    assert dh.shape == (18, 8) and dw.shape == (31, 8) and db.shape == (31,)
+    dh, dw, db = torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse, *_opts("auto"),
+                                              [True, False, False])
+    assert dh.shape == (18, 8) and dw.numel() == 0
+    with pytest.raises(ValueError, match="lse"):
+        torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse[:3], *_opts("auto"),
+                                     [True, True, False])
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_compile_bad_label_is_nan_and_label_errors_counts_it(bd):
+    """Under torch.compile label values are not checked (documented): a bad label gives NaN, and
+    fused_lce.label_errors is the check that stays inside the graph (fullgraph=True, no host sync)."""
+    backend, device = bd
+    torch._dynamo.reset()
+    h = torch.randn(2, 6, 8, device=device)
+    w = torch.randn(11, 8, device=device)
+    y = torch.randint(0, 11, (2, 6), device=device)
+
+    def step(h, w, y):
+        loss = fused_lce.linear_cross_entropy(h, w, y, shift=True, backend=backend)
+        return loss, fused_lce.label_errors(y, w.shape[0], shift=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss, bad = compiled(h, w, y)
+    assert torch.isfinite(loss) and bad.item() == 0
+    y[1, 3] = 11
+    y[0, 0] = 99  # never scored with shift=True: not an error
+    loss, bad = compiled(h, w, y)
+    assert loss.isnan() and bad.item() == 1
+    with pytest.raises(ValueError, match="labels"):
+        step(h, w, y)  # eager: checked
+    with pytest.raises(TypeError, match="labels"):
+        fused_lce.label_errors(y.float(), 11)
+    with pytest.raises(ValueError, match="vocab_size"):
+        fused_lce.label_errors(y, -1)

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import fused_lce
-from fused_lce.reference import reference_loss
 
-from .conftest import GRAD_TOL, rel_err
+from .conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_TRITON = True
@@ -82,12 +81,9 @@ sys.path.insert(0, sys.argv[1])
 from fused_lce import driver
 from fused_lce.backends import triton as tc
 from fused_lce.backends.base import Options, Tensors
-from fused_lce.reference import reference_loss
+from tests import conftest as C  # the fp64 reference and the tolerances of every test
 torch.manual_seed(int(sys.argv[2]))
 out = []
-def rel(a, b):
-    a = a.double(); b = b.double()
-    return float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float((a - b).norm())
 cases = [
     # (path, dtype, mode, n, d, v, options, tile bytes, GEMM tile configuration)
     ("cublas", "float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0), 9 * 2100 * 4, ""),
@@ -130,21 +126,28 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     gl = torch.rand(n)
     bk = driver.run_backward(tc.PROVIDER, t, lse_ours, driver.token_weights(*driver.label_classes(y, o, v), gl), o,
                              (True, True, True))
-    leaves = [t_.double().requires_grad_() for t_ in (h, w, b)]
-    ref, lse, _, _ = reference_loss(*leaves[:2], y, leaves[2], reduction="none", label_smoothing=o.label_smoothing,
-                                    z_loss=o.z_loss, softcap=o.softcap or None)
-    g1 = torch.autograd.grad((ref * 1.0 / n).sum(), leaves, retain_graph=True)
-    g2 = torch.autograd.grad((ref * gl.double()).sum(), leaves)
+    ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss, softcap=o.softcap or None)
+    r1 = C.fp64_reference(h, w, y, b, upstream=torch.full((n,), 1.0 / n), **ref_opts)
+    r2 = C.fp64_reference(h, w, y, b, upstream=gl, **ref_opts)
     z = (h.double() @ w.double().t() + b.double())
     if o.softcap:
         z = o.softcap * torch.tanh(z / o.softcap)
     valid = y != -100
     correct = valid & (z.argmax(1) == y)
-    out.append(dict(case=f"{path}-{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}", loss=float((per.double() - ref).abs().max()),
-                    lse=float((lse_ours.double() - lse).abs().max()), correct=bool((correct_ours == correct).all()),
+    def close(check, *args):
+        try:
+            check(*args)
+            return True
+        except AssertionError:
+            return False
+    out.append(dict(case=f"{path}-{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}",
+                    loss=close(C.assert_loss_close, per, r1, dtype),
+                    lse=close(C.assert_lse_close, lse_ours, r1), correct=bool((correct_ours == correct).all()),
                     dtypes=[t_.dtype == dtype for t_ in grads],
-                    fwd=[rel(a, b_) for a, b_ in zip(grads, g1)],
-                    bwd=[rel(a, b_) for a, b_ in zip(bk, g2)], dtype=dt))
+                    fwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(grads, r1.grads, r1.grad_scales,
+                                                                       r1.grad_logit_scales)],
+                    bwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(bk, r2.grads, r2.grad_scales,
+                                                                       r2.grad_logit_scales)], dtype=dt))
 # no tokens / an empty vocabulary, both paths: zero gradients of the right shapes, no out-of-bounds access
 for path in ("1", "0"):
     os.environ["FUSED_LCE_TRITON_GEMM"] = path
@@ -176,18 +179,18 @@ def test_kernel_under_triton_interpreter(tmp_path, seed):
         pytest.skip("this Triton's interpreter cannot run the kernel: " + proc.stderr[-400:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    tol = {"float32": 1e-5, "bfloat16": 1.2e-2, "float16": 2e-3}
     for r in json.loads(line[len("RESULT"):]):
-        assert r["loss"] < 1e-4 and r["lse"] < 1e-4, r
+        assert r["loss"] and r["lse"], r
         assert all(r["dtypes"]), r
-        assert max(r["fwd"] + r["bwd"]) < tol[r["dtype"]], r
+        assert all(diff <= tol for diff, tol in r["fwd"] + r["bwd"]), r  # conftest's tolerances
         if r["dtype"] == "float32":
             assert r["correct"], r
 
 
 # ------------------------------------------------------------------------------------------- CUDA
 def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture seeds."""
+    g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
     h = (torch.randn(n, d, generator=g) * scale).to(dtype).cuda().requires_grad_()
     w = (torch.randn(v, d, generator=g) / d**0.5 * 2).to(dtype).cuda().requires_grad_()
     b = (torch.randn(v, generator=g) * 0.5).to(dtype).cuda().requires_grad_() if bias else None
@@ -198,18 +201,14 @@ def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
 
 def _compare(h, w, y, b, out, opts, reduction, upstream, dtype):
     leaves = [t for t in (h, w, b) if t is not None]
-    refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
-    ref, ref_lse, _, _ = reference_loss(refs[0], refs[1], y.cpu(), refs[2] if b is not None else None,
-                                        reduction=reduction, **opts)
-    grads = torch.autograd.grad(out.loss, leaves, upstream)
-    ref_grads = torch.autograd.grad(ref, refs, upstream.cpu().double())
-    err = float((out.loss.detach().cpu().double() - ref.detach()).abs().max())
-    assert err <= 2e-5 * (1 + float(ref.detach().abs().max())), err
-    torch.testing.assert_close(out.lse.cpu().double(), ref_lse.detach(), rtol=1e-4, atol=1e-4)
-    for name, ours, want, leaf in zip("hwb", grads, ref_grads, leaves):
-        assert ours.dtype == leaf.dtype and ours.shape == leaf.shape
-        e = rel_err(ours.cpu(), want)
-        assert e <= GRAD_TOL[dtype], (name, e)
+    got = iter(torch.autograd.grad(out.loss, leaves, upstream))
+    grads = tuple(None if t is None else next(got) for t in (h, w, b))
+    ref = fp64_reference(h, w, y, b, upstream=upstream, reduction=reduction, **opts)
+    assert_loss_close(out.loss, ref, dtype)
+    assert_lse_close(out.lse, ref)
+    for ours, leaf in zip(grads, (h, w, b)):
+        assert ours is None or (ours.dtype == leaf.dtype and ours.shape == leaf.shape)
+    assert_grads_close(grads, ref, dtype)
 
 
 # split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one device

@@ -180,6 +180,8 @@ class Runner {
     eps_ = (float)opt.label_smoothing;
     zl_ = (float)opt.z_loss;
     cap_ = (float)opt.softcap;
+    temp_ = (float)opt.temperature;
+    want_ez_ = opt.entropy;
     if (bias.has_value() && bias->defined()) {
       bias_f_ = bias->detach().to(at::kFloat).contiguous();
       bias_dtype_ = bias->scalar_type();
@@ -189,10 +191,15 @@ class Runner {
     tmax_.resize(nb * nt);
     tsum_.resize(nb * nt);
     tzs_.resize(nb * nt);
+    if (want_ez_) tez_.resize(nb * nt);
     targ_.resize(nb * nt);
     zt_.resize(nb);
     lse_.resize(nb);
-    g_.resize(nb);
+    ca_.resize(nb);
+    cb_.resize(nb);
+    ct_.resize(nb);
+    cu_.resize(nb);
+    skip_.resize(nb);
     yb_ = y_.data_ptr<int64_t>();
     auto f32 = h_.options().dtype(at::kFloat);
     if (plan_.keep && nt > 0) keep_ = at::empty({nb * plan_.vb * nt}, f32);
@@ -229,24 +236,41 @@ class Runner {
           lse_[k] = mp[i0 + k] + std::log(sp[i0 + k]);
         }
       });
-      for (int64_t k = 0; k < nbk; ++k) g_[k] = gp[i0 + k] * (float)scale;
+      for (int64_t k = 0; k < nbk; ++k) {  // the loss's coefficients (the driver's loss_coefs, in float)
+        const float g = gp[i0 + k] * (float)scale;
+        ca_[k] = g * (1.0f + 2.0f * zl_ * lse_[k]);
+        cb_[k] = 0.0f;
+        ct_[k] = g * (1.0f - eps_);
+        cu_[k] = g * (eps_ / (float)vt_);
+        skip_[k] = g == 0.0f;  // ignored token: no gradient
+      }
       pass2(i0, nbk, plan_.keep ? (cap_ > 0 ? GradFrom::kLogits : GradFrom::kProb) : GradFrom::kRaw);
     }
     return {st, finish_grads()};
   }
 
-  GradsOut grads(const at::Tensor& lse, const at::Tensor& g, double scale, std::array<bool, 3> mask,
+  GradsOut grads(const at::Tensor& lse, const GradCoefs& coef, double scale, std::array<bool, 3> mask,
                  bool fp32_dh) {
     alloc_grads(mask, fp32_dh);
-    at::Tensor gw = g.to(at::kFloat).contiguous(), ls = lse.to(at::kFloat).contiguous();
-    const float* gp = gw.data_ptr<float>();
+    auto f32 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : at::Tensor(); };
+    const at::Tensor ls = f32(lse), a = f32(coef.a), b = f32(coef.b), t = f32(coef.t), u = f32(coef.u);
     const float* lp = ls.data_ptr<float>();
+    const float* ap = a.data_ptr<float>();
+    const float* tp = t.data_ptr<float>();
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    const float* up = u.defined() ? u.data_ptr<float>() : nullptr;
+    const float sc = (float)scale;
     if (want_dh_ || want_dw_ || want_db_) {
       for (int64_t i0 = 0; i0 < n_; i0 += plan_.nb) {
         const int64_t nbk = std::min(plan_.nb, n_ - i0);
         for (int64_t k = 0; k < nbk; ++k) {
-          lse_[k] = lp[i0 + k];
-          g_[k] = gp[i0 + k] * (float)scale;
+          const int64_t i = i0 + k;
+          lse_[k] = lp[i];
+          ca_[k] = ap[i] * sc;
+          cb_[k] = bp ? bp[i] * sc : 0.0f;
+          ct_[k] = tp[i] * sc;
+          cu_[k] = up ? up[i] * sc : 0.0f;
+          skip_[k] = ca_[k] == 0.0f && ct_[k] == 0.0f && cb_[k] == 0.0f && cu_[k] == 0.0f;
         }
         set_block(i0, nbk);
         pass2(i0, nbk, GradFrom::kRaw);
@@ -414,7 +438,7 @@ class Runner {
   // ---------------------------------------------------------------------------------------------- pass 1
   void pass1(int64_t i0, int64_t nbk) {
     std::fill(zt_.begin(), zt_.begin() + nbk, 0.0f);
-    const bool store_prob = plan_.keep && cap_ == 0.0f;
+    const bool store_prob = plan_.keep && cap_ == 0.0f && !want_ez_ && temp_ == 1.0f;
     const bool want_zsum = eps_ != 0.0f;
     const float* bias = bias_f_.defined() ? bias_f_.data_ptr<float>() : nullptr;
     for_tiles([&](int64_t slot, int64_t k) {
@@ -427,11 +451,13 @@ class Runner {
         for (int64_t r = r0; r < r1; ++r) {
           RowStat st{};
           const int64_t lab = local_label(yb_[i0 + r], v0, n);
-          rk_.stats(zp + r * n, bias ? bias + v0 : nullptr, n, cap_, lab, want_zsum, store_prob, &st);
+          rk_.stats(zp + r * n, bias ? bias + v0 : nullptr, n, cap_, 1.0f / temp_, lab, want_zsum, want_ez_,
+                    store_prob, &st);
           const int64_t at = k * plan_.nb + r;
           tmax_[at] = st.max;
           tsum_[at] = st.sumexp;
           tzs_[at] = st.zsum;
+          if (want_ez_) tez_[at] = st.ez;
           targ_[at] = v0 + vs_ + st.argmax;
           if (lab >= 0) zt_[r] = st.target;  // exactly one tile holds the label
         }
@@ -439,20 +465,24 @@ class Runner {
     });
   }
 
-  // Online-softmax merge of a token's tile statistics, in tile order.
-  void reduce_tiles(int64_t r, float& M, float& S, float& ZS, int64_t& arg) const {
+  // Online-softmax merge of a token's tile statistics, in tile order. EZ (sum e^(z-M) (z-M), with want_ez_):
+  // moving a partial sum from max m to M > m gives e^(m-M) (EZ + (m-M) S).
+  void reduce_tiles(int64_t r, float& M, float& S, float& ZS, int64_t& arg, float& EZ) const {
     M = -kInf;
     S = 0.0f;
     ZS = 0.0f;
+    EZ = 0.0f;
     arg = 0;
     for (int64_t k = 0; k < plan_.ntiles; ++k) {
       const int64_t at = k * plan_.nb + r;
       const float mk = tmax_[at], sk = tsum_[at];
       if (mk > M) {  // strict: the first argmax wins ties
+        if (want_ez_) EZ = (M == -kInf ? 0.0f : std::exp(M - mk) * (EZ + (M - mk) * S)) + tez_[at];
         S = S * std::exp(M - mk) + sk;
         M = mk;
         arg = targ_[at];
       } else if (mk != -kInf) {  // an all -inf tile adds nothing (and exp(-inf - -inf) would be NaN)
+        if (want_ez_) EZ += std::exp(mk - M) * (tez_[at] + (mk - M) * sk);
         S += sk * std::exp(mk - M);
       }
       ZS += tzs_[at];
@@ -462,19 +492,20 @@ class Runner {
   StatsOut new_stats() const {
     auto f32 = h_.options().dtype(at::kFloat);
     return {at::empty({n_}, f32), at::empty({n_}, f32), at::empty({n_}, f32), at::empty({n_}, f32),
-            at::empty({n_}, h_.options().dtype(at::kLong))};
+            at::empty({n_}, h_.options().dtype(at::kLong)), want_ez_ ? at::empty({n_}, f32) : at::Tensor()};
   }
 
   // The token's statistics over every tile of this shard into the outputs.
   void write_stats(StatsOut& st, int64_t i0, int64_t r) const {
-    float M, S, ZS;
+    float M, S, ZS, EZ;
     int64_t arg;
-    reduce_tiles(r, M, S, ZS, arg);
+    reduce_tiles(r, M, S, ZS, arg, EZ);
     st.m.data_ptr<float>()[i0 + r] = M;
     st.s.data_ptr<float>()[i0 + r] = S;
     st.target.data_ptr<float>()[i0 + r] = zt_[r];
     st.zsum.data_ptr<float>()[i0 + r] = ZS;
     st.argmax.data_ptr<int64_t>()[i0 + r] = arg;
+    if (want_ez_) st.ez.data_ptr<float>()[i0 + r] = EZ;
   }
 
   // ---------------------------------------------------------------------------------------------- pass 2
@@ -511,19 +542,17 @@ class Runner {
       at::parallel_for(0, nbk, 16, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           float* row = zp + r * n;
-          const float g = g_[r];
-          if (g == 0.0f) {  // ignored token: no gradient
+          if (skip_[r]) {  // no gradient from this token (ignored)
             std::memset(row, 0, sizeof(float) * n);
             if (z16) std::memset(z16 + r * n, 0, sizeof(uint16_t) * n);
             continue;
           }
-          const float lse = lse_[r];
-          const float a = g * (1.0f + 2.0f * zl_ * lse), t = g * (1.0f - eps_), u = g * (eps_ / (float)vt_);
+          const float lse = lse_[r], a = ca_[r];
           float scale = 0.0f;
           if (from == GradFrom::kProb) scale = a * std::exp(tmax_[k * plan_.nb + r] - lse);
           const int64_t lab = local_label(yb_[i0 + r], v0, n);
-          rk_.grad(row, bias ? bias + v0 : nullptr, n, cap_, lab, from, lse, a, u, t, scale,
-                   (db && serial_rows) ? db + v0 : nullptr, z16 ? z16 + r * n : nullptr);
+          rk_.grad(row, bias ? bias + v0 : nullptr, n, cap_, temp_, lab, from, lse, a, cb_[r], cu_[r], ct_[r],
+                   scale, (db && serial_rows) ? db + v0 : nullptr, z16 ? z16 + r * n : nullptr);
         }
       });
       if (db && !serial_rows) db_.narrow(0, v0, n).add_(z.sum(0));
@@ -560,10 +589,13 @@ class Runner {
   bool g16_ = false;  // bf16 inputs on a 16-bit GEMM path: the row kernel writes dZ as bf16 too
   at::Tensor hb_, ht_;  // current token block (see set_block)
   at::ScalarType bias_dtype_ = at::kFloat;
-  float eps_ = 0, zl_ = 0, cap_ = 0;
+  float eps_ = 0, zl_ = 0, cap_ = 0, temp_ = 1;
+  bool want_ez_ = false;  // the entropy statistic (linear_logprobs)
   Plan plan_;
   const int64_t* yb_ = nullptr;
-  std::vector<float> tmax_, tsum_, tzs_, zt_, lse_, g_;
+  std::vector<float> tmax_, tsum_, tzs_, tez_, zt_, lse_;
+  std::vector<float> ca_, cb_, ct_, cu_;  // the token block's gradient coefficients (GradCoefs, times scale)
+  std::vector<char> skip_;                // ... all 0: the token contributes no gradient
   std::vector<int64_t> targ_;
   at::Tensor keep_;
   Prof prof_;
@@ -605,21 +637,32 @@ static void check_per_token(const char* name, const at::Tensor& t, int64_t n) {
               t.sizes());
 }
 
+static void check_temperature(const Options& opt) {
+  TORCH_CHECK(opt.temperature > 0.0 && std::isfinite(opt.temperature) && std::isfinite((float)(1.0 / opt.temperature)),
+              "fused_lce cpp kernel: temperature must be a finite value > 0, got ", opt.temperature);
+}
+
 StatsOut stats(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                const std::optional<at::Tensor>& bias, const Options& opt) {
   check_inputs(hidden, weight, labels, bias);
+  check_temperature(opt);
   Runner run(hidden, weight, labels, bias, opt, false);
   return run.stats();
 }
 
 GradsOut grads(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-               const std::optional<at::Tensor>& bias, const at::Tensor& lse, const at::Tensor& g, double scale,
+               const std::optional<at::Tensor>& bias, const at::Tensor& lse, const GradCoefs& coef, double scale,
                const Options& opt, std::array<bool, 3> mask, bool fp32_grad_hidden) {
   check_inputs(hidden, weight, labels, bias);
-  check_per_token("lse", lse, hidden.size(0));
-  check_per_token("g", g, hidden.size(0));
+  const int64_t n = hidden.size(0);
+  check_per_token("lse", lse, n);
+  check_per_token("a", coef.a, n);
+  check_per_token("t", coef.t, n);
+  if (coef.b.defined()) check_per_token("b", coef.b, n);
+  if (coef.u.defined()) check_per_token("u", coef.u, n);
+  check_temperature(opt);
   Runner run(hidden, weight, labels, bias, opt, false);
-  return run.grads(lse, g, scale, mask, fp32_grad_hidden);
+  return run.grads(lse, coef, scale, mask, fp32_grad_hidden);
 }
 
 std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
@@ -627,6 +670,7 @@ std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& 
                                     const Options& opt, std::array<bool, 3> mask) {
   check_inputs(hidden, weight, labels, bias);
   check_per_token("g", g, hidden.size(0));
+  TORCH_CHECK(opt.temperature == 1.0 && !opt.entropy, "fused_lce cpp kernel: the fused pass is the loss's only");
   Runner run(hidden, weight, labels, bias, opt, mask[0] || mask[1] || mask[2]);
   return run.fused(g, scale, mask);
 }

@@ -15,15 +15,25 @@ struct Options {
   double label_smoothing = 0.0;  // only "!= 0" matters for the statistics (sum of logits wanted)
   double z_loss = 0.0;
   double softcap = 0.0;      // 0: off
+  double temperature = 1.0;  // logits z = softcap(x) / temperature (linear_logprobs; the loss uses 1)
+  bool entropy = false;      // the statistics include ez (linear_logprobs with the entropy)
   int64_t vocab_start = 0;   // first global id of this weight shard
   int64_t vocab_total = 0;   // 0: weight.size(0)
   int64_t tile_bytes = 0;    // 0: 256 MiB
 };
 
 // Per-token statistics over this weight shard: max, sum exp(z - max), the label's logit (0 when the label is not
-// in the shard), sum of logits (0 unless label_smoothing != 0), first argmax as a global id (int64).
+// in the shard), sum of logits (0 unless label_smoothing != 0), first argmax as a global id (int64), and with
+// Options::entropy ez = sum exp(z - max) (z - max) (else undefined).
 struct StatsOut {
-  at::Tensor m, s, target, zsum, argmax;
+  at::Tensor m, s, target, zsum, argmax, ez;
+};
+
+// Per-token coefficients of the logits gradient, float32 (N,) each; b and u may be undefined (0):
+// dz = p * (a + b z) - t * onehot(label) - u with p = exp(z - lse), z the tempered logits (fused_lce.driver forms
+// them, 1 / temperature folded in), then times softcap'.
+struct GradCoefs {
+  at::Tensor a, b, t, u;
 };
 
 // Gradients (undefined where not asked for). grad_hidden is float32 when fp32_grad_hidden (a vocab-parallel
@@ -36,14 +46,15 @@ struct GradsOut {
 StatsOut stats(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                const std::optional<at::Tensor>& bias, const Options& opt);
 
-// Gradients of scale * sum_i g_i * loss_i from the global per-token lse (recomputes the logits). g is the per-token
-// weight: 0 skips a token, NaN poisons its gradients.
+// Gradients of scale * (the logits gradient of GradCoefs) from the global per-token lse (recomputes the logits).
+// A token whose coefficients are all 0 is skipped, a NaN coefficient poisons its gradients.
 GradsOut grads(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-               const std::optional<at::Tensor>& bias, const at::Tensor& lse, const at::Tensor& g, double scale,
+               const std::optional<at::Tensor>& bias, const at::Tensor& lse, const GradCoefs& coef, double scale,
                const Options& opt, std::array<bool, 3> mask, bool fp32_grad_hidden);
 
 // One device, one pass: the statistics and the gradients of scale * sum_i g_i * loss_i (logits kept between the
-// two passes of a token block when they fit the tile budget: 3 GEMM-equivalents).
+// two passes of a token block when they fit the tile budget: 3 GEMM-equivalents). g is the per-token weight: 0
+// skips a token, NaN poisons its gradients. The loss only (temperature 1, no entropy).
 std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                                     const std::optional<at::Tensor>& bias, const at::Tensor& g, double scale,
                                     const Options& opt, std::array<bool, 3> mask);

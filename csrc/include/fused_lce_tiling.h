@@ -1,7 +1,7 @@
 // Tiling math of the fused linear-cross-entropy AscendC kernels (csrc/ascend/), in plain C++17 with no CANN
 // include, so that the same code runs in the op_host tiling function, in the kernels (index helpers only) and in
-// the g++ unit tests of tests/npu/. fused_lce/backends/npu_emulator.py mirrors plan() line by line; a test
-// compares the two on many shapes.
+// the g++ unit tests of tests/npu/ and the CPU twin's harness (tests/ascend/). The Python tile emulator mirrors
+// plan()'s tile and grid choices (a test compares them on many shapes); its UB accounting predates the layout below.
 //
 // Work decomposition (both kernels):
 //   * cube tile: base_m tokens x base_n vocabulary rows, K = hidden dim in chunks of base_k, fp32 result in L0C;
@@ -55,7 +55,8 @@ enum Status : int32_t {
 constexpr uint64_t kUbReserved = 16 * 1024;
 constexpr uint64_t kUbAlign = 32;          // UB allocations are 32-byte blocks
 constexpr uint64_t kGmAlign = 512;         // workspace slices start on 512-byte boundaries
-constexpr uint64_t kRowSlots = 12;         // per-row fp32 slots in UB (stats, coefficients, 64-bit label)
+constexpr uint64_t kRowSlots = 16;         // per-row fp32 slots in UB (stats, temporaries, coefficients, label)
+constexpr uint32_t kUbNone = 0xffffffffu;  // offset of a UB region the plan does not allocate (never a valid view)
 constexpr uint64_t kStatBytes = 20;        // partial stats per token per segment: m, s, zt, zs (fp32), argmax (i32)
 constexpr uint32_t kMinBase = 16;          // cube fractal edge
 
@@ -79,8 +80,8 @@ struct Plan {
     uint32_t used_cores, cube_cores;
     // on-chip bytes used
     uint64_t l1_used, l0a_used, l0b_used, l0c_used, ub_used;
-    // UB layout of one vector core (byte offsets)
-    uint32_t ub_c0, ub_c1, ub_work, ub_work2, ub_cast, ub_bias, ub_rows, ub_colsum, ub_end;
+    // UB layout of one vector core (byte offsets; kUbNone for a region this plan does not need)
+    uint32_t ub_c, ub_work, ub_work2, ub_cast, ub_bias, ub_bias_f32, ub_rows, ub_colsum, ub_end;
     // GM workspace (bytes) and the float32 accumulators of the backward kernel (outputs, not workspace)
     uint64_t ws_stats, ws_dz, ws_total;
     uint64_t acc_dx_bytes, acc_dw_bytes, acc_db_bytes;
@@ -128,32 +129,44 @@ inline bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
     return true;
 }
 
-// UB bytes of one vector core for a (vec_rows, base_n) tile; fills the layout when `p` is given.
+// UB bytes of one vector core for a (vec_rows, base_n) tile; fills the layout when `p` is given. Every region a
+// kernel uses has its own bytes: a region the flags do not need gets no bytes and the offset kUbNone (finding 3 of
+// issue 12: a zero-sized region used to share its offset with the next one, so the fp32 backward's dz copy wrote
+// over the bias, the row slots and past the end of the buffer).
+//   c        C tile from the cube: baseM x base_n floats with baseM = align16(vec_rows), the Matmul tiling's baseM
+//            (GetTensorC(LocalTensor) needs at least baseM * baseN elements, asc-devkit GetTensorC.md)
+//   work     exp / probabilities, ReduceMax scratch, the finishing phase's per-token planes
+//   work2    softcap: tanh(z / c) (forward scratch, backward derivative)
+//   cast     backward, bf16 / fp16: dz rounded to the operand dtype (fp32 stages dz straight from the C tile)
+//   bias     the bias block as loaded (operand dtype); bias_f32 its float copy (bf16 / fp16 only)
+//   rows     kRowSlots per-row float slots of align8(vec_rows)
+//   colsum   backward with bias: column sums of dz (db)
 inline uint64_t ub_layout(uint64_t vec_rows, uint64_t base_n, uint32_t elt, uint32_t flags, Plan* p) {
     const bool bwd = (flags & kBackward) != 0;
-    const uint64_t tile = align_up(vec_rows * base_n * 4, kUbAlign);
+    const bool bias = (flags & kBias) != 0;
+    const bool softcap = (flags & kSoftcap) != 0;
     uint64_t off = 0;
-    auto take = [&off](uint64_t bytes) {
+    auto take = [&off](bool need, uint64_t bytes) -> uint64_t {
+        if (!need) return kUbNone;
         uint64_t at = off;
         off += align_up(bytes, kUbAlign);
         return at;
     };
-    uint64_t c0 = take(tile);                    // C tiles from the cube, double-buffered
-    uint64_t c1 = take(tile);
-    uint64_t work = take(tile);                  // exp / probabilities
-    // capped logits are needed next to the probabilities for the softcap derivative; tanh needs scratch too
-    uint64_t work2 = take((flags & kSoftcap) || bwd ? tile : 0);
-    uint64_t cast = take(bwd && elt != 4 ? vec_rows * base_n * elt : 0);  // dz in the input dtype
-    uint64_t bias = take((flags & kBias) ? base_n * (4 + elt) : 0);       // staged input dtype + fp32
-    uint64_t rows = take(align_up(vec_rows, 8) * kRowSlots * 4);
-    uint64_t colsum = take(bwd && (flags & kBias) ? base_n * 4 : 0);      // db partial sums
+    const uint64_t c = take(true, align_up(vec_rows, kMinBase) * base_n * 4);
+    const uint64_t work = take(true, vec_rows * base_n * 4);
+    const uint64_t work2 = take(softcap, vec_rows * base_n * 4);
+    const uint64_t cast = take(bwd && elt != 4, vec_rows * base_n * elt);
+    const uint64_t bias_in = take(bias, align_up(base_n, kMinBase) * elt);
+    const uint64_t bias_f32 = take(bias && elt != 4, base_n * 4);
+    const uint64_t rows = take(true, align_up(vec_rows, 8) * kRowSlots * 4);
+    const uint64_t colsum = take(bwd && bias, base_n * 4);
     if (p != nullptr) {
-        p->ub_c0 = static_cast<uint32_t>(c0);
-        p->ub_c1 = static_cast<uint32_t>(c1);
+        p->ub_c = static_cast<uint32_t>(c);
         p->ub_work = static_cast<uint32_t>(work);
         p->ub_work2 = static_cast<uint32_t>(work2);
         p->ub_cast = static_cast<uint32_t>(cast);
-        p->ub_bias = static_cast<uint32_t>(bias);
+        p->ub_bias = static_cast<uint32_t>(bias_in);
+        p->ub_bias_f32 = static_cast<uint32_t>(bias_f32);
         p->ub_rows = static_cast<uint32_t>(rows);
         p->ub_colsum = static_cast<uint32_t>(colsum);
         p->ub_end = static_cast<uint32_t>(off);
@@ -194,12 +207,15 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
     static const uint32_t kBk[] = {256, 128, 64, 32, 16};
     static const uint32_t kDepth[] = {8, 4, 2, 1};
 
+    // Two passes: first only tiles whose float C fits L0C twice (the next tile accumulates while the previous one
+    // drains), then any tile that fits once.
     bool found = false;
+    for (int pass = 0; pass < 2 && !found; ++pass)
     for (uint32_t bm0 : kBm) {
         uint64_t bm = bm0 < m_cap ? bm0 : m_cap;
         if (bm % (8ull * hw.vec_per_cube) != 0) continue;  // each vector core's rows fill whole 32-byte blocks
         for (uint32_t bn : kBn) {
-            if (bm * bn * 4 > hw.l0c_bytes) continue;
+            if (bm * bn * 4 * (pass == 0 ? 2 : 1) > hw.l0c_bytes) continue;
             uint64_t vr = ceil_div(bm, hw.vec_per_cube);
             if (detail::ub_layout(vr, bn, elt_bytes, flags, nullptr) > ub_budget) continue;
             uint64_t bk = 0;

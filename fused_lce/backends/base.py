@@ -6,16 +6,21 @@ weights, the reduction and autograd. A provider owns kernels only:
 * ``stats(t, rows, opts, keep)``: per-token statistics of this rank's vocabulary shard for the token rows
   ``rows`` -- running max ``m``, ``s = sum exp(z - m)``, the label's logit (0 when the label is not in the shard),
   ``sum z`` and the first argmax as a global id -- plus an opaque cache (e.g. logits tiles kept for ``grads``);
-* ``grads(t, rows, lse, g, scale, opts, out, cache)``: adds the gradients of ``scale * sum_i g_i * loss_i`` over
-  those rows into ``out`` (float32 accumulators), from the global ``lse``;
+* ``grads(t, rows, lse, coef, scale, opts, out, cache)``: adds ``scale * dz @ ...`` over those rows into ``out``
+  (float32 accumulators), from the global ``lse``, where per token ``dz = p (a + b z) - t onehot(label) - u`` with
+  ``p = softmax(z)`` and the per-token coefficients ``coef`` (``Coefs``) formed by the driver -- for the loss
+  (``a = g (1 + 2 z_loss lse)``, ``t = g (1 - eps)``, ``u = g eps / V``) and for ``linear_logprobs`` (log-prob and
+  entropy weights) alike. Providers that have not moved to this form (``supports_logprobs = False``) receive the
+  loss's per-token weight ``g`` as ``coef`` instead and form the loss coefficients in their kernels;
 * optionally ``fused(t, g, scale, opts, out)``: both at once on one device (the gradients need only the row's own
   statistics there), for providers whose kernels do that in one pass;
 * ``supports(problem)``: None, or why this provider cannot run this problem (shapes, dtype, device, options),
   so every fallback is decided by the registry and reported by ``backend_info()``.
 
-Here ``z = softcap(hidden @ weight.T + bias)`` and ``g`` is the per-token weight: the upstream gradient where
-the label is valid, 0 where it is ignored, NaN where it is out of range (it must poison, never index).
-``loss_i`` is the per-token loss of SPEC (docs/spec.md) with ``opts.label_smoothing`` and ``opts.z_loss``.
+Here ``z = softcap(hidden @ weight.T + bias) / opts.temperature`` (temperature 1 for the loss) and ``g`` is the
+per-token weight: the upstream gradient where the label is valid, 0 where it is ignored, NaN where it is out of
+range (it must poison, never index). ``loss_i`` is the per-token loss of SPEC (docs/spec.md) with
+``opts.label_smoothing`` and ``opts.z_loss``. What ``linear_logprobs`` needs of a provider: docs/providers.md.
 """
 from __future__ import annotations
 
@@ -26,36 +31,53 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 
+_LOSS_ONLY = {"ops": ("loss",)}
+_LOGPROBS_ONLY = {"ops": ("logprobs",)}
+
+
 @dataclass(frozen=True)
 class Options:
-    """Every loss option, normalised once by ``fused_lce.api`` and carried unchanged to the providers.
+    """Every option, normalised once by ``fused_lce.api`` and carried unchanged to the providers.
 
-    The field order is the order of the options block in the schemas of ``torch.ops.fused_lce.forward`` /
-    ``backward`` (``fused_lce.ops`` builds that part of the schema from these fields), so adding an option means:
-    a field here, the API argument, the formula in the driver, and the kernels that implement it.
+    The field order is the order of the options block in the schemas of the ops (``fused_lce.ops`` builds that
+    part of the schema from these fields): the loss ops ``torch.ops.fused_lce.forward`` / ``backward`` take the
+    fields of ``OPTION_FIELDS``, the log-prob ops ``fused_lce::logprobs`` / ``logprobs_backward`` those of
+    ``LOGPROB_FIELDS`` (a field's ``metadata["ops"]`` says which, default both). Adding an option means: a field
+    here, the API argument, the formula in the driver, and the kernels that implement it.
     """
 
     ignore_index: int = -100
-    label_smoothing: float = 0.0
-    z_loss: float = 0.0
+    label_smoothing: float = dataclasses.field(default=0.0, metadata=_LOSS_ONLY)
+    z_loss: float = dataclasses.field(default=0.0, metadata=_LOSS_ONLY)
     softcap: float = 0.0  # 0: off
     backend: str = "auto"  # a registry name or "auto"
     group_name: str = ""  # "": one device; else the vocab-parallel process group
     vocab_start: int = 0  # first global vocabulary id of this rank's weight shard
     vocab_total: int = 0  # global vocabulary size; 0: weight.shape[0]
     tile_bytes: int = 0  # bytes of logits tiles a provider may keep live; 0: the provider's default
+    # linear_logprobs only (the loss ops always run with the defaults):
+    temperature: float = dataclasses.field(default=1.0, metadata=_LOGPROBS_ONLY)  # z = softcap(logits) / T
+    entropy: bool = dataclasses.field(default=False, metadata=_LOGPROBS_ONLY)  # stats returns EntropyStats
 
     def vocab(self, v_local: int) -> int:
         return self.vocab_total or v_local
 
 
-OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(Options))
-_SCHEMA_TYPES = {int: "int", float: "float", str: "str", "int": "int", "float": "float", "str": "str"}
+def op_fields(op: str) -> tuple[str, ...]:
+    """Names of the Options fields in the options block of the ``op`` ("loss" or "logprobs") schemas."""
+    return tuple(f.name for f in dataclasses.fields(Options) if op in f.metadata.get("ops", ("loss", "logprobs")))
 
 
-def options_schema() -> str:
-    """``"int ignore_index, float label_smoothing, ..."``: the options block of the op schemas."""
-    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options))
+OPTION_FIELDS = op_fields("loss")
+LOGPROB_FIELDS = op_fields("logprobs")
+_SCHEMA_TYPES = {int: "int", float: "float", str: "str", bool: "bool", "int": "int", "float": "float",
+                 "str": "str", "bool": "bool"}
+
+
+def options_schema(op: str = "loss") -> str:
+    """``"int ignore_index, float label_smoothing, ..."``: the options block of the ``op`` schemas."""
+    names = op_fields(op)
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options) if f.name in names)
 
 
 class Tensors(NamedTuple):
@@ -80,21 +102,49 @@ class Problem:
     has_bias: bool
     opts: Options
     mask: tuple[bool, bool, bool] = (False, False, False)  # gradients of hidden, weight, bias
+    op: str = "loss"  # "loss" or "logprobs" (per-token log-probs / entropy: needs ``supports_logprobs``)
 
     @staticmethod
-    def of(t: Tensors, opts: Options, mask=(False, False, False)) -> "Problem":
+    def of(t: Tensors, opts: Options, mask=(False, False, False), op: str = "loss") -> "Problem":
         return Problem(t.hidden.shape[0], t.hidden.shape[1], t.weight.shape[0], t.hidden.dtype, t.hidden.device,
-                       t.bias is not None, opts, tuple(bool(x) for x in mask))
+                       t.bias is not None, opts, tuple(bool(x) for x in mask), op)
 
 
 class Stats(NamedTuple):
-    """Per-token statistics over a vocabulary shard (float32, argmax int64 global ids)."""
+    """Per-token statistics over a vocabulary shard (float32, argmax int64 global ids), of ``z`` = the logits
+    after softcap and temperature."""
 
     m: torch.Tensor
     s: torch.Tensor
     target: torch.Tensor
     zsum: torch.Tensor
     argmax: torch.Tensor
+
+
+class EntropyStats(NamedTuple):
+    """What ``stats`` returns instead of ``Stats`` when ``opts.entropy``: the same fields and ``ez = sum exp(z - m)
+    (z - m)``; then ``E_p[z] = m + ez / s`` and the entropy of ``p = softmax(z)`` is ``log s - ez / s``. (A separate
+    type, so that code iterating over a ``Stats`` keeps seeing five fields.)"""
+
+    m: torch.Tensor
+    s: torch.Tensor
+    target: torch.Tensor
+    zsum: torch.Tensor
+    argmax: torch.Tensor
+    ez: torch.Tensor
+
+
+class Coefs(NamedTuple):
+    """Per-token coefficients of the logits gradient (float32, one value per row of the block): the provider adds
+    the gradients of ``dz = p * (a + b * z) - t * onehot(label) - u`` (``p = exp(z - lse)``, ``z`` the logits
+    after softcap and temperature; ``b`` / ``u`` None mean 0), chained through ``1 / temperature`` (already folded
+    into the coefficients by the driver: the kernels do not divide) and the softcap derivative. A token whose
+    coefficients are all 0 contributes nothing; a NaN coefficient poisons that token's gradients."""
+
+    a: torch.Tensor
+    t: torch.Tensor
+    b: Optional[torch.Tensor] = None
+    u: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -134,6 +184,9 @@ class Provider:
         if p.dtype not in self.dtypes:
             names = "/".join(str(d).replace("torch.", "") for d in self.dtypes)
             return f"backend {self.name!r} takes {names} inputs, got {p.dtype}"
+        if p.op == "logprobs" and not self.supports_logprobs:
+            return (f"backend {self.name!r} does not implement linear_logprobs yet (per-token log-probs, entropy, "
+                    f"temperature: the contract is in docs/providers.md)")
         return None
 
     # -- planning ----------------------------------------------------------------------------------------------
@@ -146,9 +199,15 @@ class Provider:
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool) -> tuple[Stats, Any]:
         raise NotImplementedError
 
-    def grads(self, t: Tensors, rows: slice, lse: torch.Tensor, g: torch.Tensor, scale: Optional[torch.Tensor],
+    def grads(self, t: Tensors, rows: slice, lse: torch.Tensor, coef, scale: Optional[torch.Tensor],
               opts: Options, out: Grads, cache: Any = None) -> None:
+        """``coef``: a ``Coefs`` when ``supports_logprobs``, else (the loss only) the per-token weight ``g``."""
         raise NotImplementedError
+
+    #: True when the provider implements the log-prob contract (docs/providers.md, "Log-probs and entropy"):
+    #: ``grads`` takes ``Coefs`` (for the loss too), ``stats`` honours ``opts.temperature`` and ``opts.entropy``
+    #: (returns ``EntropyStats``). Otherwise ``supports`` declines every ``linear_logprobs`` problem (``auto`` falls back).
+    supports_logprobs: bool = False
 
     #: providers with a single-device one-pass kernel set this and implement ``fused``
     has_fused: bool = False
@@ -205,10 +264,17 @@ class WholeRowsProvider(Provider):
         out.db = db if m[2] and t.bias is not None else None
 
     def finish(self, t: Tensors, out: Grads, scale):
-        def cast(x, like, keep32=False):
-            return None if x is None or like is None else x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
+        def cast(x, like, wanted, keep32=False):
+            if like is None or not wanted:
+                return None
+            if x is None:  # no block ran (no tokens): zero gradients
+                return torch.zeros(like.shape, device=like.device, dtype=torch.float32 if keep32 else like.dtype)
+            return x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
 
-        return cast(out.dh, t.hidden, out.fp32_dh), cast(out.dw, t.weight), cast(out.db, t.bias)
+        m = out.extra
+        return (cast(out.dh, t.hidden, m[0], out.fp32_dh), cast(out.dw, t.weight, m[1]),
+                cast(out.db, t.bias, m[2]))
 
 
-__all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "options_schema", "Tensors", "Problem", "Stats", "Grads", "Provider"]
+__all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "LOGPROB_FIELDS", "op_fields", "options_schema",
+           "Tensors", "Problem", "Stats", "EntropyStats", "Coefs", "Grads", "Provider"]

@@ -4,7 +4,9 @@
 The kernels tile tokens and vocabulary themselves (one driver block covers all rows): on one device
 ``_cpu_fused`` computes the statistics and the gradients of each token block in one pass (logits kept between the
 two passes when the row block fits the tile budget: 3 GEMM-equivalents); with a vocab-parallel group the driver
-runs ``_cpu_stats``, the combine, then ``_cpu_grads`` (one GEMM more).
+runs ``_cpu_stats``, the combine, then ``_cpu_grads`` (one GEMM more), as do ``reduction="none"``'s backward and
+``linear_logprobs`` (statistics with temperature and the entropy statistic; gradients from the driver's per-token
+coefficients, ``Coefs``).
 
 Environment knobs of the kernel, read per call (tile-parallel is the default because it measured faster than
 gemm-parallel on 2 cores): ``FUSED_LCE_CPP_PARALLEL`` "tiles" (vocabulary tiles split across threads,
@@ -26,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from .base import Grads, Options, Stats, Tensors, WholeRowsProvider
+from .base import Coefs, EntropyStats, Grads, Options, Stats, Tensors, WholeRowsProvider
 
 _C = None
 _IMPORT_ERROR: Optional[str] = None
@@ -56,17 +58,20 @@ class CppProvider(WholeRowsProvider):
     def unavailable_reason(self) -> Optional[str]:
         return None if _C is not None else _missing_reason()
 
-    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
-        r = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.labels[rows], t.bias, opts.vocab_start,
-                                           opts.softcap, opts.label_smoothing != 0, opts.tile_bytes)
-        return Stats(*r), None
+    supports_logprobs = True
 
-    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+        *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.labels[rows], t.bias, opts.vocab_start,
+                                                opts.softcap, opts.label_smoothing != 0, opts.tile_bytes,
+                                                opts.temperature, opts.entropy)
+        return (EntropyStats(*r, ez) if opts.entropy else Stats(*r)), None
+
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         s = 1.0 if scale is None else float(scale)
         dh, dw, db = torch.ops.fused_lce._cpu_grads(
-            t.hidden[rows], t.weight, t.labels[rows], t.bias, lse, g, s, opts.vocab_start,
-            opts.vocab(t.weight.shape[0]), opts.label_smoothing, opts.z_loss, opts.softcap, opts.tile_bytes,
-            list(out.extra), out.fp32_dh)
+            t.hidden[rows], t.weight, t.labels[rows], t.bias, lse, coef.a, coef.b, coef.t, coef.u, s,
+            opts.vocab_start, opts.softcap, opts.temperature, opts.tile_bytes, list(out.extra), out.fp32_dh)
         self.store(t, rows, out, dh, dw, db)
 
     def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from .base import Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
-from .npu import import_torch_npu, usable_torch_npu
+from ..npu_env import import_torch_npu, usable_torch_npu
 
 TRIO = ("npu_fused_linear_online_max_sum", "npu_fused_cross_entropy_loss_with_max_sum",
         "npu_fused_linear_cross_entropy_loss_with_max_sum_backward")

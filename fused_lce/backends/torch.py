@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .base import Grads, Options, Problem, Provider, Stats, Tensors
+from .base import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
 
 DEFAULT_TILE_MB = {"cpu": 256, "cuda": 8192}
 MIN_BLOCK_TOKENS = 8
@@ -206,12 +206,15 @@ class _Tiles:
         if self.opts.softcap:
             c = self.opts.softcap
             z = torch.tanh(z.div_(c)).mul_(c)
+        if self.opts.temperature != 1.0:  # after the softcap (the order of TRL / verl)
+            z = z.div_(self.opts.temperature)
         return z
 
 
 class TorchProvider(Provider):
     name = "torch"
     device_types = None  # any torch device
+    supports_logprobs = True
 
     def token_block(self, p: Problem, keep: bool) -> int:
         budget = p.opts.tile_bytes or default_tile_bytes(p.device)
@@ -228,12 +231,15 @@ class TorchProvider(Provider):
         zt = torch.zeros(nb, device=dev)
         zs = torch.zeros(nb, device=dev)
         amax = torch.zeros(nb, dtype=torch.long, device=dev)
+        ez = torch.zeros(nb, device=dev) if opts.entropy else None
         yl = t.labels[rows].long() - opts.vocab_start  # label as an index into this shard (may be outside it)
         kept = []
         for v0, v1 in tl.bounds(tl.vb):
             raw = tl.mm(h, tl.operand(t.weight[v0:v1]).t())
-            got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
-                       m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, bool(opts.label_smoothing))
+            got = None
+            if ez is None and opts.temperature == 1.0:  # the loss statistics, which the compiled function computes
+                got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
+                           m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, bool(opts.label_smoothing))
             if got is not None:
                 z, m, s, zt, zs, amax = got
                 if keep and tl.keep:
@@ -245,7 +251,16 @@ class TorchProvider(Provider):
             # rows whose max is still -inf (every logit so far -inf, e.g. a masked bias) add nothing: subtracting
             # -inf would give exp(nan)
             ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
-            s = s * torch.exp(m - ref) + torch.exp(z - ref[:, None]).sum(dim=1)
+            if ez is not None:  # sum e (z - ref), moved from the old max to ref like s
+                zr = (z - ref[:, None]).clamp_(min=-200.0)  # exp underflows to 0 there: -inf logits add 0, not NaN
+                e = torch.exp(zr)
+                old = torch.exp(m - ref)
+                shift = torch.where(m == -math.inf, torch.zeros_like(m), m - ref)
+                ez = old * (ez + shift * s) + (e * zr).sum(dim=1)
+                s = s * old + e.sum(dim=1)
+                del zr, e
+            else:
+                s = s * torch.exp(m - ref) + torch.exp(z - ref[:, None]).sum(dim=1)
             amax = torch.where(tmax > m, targ + (v0 + opts.vocab_start), amax)  # strict: the first argmax wins
             m = new_m
             hit = (yl >= v0) & (yl < v1)
@@ -255,33 +270,36 @@ class TorchProvider(Provider):
                 zs += z.sum(dim=1)
             if keep and tl.keep:
                 kept.append(z)
-        return Stats(m, s, zt, zs, amax), (kept if keep and tl.keep else None)
+        st = Stats(m, s, zt, zs, amax) if ez is None else EntropyStats(m, s, zt, zs, amax, ez)
+        return st, (kept if keep and tl.keep else None)
 
-    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         tl = _Tiles(t, opts, False)
         h = tl.operand(t.hidden[rows])
-        eps = opts.label_smoothing
-        a = g * (1.0 + 2.0 * opts.z_loss * lse)  # coefficient of softmax
-        tgt = g * (1.0 - eps)  # coefficient of the one-hot target
-        u = g * (eps / opts.vocab(tl.v))  # coefficient of the uniform smoothing target
+        a, tgt, b, u = coef.a, coef.t, coef.b, coef.u  # of softmax, the one-hot target, softmax * z, uniform
+        temp = opts.temperature
         yl = t.labels[rows].long() - opts.vocab_start
         idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block
         vb = cache[0].shape[1] if cache else tl.vb  # kept tiles have the width stats() planned
         for k, (v0, v1) in enumerate(tl.bounds(vb)):
             wt = tl.operand(t.weight[v0:v1])
+            plain = b is None and temp == 1.0  # the loss form, which the compiled tile functions implement
             if cache:
-                z = cache[k]
+                z = cache[k]  # after softcap and temperature
             else:
                 raw = tl.mm(h, wt.t())
                 z = None
-                if (t.bias is not None or opts.softcap) and _use_compiled(raw):
+                if plain and (t.bias is not None or opts.softcap) and _use_compiled(raw):
                     z = _run(_tile_logits, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap))
                 if z is None:
                     z = tl.finish_logits(raw, v0, v1)
-            lowp = t.hidden.dtype if tl.native_lowp else torch.float32
-            got = _run(_tile_grad, z, lse, a, u, tgt, yl, v0, float(opts.softcap or 0.0), bool(eps),
-                       out.db is not None, lowp)
+            got = None
+            if plain:
+                lowp = t.hidden.dtype if tl.native_lowp else torch.float32
+                got = _run(_tile_grad, z, lse, a, u, tgt, yl, v0, float(opts.softcap or 0.0), u is not None,
+                           out.db is not None, lowp)
             if got is not None:
                 dz, dbs = got
                 if dbs is not None:
@@ -294,11 +312,15 @@ class TorchProvider(Provider):
                     cache[k] = None
                 continue
             cap = None
-            if opts.softcap:
-                cap = 1.0 - (z / opts.softcap) ** 2  # d softcap(x) / dx expressed in the capped value
+            if opts.softcap:  # d softcap(x) / dx expressed in the capped value (z * temperature)
+                cap = 1.0 - ((z / opts.softcap) if temp == 1.0 else z * (temp / opts.softcap)) ** 2
+            w = None
+            if b is not None:  # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
+                w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
             dz = z.sub_(lse[:, None]).exp_()  # z is this function's own tile (kept or recomputed)
-            dz.mul_(a[:, None])
-            if eps:
+            dz.mul_(a[:, None] if w is None else w)
+            del w
+            if u is not None:
                 dz.sub_(u[:, None])
             hit = (yl >= v0) & (yl < v1)
             idx = (yl - v0).clamp(0, v1 - v0 - 1)  # no host sync: rows whose label is elsewhere subtract 0

@@ -1,6 +1,6 @@
 """TRL (>= 1.15 has the fused LM head; CI installs 1.16) on a patched model: SFTTrainer's fused-LM-head calls are
 served by fused_lce (patch before or after building the trainer, with and without PEFT), with losses, token
-accuracy and parameters equal to stock SFTTrainer; entropy logging needs fused_lce.linear_logprobs (missing: TRL's
+accuracy and parameters equal to stock SFTTrainer; entropy logging runs on fused_lce.linear_logprobs (without it: TRL's
 head runs, with one warning); heads fused_lce cannot serve exactly are left to TRL."""
 from __future__ import annotations
 
@@ -176,9 +176,10 @@ def test_sft_trainer_runs_fused_lce(kind, when, stock_runs, tmp_path, monkeypatc
 
 
 def test_sft_trainer_entropy_needs_linear_logprobs(stock_runs, tmp_path, monkeypatch):
-    """Default options: SFTTrainer logs the entropy, which needs fused_lce.linear_logprobs; without it TRL's own head
-    runs (stock-identical training), with exactly one warning, and is_patched says why."""
-    assert hf._linear_logprobs() is None, "fused_lce.linear_logprobs exists now: wire and test it for real"
+    """Default options without fused_lce.linear_logprobs (an older fused_lce, simulated): SFTTrainer logs the
+    entropy, so TRL's own head runs (stock-identical training), with exactly one warning, and is_patched says why."""
+    monkeypatch.delattr(fused_lce, "linear_logprobs")
+    assert hf._linear_logprobs() is None
     seed = stock_runs["seed"]
     initial, ref_logs, ref_params = stock_runs["full"]
     counts = Counts(monkeypatch)
@@ -190,32 +191,18 @@ def test_sft_trainer_entropy_needs_linear_logprobs(stock_runs, tmp_path, monkeyp
     assert_same_training((ref_logs, ref_params), (logs, params), seed, entropy="stock")
 
 
-def reference_linear_logprobs(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None,
-                              return_entropy=False, ignore_index=-100, process_group=None, backend="auto",
-                              validate=True):
-    """A stand-in with the signature issue 17 gives ``fused_lce.linear_logprobs``, computed from full logits (only
-    here, to test the wiring to it; not part of fused_lce)."""
-    z = F.linear(hidden, weight, bias).float()
-    if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    logp = torch.log_softmax(z / temperature, dim=-1)
-    valid = labels != ignore_index
-    lp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(~valid, 0.0)
-    if not return_entropy:
-        return lp
-    return lp, -(logp.exp() * logp).sum(-1).masked_fill(~valid, 0.0)
-
-
-def test_sft_trainer_entropy_from_linear_logprobs_when_available(stock_runs, tmp_path, monkeypatch):
-    """With fused_lce.linear_logprobs present (a stand-in here), SFTTrainer's calls are served by default and the
-    logged entropy equals TRL's."""
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_sft_trainer_entropy_from_linear_logprobs(stock_runs, tmp_path, monkeypatch, when):
+    """Default options (entropy logged): SFTTrainer's calls are served by fused_lce.linear_logprobs (per-token
+    log-probs and entropy, no logits), patched before or after building the trainer; losses, logged entropy and
+    parameters equal stock SFTTrainer's."""
+    assert hf._linear_logprobs() is fused_lce.linear_logprobs
     seed = stock_runs["seed"]
     initial, ref_logs, ref_params = stock_runs["full"]
     counts = Counts(monkeypatch)
-    served = []
-    monkeypatch.setattr(fused_lce, "linear_logprobs",
-                        lambda *a, **k: served.append(k) or reference_linear_logprobs(*a, **k), raising=False)
-    logs, params, status = run_sft(copy.deepcopy(initial), tmp_path, seed, patch="after")
+    served, real = [], fused_lce.linear_logprobs
+    monkeypatch.setattr(fused_lce, "linear_logprobs", lambda *a, **k: served.append(k) or real(*a, **k))
+    logs, params, status = run_sft(copy.deepcopy(initial), tmp_path, seed, patch=when)
     assert status, status
     assert len(served) == 4 and all(k["return_entropy"] and k["ignore_index"] == -100 for k in served)
     # the token-accuracy count still comes from the fused op (a no-grad pass; see docs/hf.md)

@@ -1,9 +1,8 @@
 """Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the CANN-trio
-wrapper (fake torch_npu) and the "npu" backend (emulated kernels) must give every rank the unsharded loss, lse and
+wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on the CPU twin) must give every rank the unsharded loss, lse and
 (all-reduced) dX, and each rank its own rows of dW, against the float64 reference."""
 import math
 import os
-import random
 import socket
 import sys
 
@@ -28,8 +27,10 @@ def _worker(rank, world, port, seed):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         import torch_npu  # noqa: F401  (the fake)
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "ascend"))
+        import twin_build
+
         from tests.conftest import run_provider, run_provider_backward
-        from tests.npu import npu_emulator
 
         from fused_lce.backends import npu_cann
         from fused_lce.backends.base import Options
@@ -47,7 +48,8 @@ def _worker(rank, world, port, seed):
         per, lse, _, nv = reference_loss(h64, w64, y, reduction="none", z_loss=1e-3)
         scale = 1.0 / float(nv)
         (per.sum() * scale).backward()
-        emulated = AscendCProvider("npu_emulated", kernels=npu_emulator.Kernels(), device_types=("cpu",))
+        # the AscendC kernel sources on the CPU twin behind the npu provider, on CPU tensors
+        emulated = AscendCProvider("npu_twin", kernels=twin_build.TwinKernels(), device_types=("cpu",))
         cfg = Options(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
                       vocab_total=v)
         # the trio rounds logits to bf16 (loss / lse ~1e-3); the own kernels keep fp32 logits
@@ -69,8 +71,8 @@ def _worker(rank, world, port, seed):
 
 
 @pytest.mark.distributed
-def test_vocab_parallel_npu_backends_match_unsharded_reference():
+def test_vocab_parallel_npu_backends_match_unsharded_reference(seed):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, random.randrange(2**31)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, port, seed), nprocs=2, join=True)

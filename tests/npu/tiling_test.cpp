@@ -1,7 +1,5 @@
-// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/npu/test_tiling.py.
+// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/npu/test_npu_tiling.py.
 //   ./tiling_test            run the checks, print "N passed, M failed", exit 1 on any failure
-//   ./tiling_test --dump     read "n d v elt flags" lines on stdin, print each plan as one JSON object per line
-//                            (the Python emulator's mirror of plan() is compared against this)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,18 +50,42 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
     CHECK(p.l0c_used <= hw.l0c_bytes, "%s l0c=%llu", s, (unsigned long long)p.l0c_used);
     CHECK(p.l0a_used == 2ull * p.base_m * p.base_k * p.elt_bytes, "%s", s);
     CHECK((uint64_t)p.base_m * p.base_n * 4 * p.l0c_buffers <= hw.l0c_bytes, "%s", s);
-    // UB regions: 32-byte aligned, in order, inside ub_end, and the tile regions as large as a C tile
-    const uint32_t offs[] = {p.ub_c0, p.ub_c1, p.ub_work, p.ub_work2, p.ub_cast, p.ub_bias, p.ub_rows, p.ub_colsum,
-                             p.ub_end};
-    for (int i = 0; i < 9; ++i) CHECK(offs[i] % kUbAlign == 0, "%s region %d", s, i);
-    for (int i = 0; i < 8; ++i) CHECK(offs[i] <= offs[i + 1], "%s region %d", s, i);
-    const uint64_t tile = (uint64_t)p.vec_rows * p.base_n * 4;
-    CHECK(p.ub_c1 - p.ub_c0 >= tile && p.ub_work - p.ub_c1 >= tile && p.ub_work2 - p.ub_work >= tile, "%s", s);
-    if ((p.flags & kSoftcap) || bwd) CHECK(p.ub_cast - p.ub_work2 >= tile, "%s", s);
-    if (bwd && p.elt_bytes == 2) CHECK(p.ub_bias - p.ub_cast >= (uint64_t)p.vec_rows * p.base_n * 2, "%s", s);
-    if (p.flags & kBias) CHECK(p.ub_rows - p.ub_bias >= (uint64_t)p.base_n * (4 + p.elt_bytes), "%s", s);
-    CHECK(p.ub_colsum - p.ub_rows >= align_up(p.vec_rows, 8) * kRowSlots * 4, "%s", s);
-    if (bwd && (p.flags & kBias)) CHECK(p.ub_end - p.ub_colsum >= (uint64_t)p.base_n * 4, "%s", s);
+    // UB regions: exactly the ones the flags need (kUbNone otherwise), each 32-byte aligned, as large as its use,
+    // inside ub_end and disjoint from every other region (issue 12 finding 3: a zero-sized region shared its
+    // offset with the next one)
+    {
+        const uint64_t vr = p.vec_rows, bn = p.base_n, e = p.elt_bytes;
+        const bool bias = p.flags & kBias, softcap = p.flags & kSoftcap;
+        struct Region {
+            const char* name;
+            uint32_t off;
+            bool present;
+            uint64_t need;
+        } regions[] = {
+            {"c", p.ub_c, true, align_up(vr, kMinBase) * bn * 4},
+            {"work", p.ub_work, true, vr * bn * 4},
+            {"work2", p.ub_work2, softcap, vr * bn * 4},
+            {"cast", p.ub_cast, bwd && e == 2, vr * bn * e},
+            {"bias", p.ub_bias, bias, align_up(bn, kMinBase) * e},
+            {"bias_f32", p.ub_bias_f32, bias && e == 2, bn * 4},
+            {"rows", p.ub_rows, true, align_up(vr, 8) * kRowSlots * 4},
+            {"colsum", p.ub_colsum, bwd && bias, bn * 4},
+        };
+        const int nr = sizeof(regions) / sizeof(regions[0]);
+        for (int i = 0; i < nr; ++i) {
+            const Region& r = regions[i];
+            CHECK((r.off != kUbNone) == r.present, "%s region %s present=%d off=%u", s, r.name, r.present, r.off);
+            if (!r.present || r.off == kUbNone) continue;
+            CHECK(r.off % kUbAlign == 0 && r.off + r.need <= p.ub_end, "%s region %s", s, r.name);
+            for (int j = i + 1; j < nr; ++j) {
+                const Region& q = regions[j];
+                if (!q.present || q.off == kUbNone) continue;
+                CHECK(r.off + r.need <= q.off || q.off + q.need <= r.off, "%s regions %s and %s overlap", s, r.name,
+                      q.name);
+            }
+        }
+        CHECK(p.ub_end % kUbAlign == 0, "%s", s);
+    }
     // tile shapes
     CHECK(p.base_m % kMinBase == 0 && p.base_n % kMinBase == 0 && p.base_k % kMinBase == 0, "%s", s);
     CHECK((uint64_t)p.vec_rows * hw.vec_per_cube == p.base_m && p.vec_rows % 8 == 0, "%s", s);
@@ -182,6 +204,14 @@ static void test_expected_tiles() {
     // more token blocks than cores: one segment, no stats workspace
     Plan big = plan(1 << 16, 4096, 151936, 2, 0);
     CHECK(big.segments == 1 && big.ws_stats == 0, "%s", "");
+    // finding 3 of issue 12: the fp32 backward has no cast region, and nothing aliases the row slots or the bias
+    Plan f3 = plan(8192, 4096, 151936, 4, kBackward | kBias | kSmoothing);
+    check_plan(f3, HwSpec());
+    CHECK(f3.ub_cast == kUbNone && f3.ub_bias_f32 == kUbNone && f3.ub_bias != f3.ub_rows, "cast=%u bias=%u rows=%u",
+          f3.ub_cast, f3.ub_bias, f3.ub_rows);
+    // the C tile holds align16(vec_rows) rows (the Matmul tiling's baseM) also when vec_rows is 8
+    Plan small = plan(16, 64, 1000, 2, 0);
+    CHECK(small.vec_rows == 8 && small.ub_work - small.ub_c >= 16ull * small.base_n * 4, "vec_rows=%u", small.vec_rows);
     // backward: dz staging per core and the fp32 accumulators
     Plan b = plan(8192, 4096, 151936, 2, kBackward | kBias);
     CHECK(b.base_d == 128, "base_d=%u", b.base_d);
@@ -231,27 +261,7 @@ static void test_other_parts() {
     CHECK(plan(128, 128, 128, 2, 0, tiny).status == kNoFit, "%s", "");
 }
 
-static int dump() {
-    unsigned long long n, d, v;
-    unsigned elt, flags;
-    while (std::scanf("%llu %llu %llu %u %u", &n, &d, &v, &elt, &flags) == 5) {
-        Plan p = plan(n, d, v, elt, flags);
-        std::printf(
-            "{\"status\": %d, \"base_m\": %u, \"base_n\": %u, \"base_k\": %u, \"base_d\": %u, \"depth_k\": %u, "
-            "\"l0c_buffers\": %u, \"a_resident\": %u, \"vec_rows\": %u, \"m_blocks\": %llu, \"n_blocks\": %llu, "
-            "\"tail_m\": %llu, \"tail_n\": %llu, \"segments\": %llu, \"seg_blocks\": %llu, \"tasks\": %llu, "
-            "\"used_cores\": %u, \"ub_used\": %llu, \"l1_used\": %llu, \"ws_stats\": %llu, \"ws_dz\": %llu}\n",
-            p.status, p.base_m, p.base_n, p.base_k, p.base_d, p.depth_k, p.l0c_buffers, p.a_resident, p.vec_rows,
-            (unsigned long long)p.m_blocks, (unsigned long long)p.n_blocks, (unsigned long long)p.tail_m,
-            (unsigned long long)p.tail_n, (unsigned long long)p.segments, (unsigned long long)p.seg_blocks,
-            (unsigned long long)p.tasks, p.used_cores, (unsigned long long)p.ub_used,
-            (unsigned long long)p.l1_used, (unsigned long long)p.ws_stats, (unsigned long long)p.ws_dz);
-    }
-    return 0;
-}
-
-int main(int argc, char** argv) {
-    if (argc > 1 && std::strcmp(argv[1], "--dump") == 0) return dump();
+int main() {
     static_assert(sizeof(Plan) % 8 == 0, "Plan is copied verbatim into the tiling buffer");
     test_grid();
     test_expected_tiles();

@@ -1,8 +1,18 @@
-// Host-side helpers of the two ops' tiling functions: the part's memories from PlatformAscendC, and the Matmul
-// API tilings of the kernels' GEMMs with the plan's fixed base tile. Status: written, not compiled here (no CANN
-// toolkit), not run on hardware.
+// Host-side helpers of the two ops' tiling functions: reading and validating the node (inputs by IR index, shapes,
+// attributes), the part's memories from PlatformAscendC, the Matmul API tilings of the kernels' GEMMs, logging.
+// C++11 and only CANN's public host headers: opbuild compiles the op_host sources with
+// `-fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -std=c++11 -I${CANN}/include` and nothing else (asc-devkit
+// cmake/asc/fwk_modules/util/compile_ascendc_all_ops_so.py, gen_compile_make_file); the relative include of the
+// tiling data below resolves without any -I.
+// Status: compiled with those flags against the host twin's stub headers (csrc/ascend/twin/host/include) and run
+// under its runtime in CI (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #ifndef FUSED_LCE_HOST_H_
 #define FUSED_LCE_HOST_H_
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 #include "register/op_def_registry.h"
 #include "tiling/platform/platform_ascendc.h"
@@ -11,6 +21,98 @@
 #include "fused_lce_tiling_data.h"
 
 namespace fused_lce_host {
+
+// Batch scheduling (TilingContext::SetScheduleMode(1)): the launch starts only when all of its cores are free.
+// FusedLceStats synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without batch
+// mode two such launches on different streams can each hold part of the cores and wait for the other's forever
+// (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Both ops set it on every launch,
+// as ops-nn's FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE):
+// they use every core anyway, and a kernel that gains a cross-core sync later stays safe.
+constexpr uint32_t kBatchScheduleMode = 1;
+
+// Error log of a failed tiling. CANN's OP_LOGE comes from ops-nn's own log/log.h (opbase), which is not part of
+// ${CANN}/include for custom ops, so it is not used; the runtime reports the failed tiling itself, this adds why.
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+inline ge::graphStatus fail(const gert::ExtendedKernelContext* ctx, const char* fmt, ...) {
+    const char* node = ctx != nullptr && ctx->GetNodeName() != nullptr ? ctx->GetNodeName() : "?";
+    std::fprintf(stderr, "[ERROR] fused_lce tiling (%s): ", node);
+    va_list args;
+    va_start(args, fmt);
+    std::vfprintf(stderr, fmt, args);
+    va_end(args);
+    std::fputc('\n', stderr);
+    return ge::GRAPH_FAILED;
+}
+
+inline bool operand_dtype(ge::DataType dt) { return dt == ge::DT_BF16 || dt == ge::DT_FLOAT16 || dt == ge::DT_FLOAT; }
+inline uint32_t elt_bytes(ge::DataType dt) { return dt == ge::DT_FLOAT ? 4u : 2u; }
+
+inline matmul_tiling::DataType mm_dtype(ge::DataType dt) {
+    switch (dt) {
+        case ge::DT_BF16: return matmul_tiling::DataType::DT_BF16;
+        case ge::DT_FLOAT16: return matmul_tiling::DataType::DT_FLOAT16;
+        default: return matmul_tiling::DataType::DT_FLOAT;
+    }
+}
+
+// One input of the node by its IR index (the index in the OpDef's Input(...) order). IR indices stay valid when an
+// optional input before it is absent; the instance indices of GetInputDesc / GetInputShape shift down by one then.
+struct Input {
+    bool present;
+    ge::DataType dtype;
+    const gert::Shape* shape;  // storage shape (ND: the tensor's shape)
+};
+
+inline Input input(const gert::TilingContext* ctx, size_t ir_index) {
+    Input in;
+    const gert::CompileTimeTensorDesc* desc = ctx->GetOptionalInputDesc(ir_index);
+    const gert::StorageShape* shape = ctx->GetOptionalInputShape(ir_index);
+    in.present = desc != nullptr && shape != nullptr;
+    in.dtype = desc != nullptr ? desc->GetDataType() : ge::DT_UNDEFINED;
+    in.shape = shape != nullptr ? &shape->GetStorageShape() : nullptr;
+    return in;
+}
+
+inline bool is_vector(const Input& in, int64_t len) {
+    return in.present && in.shape->GetDimNum() == 1 && in.shape->GetDim(0) == len;
+}
+
+// hidden (N, D) and weight (V, D) of one operand dtype, labels (N,) int32/int64, bias (V,) of the operand dtype or
+// absent. Returns GRAPH_SUCCESS and fills n / d / v, or logs what is wrong.
+inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input& hidden, const Input& weight,
+                                     const Input& bias, const Input& labels, uint64_t* n, uint64_t* d, uint64_t* v) {
+    if (!hidden.present || !weight.present || !labels.present)
+        return fail(ctx, "hidden, weight and labels are required");
+    if (hidden.shape->GetDimNum() != 2 || weight.shape->GetDimNum() != 2)
+        return fail(ctx, "hidden and weight must be 2-D, got %zu-D and %zu-D", hidden.shape->GetDimNum(),
+                    weight.shape->GetDimNum());
+    const int64_t sn = hidden.shape->GetDim(0), sd = hidden.shape->GetDim(1), sv = weight.shape->GetDim(0);
+    if (sn < 0 || sd < 0 || sv < 0 || weight.shape->GetDim(1) != sd)
+        return fail(ctx, "hidden (%lld, %lld) and weight (%lld, %lld) do not match", static_cast<long long>(sn),
+                    static_cast<long long>(sd), static_cast<long long>(sv),
+                    static_cast<long long>(weight.shape->GetDim(1)));
+    if (!operand_dtype(hidden.dtype) || weight.dtype != hidden.dtype)
+        return fail(ctx, "hidden and weight must share one of bf16 / fp16 / fp32 (dtypes %d, %d)",
+                    static_cast<int>(hidden.dtype), static_cast<int>(weight.dtype));
+    if (!is_vector(labels, sn) || (labels.dtype != ge::DT_INT32 && labels.dtype != ge::DT_INT64))
+        return fail(ctx, "labels must be int32 / int64 of shape (N,) = (%lld,)", static_cast<long long>(sn));
+    if (bias.present && (!is_vector(bias, sv) || bias.dtype != hidden.dtype))
+        return fail(ctx, "bias must have shape (V,) = (%lld,) and the dtype of hidden", static_cast<long long>(sv));
+    *n = static_cast<uint64_t>(sn);
+    *d = static_cast<uint64_t>(sd);
+    *v = static_cast<uint64_t>(sv);
+    return ge::GRAPH_SUCCESS;
+}
+
+template <typename T>
+inline bool attr(const gert::RuntimeAttrs* attrs, size_t index, T* out) {
+    const T* p = attrs != nullptr ? attrs->GetAttrPointer<T>(index) : nullptr;
+    if (p == nullptr) return false;
+    *out = *p;
+    return true;
+}
 
 inline fused_lce::tiling::HwSpec hw_spec(const platform_ascendc::PlatformAscendC& plat) {
     fused_lce::tiling::HwSpec hw;
@@ -31,32 +133,42 @@ inline fused_lce::tiling::HwSpec hw_spec(const platform_ascendc::PlatformAscendC
     return hw;
 }
 
-inline matmul_tiling::DataType mm_dtype(ge::DataType dt) {
-    switch (dt) {
-        case ge::DT_BF16: return matmul_tiling::DataType::DT_BF16;
-        case ge::DT_FLOAT16: return matmul_tiling::DataType::DT_FLOAT16;
-        default: return matmul_tiling::DataType::DT_FLOAT;
-    }
-}
-
-inline uint32_t elt_bytes(ge::DataType dt) { return dt == ge::DT_FLOAT ? 4u : 2u; }
-
-// One single-core Matmul tiling (each vector core drives its own GEMM of m x n x k), base tile fixed to the plan's
-// so that the kernels' UB buffers match what the Matmul API delivers. Returns false when the API finds no tiling.
+// One single-core Matmul tiling of an m x n x k GEMM (each vector core drives its own), base M / N fixed to the
+// plan's so that the kernels' UB tiles match what the Matmul API delivers. Base K is left to the API: SetFixSplit
+// documents baseK as "only -1 supported" (asc-devkit docs/zh/api/SIMD-API/高阶API/矩阵计算/Matmul-Tiling类/
+// SetFixSplit.md). UB space 0: on 910B the C matrix goes L0C -> GM workspace -> UB, the API needs no UB of its own.
+// Every setter's status is checked; false when the API rejects a setting or finds no tiling.
 inline bool gemm_tiling(const platform_ascendc::PlatformAscendC& plat, ge::DataType dt, bool transA, bool transB,
                         matmul_tiling::TPosition cPos, uint64_t m, uint64_t n, uint64_t k, uint32_t baseM,
-                        uint32_t baseN, uint32_t baseK, uint64_t ubLeft, AscendC::tiling::TCubeTiling& out) {
+                        uint32_t baseN, AscendC::tiling::TCubeTiling& out) {
+    if (m == 0 || n == 0 || k == 0 || m > 0x7fffffffull || n > 0x7fffffffull || k > 0x7fffffffull) return false;
     matmul_tiling::MatmulApiTiling api(plat);
-    const auto t = mm_dtype(dt);
-    api.SetAType(matmul_tiling::TPosition::GM, matmul_tiling::CubeFormat::ND, t, transA);
-    api.SetBType(matmul_tiling::TPosition::GM, matmul_tiling::CubeFormat::ND, t, transB);
-    api.SetCType(cPos, matmul_tiling::CubeFormat::ND, matmul_tiling::DataType::DT_FLOAT);
-    api.SetBias(false);
-    api.SetOrgShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
-    api.SetShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
-    api.SetFixSplit(static_cast<int>(baseM), static_cast<int>(baseN), static_cast<int>(baseK));
-    api.SetBufferSpace(-1, -1, static_cast<int>(ubLeft));
-    return api.GetTiling(out) != -1;
+    const matmul_tiling::DataType t = mm_dtype(dt);
+    const int32_t im = static_cast<int32_t>(m), in = static_cast<int32_t>(n), ik = static_cast<int32_t>(k);
+    bool ok = api.SetAType(matmul_tiling::TPosition::GM, matmul_tiling::CubeFormat::ND, t, transA) == 0;
+    ok = ok && api.SetBType(matmul_tiling::TPosition::GM, matmul_tiling::CubeFormat::ND, t, transB) == 0;
+    ok = ok && api.SetCType(cPos, matmul_tiling::CubeFormat::ND, matmul_tiling::DataType::DT_FLOAT) == 0;
+    ok = ok && api.SetBias(false) == 0;
+    ok = ok && api.SetOrgShape(im, in, ik) == 0;
+    ok = ok && api.SetShape(im, in, ik) == 0;
+    ok = ok && api.SetFixSplit(static_cast<int32_t>(baseM), static_cast<int32_t>(baseN), -1) == 0;
+    ok = ok && api.SetBufferSpace(-1, -1, 0) == 0;
+    return ok && api.GetTiling(out) != -1;
+}
+
+// Sets the launch outputs shared by both ops: block dim (MIX kernel: number of AI cores, each with its vector cores),
+// batch scheduling, and the workspace (the Matmul library's system workspace + the plan's).
+inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
+                                     const fused_lce::tiling::Plan& plan) {
+    const uint32_t block_dim = plan.used_cores > 0 ? plan.used_cores : 1u;
+    if (ctx->SetBlockDim(block_dim) != ge::GRAPH_SUCCESS) return fail(ctx, "SetBlockDim failed");
+    if (ctx->SetScheduleMode(kBatchScheduleMode) != ge::GRAPH_SUCCESS) return fail(ctx, "SetScheduleMode failed");
+    size_t* ws = ctx->GetWorkspaceSizes(1);
+    if (ws == nullptr) return fail(ctx, "no workspace slot");
+    const uint64_t lib = plat.GetLibApiWorkSpaceSize();
+    if (plan.ws_total > static_cast<uint64_t>(SIZE_MAX) - lib) return fail(ctx, "workspace size overflows size_t");
+    ws[0] = static_cast<size_t>(lib + plan.ws_total);
+    return ge::GRAPH_SUCCESS;
 }
 
 }  // namespace fused_lce_host

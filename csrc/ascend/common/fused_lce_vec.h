@@ -1,10 +1,16 @@
 // Vector-core (AIV) building blocks shared by the two kernels. All arithmetic is float32 in the unified buffer
-// (UB). Each function is the AscendC form of one function of fused_lce/backends/npu_emulator.py, named after it:
-//   vector_logits   -> VectorLogits   (bias, softcap on a C tile)
-//   online_update   -> OnlineUpdate   (max / sum-exp / target / sum / first argmax over one vocabulary block)
-//   merge_segments  -> MergeStats     (finishing phase of the forward kernel)
-//   grads (dz part) -> TileGradient   (dz of one tile, its column sums, its cast to the operand dtype)
-// Status: written, not compiled here (no CANN toolkit), not run on hardware.
+// (UB). Status: compiled and run on CPU against an AscendC API twin (csrc/ascend/twin); not run on NPU hardware.
+//
+// Conventions every function here follows (the twin checks each of them, see docs/npu.md):
+//   * a C tile z holds `rows` rows at a stride of baseN floats, of which the first `cols` are logits; the columns
+//     [cols, baseN) hold whatever the cube's staging buffer held and are never read as data (every per-row vector
+//     op uses `cols` elements; whole-tile element-wise ops may run over them, their results are never used);
+//   * vector operands start on 32-byte UB blocks (asc-devkit docs 通用说明和约束: "Unified Buffer 32Byte对齐"), so
+//     per-row slices z[r * baseN] are aligned because baseN is a multiple of 16;
+//   * pipes are ordered explicitly: PipeBarrier<PIPE_V> between dependent vector instructions, SetFlag/WaitFlag
+//     V_S before the scalar unit reads what the vector unit wrote and S_V before the vector unit touches what the
+//     scalar unit read or wrote (asc-devkit docs 同步控制/核内同步; the kernels do not rely on the compiler's
+//     --cce-auto-sync to insert these).
 #ifndef FUSED_LCE_VEC_H_
 #define FUSED_LCE_VEC_H_
 
@@ -14,27 +20,52 @@ namespace fused_lce_kernel {
 
 using namespace AscendC;
 
-constexpr float kNegInf = -3.4028234663852886e38f * 2.0f;  // -inf (the compiler folds the overflow)
-constexpr uint32_t kFloatsPerBlock = 8;                    // 32-byte UB block
+// -inf as a bit pattern: `-FLT_MAX * 2` overflows and is not a constant expression for g++ (finding 11).
+constexpr uint32_t kNegInfBits = 0xff800000u;
+__aicore__ inline float NegInf() {
+    union {
+        uint32_t u;
+        float f;
+    } v{kNegInfBits};
+    return v.f;
+}
+constexpr float kMinFinite = -3.4028234663852886e38f;  // -FLT_MAX: a finite shift for rows whose max is -inf
+constexpr uint32_t kFloatsPerBlock = 8;                 // 32-byte UB block
+constexpr uint32_t kReduceTmpFloats = 16;               // ReduceMax(calIndex) scratch per row for count <= 256
+                                                        // (ReduceMax.md sharedTmpBuffer formula)
 
-// Per-row float32 slots of the `rows` UB region (fused_lce::tiling::kRowSlots = 12 slots of align8(vec_rows)).
+// Per-row float32 slots of the `rows` UB region (fused_lce::tiling::kRowSlots slots of align8(vec_rows) floats).
 enum RowSlot : uint32_t {
-    kRowMax = 0, kRowSum, kRowTarget, kRowZsum, kRowArgmax,   // running statistics (argmax: int32 bits)
-    kRowTileMax, kRowTileSum, kRowScale,                      // per-block temporaries
-    kRowCoefP, kRowCoefT, kRowCoefU,                          // backward coefficients a, t, u
+    kRowMax = 0, kRowSum, kRowTarget, kRowZsum, kRowArgmax,  // running statistics (argmax: int32 bits)
+    kRowTileSum, kRowTileZsum, kRowScaleArg, kRowScale,       // per-block temporaries of the online update
+    kRowRedPair,                                              // ReduceMax (value, index) pairs: 2 slots
+    kRowCoefP = kRowRedPair + 2, kRowCoefT, kRowCoefU, kRowLse,  // backward coefficients a, t, u and lse
     kRowLabel,                                                // shard-local label (int32 bits)
+    kRowSlotCount
 };
 
 struct RowView {
     LocalTensor<float> base;
     uint32_t stride;  // align8(vec_rows)
-    __aicore__ inline LocalTensor<float> slot(RowSlot s) const { return base[s * stride]; }
+    __aicore__ inline LocalTensor<float> slot(uint32_t s) const { return base[s * stride]; }
 };
 
-// z[r, :cols] += bias[:cols]; then z = c * tanh(z / c) when softcap c > 0. z rows are base_n apart.
+// One-directional pipe order point: everything issued on the source pipe before it is complete before the
+// destination pipe continues. SetFlag / WaitFlag are paired with the same event and an id the TPipe reports free
+// (FetchEventID, as asc-devkit's own APIs do, e.g. matmul_client.h CopyToUB), so ids never collide with the
+// framework's.
+template <HardEvent ev>
+__aicore__ inline void Order() {
+    const event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(ev));
+    SetFlag<ev>(id);
+    WaitFlag<ev>(id);
+}
+
+// z[r, :cols] += bias[:cols]; then z = c * tanh(z / c) when softcap c > 0, keeping tanh(z / c) = z_capped / c in
+// `capScratch` (the backward's softcap derivative needs it). Entered with z and bias readable by the vector pipe.
 __aicore__ inline void VectorLogits(const LocalTensor<float>& z, const LocalTensor<float>& biasF32, bool hasBias,
                                     float softcap, uint32_t rows, uint32_t cols, uint32_t baseN,
-                                    const LocalTensor<float>& scratch) {
+                                    const LocalTensor<float>& capScratch) {
     if (hasBias) {
         for (uint32_t r = 0; r < rows; ++r) {
             Add(z[r * baseN], z[r * baseN], biasF32, cols);
@@ -42,130 +73,150 @@ __aicore__ inline void VectorLogits(const LocalTensor<float>& z, const LocalTens
         PipeBarrier<PIPE_V>();
     }
     if (softcap > 0.0f) {
-        const uint32_t count = rows * baseN;  // padding columns hold -inf: tanh keeps them at -c, masked later
+        const uint32_t count = rows * baseN;
         Muls(z, z, 1.0f / softcap, count);
         PipeBarrier<PIPE_V>();
-        Tanh(scratch, z, count);
+        Tanh(capScratch, z, count);  // source and destination must not overlap (Tanh.md)
         PipeBarrier<PIPE_V>();
-        Muls(z, scratch, softcap, count);
+        Muls(z, capScratch, softcap, count);
         PipeBarrier<PIPE_V>();
     }
 }
 
-// One vocabulary block of the online softmax for `rows` rows. `c0` is the block's first shard-local column,
-// labels in kRowLabel are shard-local (out-of-shard labels are negative or >= V_local and never hit).
-// Mirrors npu_emulator.online_update, including its guards: the first maximum keeps the argmax (strict >), and
-// rows whose running max is still -inf keep sum = 0.
+// One vocabulary block of the online softmax for `rows` rows, the shard-local columns [c0, c0 + cols).
+// Mirrors the float64-tested semantics: the first maximum keeps the argmax (strict >; ReduceMax returns the
+// smallest index among equal maxima, ReduceMax.md), rows whose running max is still -inf keep sum = 0, and
+//   sum = sum * exp(m_old - m_new) + sum_j exp(z_j - m_new).
+// `work` is a (rows x baseN) scratch tile. Entered with z readable by V and the row slots last touched by S or by
+// S-ordered pipes; leaves with the S -> V order established (S_V).
 __aicore__ inline void OnlineUpdate(const LocalTensor<float>& z, const RowView& rv, uint32_t rows, uint32_t cols,
-                                    uint32_t baseN, int32_t c0, bool withZsum, const LocalTensor<float>& work,
-                                    const LocalTensor<float>& reduceTmp) {
+                                    uint32_t baseN, int32_t c0, bool withZsum, const LocalTensor<float>& work) {
     LocalTensor<float> m = rv.slot(kRowMax);
     LocalTensor<float> s = rv.slot(kRowSum);
     LocalTensor<float> zt = rv.slot(kRowTarget);
     LocalTensor<float> zs = rv.slot(kRowZsum);
     LocalTensor<int32_t> am = rv.slot(kRowArgmax).ReinterpretCast<int32_t>();
     LocalTensor<int32_t> lab = rv.slot(kRowLabel).ReinterpretCast<int32_t>();
+    LocalTensor<float> pair = rv.slot(kRowRedPair);
+    LocalTensor<float> tileSum = rv.slot(kRowTileSum);
+    LocalTensor<float> tileZsum = rv.slot(kRowTileZsum);
+    LocalTensor<float> scaleArg = rv.slot(kRowScaleArg);
+    LocalTensor<float> scale = rv.slot(kRowScale);
+    const float negInf = NegInf();
+
+    // 1. per row: (max, first index) and the sum of logits, into distinct row slots
     for (uint32_t r = 0; r < rows; ++r) {
-        LocalTensor<float> zr = z[r * baseN];
-        // (value, index) of the first maximum of the row; the index comes back as the bits of a float
-        ReduceMax<float>(reduceTmp, zr, work, cols, true);
-        PipeBarrier<PIPE_V>();
-        const float tmax = reduceTmp.GetValue(0);
-        const float tidxBits = reduceTmp.GetValue(1);
-        const uint32_t tidx = *reinterpret_cast<const uint32_t*>(&tidxBits);
+        ReduceMax<float>(pair[2 * r], z[r * baseN], work[r * kReduceTmpFloats], cols, true);
+        if (withZsum) {
+            ReduceSum<float>(tileZsum[r], z[r * baseN], work[r * kReduceTmpFloats], cols);
+        }
+    }
+    Order<HardEvent::V_S>();
+    // 2. scalar: new max, argmax, target logit, sum of logits, the rescale argument m_old - m_new
+    for (uint32_t r = 0; r < rows; ++r) {
+        const float tmax = pair.GetValue(2 * r);
+        const float tidxBits = pair.GetValue(2 * r + 1);
+        const uint32_t tidx = *reinterpret_cast<const uint32_t*>(&tidxBits);  // index stored as float bits
         const float mOld = m.GetValue(r);
-        const float mNew = tmax > mOld ? tmax : mOld;
+        const float mNew = (tmax > mOld || tmax != tmax) ? tmax : mOld;  // a NaN maximum propagates
         if (tmax > mOld) {
             am.SetValue(r, c0 + static_cast<int32_t>(tidx));
         }
         const int32_t y = lab.GetValue(r) - c0;
         if (y >= 0 && y < static_cast<int32_t>(cols)) {
-            zt.SetValue(r, zt.GetValue(r) + zr.GetValue(y));
+            zt.SetValue(r, zt.GetValue(r) + z.GetValue(r * baseN + static_cast<uint32_t>(y)));
         }
         if (withZsum) {
-            ReduceSum<float>(reduceTmp, zr, work, cols);
-            PipeBarrier<PIPE_V>();
-            zs.SetValue(r, zs.GetValue(r) + reduceTmp.GetValue(0));
+            zs.SetValue(r, zs.GetValue(r) + tileZsum.GetValue(r));
         }
-        if (mNew == kNegInf) {
-            continue;  // nothing finite yet: sum stays 0 (exp(-inf - -inf) would be NaN)
-        }
-        // sum = sum * exp(mOld - mNew) + sum(exp(z - mNew)); the rescale of one scalar goes through the vector
-        // unit (the scalar unit has no exp)
-        Adds(work, zr, -mNew, cols);
-        PipeBarrier<PIPE_V>();
-        Exp(work, work, cols);
-        PipeBarrier<PIPE_V>();
-        ReduceSum<float>(reduceTmp, work, work, cols);
-        PipeBarrier<PIPE_V>();
-        const float tileSum = reduceTmp.GetValue(0);
-        float scale = 1.0f;
-        if (mOld != mNew) {
-            Duplicate(work, mOld - mNew, kFloatsPerBlock);
-            PipeBarrier<PIPE_V>();
-            Exp(work, work, kFloatsPerBlock);
-            PipeBarrier<PIPE_V>();
-            scale = work.GetValue(0);
-        }
-        s.SetValue(r, s.GetValue(r) * scale + tileSum);
+        scaleArg.SetValue(r, mNew == negInf ? 0.0f : mOld - mNew);
         m.SetValue(r, mNew);
     }
+    Order<HardEvent::S_V>();
+    // 3. vector: exp(z - m_new) per row, the row sums, exp(m_old - m_new)
+    PipeBarrier<PIPE_V>();  // the ReduceMax scratch in `work` is overwritten below
+    uint32_t finiteRows = 0;
+    for (uint32_t r = 0; r < rows; ++r) {
+        const float mNew = m.GetValue(r);
+        if (mNew != negInf) {
+            Adds(work[r * baseN], z[r * baseN], -mNew, cols);
+            ++finiteRows;
+        }
+    }
+    if (finiteRows > 0) {
+        PipeBarrier<PIPE_V>();
+        Exp(work, work, rows * baseN);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t r = 0; r < rows; ++r) {
+            if (m.GetValue(r) != negInf) {
+                ReduceSum<float>(tileSum[r], work[r * baseN], work[r * baseN], cols);
+            }
+        }
+    }
+    Exp(scale, scaleArg, rows);
+    Order<HardEvent::V_S>();
+    // 4. scalar: sum = sum * exp(m_old - m_new) + tile sum (rows still at -inf keep sum = 0)
+    for (uint32_t r = 0; r < rows; ++r) {
+        if (m.GetValue(r) == negInf) {
+            continue;
+        }
+        const float a = scaleArg.GetValue(r) == 0.0f ? 1.0f : scale.GetValue(r);
+        s.SetValue(r, s.GetValue(r) * a + tileSum.GetValue(r));
+    }
+    Order<HardEvent::S_V>();
 }
 
-// dz of one tile for `rows` rows, in place in z (float32), as npu_emulator.grads:
-//   p = exp(z - lse); dz = a * p - u - t * onehot(label); dz *= 1 - (z / c)^2 with softcap c (z is capped)
-// zCapped keeps the capped logits when softcap is on (work2 region). Columns >= cols are zeroed so that they add
-// nothing to the GEMMs that consume the tile. colsum (db) accumulates the float32 dz over the rows.
-__aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTensor<float>& zCapped,
-                                    const LocalTensor<float>& lse, const RowView& rv, uint32_t rows, uint32_t cols,
-                                    uint32_t baseN, int32_t c0, float softcap, bool wantColsum,
-                                    const LocalTensor<float>& colsum) {
+// dz of one tile for `rows` rows, in place in z (float32):
+//   p = exp(z - lse); dz = a * p - u - t * onehot(label); dz *= 1 - (z / c)^2 with softcap c,
+// where `capTanh` holds tanh(z_raw / c) = z_capped / c from VectorLogits. colsum (db) gets the column sums of dz
+// over the rows. Entered with z readable by V, the coefficient slots written by S before an S_V order point, and
+// colsum free for V; leaves with the vector results complete up to PipeBarrier<PIPE_V>.
+__aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTensor<float>& capTanh, const RowView& rv,
+                                    uint32_t rows, uint32_t cols, uint32_t baseN, int32_t c0, float softcap,
+                                    bool wantColsum, const LocalTensor<float>& colsum) {
     LocalTensor<float> a = rv.slot(kRowCoefP);
     LocalTensor<float> t = rv.slot(kRowCoefT);
     LocalTensor<float> u = rv.slot(kRowCoefU);
+    LocalTensor<float> lse = rv.slot(kRowLse);
     LocalTensor<int32_t> lab = rv.slot(kRowLabel).ReinterpretCast<int32_t>();
-    if (softcap > 0.0f) {
-        DataCopy(zCapped, z, rows * baseN);
-        PipeBarrier<PIPE_V>();
-    }
     for (uint32_t r = 0; r < rows; ++r) {
-        LocalTensor<float> zr = z[r * baseN];
-        Adds(zr, zr, -lse.GetValue(r), cols);
-        PipeBarrier<PIPE_V>();
-        Exp(zr, zr, cols);
-        PipeBarrier<PIPE_V>();
-        Muls(zr, zr, a.GetValue(r), cols);
-        PipeBarrier<PIPE_V>();
-        Adds(zr, zr, -u.GetValue(r), cols);
-        PipeBarrier<PIPE_V>();
-        const int32_t y = lab.GetValue(r) - c0;
-        if (y >= 0 && y < static_cast<int32_t>(cols)) {
-            zr.SetValue(y, zr.GetValue(y) - t.GetValue(r));
-        }
-        if (cols < baseN) {
-            Duplicate(zr[cols], 0.0f, baseN - cols);
-        }
+        Adds(z[r * baseN], z[r * baseN], -lse.GetValue(r), cols);
     }
     PipeBarrier<PIPE_V>();
+    Exp(z, z, rows * baseN);
+    PipeBarrier<PIPE_V>();
+    for (uint32_t r = 0; r < rows; ++r) {
+        Muls(z[r * baseN], z[r * baseN], a.GetValue(r), cols);
+    }
+    PipeBarrier<PIPE_V>();
+    for (uint32_t r = 0; r < rows; ++r) {
+        Adds(z[r * baseN], z[r * baseN], -u.GetValue(r), cols);
+    }
+    Order<HardEvent::V_S>();
+    for (uint32_t r = 0; r < rows; ++r) {
+        const int32_t y = lab.GetValue(r) - c0;
+        if (y >= 0 && y < static_cast<int32_t>(cols)) {
+            const uint32_t k = r * baseN + static_cast<uint32_t>(y);
+            z.SetValue(k, z.GetValue(k) - t.GetValue(r));
+        }
+    }
+    Order<HardEvent::S_V>();
     if (softcap > 0.0f) {
-        // 1 - (zc / c)^2, multiplied into dz
-        const uint32_t count = rows * baseN;
-        Muls(zCapped, zCapped, 1.0f / softcap, count);
+        const uint32_t count = rows * baseN;  // 1 - (z_capped / c)^2, multiplied into dz
+        Mul(capTanh, capTanh, capTanh, count);
         PipeBarrier<PIPE_V>();
-        Mul(zCapped, zCapped, zCapped, count);
+        Muls(capTanh, capTanh, -1.0f, count);
         PipeBarrier<PIPE_V>();
-        Muls(zCapped, zCapped, -1.0f, count);
+        Adds(capTanh, capTanh, 1.0f, count);
         PipeBarrier<PIPE_V>();
-        Adds(zCapped, zCapped, 1.0f, count);
-        PipeBarrier<PIPE_V>();
-        Mul(z, z, zCapped, count);
+        Mul(z, z, capTanh, count);
         PipeBarrier<PIPE_V>();
     }
     if (wantColsum) {
-        Duplicate(colsum, 0.0f, baseN);
+        Duplicate(colsum, 0.0f, cols);
         PipeBarrier<PIPE_V>();
         for (uint32_t r = 0; r < rows; ++r) {
-            Add(colsum, colsum, z[r * baseN], baseN);
+            Add(colsum, colsum, z[r * baseN], cols);
             PipeBarrier<PIPE_V>();
         }
     }

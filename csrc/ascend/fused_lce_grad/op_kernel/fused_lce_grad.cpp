@@ -1,14 +1,17 @@
-// FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: written, not compiled here (no CANN
-// toolkit), not run on hardware; npu_emulator.grads is its executable spec.
+// FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
+// AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
 //
 // Gradients of sum_i g_i * loss_i given the saved lse and per-token upstream weights g (0 for ignored tokens, NaN
 // for out-of-range labels, so a bad label poisons what it touches instead of reading out of bounds). Same tasks
 // and tile order as FusedLceStats. For every tile, each vector core (vec_rows rows):
-//   1. recomputes z = h[rows] @ W[cols].T into its UB (Matmul, float32), adds bias / softcap;
+//   1. recomputes z = h[rows] @ W[cols].T (Matmul; on an Atlas A2 the C tile goes L0C -> GM staging -> UB), adds
+//      bias / softcap;
 //   2. forms dz in float32 (TileGradient), adds its column sums into db with a float32 atomic add;
-//   3. rounds dz to the operand dtype and stages it in its slot of the GM workspace (ws_dz);
-//   4. issues dX[rows] += dz @ W[cols] and dW[cols] += dz.T @ h[rows]; the cube writes both through the fixpipe
-//      with float32 atomic adds into the float32 accumulators (outputs of the op; the host casts them).
+//   3. stages dz in its slot of the GM workspace (rounded to the operand dtype for bf16 / fp16; the float32 tile
+//      as it is for fp32);
+//   4. issues dX[rows] += dz @ W[cols] and dW[cols] += dz.T @ h[rows] over exactly `cols` vocabulary rows; the
+//      cube writes both through the fixpipe with float32 atomic adds into the float32 accumulators (outputs of
+//      the op; the host casts them).
 // dX of a token block is accumulated in vocabulary-block order by one vector core when the plan has one segment;
 // dW rows receive the token blocks' contributions in an order that depends on core timing (float32 atomics).
 #define FUSED_LCE_HD __aicore__
@@ -20,6 +23,8 @@
 using namespace AscendC;
 using namespace fused_lce_kernel;
 namespace ft = fused_lce::tiling;
+
+static_assert(kRowSlotCount <= ft::kRowSlots, "row slots of fused_lce_vec.h must fit the plan's UB region");
 
 template <typename T, typename LabelT>
 class FusedLceGradKernel {
@@ -49,21 +54,26 @@ public:
         dxGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(dx));
         dwGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(dw));
         dbGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(db));
-        // dz staging: per vector core, two (vec_rows x base_n) slots in the operand dtype
+        // dz staging: per vector core, two (vec_rows x base_n) slots of the staged type
         const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
         dzGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + p_->ws_stats) + GetBlockIdx() * 2 * slot);
         pipe->InitBuffer(ub_, static_cast<uint32_t>(p_->ub_used));
-        LocalTensor<uint8_t> base = ub_.Get<uint8_t>();
-        c_[0] = base[p_->ub_c0].ReinterpretCast<float>();
-        c_[1] = base[p_->ub_c1].ReinterpretCast<float>();
-        work_ = base[p_->ub_work].ReinterpretCast<float>();
-        work2_ = base[p_->ub_work2].ReinterpretCast<float>();
-        cast_ = base[p_->ub_cast].ReinterpretCast<T>();
-        biasIn_ = base[p_->ub_bias].ReinterpretCast<T>();
-        biasF32_ = base[p_->ub_bias + p_->base_n * sizeof(T)].ReinterpretCast<float>();
-        rows_.base = base[p_->ub_rows].ReinterpretCast<float>();
+        const uint32_t cElems = static_cast<uint32_t>(td->mmLogits.baseM) * static_cast<uint32_t>(td->mmLogits.baseN);
+        z_ = ub_.GetWithOffset<float>(cElems, p_->ub_c);  // exactly baseM x baseN: see FusedLceStats
+        const uint32_t tileElems = p_->vec_rows * p_->base_n;
+        if (td->softcap > 0.0f) work2_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work2);
+        if constexpr (!IsSameType<T, float>::value) cast_ = ub_.GetWithOffset<T>(tileElems, p_->ub_cast);
+        if (td->hasBias) {
+            biasIn_ = ub_.GetWithOffset<T>(static_cast<uint32_t>(ft::align_up(p_->base_n, 16)), p_->ub_bias);
+            if constexpr (IsSameType<T, float>::value) {
+                biasF32_ = biasIn_;
+            } else {
+                biasF32_ = ub_.GetWithOffset<float>(p_->base_n, p_->ub_bias_f32);
+            }
+            colsum_ = ub_.GetWithOffset<float>(p_->base_n, p_->ub_colsum);
+        }
         rows_.stride = static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8));
-        colsum_ = base[p_->ub_colsum].ReinterpretCast<float>();
+        rows_.base = ub_.GetWithOffset<float>(rows_.stride * ft::kRowSlots, p_->ub_rows);
     }
 
     __aicore__ inline void Process() {
@@ -81,11 +91,11 @@ public:
     }
 
 private:
-    // a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, shard-local labels; lse kept in kRowScale
+    // a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, shard-local labels, lse
     __aicore__ inline void LoadRows(uint64_t row0, uint32_t rows) {
         LocalTensor<int32_t> lab = rows_.slot(kRowLabel).ReinterpretCast<int32_t>();
         LocalTensor<float> a = rows_.slot(kRowCoefP), t = rows_.slot(kRowCoefT), u = rows_.slot(kRowCoefU);
-        LocalTensor<float> lse = rows_.slot(kRowScale);
+        LocalTensor<float> lse = rows_.slot(kRowLse);
         const int64_t v = static_cast<int64_t>(p_->v);
         const float eps = td_->labelSmoothing;
         for (uint32_t r = 0; r < rows; ++r) {
@@ -98,18 +108,16 @@ private:
             t.SetValue(r, g * (1.0f - eps));
             u.SetValue(r, g * (eps / static_cast<float>(td_->vocabTotal)));
         }
+        Order<HardEvent::S_V>();
     }
 
     __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
         DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
-        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        if constexpr (IsSameType<T, float>::value) {
-            DataCopy(biasF32_, biasIn_, static_cast<uint32_t>(ft::align_up(cols, 8)));
-        } else {
+        Order<HardEvent::MTE2_V>();
+        if constexpr (!IsSameType<T, float>::value) {
             Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
+            PipeBarrier<PIPE_V>();
         }
-        PipeBarrier<PIPE_V>();
     }
 
     __aicore__ inline void RunTask(uint64_t row0, uint32_t rows, uint64_t sIdx) {
@@ -117,47 +125,55 @@ private:
         uint64_t nb0, nb1;
         ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
         const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
+        const uint32_t tileElems = rows * p_->base_n;
         const bool wantDx = td_->gradMask & 1u, wantDw = td_->gradMask & 2u, wantDb = td_->gradMask & 4u;
         mmLogits.SetTensorA(hGm_[row0 * p_->d]);
         uint32_t buf = 0;
         for (uint64_t nb = nb0; nb < nb1; ++nb) {
             const uint64_t c0 = nb * p_->base_n;
             const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
-            LocalTensor<float> z = c_[buf];
+            // the previous block's readers of z / bias / the staged tile are done before they are overwritten
+            Order<HardEvent::V_MTE2>();
+            Order<HardEvent::S_MTE2>();
+            Order<HardEvent::MTE3_MTE2>();  // fp32: the previous dz was staged to GM straight from z
             mmLogits.SetTensorB(wGm_[c0 * p_->d], true);
             mmLogits.SetTail(rows, cols, static_cast<int>(p_->d));
             mmLogits.template Iterate<true>();
-            mmLogits.template GetTensorC<true>(z, false, true);
+            mmLogits.template GetTensorC<true>(z_, 0, false);  // rows at the orgN = base_n stride
             if (td_->hasBias) LoadBias(c0, cols);
-            VectorLogits(z, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
-            TileGradient(z, work2_, rows_.slot(kRowScale), rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0),
-                         td_->softcap, wantDb, colsum_);
+            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
+            if (wantDb) Order<HardEvent::MTE3_V>();  // the previous block's db copy has read colsum
+            TileGradient(z_, work2_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->softcap, wantDb,
+                         colsum_);
             if (wantDb) {
-                SetFlag<HardEvent::V_MTE3>(EVENT_ID1);
-                WaitFlag<HardEvent::V_MTE3>(EVENT_ID1);
+                Order<HardEvent::V_MTE3>();
                 SetAtomicAdd<float>();
                 DataCopyPad(dbGm_[c0], colsum_, {1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0});
                 SetAtomicNone();
             }
-            // dz in the operand dtype -> this core's staging slot (the cube reads it from there)
+            // dz -> this core's staging slot (the cube reads it from there); only its first `cols` columns are
+            // read by the two GEMMs below
             GlobalTensor<T> dz = dzGm_[buf * slot];
             if constexpr (IsSameType<T, float>::value) {
-                DataCopy(cast_, z, rows * p_->base_n);
+                Order<HardEvent::V_MTE3>();
+                DataCopy(dz, z_, tileElems);
             } else {
-                Cast(cast_, z, RoundMode::CAST_RINT, rows * p_->base_n);
+                Order<HardEvent::MTE3_V>();  // the previous staging copy has read cast_
+                Cast(cast_, z_, RoundMode::CAST_RINT, tileElems);
+                Order<HardEvent::V_MTE3>();
+                DataCopy(dz, cast_, tileElems);
             }
-            SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-            WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-            DataCopy(dz, cast_, rows * p_->base_n);
-            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);  // the staged tile is in GM before the cube is asked to read it
+            Order<HardEvent::MTE3_S>();  // the staged tile is in GM before the scalar unit asks the cube to read it
             if (wantDx) {
+                // dX[rows] (rows x D) += dz (rows x cols) @ W[c0 : c0 + cols] (cols x D): K = cols, so the cube
+                // never reads past the last vocabulary row of W
                 mmDx.SetTensorA(dz);
                 mmDx.SetTensorB(wGm_[c0 * p_->d]);
-                mmDx.SetTail(rows, static_cast<int>(p_->d), static_cast<int>(p_->base_n));
-                mmDx.IterateAll(dxGm_[row0 * p_->d], 1);  // enAtomic: float32 accumulate into dX
+                mmDx.SetTail(rows, static_cast<int>(p_->d), cols);
+                mmDx.IterateAll(dxGm_[row0 * p_->d], 1);  // enAtomic 1: float32 accumulate into dX
             }
             if (wantDw) {
+                // dW[c0 : c0 + cols] (cols x D) += dz.T (cols x rows) @ h[rows] (rows x D)
                 mmDw.SetTensorA(dz, true);
                 mmDw.SetTensorB(hGm_[row0 * p_->d]);
                 mmDw.SetTail(cols, static_cast<int>(p_->d), rows);
@@ -173,7 +189,7 @@ private:
     GlobalTensor<T> hGm_, wGm_, bGm_, dzGm_;
     GlobalTensor<LabelT> yGm_;
     TBuf<TPosition::VECCALC> ub_;
-    LocalTensor<float> c_[2], work_, work2_, biasF32_, colsum_;
+    LocalTensor<float> z_, work2_, biasF32_, colsum_;
     LocalTensor<T> cast_, biasIn_;
     RowView rows_;
 };

@@ -3,34 +3,43 @@
 //   aclnnFusedLceStatsGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
 //                                      maxOut, sumExpOut, targetLogitOut, logitSumOut, argmaxOut, ws, executor)
 //   aclnnFusedLceStats(workspace, workspaceSize, executor, stream)
-// Status: written, not compiled here (no CANN toolkit), not run on hardware.
+// Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
+// (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #include "../../common/fused_lce_host.h"
 
 namespace optiling {
 
-static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
-    auto* td = ctx->GetTilingData<FusedLceTilingData>();
-    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
-    const gert::Shape& h = ctx->GetInputShape(0)->GetStorageShape();
-    const gert::Shape& w = ctx->GetInputShape(1)->GetStorageShape();
-    const bool hasBias = ctx->GetOptionalInputShape(2) != nullptr;
-    const ge::DataType dt = ctx->GetInputDesc(0)->GetDataType();
-    const ge::DataType labelDt = ctx->GetInputDesc(3)->GetDataType();
-    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
-    const int64_t vocabStart = *attrs->GetAttrPointer<int64_t>(0);
-    const float softcap = *attrs->GetAttrPointer<float>(1);
-    const bool withZsum = *attrs->GetAttrPointer<bool>(2);
+// IR input indices (the Input(...) order below); bias is optional, so GetInputDesc(3) would not be labels without it
+constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
+// attribute indices (the Attr(...) order below)
+constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrWithZsum = 2;
 
+static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
+    namespace fh = fused_lce_host;
     namespace ft = fused_lce::tiling;
-    const uint32_t flags = (hasBias ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
+    FusedLceTilingData* td = ctx->GetTilingData<FusedLceTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceTilingData (%zu bytes)",
+                                       sizeof(FusedLceTilingData));
+    if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
+    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
+    const fh::Input hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight), bias = fh::input(ctx, kBias),
+                    labels = fh::input(ctx, kLabels);
+    uint64_t n = 0, d = 0, v = 0;
+    if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    int64_t vocabStart = 0;
+    float softcap = 0.0f;
+    bool withZsum = false;
+    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
+    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
+        !fh::attr(attrs, kAttrWithZsum, &withZsum))
+        return fh::fail(ctx, "missing attribute");
+    if (vocabStart < 0 || !(softcap >= 0.0f)) return fh::fail(ctx, "vocab_start must be >= 0 and softcap >= 0");
+
+    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
                            (softcap > 0.0f ? ft::kSoftcap : 0u);
-    const ft::Plan plan = ft::plan(static_cast<uint64_t>(h.GetDim(0)), static_cast<uint64_t>(h.GetDim(1)),
-                                   static_cast<uint64_t>(w.GetDim(0)), fused_lce_host::elt_bytes(dt), flags,
-                                   fused_lce_host::hw_spec(plat));
-    if (plan.status != ft::kOk) {
-        OP_LOGE(ctx->GetNodeName(), "FusedLceStats: %s", ft::status_text(plan.status));
-        return ge::GRAPH_FAILED;
-    }
+    const ft::Plan plan = ft::plan(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStats: %s", ft::status_text(plan.status));
+    std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding too: the tiling data is copied as bytes
     td->plan = plan;
     td->vocabStart = vocabStart;
     td->vocabTotal = 0;
@@ -38,19 +47,14 @@ static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
     td->labelSmoothing = withZsum ? 1.0f : 0.0f;  // the kernel only needs "sum of logits wanted"
     td->zLoss = 0.0f;
     td->gradMask = 0;
-    td->labelBytes = labelDt == ge::DT_INT64 ? 8u : 4u;
-    td->hasBias = hasBias ? 1u : 0u;
+    td->labelBytes = labels.dtype == ge::DT_INT64 ? 8u : 4u;
+    td->hasBias = bias.present ? 1u : 0u;
+    // z = h[rows] @ W[cols].T: vec_rows x base_n, K = D, C delivered to the vector core's UB
     if (plan.n > 0 &&
-        !fused_lce_host::gemm_tiling(plat, dt, false, true, matmul_tiling::TPosition::VECIN, plan.vec_rows,
-                                     plan.base_n, plan.d, static_cast<uint32_t>(ft::align_up(plan.vec_rows, 16)),
-                                     plan.base_n, plan.base_k, 0, td->mmLogits)) {
-        OP_LOGE(ctx->GetNodeName(), "FusedLceStats: the Matmul API found no tiling");
-        return ge::GRAPH_FAILED;
-    }
-    ctx->SetBlockDim(plan.used_cores > 0 ? plan.used_cores : 1u);  // MIX: number of AI cores
-    size_t* ws = ctx->GetWorkspaceSizes(1);
-    ws[0] = static_cast<size_t>(plat.GetLibApiWorkSpaceSize()) + static_cast<size_t>(plan.ws_total);
-    return ge::GRAPH_SUCCESS;
+        !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::VECIN, plan.vec_rows, plan.base_n,
+                         plan.d, static_cast<uint32_t>(ft::align_up(plan.vec_rows, 16)), plan.base_n, td->mmLogits))
+        return fh::fail(ctx, "FusedLceStats: the Matmul API found no tiling");
+    return fh::finish_launch(ctx, plat, plan);
 }
 
 }  // namespace optiling
@@ -59,8 +63,10 @@ namespace ge {
 
 static graphStatus FusedLceStatsInferShape(gert::InferShapeContext* ctx) {
     const gert::Shape* h = ctx->GetInputShape(0);
+    if (h == nullptr || h->GetDimNum() != 2) return GRAPH_FAILED;
     for (size_t i = 0; i < 5; ++i) {
         gert::Shape* out = ctx->GetOutputShape(i);
+        if (out == nullptr) return GRAPH_FAILED;
         out->SetDimNum(1);
         out->SetDim(0, h->GetDim(0));
     }

@@ -1,15 +1,18 @@
-// FusedLceStats: the forward kernel (MIX, 1 cube : 2 vector cores). Status: written, not compiled here (no CANN
-// toolkit), not run on hardware; npu_emulator.stats is its executable spec.
+// FusedLceStats: the forward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
+// AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
 //
 // For every task (token block m, vocabulary segment s) of the plan, in task order on core t % used_cores, each of
 // the two vector cores takes vec_rows rows of the token block and, for every vocabulary block of the segment in
 // increasing order:
-//   1. drives the Matmul API: z = h[rows] @ W[cols].T, K = D in base_k chunks, float32 accumulation in L0C, result
-//      delivered into its UB (C position VECIN) -- logits never go to global memory;
+//   1. drives the Matmul API: z = h[rows] @ W[cols].T, K = D in base_k chunks, float32 accumulation in L0C. On an
+//      Atlas A2 the tile then goes L0C -> GM (the client's staging workspace, fixpipe) -> UB (DataCopy on MTE2):
+//      logits exist in global memory one (vec_rows x base_n) tile per vector core at a time, never as N x V;
 //   2. adds the bias and applies the softcap (float32);
 //   3. updates the running max / sum-exp / target logit / sum of logits / first argmax of its rows.
 // With one segment the task writes the outputs; otherwise it writes its partial statistics to the workspace and,
-// after a full-core barrier, the finishing phase merges the segments of each token in segment order.
+// after a barrier of all vector cores (SyncAll), the finishing phase merges the segments of each token in segment
+// order, vectorised over tokens and written out with DataCopyPad (no scalar GM stores: cores never share a cache
+// line).
 // Outputs (per token, this rank's vocabulary only): max, sum exp(z - max), target logit (0 when the label is not in
 // this shard), sum of logits (0 unless with_zsum), first argmax as a shard-local int32 id.
 #define FUSED_LCE_HD __aicore__
@@ -39,25 +42,33 @@ public:
         wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(weight));
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(labels));
-        outMax_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outMax));
-        outSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outSum));
-        outTarget_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outTarget));
-        outZsum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outZsum));
-        outArgmax_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(outArgmax));
-        // partial statistics of segment s for token i at [s * N + i] in five planes (m, s, zt, zs, argmax)
+        out_[0].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outMax));
+        out_[1].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outSum));
+        out_[2].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outTarget));
+        out_[3].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outZsum));
+        out_[4].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outArgmax));  // int32 bits, copied as 4-byte words
+        // partial statistics of segment s for token i at [plane * segments * N + s * N + i], five planes (m, s, zt,
+        // zs, argmax as int32 bits)
         wsStats_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         pipe->InitBuffer(ub_, static_cast<uint32_t>(p_->ub_used));
-        LocalTensor<uint8_t> base = ub_.Get<uint8_t>();
-        c_[0] = base[p_->ub_c0].ReinterpretCast<float>();
-        c_[1] = base[p_->ub_c1].ReinterpretCast<float>();
-        work_ = base[p_->ub_work].ReinterpretCast<float>();
-        work2_ = base[p_->ub_work2].ReinterpretCast<float>();
-        biasIn_ = base[p_->ub_bias].ReinterpretCast<T>();
-        biasF32_ = base[p_->ub_bias + p_->base_n * sizeof(T)].ReinterpretCast<float>();
-        rows_.base = base[p_->ub_rows].ReinterpretCast<float>();
+        // The C tile view has exactly baseM x baseN elements of the Matmul tiling: GetTensorC(LocalTensor) copies
+        // c.GetSize() elements into it (matmul_client.h CopyToUB) and needs at least baseM * baseN (GetTensorC.md);
+        // a view made with operator[] would keep the whole rest of the buffer as its length.
+        const uint32_t cElems = static_cast<uint32_t>(td->mmLogits.baseM) * static_cast<uint32_t>(td->mmLogits.baseN);
+        z_ = ub_.GetWithOffset<float>(cElems, p_->ub_c);
+        const uint32_t tileElems = p_->vec_rows * p_->base_n;
+        work_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work);
+        if (td->softcap > 0.0f) work2_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work2);
+        if (td->hasBias) {
+            biasIn_ = ub_.GetWithOffset<T>(static_cast<uint32_t>(ft::align_up(p_->base_n, 16)), p_->ub_bias);
+            if constexpr (IsSameType<T, float>::value) {
+                biasF32_ = biasIn_;  // float bias is used where it lands
+            } else {
+                biasF32_ = ub_.GetWithOffset<float>(p_->base_n, p_->ub_bias_f32);
+            }
+        }
         rows_.stride = static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8));
-        // ReduceMax/ReduceSum write (value, index) pairs into a small scratch: the backward-only coefficient slot
-        reduceTmp_ = rows_.slot(kRowCoefP);
+        rows_.base = ub_.GetWithOffset<float>(rows_.stride * ft::kRowSlots, p_->ub_rows);
     }
 
     __aicore__ inline void Process() {
@@ -87,84 +98,73 @@ private:
         }
     }
 
-    __aicore__ inline void ResetStats(uint32_t rows) {
-        Duplicate(rows_.slot(kRowMax), kNegInf, rows_.stride);
+    __aicore__ inline void ResetStats() {
+        Duplicate(rows_.slot(kRowMax), NegInf(), rows_.stride);
         Duplicate(rows_.slot(kRowSum), 0.0f, rows_.stride);
         Duplicate(rows_.slot(kRowTarget), 0.0f, rows_.stride);
         Duplicate(rows_.slot(kRowZsum), 0.0f, rows_.stride);
         Duplicate(rows_.slot(kRowArgmax).ReinterpretCast<int32_t>(), 0, rows_.stride);
-        PipeBarrier<PIPE_V>();
+        Order<HardEvent::V_S>();  // the scalar unit reads and updates these slots next
     }
 
     __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
         DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
-        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        if constexpr (IsSameType<T, float>::value) {
-            DataCopy(biasF32_, biasIn_, static_cast<uint32_t>(ft::align_up(cols, 8)));
-        } else {
-            Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
+        Order<HardEvent::MTE2_V>();
+        if constexpr (!IsSameType<T, float>::value) {
+            Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);  // bf16 / fp16 -> float is exact
+            PipeBarrier<PIPE_V>();
         }
-        PipeBarrier<PIPE_V>();
     }
 
     __aicore__ inline void RunTask(uint64_t row0, uint32_t rows, uint64_t sIdx) {
         LoadLabels(row0, rows);
-        ResetStats(rows);
+        Order<HardEvent::MTE3_V>();  // the previous task's DataCopyPad of the statistics has read the slots
+        Order<HardEvent::S_V>();
+        ResetStats();
         uint64_t nb0, nb1;
         ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
         mm.SetTensorA(hGm_[row0 * p_->d]);
-        uint32_t buf = 0;
         for (uint64_t nb = nb0; nb < nb1; ++nb) {
             const uint64_t c0 = nb * p_->base_n;
             const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
+            // the previous block's vector and scalar reads of z (and of the staged bias) are done before MTE2
+            // overwrites them
+            Order<HardEvent::V_MTE2>();
+            Order<HardEvent::S_MTE2>();
             mm.SetTensorB(wGm_[c0 * p_->d], true);
             mm.SetTail(rows, cols, static_cast<int>(p_->d));
-            LocalTensor<float> z = c_[buf];
-            // padding columns of a short last block must not win the max: fill with -inf first
-            if (cols < p_->base_n) {
-                Duplicate(z, kNegInf, rows * p_->base_n);
-                PipeBarrier<PIPE_V>();
-            }
             mm.template Iterate<true>();
-            mm.template GetTensorC<true>(z, false, true);
+            // enSequentialWrite = false: rows land at the tiling's N stride (orgN = base_n) also for a partial last
+            // block; with true they would land at the stride of the tile's own width (copy_cube_out_fixpipe.h)
+            mm.template GetTensorC<true>(z_, 0, false);
             if (td_->hasBias) LoadBias(c0, cols);
-            VectorLogits(z, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
-            OnlineUpdate(z, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->labelSmoothing > 0.0f,
-                         work_, reduceTmp_);
-            buf ^= 1u;  // the next block's C tile lands in the other buffer while this one is consumed
+            VectorLogits(z_, biasF32_, td_->hasBias, td_->softcap, rows, cols, p_->base_n, work2_);
+            OnlineUpdate(z_, rows_, rows, cols, p_->base_n, static_cast<int32_t>(c0), td_->labelSmoothing > 0.0f,
+                         work_);
         }
         if (p_->segments == 1) {
-            WriteStats(row0, rows, outMax_, outSum_, outTarget_, outZsum_, outArgmax_);
+            WriteStats(row0, rows, out_, 0);
         } else {
-            const uint64_t off = sIdx * p_->n;
-            GlobalTensor<float> wsM = wsStats_[off];
-            GlobalTensor<float> wsS = wsStats_[p_->segments * p_->n + off];
-            GlobalTensor<float> wsT = wsStats_[2 * p_->segments * p_->n + off];
-            GlobalTensor<float> wsZ = wsStats_[3 * p_->segments * p_->n + off];
-            GlobalTensor<int32_t> wsA;
-            const uint64_t amOff = 4 * p_->segments * p_->n + off;
-            wsA.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(wsStats_[amOff].GetPhyAddr()));
-            WriteStats(row0, rows, wsM, wsS, wsT, wsZ, wsA);
+            // partial statistics of this segment: plane k at k * segments * N + s * N
+            WriteStats(row0, rows, nullptr, sIdx * p_->n);
         }
     }
 
-    __aicore__ inline void WriteStats(uint64_t row0, uint32_t rows, GlobalTensor<float>& m, GlobalTensor<float>& s,
-                                      GlobalTensor<float>& zt, GlobalTensor<float>& zs, GlobalTensor<int32_t>& am) {
-        SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-        WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    // The five statistics slots -> GM (MTE3): to `dst` planes, or to the workspace planes at `wsOff`.
+    __aicore__ inline void WriteStats(uint64_t row0, uint32_t rows, GlobalTensor<float>* dst, uint64_t wsOff) {
+        Order<HardEvent::V_MTE3>();
+        Order<HardEvent::S_MTE3>();  // the slots were last written by SetValue
         const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
-        DataCopyPad(m[row0], rows_.slot(kRowMax), cp);
-        DataCopyPad(s[row0], rows_.slot(kRowSum), cp);
-        DataCopyPad(zt[row0], rows_.slot(kRowTarget), cp);
-        DataCopyPad(zs[row0], rows_.slot(kRowZsum), cp);
-        DataCopyPad(am[row0], rows_.slot(kRowArgmax).ReinterpretCast<int32_t>(), cp);
-        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        const uint64_t plane = p_->segments * p_->n;
+        for (uint32_t k = 0; k < 5; ++k) {
+            GlobalTensor<float> g = dst != nullptr ? dst[k][row0] : wsStats_[k * plane + wsOff + row0];
+            DataCopyPad(g, rows_.slot(kRowMax + k), cp);
+        }
     }
 
-    // Finishing phase: vector core (core, sub) merges tokens [i0, i1) over the segments in order, as
-    // npu_emulator.merge_segments (scalar loop: O(N * segments) work, small next to the GEMMs).
+    // Finishing phase: vector core (core, sub) merges tokens [i0, i1) over the segments in segment order,
+    // `stride` tokens at a time, as the float64-tested semantics (merge of (m, s) pairs, first argmax of the lower
+    // segment on ties). Inputs come in by DataCopyPad, outputs leave by DataCopyPad.
     __aicore__ inline void Finish(uint64_t core, uint32_t sub) {
         const uint64_t workers = static_cast<uint64_t>(p_->used_cores) * GetTaskRation();
         const uint64_t me = core * GetTaskRation() + sub;
@@ -172,55 +172,70 @@ private:
         const uint64_t i0 = me * per < p_->n ? me * per : p_->n;
         const uint64_t i1 = i0 + per < p_->n ? i0 + per : p_->n;
         const uint64_t plane = p_->segments * p_->n;
-        __gm__ int32_t* amBase = reinterpret_cast<__gm__ int32_t*>(wsStats_[4 * plane].GetPhyAddr());
-        for (uint64_t i = i0; i < i1; ++i) {
-            float m = kNegInf, s = 0.0f, zt = 0.0f, zs = 0.0f;
-            int32_t am = 0;
+        const uint32_t w = rows_.stride;
+        // accumulators in the statistics slots, segment partials and temporaries in the work tile
+        LocalTensor<float> acc[5] = {rows_.slot(kRowMax), rows_.slot(kRowSum), rows_.slot(kRowTarget),
+                                     rows_.slot(kRowZsum), rows_.slot(kRowArgmax)};
+        LocalTensor<float> part[5] = {work_[0 * w], work_[1 * w], work_[2 * w], work_[3 * w], work_[4 * w]};
+        LocalTensor<float> mNew = work_[5 * w], shift = work_[6 * w], ea = work_[7 * w], eb = work_[8 * w];
+        for (uint64_t t0 = i0; t0 < i1; t0 += w) {
+            const uint32_t cnt = static_cast<uint32_t>(i1 - t0 < w ? i1 - t0 : w);
+            const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
+            Order<HardEvent::MTE3_MTE2>();  // the previous chunk's results have left the accumulators
             for (uint64_t sg = 0; sg < p_->segments; ++sg) {
-                const uint64_t k = sg * p_->n + i;
-                const float pm = wsStats_.GetValue(k);
-                const float ps = wsStats_.GetValue(plane + k);
-                const float mNew = pm > m ? pm : m;
-                if (mNew != kNegInf) {
-                    // exp of a scalar through the vector unit (work_ is free in this phase)
-                    Duplicate(work_, m - mNew, 1);
-                    Duplicate(work_[kFloatsPerBlock], pm - mNew, 1);
-                    PipeBarrier<PIPE_V>();
-                    Exp(work_, work_, 2 * kFloatsPerBlock);
-                    PipeBarrier<PIPE_V>();
-                    const float a = m == mNew ? 1.0f : work_.GetValue(0);
-                    const float b = pm == mNew ? 1.0f : work_.GetValue(kFloatsPerBlock);
-                    s = s * a + ps * b;
-                } else {
-                    s = s + ps;
+                LocalTensor<float>* into = sg == 0 ? acc : part;
+                Order<HardEvent::V_MTE2>();
+                Order<HardEvent::S_MTE2>();
+                for (uint32_t k = 0; k < 5; ++k) {
+                    DataCopyPad(into[k], wsStats_[k * plane + sg * p_->n + t0], cp, {false, 0, 0, 0});
                 }
-                if (pm > m) am = amBase[k];
-                m = mNew;
-                zt += wsStats_.GetValue(2 * plane + k);
-                zs += wsStats_.GetValue(3 * plane + k);
+                Order<HardEvent::MTE2_V>();
+                Order<HardEvent::MTE2_S>();
+                if (sg == 0) continue;
+                // argmax: the partial's index wins only on a strictly larger max (scalar, before m is updated)
+                for (uint32_t i = 0; i < cnt; ++i) {
+                    if (part[0].GetValue(i) > acc[0].GetValue(i)) {
+                        acc[4].ReinterpretCast<int32_t>().SetValue(i, part[4].ReinterpretCast<int32_t>().GetValue(i));
+                    }
+                }
+                Order<HardEvent::S_V>();
+                // s = s * exp(m - shift) + ps * exp(pm - shift), shift = max(m, pm) clamped to a finite value so
+                // that rows whose maxima are both -inf give exp(-inf) = 0 instead of NaN
+                Max(mNew, acc[0], part[0], cnt);
+                PipeBarrier<PIPE_V>();
+                Maxs(shift, mNew, kMinFinite, cnt);
+                PipeBarrier<PIPE_V>();
+                Sub(ea, acc[0], shift, cnt);
+                Sub(eb, part[0], shift, cnt);
+                PipeBarrier<PIPE_V>();
+                Exp(ea, ea, cnt);
+                Exp(eb, eb, cnt);
+                PipeBarrier<PIPE_V>();
+                Mul(acc[1], acc[1], ea, cnt);
+                Mul(eb, part[1], eb, cnt);
+                Add(acc[2], acc[2], part[2], cnt);
+                Add(acc[3], acc[3], part[3], cnt);
+                Max(acc[0], acc[0], part[0], cnt);
+                PipeBarrier<PIPE_V>();
+                Add(acc[1], acc[1], eb, cnt);
+                PipeBarrier<PIPE_V>();
+                Order<HardEvent::V_S>();  // the next segment's argmax step reads the updated max
             }
-            outMax_.SetValue(i, m);
-            outSum_.SetValue(i, s);
-            outTarget_.SetValue(i, zt);
-            outZsum_.SetValue(i, zs);
-            outArgmax_.SetValue(i, am);
+            Order<HardEvent::V_MTE3>();
+            Order<HardEvent::S_MTE3>();
+            for (uint32_t k = 0; k < 5; ++k) {
+                DataCopyPad(out_[k][t0], acc[k], cp);
+            }
         }
-        // scalar stores go through the data cache: write them back before the kernel ends
-        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(outMax_);
-        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(outSum_);
-        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(outTarget_);
-        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(outZsum_);
-        DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE>(outArgmax_);
     }
 
     const FusedLceTilingData* td_;
     const ft::Plan* p_;
     GlobalTensor<T> hGm_, wGm_, bGm_;
     GlobalTensor<LabelT> yGm_;
-    GlobalTensor<float> outMax_, outSum_, outTarget_, outZsum_, wsStats_;
-    GlobalTensor<int32_t> outArgmax_;
+    GlobalTensor<float> out_[5], wsStats_;
     TBuf<TPosition::VECCALC> ub_;
-    LocalTensor<float> c_[2], work_, work2_, biasF32_, reduceTmp_;
+    LocalTensor<float> z_, work_, work2_, biasF32_;
     LocalTensor<T> biasIn_;
     RowView rows_;
 };

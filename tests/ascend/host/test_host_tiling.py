@@ -1,0 +1,270 @@
+"""The real tiling / inference functions of FusedLceStats and FusedLceGrad, run under the host twin's runtime on a grid
+of problems (N, D, V, dtypes, label dtype, bias, softcap / smoothing / z-loss, grad mask, parts): status handling,
+workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to fused_lce_tiling.h's plan(),
+attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
+from __future__ import annotations
+
+import os
+import random
+import re
+
+import pytest
+
+from host_twin import ASCEND, ROOT
+
+pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
+
+KERNELS = {"FusedLceStats": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats.cpp"),
+           "FusedLceGrad": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad.cpp")}
+ADAPTER = os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp")
+TILING_CAPACITY = 2048  # OpImplRegisterV2::Tiling's default max_tiling_data_size, which OP_ADD uses
+BATCH_MODE = 1
+PARTS = ["Ascend910B2", "Ascend910B4", "Ascend910_9391", "tiny"]
+
+
+def _seed() -> int:
+    if os.environ.get("CI"):
+        return 20261201
+    return int(os.environ.get("FUSED_LCE_SEED", random.randrange(1 << 30)))
+
+
+SEED = _seed()
+
+
+def case(op="stats", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
+         smoothing=0.0, zloss=0.0, mask=7, vocab_start=0, vocab_total=0, **extra) -> str:
+    words = [f"op={op}", f"part={part}", f"n={n}", f"d={d}", f"v={v}", f"dtype={dtype}", f"label={label}",
+             f"bias={int(bias)}", f"softcap={softcap}", f"smoothing={smoothing}", f"zloss={zloss}", f"mask={mask}",
+             f"vocab_start={vocab_start}", f"vocab_total={vocab_total}"]
+    words += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
+    return " ".join(words)
+
+
+def grid(op: str, count: int, rng: random.Random) -> list[str]:
+    """Edge shapes in every dimension plus a random sample: tails, tiny and huge N / D / V, N*V > 2^31."""
+    ns = [0, 1, 5, 16, 37, 128, 129, 1000, 8192, 65536, 1 << 20]
+    ds = [1, 15, 45, 128, 896, 4096, 7168, 65534]
+    vs = [1, 17, 301, 4096, 32000, 151936, 256000]
+    out = []
+    fixed = [(37, 45, 301), (2048, 896, 151936), (8192, 4096, 151936), (1 << 20, 16, 151936), (1, 1, 1),
+             (129, 7168, 256000), (5, 65534, 17)]
+    for n, d, v in fixed:
+        for dtype in ("bf16", "fp16", "fp32"):
+            for bias in (0, 1):
+                out.append(case(op, "Ascend910B2", n, d, v, dtype, "i64", bias))
+    while len(out) < count:
+        n, d, v = rng.choice(ns), rng.choice(ds), rng.choice(vs)
+        if rng.random() < 0.3:  # odd sizes
+            n, d, v = rng.randrange(0, 3000), rng.randrange(1, 9000), rng.randrange(1, 200000)
+        out.append(case(op, rng.choice(PARTS), n, d, v, rng.choice(["bf16", "fp16", "fp32"]),
+                        rng.choice(["i32", "i64"]), rng.random() < 0.5, rng.choice([0.0, 0.0, 30.0]), rng.choice([0.0, 0.0, 0.1]),
+                        rng.choice([0.0, 1e-4]), rng.randrange(0, 8), rng.choice([0, 0, 1000]),
+                        rng.choice([0, v + 1000 + 1000])))
+    return out
+
+
+def words(line: str) -> dict:
+    return dict(w.split("=", 1) for w in line.split())
+
+
+def align(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+def problems(line: str, r: dict) -> list[str]:
+    """Every way the tiling's result disagrees with what the kernels and the runtime need."""
+    c = words(line)
+    grad = c["op"] == "grad"
+    e = r["expected_plan"]
+    bad = []
+
+    def want(cond, msg):
+        if not cond:
+            bad.append(f"{line}: {msg}")
+
+    want(r["sizeof_td"] <= TILING_CAPACITY == r["tiling_capacity"], f"tiling data {r['sizeof_td']} B > buffer")
+    if e["status"] != 0:
+        want(r["status"] == "failed", f"plan status {e['status']} but the tiling succeeded")
+        return bad
+    want(r["status"] == "ok", "tiling failed on a problem plan() accepts")
+    if r["status"] != "ok":
+        return bad
+    p = r["plan"]
+    diff = {k: (p[k], e[k]) for k in e if p[k] != e[k]}
+    want(r["plan_bytes_equal"] and not diff, f"tiling data plan != plan() on the part's memories: {diff}")
+    want(r["tiling_size"] == r["sizeof_td"], "tiling data size not declared")
+    want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
+    want(r["block_dim_set"] and r["block_dim"] == max(1, e["used_cores"]), f"block dim {r['block_dim']}")
+    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (SyncAll would hang: more blocks than cores)")
+    want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
+    want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + e["ws_total"]],
+         f"workspaces {r['workspaces']} != [{r['lib_ws']} + {e['ws_total']}]")
+    if e["segments"] > 1:
+        want(e["ws_stats"] >= e["segments"] * e["n"] * 20, "stats workspace too small for the segment partials")
+    # attributes, each at its OpDef index, and the label dtype read by IR index
+    want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
+    want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
+    want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']} for {c['label']} labels")
+    want(r["hasBias"] == int(c["bias"]), "hasBias")
+    if grad:
+        vt = int(c["vocab_total"]) or int(c["v"])
+        want(r["vocabTotal"] == vt, f"vocabTotal {r['vocabTotal']} != {vt}")
+        want(r["labelSmoothing"] == pytest.approx(float(c["smoothing"])), "labelSmoothing")
+        want(r["zLoss"] == pytest.approx(float(c["zloss"])), "zLoss")
+        want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
+    else:
+        want(r["labelSmoothing"] == (1.0 if float(c["smoothing"]) > 0 else 0.0), "labelSmoothing flag")
+        want(r["gradMask"] == 0 and r["zLoss"] == 0, "forward has no gradients")
+    # the Matmul tilings describe the GEMMs the kernels issue
+    n, d = e["n"], e["d"]
+    gemms = {"mmLogits": (e["vec_rows"], e["base_n"], d, align(e["vec_rows"], 16), e["base_n"])}
+    if grad:
+        gemms["mmDx"] = (e["vec_rows"], d, e["base_n"], align(e["vec_rows"], 16), e["base_d"])
+        gemms["mmDw"] = (e["base_n"], d, e["vec_rows"], e["base_n"], e["base_d"])
+    for name in ("mmLogits", "mmDx", "mmDw"):
+        t = r[name]
+        if n == 0 or name not in gemms:
+            want(all(v == 0 for v in t.values()), f"{name} set although unused")
+            continue
+        m_, n_, k_, bm, bn = gemms[name]
+        got = (t["M"], t["N"], t["Ka"], t["singleCoreM"], t["singleCoreN"], t["singleCoreK"], t["baseM"], t["baseN"])
+        want(got == (m_, n_, k_, m_, n_, k_, bm, bn), f"{name} {got} != {(m_, n_, k_, m_, n_, k_, bm, bn)}")
+        want(t["isBias"] == 0 and t["usedCoreNum"] == 1 and t["baseK"] > 0, f"{name} {t}")
+    return bad
+
+
+@pytest.mark.parametrize("op", ["stats", "grad"])
+def test_tiling_on_a_grid_of_problems(op, driver):
+    rng = random.Random(SEED)
+    lines = grid(op, 400, rng)
+    outs = driver(lines)
+    bad = [m for line, r in zip(lines, outs) for m in problems(line, r)]
+    assert not bad, f"seed {SEED}: {len(bad)} problems, first ones:\n" + "\n".join(bad[:12])
+    ok = [r for r in outs if r["status"] == "ok"]
+    assert len(ok) > 0.8 * len(outs)  # the grid exercises the tiling, not its error path
+    assert any(r["plan"]["segments"] > 1 for r in ok) and any(r["plan"]["n"] == 0 for r in ok)
+
+
+def _kernel_syncs_all_cores(op: str) -> bool:
+    code = re.sub(r"//[^\n]*", "", open(KERNELS[op]).read())
+    return re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code) is not None
+
+
+def test_batch_mode_whenever_the_kernel_syncs_all_cores(driver):
+    """Finding 7: a kernel that calls SyncAll must be launched in batch mode (SetScheduleMode(1)), or concurrent
+    launches on several streams can deadlock (asc-devkit SyncAll.md, 约束说明). The stats kernel syncs when a token
+    block's vocabulary is split in segments (few token blocks); the check follows whichever kernel calls SyncAll."""
+    syncing = [op for op in KERNELS if _kernel_syncs_all_cores(op)]
+    assert "FusedLceStats" in syncing
+    lines = []
+    for part in PARTS:
+        for n in (1, 37, 200, 1000):
+            for op in ("stats", "grad"):
+                lines.append(case(op, part, n, 128, 151936))
+    outs = driver(lines)
+    checked = 0
+    for line, r in zip(lines, outs):
+        op = "FusedLceGrad" if "op=grad" in line else "FusedLceStats"
+        assert r["status"] == "ok", line
+        if op in syncing and r["plan"]["segments"] > 1:
+            checked += 1
+            assert r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, (
+                f"{op} with {r['plan']['segments']} segments on {r['block_dim']} cores calls SyncAll but the tiling "
+                f"did not call SetScheduleMode(1): {line}")
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("op", ["stats", "grad"])
+@pytest.mark.parametrize("bias", [0, 1])
+@pytest.mark.parametrize("label", ["i32", "i64"])
+def test_inputs_after_the_optional_bias_are_read_by_ir_index(op, bias, label, driver):
+    """Without a bias the instance indices of the later inputs shift down by one (metadef
+    extended_kernel_context.h / compute_node_info.h): labels / lse must be read by IR index."""
+    r = driver.one(case(op, n=300, d=256, v=5000, bias=bias, label=label))
+    assert r["status"] == "ok" and r["hasBias"] == bias
+    assert r["labelBytes"] == (8 if label == "i64" else 4), f"label dtype {label} read as {r['labelBytes']} bytes"
+
+
+def test_attributes_are_read_at_their_opdef_index(driver):
+    r = driver.one(case("grad", n=64, d=64, v=1000, bias=1, softcap=12.5, smoothing=0.25, zloss=0.125, mask=5,
+                        vocab_start=3000, vocab_total=9000))
+    assert (r["vocabStart"], r["vocabTotal"], r["softcap"], r["labelSmoothing"], r["zLoss"], r["gradMask"]) == \
+        (3000, 9000, 12.5, 0.25, 0.125, 5)
+    r = driver.one(case("stats", n=64, d=64, v=1000, softcap=7.5, vocab_start=123, with_zsum=1))
+    assert (r["vocabStart"], r["softcap"], r["labelSmoothing"]) == (123, 7.5, 1.0)
+
+
+BAD = [
+    ("hidden 1-D", dict(shape__hidden="37")),
+    ("weight D mismatch", dict(shape__weight="301,44")),
+    ("labels length", dict(shape__labels="36")),
+    ("labels 2-D", dict(shape__labels="37,1")),
+    ("labels float", dict(dtype__labels="fp32")),
+    ("weight dtype differs", dict(dtype__weight="fp16")),
+    ("int8 operands", dict(dtype="i8")),
+    ("bias length", dict(bias=1, shape__bias="300")),
+    ("bias dtype", dict(bias=1, dtype__bias="fp32")),
+    ("D = 0", dict(d=0)),
+    ("V = 0", dict(v=0)),
+    ("D > int32", dict(d=1 << 31)),
+    ("negative vocab_start", dict(vocab_start=-1)),
+    ("negative softcap", dict(softcap=-1.0)),
+]
+BAD_GRAD = [
+    ("grad_tok length", dict(shape__grad_tok="36")),
+    ("lse dtype", dict(dtype__lse="bf16")),
+    ("vocab_total too small", dict(vocab_start=100, vocab_total=300)),
+    ("grad_mask > 7", dict(mask=8)),
+    ("label_smoothing > 1", dict(smoothing=1.5)),
+    ("negative z_loss", dict(zloss=-0.5)),
+]
+
+
+ALL_BAD = BAD + [("grad: " + w, k) for w, k in BAD + BAD_GRAD]
+
+
+@pytest.mark.parametrize("what,kw", ALL_BAD, ids=[w for w, _ in ALL_BAD])
+def test_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
+    op = "grad" if what.startswith("grad: ") else "stats"
+    r = driver.one(case(op, **kw))
+    assert r["status"] == "failed", f"{what}: tiling accepted {r}"
+    assert r["block_dim_set"] is False and r["workspace_set"] is False  # nothing half-set
+
+
+def test_inferred_shapes_and_dtypes(driver):
+    r = driver.one("infer " + case("stats", n=37, d=45, v=301))
+    assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 5 and r["dtypes"] == [0, 0, 0, 0, 3]
+    for bias in (0, 1):
+        r = driver.one("infer " + case("grad", n=37, d=45, v=301, bias=bias))
+        assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
+        assert r["dtypes"] == [0, 0, 0]
+    for op, kw in (("stats", dict(shape__hidden="37")), ("grad", dict(shape__weight="301"))):
+        assert not driver.one("infer " + case(op, **kw))["shape_ok"]  # rejected, not dereferenced
+
+
+def _adapter_calls() -> dict:
+    """{aclnn op: [C++ type of each argument]} from the EXEC_NPU_CMD_EXT calls of the host adapter."""
+    code = open(ADAPTER).read()
+    calls = {}
+    for m in re.finditer(r"EXEC_NPU_CMD_EXT\(aclnn(\w+),([^;]*)\);", code):
+        body = code[:m.start()][code[:m.start()].rfind("\n}"):]  # the enclosing function, up to the call
+        types = {}
+        for t, name in re.findall(r"(c10::optional<Tensor>|Tensor|int64_t|double|bool)\s*&?\s+(\w+)\s*[=,)]", body):
+            types[name] = t
+        calls[m.group(1)] = [types.get(a.strip(), "?" + a.strip()) for a in m.group(2).split(",")]
+    return calls
+
+
+def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_expects(driver):
+    """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
+    docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
+    calls = _adapter_calls()
+    assert set(calls) == {"FusedLceStats", "FusedLceGrad"}
+    attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
+    for op, args in calls.items():
+        d = driver.one(f"opdef={op}")
+        want = ["c10::optional<Tensor>" if p["param"] == "optional" else "Tensor" for p in d["inputs"]]
+        want += [attr_cpp[a["type"]] for a in d["attrs"]]
+        want += ["Tensor"] * len(d["outputs"])
+        assert args == want, f"aclnn{op}: adapter passes {args}, the OpDef declares {want}"
+        assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]

@@ -1,0 +1,305 @@
+// Runs the real op_host tiling / inference functions of FusedLceStats and FusedLceGrad (linked in, registered by
+// their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for tests/ascend/host/test_host_tiling.py.
+//
+// stdin: one case per line, `key=value` words:
+//   op=stats|grad part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1 softcap= smoothing=
+//   zloss= mask= vocab_start= vocab_total= [with_zsum=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+// stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
+// fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
+// physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
+// whether the tiling data bytes are fully written (two runs with different buffer poisons agree).
+// `opdef <Type>` prints the recorded OpDef. `infer ...` (same keys) prints the inferred output shapes / dtypes.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "twin_host_runtime.h"
+
+#include "fused_lce_tiling_data.h"
+
+namespace th = fused_lce_twin_host;
+namespace ft = fused_lce::tiling;
+
+namespace {
+
+std::map<std::string, std::string> parse(const std::string& line) {
+    std::map<std::string, std::string> kv;
+    std::istringstream is(line);
+    std::string w;
+    while (is >> w) {
+        const size_t eq = w.find('=');
+        if (eq == std::string::npos) {
+            kv[w] = "";
+        } else {
+            kv[w.substr(0, eq)] = w.substr(eq + 1);
+        }
+    }
+    return kv;
+}
+
+std::string get(const std::map<std::string, std::string>& kv, const std::string& k, const std::string& dflt) {
+    auto it = kv.find(k);
+    return it == kv.end() ? dflt : it->second;
+}
+
+ge::DataType dtype_of(const std::string& s) {
+    if (s == "bf16") return ge::DT_BF16;
+    if (s == "fp16") return ge::DT_FLOAT16;
+    if (s == "fp32") return ge::DT_FLOAT;
+    if (s == "i32") return ge::DT_INT32;
+    if (s == "i64") return ge::DT_INT64;
+    if (s == "i8") return ge::DT_INT8;
+    throw std::invalid_argument("dtype " + s);
+}
+
+std::vector<int64_t> dims_of(const std::string& s) {
+    std::vector<int64_t> d;
+    std::istringstream is(s);
+    std::string x;
+    while (std::getline(is, x, ',')) {
+        if (!x.empty()) d.push_back(std::stoll(x));
+    }
+    return d;
+}
+
+struct Case {
+    std::string type;
+    std::vector<th::TensorArg> inputs;
+    std::map<std::string, th::AttrArg> attrs;
+    th::Part part;
+};
+
+Case build(const std::map<std::string, std::string>& kv) {
+    Case c;
+    const bool grad = get(kv, "op", "stats") == "grad";
+    c.type = grad ? "FusedLceGrad" : "FusedLceStats";
+    c.part = th::part(get(kv, "part", "Ascend910B2"));
+    const int64_t n = std::stoll(get(kv, "n", "1")), d = std::stoll(get(kv, "d", "1")),
+                  v = std::stoll(get(kv, "v", "1"));
+    const ge::DataType dt = dtype_of(get(kv, "dtype", "bf16")), lt = dtype_of(get(kv, "label", "i64"));
+    const bool bias = get(kv, "bias", "0") == "1";
+    const th::OpInfo* op = th::find_op(c.type);
+    if (op == nullptr) throw std::runtime_error("no OpDef for " + c.type);
+    std::map<std::string, th::TensorArg> by_name;
+    by_name["grad_tok"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    by_name["hidden"] = th::TensorArg{true, {n, d}, dt};
+    by_name["weight"] = th::TensorArg{true, {v, d}, dt};
+    by_name["bias"] = th::TensorArg{bias, {v}, dt};
+    by_name["labels"] = th::TensorArg{true, {n}, lt};
+    by_name["lse"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    for (const auto& e : kv) {
+        if (e.first.compare(0, 6, "shape.") == 0) by_name.at(e.first.substr(6)).shape = dims_of(e.second);
+        if (e.first.compare(0, 6, "dtype.") == 0) by_name.at(e.first.substr(6)).dtype = dtype_of(e.second);
+    }
+    if (kv.count("absent")) by_name.at(get(kv, "absent", "")).present = false;
+    for (const th::ParamInfo& p : op->inputs) c.inputs.push_back(by_name.at(p.name));
+    const float softcap = std::stof(get(kv, "softcap", "0")), smoothing = std::stof(get(kv, "smoothing", "0"));
+    c.attrs["vocab_start"] = th::AttrArg::Int(std::stoll(get(kv, "vocab_start", "0")));
+    c.attrs["softcap"] = th::AttrArg::Float(softcap);
+    if (grad) {
+        c.attrs["vocab_total"] = th::AttrArg::Int(std::stoll(get(kv, "vocab_total", "0")));
+        c.attrs["label_smoothing"] = th::AttrArg::Float(smoothing);
+        c.attrs["z_loss"] = th::AttrArg::Float(std::stof(get(kv, "zloss", "0")));
+        c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
+    } else {
+        c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", smoothing > 0 ? "1" : "0") == "1");
+    }
+    return c;
+}
+
+// The HwSpec the tiling should see on `p`, computed from the part's physical sizes (not through PlatformAscendC).
+ft::HwSpec expected_hw(const th::Part& p) {
+    ft::HwSpec hw;
+    const uint64_t reserve = (p.soc_version == "Ascend910B" || p.soc_version == "Ascend910_93") ? 256 : 0;
+    hw.cube_cores = p.aic;
+    hw.vec_per_cube = p.aiv / p.aic;
+    hw.ub_bytes = p.ub - reserve;
+    hw.l1_bytes = p.l1 - reserve;
+    hw.l0a_bytes = p.l0a;
+    hw.l0b_bytes = p.l0b;
+    hw.l0c_bytes = p.l0c;
+    return hw;
+}
+
+// The plan fields the Python checks name; the whole Plan is compared bytewise ("plan_bytes_equal"), so a field added
+// to fused_lce_tiling.h is covered without being listed here.
+#define PLAN_FIELDS(X) \
+    X(n) X(d) X(v) X(elt_bytes) X(flags) X(base_m) X(base_n) X(base_d) X(vec_rows) X(m_blocks) X(n_blocks) \
+    X(segments) X(tasks) X(used_cores) X(cube_cores) X(ws_stats) X(ws_dz) X(ws_total) X(status)
+
+std::string plan_json(const ft::Plan& p) {
+    std::ostringstream o;
+    o << std::boolalpha;
+    o << "{";
+    bool first = true;
+#define EMIT(f)                                                        \
+    o << (first ? "" : ",") << "\"" #f "\":" << static_cast<long long>(p.f); \
+    first = false;
+    PLAN_FIELDS(EMIT)
+#undef EMIT
+    o << "}";
+    return o.str();
+}
+
+std::string cube_json(const AscendC::tiling::TCubeTiling& t) {
+    std::ostringstream o;
+    o << std::boolalpha;
+    o << "{\"M\":" << t.M << ",\"N\":" << t.N << ",\"Ka\":" << t.Ka << ",\"Kb\":" << t.Kb
+      << ",\"singleCoreM\":" << t.singleCoreM << ",\"singleCoreN\":" << t.singleCoreN
+      << ",\"singleCoreK\":" << t.singleCoreK << ",\"baseM\":" << t.baseM << ",\"baseN\":" << t.baseN
+      << ",\"baseK\":" << t.baseK << ",\"isBias\":" << t.isBias << ",\"usedCoreNum\":" << t.usedCoreNum
+      << ",\"shareL1Size\":" << t.shareL1Size << ",\"shareL0CSize\":" << t.shareL0CSize << "}";
+    return o.str();
+}
+
+void run_case(const std::map<std::string, std::string>& kv) {
+    const Case c = build(kv);
+    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
+    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
+    const size_t td_size = sizeof(FusedLceTilingData);
+    std::ostringstream o;
+    o << std::boolalpha;
+    o << "{\"op\":\"" << c.type << "\",\"status\":\"" << (r.status == ge::GRAPH_SUCCESS ? "ok" : "failed") << "\""
+      << ",\"sizeof_td\":" << td_size << ",\"tiling_capacity\":" << r.tiling_capacity
+      << ",\"tiling_size\":" << r.tiling_size << ",\"block_dim_set\":" << r.block_dim_set
+      << ",\"block_dim\":" << r.block_dim << ",\"schedule_mode_set\":" << r.schedule_mode_set
+      << ",\"schedule_mode\":" << r.schedule_mode << ",\"workspace_set\":" << r.workspace_set
+      << ",\"lib_ws\":" << (c.part.arch == NpuArch::DAV_2201 ? 16u * 1024u * 1024u : 2u * 1024u * 1024u)
+      << ",\"aic\":" << c.part.aic << ",\"workspaces\":[";
+    for (size_t i = 0; i < r.workspaces.size(); ++i) o << (i ? "," : "") << r.workspaces[i];
+    o << "]";
+    // the whole tiling struct written, identically, whatever the buffer held before
+    const bool same = r.tiling_data.size() >= td_size && r2.tiling_data.size() >= td_size &&
+                      std::memcmp(r.tiling_data.data(), r2.tiling_data.data(), td_size) == 0;
+    o << ",\"td_deterministic\":" << same;
+    // the plan straight from the header, for the same problem and part
+    const bool grad = c.type == "FusedLceGrad";
+    const th::TensorArg& h = c.inputs[grad ? 1 : 0];
+    const th::TensorArg& w = c.inputs[grad ? 2 : 1];
+    const bool bias = c.inputs[grad ? 3 : 2].present;
+    ft::Plan expected = ft::Plan();
+    bool has_expected = false;
+    if (h.shape.size() == 2 && w.shape.size() == 2) {
+        uint32_t flags = (bias ? ft::kBias : 0u) | (grad ? ft::kBackward : 0u);
+        if (grad ? c.attrs.at("label_smoothing").f > 0 : c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
+        if (c.attrs.at("softcap").f > 0) flags |= ft::kSoftcap;
+        expected = ft::plan(static_cast<uint64_t>(h.shape[0]), static_cast<uint64_t>(h.shape[1]),
+                            static_cast<uint64_t>(w.shape[0]), h.dtype == ge::DT_FLOAT ? 4u : 2u, flags,
+                            expected_hw(c.part));
+        has_expected = true;
+        o << ",\"expected_plan\":" << plan_json(expected);
+    }
+    if (r.status == ge::GRAPH_SUCCESS && r.tiling_data.size() >= td_size) {
+        FusedLceTilingData td;
+        std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
+        o << ",\"plan\":" << plan_json(td.plan) << ",\"plan_bytes_equal\":"
+          << (has_expected && std::memcmp(&td.plan, &expected, sizeof(ft::Plan)) == 0)
+          << ",\"vocabStart\":" << td.vocabStart
+          << ",\"vocabTotal\":" << td.vocabTotal << ",\"softcap\":" << td.softcap
+          << ",\"labelSmoothing\":" << td.labelSmoothing << ",\"zLoss\":" << td.zLoss
+          << ",\"gradMask\":" << td.gradMask << ",\"labelBytes\":" << td.labelBytes << ",\"hasBias\":" << td.hasBias
+          << ",\"mmLogits\":" << cube_json(td.mmLogits) << ",\"mmDx\":" << cube_json(td.mmDx)
+          << ",\"mmDw\":" << cube_json(td.mmDw);
+    }
+    o << "}";
+    std::cout << o.str() << std::endl;  // flushed: a crash is attributed to the next case
+}
+
+const char* option_name(ops::Option o) {
+    switch (o) {
+        case ops::REQUIRED: return "required";
+        case ops::OPTIONAL: return "optional";
+        case ops::DYNAMIC: return "dynamic";
+        default: return "other";
+    }
+}
+
+const char* attr_type_name(ops::AttrDataType t) {
+    switch (t) {
+        case ops::AttrDataType::ATTR_DT_INT: return "int";
+        case ops::AttrDataType::ATTR_DT_FLOAT: return "float";
+        case ops::AttrDataType::ATTR_DT_BOOL: return "bool";
+        default: return "other";
+    }
+}
+
+void print_opdef(const std::string& type) {
+    const th::OpInfo* op = th::find_op(type);
+    if (op == nullptr) {
+        std::cout << "{\"error\":\"no OpDef " << type << "\"}" << std::endl;
+        return;
+    }
+    std::ostringstream o;
+    o << std::boolalpha;
+    auto params = [&o](const std::vector<th::ParamInfo>& ps) {
+        o << "[";
+        for (size_t i = 0; i < ps.size(); ++i) {
+            o << (i ? "," : "") << "{\"name\":\"" << ps[i].name << "\",\"param\":\"" << option_name(ps[i].param_type)
+              << "\",\"dtypes\":[";
+            for (size_t j = 0; j < ps[i].dtypes.size(); ++j) o << (j ? "," : "") << static_cast<int>(ps[i].dtypes[j]);
+            o << "],\"formats\":" << ps[i].formats.size() << "}";
+        }
+        o << "]";
+    };
+    o << "{\"type\":\"" << op->type << "\",\"inputs\":";
+    params(op->inputs);
+    o << ",\"outputs\":";
+    params(op->outputs);
+    o << ",\"attrs\":[";
+    for (size_t i = 0; i < op->attrs.size(); ++i) {
+        const th::AttrInfo& a = op->attrs[i];
+        o << (i ? "," : "") << "{\"name\":\"" << a.name << "\",\"type\":\"" << attr_type_name(a.data_type)
+          << "\",\"param\":\"" << option_name(a.attr_type) << "\",\"has_default\":" << a.has_default << "}";
+    }
+    o << "],\"configs\":[";
+    for (size_t i = 0; i < op->aicore_configs.size(); ++i) o << (i ? "," : "") << "\"" << op->aicore_configs[i] << "\"";
+    o << "],\"has_tiling\":" << op->has_tiling << ",\"has_infer_shape\":" << op->has_infer_shape
+      << ",\"has_infer_dtype\":" << op->has_infer_dtype << "}";
+    std::cout << o.str() << std::endl;
+}
+
+void print_infer(const std::map<std::string, std::string>& kv) {
+    const Case c = build(kv);
+    const th::InferResult r = th::run_infer(c.type, c.inputs, c.attrs);
+    std::ostringstream o;
+    o << std::boolalpha;
+    o << "{\"shape_ok\":" << (r.shape_status == ge::GRAPH_SUCCESS) << ",\"dtype_ok\":"
+      << (r.dtype_status == ge::GRAPH_SUCCESS) << ",\"shapes\":[";
+    for (size_t i = 0; i < r.shapes.size(); ++i) {
+        o << (i ? "," : "") << "[";
+        for (size_t j = 0; j < r.shapes[i].size(); ++j) o << (j ? "," : "") << r.shapes[i][j];
+        o << "]";
+    }
+    o << "],\"dtypes\":[";
+    for (size_t i = 0; i < r.dtypes.size(); ++i) o << (i ? "," : "") << static_cast<int>(r.dtypes[i]);
+    o << "]}";
+    std::cout << o.str() << std::endl;
+}
+
+}  // namespace
+
+int main() {
+    std::cout << std::boolalpha;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        if (line.empty()) continue;
+        try {
+            const std::map<std::string, std::string> kv = parse(line);
+            if (kv.count("opdef")) {
+                print_opdef(get(kv, "opdef", ""));
+            } else if (kv.count("infer")) {
+                print_infer(kv);
+            } else {
+                run_case(kv);
+            }
+        } catch (const std::exception& e) {
+            std::cout << "{\"error\":\"" << e.what() << "\"}" << std::endl;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,284 @@
+// Torch extension of the test suite: the AscendC kernels of csrc/ascend compiled with g++ against the AscendC CPU
+// twin (csrc/ascend/twin/kernel), exposed as CPU ops with exactly the contracts of the NPU adapter's
+// fused_lce::_npu_stats / fused_lce::_npu_grads (csrc/npu/fused_lce_npu.cpp):
+//   fused_lce::_twin_stats(hidden, weight, bias, labels, vocab_start, softcap, with_zsum)
+//       -> (max, sum_exp, target, zsum, argmax int64 global)
+//   fused_lce::_twin_grads(grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, label_smoothing,
+//                          z_loss, softcap, grad_mask) -> (dx, dw, db float32)
+//   fused_lce::_twin_config(hw, seed, switch_prob, hazards): the part (HwSpec and memories) and the scheduler seed
+//       used by the next calls; fused_lce::_twin_plan(...) returns the plan fields for the tests.
+// The tiling is what op_host computes: fused_lce::tiling::plan (csrc/include/fused_lce_tiling.h) for the part, and
+// Matmul tilings with the plan's fixed base tile (fill_gemm below stands in for matmul_tiling::MatmulApiTiling,
+// which needs the CANN host libraries; it sets the fields the Matmul API reads).
+#include <torch/extension.h>
+
+#include <array>
+#include <mutex>
+#include <vector>
+
+#include "../../csrc/ascend/common/fused_lce_tiling_data.h"
+#include "twin_launch.h"
+
+using GmKernel11 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                            GM_ADDR);
+
+#define TWIN_DECLARE(kind, dt, lt) \
+    extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+TWIN_DECLARE(stats, bf16, i64)
+TWIN_DECLARE(stats, bf16, i32)
+TWIN_DECLARE(stats, f16, i64)
+TWIN_DECLARE(stats, f16, i32)
+TWIN_DECLARE(stats, f32, i64)
+TWIN_DECLARE(stats, f32, i32)
+TWIN_DECLARE(grad, bf16, i64)
+TWIN_DECLARE(grad, bf16, i32)
+TWIN_DECLARE(grad, f16, i64)
+TWIN_DECLARE(grad, f16, i32)
+TWIN_DECLARE(grad, f32, i64)
+TWIN_DECLARE(grad, f32, i32)
+
+namespace {
+
+namespace ft = fused_lce::tiling;
+using at::Tensor;
+
+struct TwinState {
+    ft::HwSpec hw;
+    uint64_t seed = 1;
+    double switch_prob = 0.3;
+    bool hazards = true;
+};
+TwinState& state() {
+    static TwinState s;
+    return s;
+}
+std::mutex& launch_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+GmKernel11 pick(bool stats, at::ScalarType dt, at::ScalarType lt) {
+    const bool i64 = lt == at::kLong;
+    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
+    if (dt == at::kBFloat16) return stats ? (i64 ? fused_lce_stats_bf16_i64 : fused_lce_stats_bf16_i32)
+                                          : (i64 ? fused_lce_grad_bf16_i64 : fused_lce_grad_bf16_i32);
+    if (dt == at::kHalf) return stats ? (i64 ? fused_lce_stats_f16_i64 : fused_lce_stats_f16_i32)
+                                      : (i64 ? fused_lce_grad_f16_i64 : fused_lce_grad_f16_i32);
+    if (dt == at::kFloat) return stats ? (i64 ? fused_lce_stats_f32_i64 : fused_lce_stats_f32_i32)
+                                       : (i64 ? fused_lce_grad_f32_i64 : fused_lce_grad_f32_i32);
+    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
+}
+
+// One single-core Matmul tiling with a fixed base tile (what op_host's gemm_tiling asks MatmulApiTiling for).
+AscendC::tiling::TCubeTiling fill_gemm(uint64_t m, uint64_t n, uint64_t k, uint32_t bm, uint32_t bn, uint32_t bk,
+                                       uint32_t elt, const ft::HwSpec& hw) {
+    AscendC::tiling::TCubeTiling t{};
+    t.usedCoreNum = 1;
+    t.M = static_cast<int32_t>(m);
+    t.N = static_cast<int32_t>(n);
+    t.Ka = t.Kb = static_cast<int32_t>(k);
+    t.singleCoreM = t.M;
+    t.singleCoreN = t.N;
+    t.singleCoreK = t.Ka;
+    t.baseM = static_cast<int32_t>(bm);
+    t.baseN = static_cast<int32_t>(bn);
+    t.baseK = static_cast<int32_t>(bk);
+    t.depthA1 = t.depthB1 = 2;
+    t.stepM = t.stepN = t.stepKa = t.stepKb = 1;
+    t.iterateOrder = 0;
+    t.dbL0A = static_cast<uint64_t>(bm) * bk * elt * 2 <= hw.l0a_bytes ? 2 : 1;
+    t.dbL0B = static_cast<uint64_t>(bn) * bk * elt * 2 <= hw.l0b_bytes ? 2 : 1;
+    t.dbL0C = static_cast<uint64_t>(bm) * bn * 4 * 2 <= hw.l0c_bytes ? 2 : 1;
+    t.shareL1Size = static_cast<int32_t>((static_cast<uint64_t>(bm) + bn) * bk * elt * 2);
+    t.shareL0CSize = static_cast<int32_t>(static_cast<uint64_t>(bm) * bn * 4);
+    t.BatchNum = 1;
+    return t;
+}
+
+twin::Config twin_config() {
+    const TwinState& s = state();
+    twin::Config c;
+    c.ub_bytes = s.hw.ub_bytes;
+    c.l1_bytes = s.hw.l1_bytes;
+    c.l0a_bytes = s.hw.l0a_bytes;
+    c.l0b_bytes = s.hw.l0b_bytes;
+    c.l0c_bytes = s.hw.l0c_bytes;
+    c.seed = s.seed;
+    c.switch_prob = s.switch_prob;
+    c.hazards = s.hazards;
+    return c;
+}
+
+constexpr uint64_t kSysWorkspace = 64 * 1024;  // the library's part of the workspace (unused by the twin)
+
+void check_problem(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+                   const Tensor& labels) {
+    TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+                "fused_lce twin: expected hidden (N, D) and weight (V, D), got ", hidden.sizes(), " and ",
+                weight.sizes());
+    TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "fused_lce twin: labels must be (N,)");
+    TORCH_CHECK(hidden.scalar_type() == weight.scalar_type(), "fused_lce twin: hidden and weight dtypes differ");
+    TORCH_CHECK(hidden.device().is_cpu(), "fused_lce twin: CPU tensors only");
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "fused_lce twin: bias must be (V,)");
+        TORCH_CHECK(bias->scalar_type() == weight.scalar_type(), "fused_lce twin: bias dtype differs from weight");
+    }
+}
+
+ft::Plan make_plan(const Tensor& hidden, const Tensor& weight, uint32_t flags) {
+    const ft::Plan p = ft::plan(static_cast<uint64_t>(hidden.size(0)), static_cast<uint64_t>(hidden.size(1)),
+                                static_cast<uint64_t>(weight.size(0)), static_cast<uint32_t>(hidden.element_size()),
+                                flags, state().hw);
+    TORCH_CHECK(p.status == ft::kOk, "fused_lce twin: no tiling: ", ft::status_text(p.status));
+    return p;
+}
+
+void launch(GmKernel11 k, const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, std::array<GM_ADDR, 9> args,
+            Tensor& workspace, const FusedLceTilingData& td) {
+    std::lock_guard<std::mutex> lock(launch_mutex());
+    GM_ADDR ws = reinterpret_cast<GM_ADDR>(workspace.data_ptr());
+    bufs.push_back({ws + kSysWorkspace, static_cast<uint64_t>(workspace.numel()) - kSysWorkspace, "workspace",
+                    false});
+    bufs.push_back({&td, sizeof(td), "tiling", true});
+    const int block_dim = static_cast<int>(p.used_cores > 0 ? p.used_cores : 1);
+    const int ratio = static_cast<int>(state().hw.vec_per_cube);
+    GM_ADDR tiling = reinterpret_cast<GM_ADDR>(const_cast<FusedLceTilingData*>(&td));
+    try {
+        twin_test::run_kernel(block_dim, ratio, twin_config(), bufs, ws, kSysWorkspace, [&]() {
+            k(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], ws, tiling);
+        });
+    } catch (const twin::Error& e) {
+        TORCH_CHECK(false, e.what());
+    }
+}
+
+GM_ADDR addr(const Tensor& t) {
+    return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr;
+}
+twin_test::GmBuffer buf(const Tensor& t, const char* name, bool ro) {
+    return {t.defined() ? t.data_ptr() : nullptr, t.defined() ? static_cast<uint64_t>(t.numel() * t.element_size()) : 0,
+            name, ro};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tensor& hidden, const Tensor& weight,
+                                                                const c10::optional<Tensor>& bias,
+                                                                const Tensor& labels, int64_t vocab_start,
+                                                                double softcap, bool with_zsum) {
+    check_problem(hidden, weight, bias, labels);
+    const int64_t n = hidden.size(0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    Tensor m = at::empty({n}, f32), s = at::empty({n}, f32), zt = at::empty({n}, f32), zs = at::empty({n}, f32);
+    Tensor am = at::empty({n}, hidden.options().dtype(at::kInt));
+    if (n > 0) {
+        Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
+        const bool has_bias = bias.has_value() && bias->defined();
+        Tensor b = has_bias ? bias->contiguous() : Tensor();
+        const uint32_t flags = (has_bias ? ft::kBias : 0u) | (with_zsum ? ft::kSmoothing : 0u) |
+                               (softcap > 0 ? ft::kSoftcap : 0u);
+        const ft::Plan p = make_plan(h, w, flags);
+        FusedLceTilingData td{};
+        td.plan = p;
+        td.vocabStart = vocab_start;
+        td.vocabTotal = 0;
+        td.softcap = static_cast<float>(softcap);
+        td.labelSmoothing = with_zsum ? 1.0f : 0.0f;
+        td.labelBytes = static_cast<uint32_t>(y.element_size());
+        td.hasBias = has_bias ? 1u : 0u;
+        td.mmLogits = fill_gemm(p.vec_rows, p.base_n, p.d, static_cast<uint32_t>(ft::align_up(p.vec_rows, 16)),
+                                p.base_n, p.base_k, p.elt_bytes, state().hw);
+        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
+        launch(pick(true, h.scalar_type(), y.scalar_type()), p,
+               {buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true), buf(y, "labels", true),
+                buf(m, "max", false), buf(s, "sum_exp", false), buf(zt, "target", false), buf(zs, "zsum", false),
+                buf(am, "argmax", false)},
+               {addr(h), addr(w), addr(b), addr(y), addr(m), addr(s), addr(zt), addr(zs), addr(am)}, ws, td);
+    }
+    Tensor amax = am.to(at::kLong).add_(vocab_start);
+    return {m, s, zt, zs, amax};
+}
+
+std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& grad_tok, const Tensor& hidden, const Tensor& weight,
+                                              const c10::optional<Tensor>& bias, const Tensor& labels,
+                                              const Tensor& lse, int64_t vocab_start, int64_t vocab_total,
+                                              double label_smoothing, double z_loss, double softcap,
+                                              std::array<bool, 3> grad_mask) {
+    check_problem(hidden, weight, bias, labels);
+    const bool has_bias = bias.has_value() && bias->defined();
+    const int64_t mask = (grad_mask[0] ? 1 : 0) | (grad_mask[1] ? 2 : 0) | (grad_mask[2] && has_bias ? 4 : 0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    Tensor dx = (mask & 1) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
+    Tensor dw = (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    Tensor db = (mask & 4) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
+    if (mask != 0 && hidden.size(0) > 0) {
+        Tensor g = grad_tok.to(at::kFloat).contiguous(), l = lse.to(at::kFloat).contiguous();
+        Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
+        Tensor b = has_bias ? bias->contiguous() : Tensor();
+        const uint32_t flags = ft::kBackward | (has_bias ? ft::kBias : 0u) |
+                               (label_smoothing > 0 ? ft::kSmoothing : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
+        const ft::Plan p = make_plan(h, w, flags);
+        FusedLceTilingData td{};
+        td.plan = p;
+        td.vocabStart = vocab_start;
+        td.vocabTotal = vocab_total > 0 ? vocab_total : static_cast<int64_t>(p.v);
+        td.softcap = static_cast<float>(softcap);
+        td.labelSmoothing = static_cast<float>(label_smoothing);
+        td.zLoss = static_cast<float>(z_loss);
+        td.gradMask = static_cast<uint32_t>(mask);
+        td.labelBytes = static_cast<uint32_t>(y.element_size());
+        td.hasBias = has_bias ? 1u : 0u;
+        const uint32_t bm = static_cast<uint32_t>(ft::align_up(p.vec_rows, 16));
+        const ft::HwSpec& hw = state().hw;
+        td.mmLogits = fill_gemm(p.vec_rows, p.base_n, p.d, bm, p.base_n, p.base_k, p.elt_bytes, hw);
+        td.mmDx = fill_gemm(p.vec_rows, p.d, p.base_n, bm, p.base_d, p.base_n, p.elt_bytes, hw);
+        td.mmDw = fill_gemm(p.base_n, p.d, p.vec_rows, p.base_n, p.base_d, bm, p.elt_bytes, hw);
+        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
+        launch(pick(false, h.scalar_type(), y.scalar_type()), p,
+               {buf(g, "grad_tok", true), buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true),
+                buf(y, "labels", true), buf(l, "lse", true), buf(dx, "dx", false), buf(dw, "dw", false),
+                buf(db, "db", false)},
+               {addr(g), addr(h), addr(w), addr(b), addr(y), addr(l), addr(dx), addr(dw), addr(db)}, ws, td);
+    }
+    return {dx, dw, db};
+}
+
+void twin_config_op(std::vector<int64_t> hw, int64_t seed, double switch_prob, bool hazards) {
+    TORCH_CHECK(hw.size() == 7, "fused_lce twin: hw = [cube_cores, vec_per_cube, ub, l1, l0a, l0b, l0c]");
+    TwinState& s = state();
+    s.hw.cube_cores = static_cast<uint32_t>(hw[0]);
+    s.hw.vec_per_cube = static_cast<uint32_t>(hw[1]);
+    s.hw.ub_bytes = static_cast<uint64_t>(hw[2]);
+    s.hw.l1_bytes = static_cast<uint64_t>(hw[3]);
+    s.hw.l0a_bytes = static_cast<uint64_t>(hw[4]);
+    s.hw.l0b_bytes = static_cast<uint64_t>(hw[5]);
+    s.hw.l0c_bytes = static_cast<uint64_t>(hw[6]);
+    s.seed = static_cast<uint64_t>(seed);
+    s.switch_prob = switch_prob;
+    s.hazards = hazards;
+}
+
+// The plan the ops use for a problem (for tests that need to know tiles, segments and cores).
+std::vector<int64_t> twin_plan(int64_t n, int64_t d, int64_t v, int64_t elt, int64_t flags) {
+    const ft::Plan p = ft::plan(static_cast<uint64_t>(n), static_cast<uint64_t>(d), static_cast<uint64_t>(v),
+                                static_cast<uint32_t>(elt), static_cast<uint32_t>(flags), state().hw);
+    return {p.status, p.base_m, p.base_n, p.base_k, p.vec_rows, static_cast<int64_t>(p.m_blocks),
+            static_cast<int64_t>(p.n_blocks), static_cast<int64_t>(p.segments), static_cast<int64_t>(p.tasks),
+            p.used_cores, static_cast<int64_t>(p.tail_n), static_cast<int64_t>(p.ub_used)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
+    m.def("_twin_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
+          "bool with_zsum) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+    m.def("_twin_grads(Tensor grad_tok, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
+          "int vocab_start, int vocab_total, float label_smoothing, float z_loss, float softcap, bool[3] grad_mask) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("_twin_config(int[] hw, int seed, float switch_prob, bool hazards) -> ()", &twin_config_op);
+    m.def("_twin_plan(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan);
+}
+
+TORCH_LIBRARY_IMPL(fused_lce, CPU, m) {
+    m.impl("_twin_stats", &twin_stats);
+    m.impl("_twin_grads", &twin_grads);
+}

@@ -1,0 +1,450 @@
+// Probe kernels that keep the AscendC CPU twin honest: each runs a few API calls that either follow the rules
+// (and must run clean, with checked results) or break exactly one rule (and must be reported). Exposed as
+//   fused_lce::_twin_probe(str name) -> str   ("" when the probe ran clean, else the twin's error message)
+//   fused_lce::_twin_cast(Tensor x float32) -> (Tensor bf16, Tensor fp16)   Cast with CAST_RINT on the twin
+#include <torch/extension.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernel_operator.h"
+#include "lib/matmul_intf.h"
+#include "twin_launch.h"
+
+using namespace AscendC;
+
+namespace {
+
+struct Probe {
+    int block_dim = 1;
+    int ratio = 0;  // AIV-only unless it drives the Matmul API
+    std::function<void(std::vector<float>&, std::vector<float>&)> body;  // (gm input, gm output)
+};
+
+[[noreturn]] void expect_fail(const std::string& what) { throw twin::Error("probe expectation failed: " + what); }
+
+#define EXPECT(cond)                                  \
+    do {                                              \
+        if (!(cond)) expect_fail(#cond);              \
+    } while (0)
+
+template <HardEvent e>
+void order() {
+    SetFlag<e>(EVENT_ID0);
+    WaitFlag<e>(EVENT_ID0);
+}
+
+GM_ADDR g_in = nullptr, g_out = nullptr;  // the probe's GM buffers (set by run_probe)
+
+GlobalTensor<float> gin() {
+    GlobalTensor<float> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g_in));
+    return g;
+}
+GlobalTensor<float> gout() {
+    GlobalTensor<float> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g_out));
+    return g;
+}
+
+// (in, out) sizes in floats; the Matmul probes' A (kM x kK) and B (kN x kK) follow `in`
+constexpr int kIn = 1024, kOut = 1024;
+constexpr int kM = 32, kN = 48, kK = 16;
+
+std::map<std::string, Probe> probes() {
+    std::map<std::string, Probe> p;
+    // ---- correct pipelines run clean and compute the right values ----
+    p["ok_pipeline"] = {1, 0, [](auto&, auto& out) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 4096);
+        LocalTensor<float> a = buf.Get<float>(256), b = buf.GetWithOffset<float>(256, 1024);
+        DataCopy(a, gin(), 256);
+        order<HardEvent::MTE2_V>();
+        Adds(b, a, 1.0f, 256);
+        PipeBarrier<PIPE_V>();
+        Muls(b, b, 2.0f, 256);
+        order<HardEvent::V_S>();
+        const float v0 = b.GetValue(0);
+        b.SetValue(1, v0 + 100.0f);
+        order<HardEvent::S_MTE3>();
+        order<HardEvent::V_MTE3>();
+        DataCopyPad(gout(), b, {1, 7 * sizeof(float), 0, 0, 0});
+        (void)out;
+    }};
+    p["ok_localtensor_semantics"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>();
+        EXPECT(t.GetSize() == 256);
+        EXPECT(t[10].GetSize() == 246);                              // operator[] keeps the remaining length
+        EXPECT(t.ReinterpretCast<uint8_t>().GetSize() == 1024);      // ReinterpretCast keeps the bytes
+        EXPECT(t[8].ReinterpretCast<half>().GetSize() == 496);
+        EXPECT(buf.GetWithOffset<float>(16, 64).GetSize() == 16);
+    }};
+    p["ok_tque"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> qin;
+        TQue<TPosition::VECOUT, 1> qout;
+        pipe.InitBuffer(qin, 1, 256 * sizeof(float));
+        pipe.InitBuffer(qout, 1, 256 * sizeof(float));
+        for (int round = 0; round < 2; ++round) {
+            LocalTensor<float> x = qin.AllocTensor<float>();
+            DataCopy(x, gin()[round * 256], 256);
+            qin.EnQue(x);
+            x = qin.DeQue<float>();
+            LocalTensor<float> y = qout.AllocTensor<float>();
+            Exp(y, x, 256);
+            qout.EnQue(y);
+            qin.FreeTensor(x);
+            y = qout.DeQue<float>();
+            DataCopy(gout()[round * 256], y, 256);
+            qout.FreeTensor(y);
+        }
+    }};
+    p["ok_syncall"] = {4, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>(8);
+        const int64_t me = GetBlockIdx();
+        Duplicate(t, static_cast<float>(me + 1), 8);
+        order<HardEvent::V_MTE3>();
+        DataCopy(gout()[me * 8], t, 8);
+        SyncAll();
+        order<HardEvent::MTE3_MTE2>();
+        DataCopy(t, gout()[((me + 1) % 4) * 8], 8);
+        order<HardEvent::MTE2_S>();
+        EXPECT(t.GetValue(0) == static_cast<float>((me + 1) % 4 + 1));
+    }};
+    p["ok_atomic_add"] = {4, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>(8);
+        Duplicate(t, 1.0f, 8);
+        order<HardEvent::V_MTE3>();
+        SetAtomicAdd<float>();
+        DataCopy(gout(), t, 8);  // every core adds 1: no race, the sum is 4
+        SetAtomicNone();
+        SyncAll();
+        EXPECT(gout().GetValue(0) == 4.0f);
+        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(gout());
+    }};
+    p["ok_reduce"] = {1, 0, [](auto& in, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 8192);
+        LocalTensor<float> x = buf.Get<float>(320), tmp = buf.GetWithOffset<float>(64, 2048),
+                           d = buf.GetWithOffset<float>(8, 4096);
+        DataCopy(x, gin(), 320);
+        order<HardEvent::MTE2_V>();
+        ReduceMax<float>(d, x, tmp, 300, true);
+        order<HardEvent::V_S>();
+        float best = in[0];
+        uint32_t arg = 0;
+        for (int i = 1; i < 300; ++i)
+            if (in[i] > best) best = in[i], arg = i;
+        const float bits = d.GetValue(1);
+        EXPECT(d.GetValue(0) == best && *reinterpret_cast<const uint32_t*>(&bits) == arg);
+        order<HardEvent::S_V>();
+        ReduceSum<float>(d, x, tmp, 300);
+        order<HardEvent::V_S>();
+        double ref = 0;
+        for (int i = 0; i < 300; ++i) ref += in[i];
+        EXPECT(std::fabs(d.GetValue(0) - ref) < 1e-3);
+    }};
+    // ---- each of these breaks one rule ----
+    p["raw_mte2_v"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 2048);
+        LocalTensor<float> a = buf.Get<float>(64), b = buf.GetWithOffset<float>(64, 1024);
+        DataCopy(a, gin(), 64);
+        Adds(b, a, 1.0f, 64);  // no MTE2_V
+    }};
+    p["raw_v_s"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(64);
+        Duplicate(a, 1.0f, 64);
+        (void)a.GetValue(3);  // no V_S
+    }};
+    p["raw_s_v"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(64);
+        a.SetValue(0, 2.0f);
+        Muls(a, a, 3.0f, 64);  // no S_V
+    }};
+    p["war_v_mte2"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 2048);
+        LocalTensor<float> a = buf.Get<float>(64), b = buf.GetWithOffset<float>(64, 1024);
+        DataCopy(a, gin(), 64);
+        order<HardEvent::MTE2_V>();
+        Adds(b, a, 1.0f, 64);
+        PipeBarrier<PIPE_MTE2>();     // orders the two DMAs into `a` with each other, not with the vector unit
+        DataCopy(a, gin()[64], 64);  // overwrites what the vector unit may still read: no V_MTE2
+    }};
+    p["raw_s_mte3"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(8);
+        a.SetValue(0, 1.0f);
+        DataCopyPad(gout(), a, {1, 4, 0, 0, 0});  // no S_MTE3
+    }};
+    p["raw_v_v"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 2048);
+        LocalTensor<float> a = buf.Get<float>(64), b = buf.GetWithOffset<float>(64, 1024);
+        Duplicate(a, 1.0f, 64);
+        Adds(b, a, 1.0f, 64);  // no PipeBarrier<PIPE_V>
+    }};
+    p["waitflag_without_setflag"] = {1, 0, [](auto&, auto&) { WaitFlag<HardEvent::V_S>(EVENT_ID2); }};
+    p["setflag_twice"] = {1, 0, [](auto&, auto&) {
+        SetFlag<HardEvent::V_S>(EVENT_ID1);
+        SetFlag<HardEvent::V_S>(EVENT_ID1);
+    }};
+    p["setflag_never_waited"] = {1, 0, [](auto&, auto&) { SetFlag<HardEvent::MTE2_V>(EVENT_ID3); }};
+    p["unaligned_operand"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(64);
+        Duplicate(a[3], 0.0f, 5);  // starts 12 bytes into a 32-byte block
+    }};
+    p["count_beyond_tensor"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.GetWithOffset<float>(64, 0);
+        Duplicate(a, 0.0f, 65);
+    }};
+    p["datacopy_not_32b"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        DataCopy(buf.Get<float>(), gin(), 7);
+    }};
+    p["gm_read_past_allocation"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 8192);
+        DataCopy(buf.Get<float>(), gin()[kIn + (kM + kN) * kK - 64], 128);
+    }};
+    p["gm_write_input"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>(8);
+        Duplicate(t, 0.0f, 8);
+        order<HardEvent::V_MTE3>();
+        DataCopy(gin(), t, 8);
+    }};
+    p["tpipe_over_capacity"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> a, b;
+        pipe.InitBuffer(a, 128 * 1024);
+        pipe.InitBuffer(b, 65 * 1024);
+    }};
+    p["missing_syncall"] = {4, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>(8);
+        const int64_t me = GetBlockIdx();
+        Duplicate(t, 1.0f, 8);
+        order<HardEvent::V_MTE3>();
+        DataCopy(gout()[me * 8], t, 8);
+        order<HardEvent::MTE3_MTE2>();
+        DataCopy(t, gout()[((me + 1) % 4) * 8], 8);  // another core's output, no SyncAll in between
+    }};
+    p["scalar_stores_share_cache_line"] = {2, 0, [](auto&, auto&) {
+        const int64_t me = GetBlockIdx();
+        gout().SetValue(me, 1.0f);  // two cores, one 64-byte line
+        DataCacheCleanAndInvalid<float, CacheLine::ENTIRE_DATA_CACHE>(gout());
+    }};
+    p["scalar_store_not_written_back"] = {1, 0, [](auto&, auto&) { gout().SetValue(0, 1.0f); }};
+    p["syncall_deadlock"] = {2, 0, [](auto&, auto&) {
+        if (GetBlockIdx() == 0) return;
+        SyncAll();
+    }};
+    p["cast_mode_unsupported"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 2048);
+        LocalTensor<float> a = buf.Get<float>(64);
+        Duplicate(a, 1.0f, 64);
+        PipeBarrier<PIPE_V>();
+        Cast(buf.GetWithOffset<bfloat16_t>(64, 1024), a, RoundMode::CAST_NONE, 64);  // A2: float->bf16 needs RINT
+    }};
+    p["tanh_in_place"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(64);
+        Duplicate(a, 1.0f, 64);
+        PipeBarrier<PIPE_V>();
+        Tanh(a, a, 64);
+    }};
+    p["reduce_tmp_too_small"] = {1, 0, [](auto&, auto&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 8192);
+        LocalTensor<float> x = buf.Get<float>(512), tmp = buf.GetWithOffset<float>(8, 4096),
+                           d = buf.GetWithOffset<float>(8, 4096 + 64);
+        Duplicate(x, 1.0f, 512);
+        PipeBarrier<PIPE_V>();
+        ReduceMax<float>(d, x, tmp, 512, true);
+    }};
+    return p;
+}
+
+// ---- Matmul probes (MIX 1:2): C = A (M x K) @ B^T with B stored (N x K) ----
+tiling::TCubeTiling mm_tiling(int m, int n, int k, int bm, int bn, int bk) {
+    tiling::TCubeTiling t{};
+    t.M = m, t.N = n, t.Ka = t.Kb = k, t.singleCoreM = m, t.singleCoreN = n, t.singleCoreK = k;
+    t.baseM = bm, t.baseN = bn, t.baseK = bk, t.depthA1 = t.depthB1 = 1, t.dbL0A = t.dbL0B = t.dbL0C = 1;
+    return t;
+}
+using MmA = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+using MmB = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
+using MmC = MatmulType<TPosition::VECIN, CubeFormat::ND, float>;
+
+void mm_probe(bool sequential, int tail_n, int c_elems, int tail_k) {
+    if (GetSubBlockIdx() != 0) return;
+    TPipe pipe;
+    Matmul<MmA, MmB, MmC> mm;
+    tiling::TCubeTiling t = mm_tiling(kM, kN, kK, kM, kN, kK);
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t);
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 64 * 1024);
+    LocalTensor<float> c = buf.GetWithOffset<float>(c_elems, 0);
+    GlobalTensor<float> a = gin(), b = gin()[kM * kK];
+    mm.SetTensorA(a);
+    mm.SetTensorB(b, true);
+    mm.SetTail(kM, tail_n, tail_k);
+    mm.template Iterate<true>();
+    mm.template GetTensorC<true>(c, 0, sequential);
+    // c[r * stride + j] = sum_k a[r, k] * b[j, k]; stride = tail_n (sequential) or N (orgN)
+    const int stride = sequential ? tail_n : kN;
+    order<HardEvent::V_S>();
+    for (int r = 0; r < kM; r += 7)
+        for (int j = 0; j < tail_n; j += 5) {
+            float ref = 0;
+            for (int k = 0; k < kK; ++k) ref += a.GetValue(r * kK + k) * b.GetValue(j * kK + k);
+            EXPECT(std::fabs(c.GetValue(r * stride + j) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+        }
+    mm.End();
+}
+
+std::string run_probe(const std::string& name) {
+    std::vector<float> in(kIn + kM * kK + kN * kK), out(kOut, 0.0f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = std::sin(0.37 * static_cast<double>(i)) * 3;
+    std::function<void()> body;
+    int block_dim = 1, ratio = 0;
+    if (name.rfind("mm_", 0) == 0) {
+        block_dim = 1, ratio = 2;
+        if (name == "mm_ok_partial_tile_orgN_stride") body = [] { mm_probe(false, 29, kM * kN, kK); };
+        else if (name == "mm_ok_partial_tile_sequential_stride") body = [] { mm_probe(true, 29, kM * kN, kK); };
+        else if (name == "mm_getc_short_tensor") body = [] { mm_probe(false, kN, kM * kN - 64, kK); };
+        else if (name == "mm_tail_k_reads_past_b") body = [] { mm_probe(false, kN, kM * kN, kK + 2000); };
+        else return "unknown probe " + name;
+    } else {
+        auto all = probes();
+        auto it = all.find(name);
+        if (it == all.end()) return "unknown probe " + name;
+        block_dim = it->second.block_dim;
+        ratio = it->second.ratio;
+        auto fn = it->second.body;
+        body = [fn, &in, &out] { fn(in, out); };
+    }
+    g_in = reinterpret_cast<GM_ADDR>(in.data());
+    g_out = reinterpret_cast<GM_ADDR>(out.data());
+    twin::Config cfg;
+    cfg.seed = 7;
+    try {
+        twin_test::run_kernel(block_dim, ratio, cfg,
+                              {{in.data(), kIn * sizeof(float) + (kM + kN) * kK * sizeof(float), "in", true},
+                               {out.data(), out.size() * sizeof(float), "out", false}},
+                              nullptr, 0, body);
+    } catch (const twin::Error& e) {
+        return e.what();
+    }
+    if (name == "ok_pipeline") {
+        const float want0 = (in[0] + 1) * 2;
+        if (out[0] != want0 || out[1] != want0 + 100 || out[6] != (in[6] + 1) * 2 || out[7] != 0.0f)
+            return "ok_pipeline: wrong values";
+    }
+    if (name == "ok_tque") {
+        for (int i = 0; i < 512; ++i)
+            if (std::fabs(out[i] - std::exp(in[i])) > 1e-5f * std::exp(in[i])) return "ok_tque: wrong values";
+    }
+    return "";
+}
+
+std::vector<std::string> probe_names() {
+    std::vector<std::string> n;
+    for (auto& kv : probes()) n.push_back(kv.first);
+    for (const char* m : {"mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride",
+                          "mm_getc_short_tensor", "mm_tail_k_reads_past_b"})
+        n.push_back(m);
+    return n;
+}
+
+// Cast float -> bf16 / fp16 with CAST_RINT on the twin (compared with torch's round-to-nearest-even in Python).
+std::tuple<at::Tensor, at::Tensor> twin_cast(const at::Tensor& x_in) {
+    at::Tensor x = x_in.to(at::kFloat).contiguous();
+    const int64_t n = x.numel();
+    TORCH_CHECK(n % 16 == 0 && n <= 8192, "twin_cast: 16 * k <= 8192 elements");
+    at::Tensor b = at::empty({n}, x.options().dtype(at::kBFloat16)), h = at::empty({n}, x.options().dtype(at::kHalf));
+    twin::Config cfg;
+    try {
+        twin_test::run_kernel(
+            1, 0, cfg,
+            {{x.data_ptr(), static_cast<uint64_t>(n) * 4, "x", true},
+             {b.data_ptr(), static_cast<uint64_t>(n) * 2, "bf16", false},
+             {h.data_ptr(), static_cast<uint64_t>(n) * 2, "fp16", false}},
+            nullptr, 0, [&] {
+                TPipe pipe;
+                TBuf<TPosition::VECCALC> buf;
+                pipe.InitBuffer(buf, static_cast<uint32_t>(n * 8));
+                LocalTensor<float> xf = buf.Get<float>(static_cast<uint32_t>(n));
+                LocalTensor<bfloat16_t> xb = buf.GetWithOffset<bfloat16_t>(static_cast<uint32_t>(n), n * 4);
+                LocalTensor<half> xh = buf.GetWithOffset<half>(static_cast<uint32_t>(n), n * 6);
+                GlobalTensor<float> gx;
+                GlobalTensor<bfloat16_t> gb;
+                GlobalTensor<half> gh;
+                gx.SetGlobalBuffer(reinterpret_cast<float*>(x.data_ptr()));
+                gb.SetGlobalBuffer(reinterpret_cast<bfloat16_t*>(b.data_ptr()));
+                gh.SetGlobalBuffer(reinterpret_cast<half*>(h.data_ptr()));
+                DataCopy(xf, gx, static_cast<uint32_t>(n));
+                order<HardEvent::MTE2_V>();
+                Cast(xb, xf, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+                Cast(xh, xf, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+                order<HardEvent::V_MTE3>();
+                DataCopy(gb, xb, static_cast<uint32_t>(n));
+                DataCopy(gh, xh, static_cast<uint32_t>(n));
+            });
+    } catch (const twin::Error& e) {
+        TORCH_CHECK(false, e.what());
+    }
+    return {b, h};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
+    m.def("_twin_probe(str name) -> str", [](std::string name) { return run_probe(name); });
+    m.def("_twin_probe_names() -> str[]", []() { return probe_names(); });
+    m.def("_twin_cast(Tensor x) -> (Tensor, Tensor)", &twin_cast);
+}

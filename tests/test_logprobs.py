@@ -1,0 +1,381 @@
+"""linear_logprobs: per-token log-probs and entropy on every provider that implements them, against float64.
+
+Each case draws fresh inputs (the ``seed`` fixture), runs ``fused_lce.linear_logprobs`` forward and backward with
+random upstream gradients on BOTH outputs, and compares values and the gradients of hidden, weight and bias with a
+float64 reference that materialises the logits. Providers that do not implement the log-prob contract yet must
+decline it with a reason (and ``auto`` must fall back); the ops pass opcheck and trace with torch.compile.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fused_lce
+from fused_lce import registry
+from fused_lce.backends.base import Options, Problem
+from fused_lce.backends.torch import TorchProvider
+
+from .conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
+
+TINY = 0.002  # MiB: many token blocks and vocabulary tiles
+
+
+def _supports(bd) -> bool:
+    name, dev = bd.values[0]
+    p = Problem(8, 8, 8, torch.float32, torch.device(dev), False, Options(), op="logprobs")
+    return registry.why_not(name, p) is None
+
+
+LP_BACKENDS = [bd for bd in BACKEND_DEVICE if _supports(bd)]
+DECLINING = [bd for bd in BACKEND_DEVICE if not _supports(bd)]
+
+
+def reference(h, w, y, b=None, *, temperature=1.0, softcap=None, ignore_index=-100):
+    """float64 (logprob, entropy) with 0 at ignored positions; 0 * log 0 = 0 for masked (-inf) logits."""
+    z = h.double() @ w.double().t()
+    if b is not None:
+        z = z + b.double()
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    z = z / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    valid = y != ignore_index
+    lp = logp.gather(-1, torch.where(valid, y, 0).long().unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
+    zero = torch.zeros_like(lp)
+    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
+
+
+def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0):
+    *lead, d = shape
+    h = (torch.randn(*shape) * scale).to(dtype).to(device).requires_grad_()
+    w = (torch.randn(v, d) * 2 / max(d, 1) ** 0.5).to(dtype).to(device).requires_grad_()
+    b = (torch.randn(v) * 0.5).to(dtype).to(device).requires_grad_() if bias else None
+    y = torch.randint(0, max(v, 1), tuple(lead))
+    if ignore_frac:
+        y[torch.rand(tuple(lead)) < ignore_frac] = ignore_index
+    return h, w, y.to(device), b
+
+
+def close(ours, ref, dtype, what):
+    mag = float(ref.abs().max()) if ref.numel() else 1.0
+    err = float((ours.detach().cpu().double() - ref).abs().max()) if ref.numel() else 0.0
+    assert err <= LOSS_TOL[dtype] * (1 + mag), (what, err, mag)
+
+
+def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=False, ignore_frac=0.0,
+          ignore_index=-100, temperature=1.0, softcap=None, scale=1.0):
+    h, w, y, b = make(shape, v, dtype, device, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
+                      scale=scale)
+    kw = dict(temperature=temperature, softcap=softcap, ignore_index=ignore_index)
+    out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend, tile_budget_mb=tile, **kw)
+    lp, ent = out if entropy else (out, None)
+    leaves = [t for t in (h, w, b) if t is not None]
+    refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    rlp, rent = reference(refs[0], refs[1], y.cpu(), refs[2] if b is not None else None, **kw)
+    assert lp.dtype == torch.float32 and lp.shape == y.shape
+    close(lp, rlp.detach(), dtype, "logprob")
+    g_lp = torch.randn(y.shape)
+    objective, ref_objective = (lp * g_lp.to(device)).sum(), (rlp * g_lp.double()).sum()
+    if entropy:
+        assert ent.dtype == torch.float32 and ent.shape == y.shape
+        close(ent, rent.detach(), dtype, "entropy")
+        g_ent = torch.randn(y.shape)
+        objective = objective + (ent * g_ent.to(device)).sum()
+        ref_objective = ref_objective + (rent * g_ent.double()).sum()
+    grads = torch.autograd.grad(objective, leaves)
+    ref_grads = torch.autograd.grad(ref_objective, refs)
+    for name, ours, want, leaf in zip("hwb", grads, ref_grads, leaves):
+        assert ours.dtype == leaf.dtype and ours.shape == leaf.shape, name
+        assert torch.isfinite(ours).all(), name
+        assert rel_err(ours.cpu(), want) <= GRAD_TOL[dtype], (name, rel_err(ours.cpu(), want))
+    valid = y != ignore_index
+    assert (lp[~valid] == 0).all() and (entropy is False or (ent[~valid] == 0).all())
+    return lp, ent, grads, y
+
+
+OPTION_SETS = {
+    "plain": {},
+    "cold": {"temperature": 0.7},
+    "hot": {"temperature": 1.3},
+    "softcap": {"softcap": 3.0},
+    "softcap_temperature": {"softcap": 2.5, "temperature": 0.7},
+    "bias": {"bias": True, "temperature": 1.3},
+    "ignore": {"ignore_frac": 0.3},
+    "ignore_in_vocab": {"ignore_index": 2, "ignore_frac": 0.2},
+    "peaked": {"scale": 6.0, "temperature": 0.7},  # near-one-hot p: entropy small next to lse
+    "everything": {"softcap": 4.0, "temperature": 0.7, "bias": True, "ignore_frac": 0.25},
+}
+
+
+@pytest.mark.parametrize("opts", list(OPTION_SETS), ids=list(OPTION_SETS))
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_options_fp32(bd, opts, seed):
+    backend, device = bd
+    for tile in (None, TINY):
+        for entropy in (True, False):
+            check(backend, device, (37, 24), 301, torch.float32, tile=tile, entropy=entropy, **OPTION_SETS[opts])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_low_precision(bd, dtype, seed):
+    backend, device = bd
+    for opts in ("plain", "everything"):
+        for tile in (None, TINY):
+            check(backend, device, (29, 32), 257, dtype, tile=tile, **OPTION_SETS[opts])
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_odd_shapes(bd, seed):
+    """Leading dims, D and V not multiples of any vector width, a vocabulary of one, N=1."""
+    backend, device = bd
+    check(backend, device, (3, 7, 19), 101, torch.float32, tile=TINY, temperature=1.3, softcap=5.0)
+    check(backend, device, (1, 5), 1, torch.float32, temperature=0.7)
+    check(backend, device, (1, 17), 33, torch.float32, bias=True)
+    check(backend, device, (5, 1), 65, torch.float32, tile=TINY)
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_only_one_output_differentiated(bd, seed):
+    """The gradient of the entropy alone (log-probs unused) and of the log-probs alone (entropy returned but
+    unused), against the reference."""
+    backend, device = bd
+    h, w, y, b = make((23, 16), 97, torch.float32, device, bias=True, ignore_frac=0.2)
+    refs = [t.detach().cpu().double().requires_grad_() for t in (h, w, b)]
+    rlp, rent = reference(*refs[:2], y.cpu(), refs[2], temperature=0.7, softcap=3.0)
+    for k in (0, 1):
+        out = fused_lce.linear_logprobs(h, w, y, b, temperature=0.7, softcap=3.0, return_entropy=True,
+                                        backend=backend)
+        g = torch.rand(y.shape)
+        ours = torch.autograd.grad((out[k] * g.to(device)).sum(), (h, w, b))
+        want = torch.autograd.grad(((rlp, rent)[k] * g.double()).sum(), refs, retain_graph=True)
+        for a, c in zip(ours, want):
+            assert rel_err(a.cpu(), c) <= GRAD_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_ignored_bad_and_empty(bd, seed):
+    """ignore_index gives exact zeros (values and dX rows); a label outside [0, V) with validate=False gives NaN
+    values and poisons its gradients, never an out-of-bounds read; all ignored and N = 0 give zeros / empty."""
+    backend, device = bd
+    h, w, y, b = make((12, 8), 30, torch.float32, device, bias=True)
+    y[2], y[5], y[7], y[9] = 30, -5, 2**40, -100
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, validate=False, backend=backend)
+    bad = torch.zeros(12, dtype=torch.bool)
+    bad[[2, 5, 7]] = True
+    assert lp[bad].isnan().all() and ent[bad].isnan().all()
+    assert lp[~bad].isfinite().all() and ent[~bad].isfinite().all() and lp[9] == 0 and ent[9] == 0
+    (lp.sum() + ent.sum()).backward()
+    assert h.grad[2].isnan().all() and h.grad[0].isfinite().all() and (h.grad[9] == 0).all()
+    with pytest.raises(ValueError, match="labels"):
+        fused_lce.linear_logprobs(h, w, y, b, backend=backend)
+    # all ignored
+    for t in (h, w, b):
+        t.grad = None
+    y[:] = -100
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, temperature=0.5, backend=backend)
+    assert (lp == 0).all() and (ent == 0).all()
+    (lp.sum() + ent.sum()).backward()
+    assert all((t.grad == 0).all() for t in (h, w, b))
+    # no tokens
+    h0 = torch.zeros(0, 8, device=device, requires_grad=True)
+    lp, ent = fused_lce.linear_logprobs(h0, w, y[:0], b, return_entropy=True, backend=backend)
+    assert lp.shape == (0,) and ent.shape == (0,)
+    (lp.sum() + ent.sum()).backward()
+    assert h0.grad.shape == (0, 8) and (w.grad == 0).all()
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_masked_vocabulary(bd, seed):
+    """-inf logits (a masked bias) over whole tiles: finite log-probs and entropy (0 log 0 = 0), right gradients."""
+    backend, device = bd
+    h, w, y, b = make((11, 8), 300, torch.float32, device, bias=True)
+    with torch.no_grad():
+        b[:200] = -math.inf
+    y = torch.randint(200, 300, (11,), device=device)
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, temperature=1.3, backend=backend,
+                                        tile_budget_mb=TINY)
+    refs = [t.detach().cpu().double().requires_grad_() for t in (h, w)]
+    rlp, rent = reference(*refs, y.cpu(), b.detach().cpu().double(), temperature=1.3)
+    close(lp, rlp.detach(), torch.float32, "logprob")
+    close(ent, rent.detach(), torch.float32, "entropy")
+    g = torch.randn(11)
+    ours = torch.autograd.grad((lp * g.to(device) + ent).sum(), (h, w))
+    want = torch.autograd.grad((rlp * g.double() + rent).sum(), refs)
+    for a, c in zip(ours, want):
+        assert torch.isfinite(a).all() and rel_err(a.cpu(), c) <= GRAD_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_matches_the_loss(bd, seed):
+    """-logprob is the per-token cross-entropy of the loss path (same statistics, temperature 1)."""
+    backend, device = bd
+    h, w, y, b = make((19, 12), 77, torch.float32, device, bias=True, ignore_frac=0.2)
+    lp = fused_lce.linear_logprobs(h, w, y, b, softcap=3.0, backend=backend)
+    ce = fused_lce.linear_cross_entropy(h, w, y, b, softcap=3.0, reduction="none", backend=backend)
+    torch.testing.assert_close(-lp, ce, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_opcheck(bd, seed):
+    backend, device = bd
+    h, w, y, b = make((11, 8), 37, torch.float32, device, bias=True, ignore_frac=0.2)
+    h, w, b = h.detach(), w.detach(), b.detach()
+    opts = [-100, 3.0, backend, "", 0, 0, 0, 0.7, True]
+    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, b, *opts))
+    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *opts[:-1], False))
+    _lp, _ent, lse, zmean = torch.ops.fused_lce.logprobs(h, w, y, b, *opts)
+    g1, g2 = torch.randn(11), torch.randn(11)
+    torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, g2, *opts,
+                                                                  [True, True, True]))
+    torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, None, g2, *opts,
+                                                                  [True, False, True]))
+    torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, None, *opts,
+                                                                  [False, True, False]))
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_compile_fullgraph(bd, compiler, seed):
+    """A GRPO-style objective around linear_logprobs traces without graph breaks and matches eager."""
+    backend, device = bd
+    torch._dynamo.reset()
+    h = torch.randn(2, 7, 16, device=device, requires_grad=True)
+    w = torch.randn(31, 16, device=device, requires_grad=True)
+    y = torch.randint(0, 31, (2, 7), device=device)
+    y[0, :3] = -100
+    adv = torch.randn(2, 1, device=device)
+
+    def f(h, w, y):
+        lp, ent = fused_lce.linear_logprobs(torch.relu(h), w, y, temperature=0.7, return_entropy=True,
+                                            backend=backend)
+        return -(adv * lp).mean() - 0.01 * ent.mean()
+
+    loss_c = torch.compile(f, fullgraph=True, backend=compiler)(h, w, y)
+    gh_c, gw_c = torch.autograd.grad(loss_c, (h, w))
+    loss_e = f(h, w, y)
+    gh_e, gw_e = torch.autograd.grad(loss_e, (h, w))
+    torch.testing.assert_close(loss_c, loss_e)
+    torch.testing.assert_close(gh_c, gh_e)
+    torch.testing.assert_close(gw_c, gw_e)
+
+
+def test_errors():
+    h, w, y = torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long)
+    for bad in (0.0, -1.0, math.inf, math.nan, 1e-320):
+        with pytest.raises(ValueError, match="temperature"):
+            fused_lce.linear_logprobs(h, w, y, temperature=bad)
+    for bad in ("1", True, None):
+        with pytest.raises(TypeError, match="temperature"):
+            fused_lce.linear_logprobs(h, w, y, temperature=bad)
+    with pytest.raises(TypeError, match="return_entropy"):
+        fused_lce.linear_logprobs(h, w, y, return_entropy=1)
+    with pytest.raises(ValueError, match="softcap"):
+        fused_lce.linear_logprobs(h, w, y, softcap=0.0)
+    with pytest.raises(ValueError, match="weight"):
+        fused_lce.linear_logprobs(h, torch.randn(5, 4), y)
+    with pytest.raises(ValueError, match="labels"):
+        fused_lce.linear_logprobs(h, w, y[:3])
+    with pytest.raises(TypeError, match="labels"):
+        fused_lce.linear_logprobs(h, w, y.float())
+    with pytest.raises(ValueError, match="labels"):
+        fused_lce.linear_logprobs(h, w, y + 5)
+    with pytest.raises(ValueError, match="bias"):
+        fused_lce.linear_logprobs(h, w, y, torch.randn(4))
+    with pytest.raises(ValueError, match="backend"):
+        fused_lce.linear_logprobs(h, w, y, backend="nope")
+    with pytest.raises(ValueError, match="tile_budget_mb"):
+        fused_lce.linear_logprobs(h, w, y, tile_budget_mb=0)
+    # the ops check their own inputs
+    opts = [-100, 0.0, "auto", "", 0, 0, 0, 1.0, False]
+    with pytest.raises(ValueError, match="temperature"):
+        torch.ops.fused_lce.logprobs(h, w, y, None, *opts[:-2], -2.0, False)
+    with pytest.raises(ValueError, match="labels"):
+        torch.ops.fused_lce.logprobs(h, w, y[:2], None, *opts)
+    lp, _, lse, zmean = torch.ops.fused_lce.logprobs(h, w, y, None, *opts)
+    with pytest.raises(ValueError, match="grad_entropy"):
+        torch.ops.fused_lce.logprobs_backward(h, w, y, None, lse, zmean, None, torch.ones(4), *opts,
+                                              [True, True, False])
+    with pytest.raises(ValueError, match="grad_logprob"):
+        torch.ops.fused_lce.logprobs_backward(h, w, y, None, lse, zmean, torch.ones(3), None, *opts,
+                                              [True, True, False])
+    # double backward is refused, not silently wrong
+    hh = h.clone().requires_grad_()
+    out = fused_lce.linear_logprobs(hh, w, y)
+    (gh,) = torch.autograd.grad(out.sum(), hh, create_graph=False)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(fused_lce.linear_logprobs(hh, w, y).sum(), hh, create_graph=True)
+
+
+class _NoLogprobs(TorchProvider):
+    """The torch kernels behind a provider that has not opted into the log-prob contract, whose loss path is
+    the legacy one (per-token weight g; the 'kernel' forms the loss coefficients itself) -- as triton / npu."""
+
+    name = "no_logprobs"
+    supports_logprobs = False
+
+    def grads(self, t, rows, lse, g, scale, opts, out, cache=None):
+        from fused_lce import driver
+
+        assert isinstance(g, torch.Tensor)  # the legacy contract: the loss's token weights
+        super().grads(t, rows, lse, driver.loss_coefs(lse, g, opts, t.weight.shape[0]), scale, opts, out, cache)
+
+
+def test_providers_without_logprobs_decline(monkeypatch, seed):
+    """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto falls
+    back to the next provider, and its loss still runs through the legacy gradient contract."""
+    p = _NoLogprobs()
+    registry.register(p)
+    try:
+        h, w, y, b = make((9, 8), 41, torch.float32, "cpu", bias=True, ignore_frac=0.2)
+        with pytest.raises(ValueError, match="backend='no_logprobs' is not available: .*does not implement "
+                                             "linear_logprobs"):
+            fused_lce.linear_logprobs(h, w, y, b, backend="no_logprobs")
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="no_logprobs", label_smoothing=0.1, z_loss=0.01,
+                                              reduction="none")
+        ref = fused_lce.linear_cross_entropy(h, w, y, b, backend="torch", label_smoothing=0.1, z_loss=0.01,
+                                             reduction="none")
+        g = torch.rand(9)
+        ours = torch.autograd.grad((loss * g).sum(), (h, w, b))
+        want = torch.autograd.grad((ref * g).sum(), (h, w, b))
+        torch.testing.assert_close(loss, ref)
+        for a, c in zip(ours, want):
+            torch.testing.assert_close(a, c)
+        monkeypatch.setitem(registry.AUTO_ORDER, "cpu", ("no_logprobs", "torch"))
+        calls = []
+        orig = TorchProvider.stats
+        monkeypatch.setattr(TorchProvider, "stats", lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
+        fused_lce.linear_logprobs(h, w, y, b, backend="auto")
+        assert calls == ["torch"]
+    finally:
+        registry.unregister(p.name)
+    # the providers of this host that have not implemented the contract yet (their helpers add it) do the same
+    for backend, device in (bd.values[0] for bd in DECLINING):
+        h, w = torch.randn(4, 8, device=device), torch.randn(9, 8, device=device)
+        y = torch.zeros(4, dtype=torch.long, device=device)
+        with pytest.raises(ValueError, match="does not implement linear_logprobs"):
+            fused_lce.linear_logprobs(h, w, y, backend=backend)
+        torch.testing.assert_close(fused_lce.linear_logprobs(h, w, y),
+                                   fused_lce.linear_logprobs(h, w, y, backend="torch"))
+
+
+
+
+def test_grpo_example_runs():
+    """examples/grpo_qwen.py at a small size: the GRPO loss and every parameter's gradient agree between the
+    fused log-prob head and the logits path (with part of the batch clipped), and its memory part runs."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_qwen.py")
+    spec = importlib.util.spec_from_file_location("grpo_qwen", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.compare(mod.parse_args(["--vocab-size", "512", "--hidden-size", "32", "--completion-len", "12"]))
+    assert res["ok"] and res["grad_rel_diff"] < 1e-4 and 0 < res["clipped_fraction"] < 1, res
+    rows = mod.memory(mod.parse_args(["--tokens", "64", "--head-hidden", "16", "--head-vocab", "700"]))
+    assert rows["fused"]["logp_sum"] == pytest.approx(rows["logits"]["logp_sum"], rel=1e-5)
+    assert rows["fused"]["entropy_sum"] == pytest.approx(rows["logits"]["entropy_sum"], rel=1e-5)
