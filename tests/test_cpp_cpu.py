@@ -192,6 +192,20 @@ def test_16bit_gemm_defaults_follow_the_cpu(monkeypatch):
     assert _gemm_paths()["bf16"] == "convert"
 
 
+@pytest.mark.parametrize("gemm", ["mkl", "brgemm", "convert"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
+    """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum, gradients
+    from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db of both
+    outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
+    from .test_logprobs import check
+
+    monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
+    check("cpp", "cpu", (3, 11, 19), 517, dtype, tile=0.002, temperature=0.7, softcap=4.0, bias=True,
+          ignore_frac=0.25)
+    check("cpp", "cpu", (300, 40), 2049, dtype, tile=0.5, temperature=1.3)
+
+
 @pytest.mark.parametrize("gemm", ["mkl", "convert"])
 def test_float16_gradients_do_not_underflow(monkeypatch, gemm, seed):
     """Mean over many tokens makes dZ ~ softmax / N, far below float16's normal range: the 16-bit dX/dW GEMMs get

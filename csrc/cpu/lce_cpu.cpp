@@ -5,7 +5,8 @@
 //           tile is hot, bias + softcap + max/argmax/sum + exp(z - tile_max) stored in place (rows.h);
 //   combine the per-tile statistics of each token in tile order (deterministic) into lse, loss, correct;
 //   pass 2: for every tile, dZ = softmax-derived gradient in place, then dX_blk += dZ @ W_tile and
-//           dW_tile += dZ^T @ H_blk (float32), db_tile += column sums of dZ.
+//           dW_tile += dZ^T @ H_blk (float32), db_tile += column sums of dZ. (16-bit weights in one token block:
+//           each dW tile is rounded into the 16-bit output as it is made, no V x D float32 accumulator.)
 // When the row block does not fit the tile budget, and in backward (lse given), pass 2 recomputes Z per tile
 // (4 resp. 3 GEMM-equivalents). Vocabulary tiles of a block are split into one contiguous range per thread
 // ("slot"); each slot owns its tiles' rows of dW/db and has its own dX partial, summed in slot order afterwards,
@@ -369,10 +370,22 @@ class Runner {
     dxp_[slot].narrow(0, 0, nbk).addmm_(z, wt);
   }
 
-  // dW[v0:v0+n] (=, on the first block, else +=) dZ^T @ H_blk
+  // dW[v0:v0+n] (=, on the first block, else +=) dZ^T @ H_blk; with dw_direct_ into this slot's float32 tile,
+  // then rounded into the 16-bit output rows
   void gemm_dw(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, bool first) {
+    if (dw_direct_) {
+      gemm_dw_into(slot, v0, n, nbk, z, true, dwtile_[slot].data_ptr<float>(), dwtile_[slot].narrow(0, 0, n));
+      Timed tm(prof_, slot, kConvert);
+      dw_.narrow(0, v0, n).copy_(dwtile_[slot].narrow(0, 0, n));
+      return;
+    }
+    gemm_dw_into(slot, v0, n, nbk, z, first, dw_.data_ptr<float>() + v0 * d_, dw_.narrow(0, v0, n));
+  }
+
+  // dw / dwt (the same n x D float32 rows, as a pointer and as a tensor) (=, when first, else +=) dZ^T @ H_blk
+  void gemm_dw_into(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, bool first, float* dw,
+                    at::Tensor dwt) {
     const at::ScalarType dt = h_.scalar_type();
-    float* dw = dw_.data_ptr<float>() + v0 * d_;
     if (gemm_ == LowGemm::kMkl) {
       const float alpha = dz_16(slot, n, nbk, z, !want_dh_);  // made by gemm_dx when dX is wanted
       Timed tm(prof_, slot, kGemmDw);
@@ -387,7 +400,6 @@ class Runner {
       low_gemm(gemm_, dt, false, false, n, d_, nbk, dzt, nbk, bits(hb_), d_, 1.0f, first ? 0.0f : 1.0f, dw, d_);
       return;
     }
-    at::Tensor dwt = dw_.narrow(0, v0, n);
     if (first)
       at::mm_out(dwt, z.t(), hb_);
     else
@@ -518,8 +530,16 @@ class Runner {
       dh_ = at::empty({n_, d_}, fp32_dh ? f32 : h_.options());
       for (int64_t s = 0; s < plan_.slots; ++s) dxp_.push_back(at::empty({plan_.nb, d_}, f32));
     }
-    // dW: float32 accumulator (the output itself for float32 weights); written by the first block, so no zeroing
-    if (want_dw_) dw_ = n_ > 0 ? at::empty({v_, d_}, f32) : at::zeros({v_, d_}, f32);
+    // dW: float32 accumulator (the output itself for float32 weights); written by the first block, so no zeroing.
+    // 16-bit weights with one token block: each tile's dW is final after one GEMM, so it goes through a per-slot
+    // float32 tile and straight into the 16-bit output (no V x D float32 buffer: peak memory is the gradients).
+    dw_direct_ = want_dw_ && low_ && n_ > 0 && n_ <= plan_.nb;
+    if (dw_direct_) {
+      dw_ = at::empty({v_, d_}, w_.options());
+      for (int64_t s = 0; s < plan_.slots; ++s) dwtile_.push_back(at::empty({plan_.vb, d_}, f32));
+    } else if (want_dw_) {
+      dw_ = n_ > 0 ? at::empty({v_, d_}, f32) : at::zeros({v_, d_}, f32);
+    }
     if (want_db_) db_ = at::zeros({v_}, f32);
   }
 
@@ -575,7 +595,7 @@ class Runner {
       if (plan_.ntiles == 0) dh_.zero_();
       g.grad_hidden = dh_;
     }
-    if (want_dw_) g.grad_weight = w_.scalar_type() == at::kFloat ? dw_ : dw_.to(w_.scalar_type());
+    if (want_dw_) g.grad_weight = dw_.scalar_type() == w_.scalar_type() ? dw_ : dw_.to(w_.scalar_type());
     if (want_db_) g.grad_bias = db_.scalar_type() == bias_dtype_ ? db_ : db_.to(bias_dtype_);
     return g;
   }
@@ -602,6 +622,8 @@ class Runner {
   std::vector<at::Tensor> zbuf_, wbuf_, dxp_, ztb_, dz16_, dzt16_;
   std::vector<float> dz_alpha_;  // per slot: 1 / scale of its float16 dZ copy
   bool want_dh_ = false, want_dw_ = false, want_db_ = false;
+  bool dw_direct_ = false;          // 16-bit dW written tile by tile (one token block)
+  std::vector<at::Tensor> dwtile_;  // ... through these per-slot float32 tiles
   at::Tensor dh_, dw_, db_;
 };
 
