@@ -5,26 +5,28 @@
 //           tile is hot, bias + softcap + max/argmax/sum + exp(z - tile_max) stored in place (rows.h);
 //   combine the per-tile statistics of each token in tile order (deterministic) into lse, loss, correct;
 //   pass 2: for every tile, dZ = softmax-derived gradient in place, then dX_blk += dZ @ W_tile and
-//           dW_tile += dZ^T @ H_blk (float32), db_tile += column sums of dZ.
+//           dW_tile += dZ^T @ H_blk (float32), db_tile += column sums of dZ. (16-bit weights in one token block:
+//           each dW tile is rounded into the 16-bit output as it is made, no V x D float32 accumulator.)
 // When the row block does not fit the tile budget, and in backward (lse given), pass 2 recomputes Z per tile
 // (4 resp. 3 GEMM-equivalents). Vocabulary tiles of a block are split into one contiguous range per thread
 // ("slot"); each slot owns its tiles' rows of dW/db and has its own dX partial, summed in slot order afterwards,
 // so results are deterministic for a given thread count. GEMMs inside a slot are single-threaded (ATen runs
 // nested parallel regions inline); FUSED_LCE_CPP_PARALLEL=gemm instead runs tiles in order with threaded GEMMs.
-// Low precision: the logits must come out float32-exact (the loss is compared with float64 at ~1e-5), so bfloat16
-// inputs use bf16 x bf16 -> fp32 GEMMs where the CPU and the torch build have exact ones (row-major operands only:
-// Z^T = W_tile @ H_blk^T then a transpose in cache; dZ rounded to bf16 for the dX/dW GEMMs, accumulated in fp32);
-// float16 inputs, and bfloat16 elsewhere, convert the tiles of W and H to float32 for float32 GEMMs.
+// Low precision: the logits must come out float32-exact (the loss is compared with float64 at ~1e-5), so 16-bit
+// inputs use 16-bit x 16-bit -> fp32 GEMMs where this machine has exact ones (gemm.h: MKL's, with transposes, or
+// ATen's brgemm, row-major only: Z^T = W_tile @ H_blk^T then a transpose in cache), with dZ rounded to 16 bits for
+// the dX/dW GEMMs (bfloat16: by the row kernel; float16: scaled by a power of two per tile, undone by the GEMM's
+// alpha), accumulated in fp32; elsewhere the tiles of W and H are converted to float32 for float32 GEMMs.
 #include "lce_cpu.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
@@ -32,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "gemm.h"
 #include "rows.h"
 
 namespace fused_lce::cpu {
@@ -55,7 +58,8 @@ bool gemm_parallel_mode() {
 // The tile budget comes from Options (tile_budget_mb / FUSED_LCE_TILE_MB are read once, in Python); 0: default.
 int64_t budget_bytes(int64_t tile_bytes) { return tile_bytes > 0 ? tile_bytes : (256LL << 20); }
 
-// FUSED_LCE_CPP_PROFILE=1: per-phase wall seconds summed over slots, printed to stderr per call (tuning aid).
+// FUSED_LCE_CPP_PROFILE=1: per-phase wall and thread-CPU seconds summed over slots, and the call's wall and process
+// CPU seconds, printed to stderr per call (tuning aid; on a shared machine CPU time shows what the code costs).
 enum Phase { kGemmZ, kRows1, kRows2, kGemmDx, kGemmDw, kConvert, kPhases };
 const char* const kPhaseNames[kPhases] = {"gemm_z", "rows1", "rows2", "gemm_dx", "gemm_dw", "convert"};
 
@@ -67,16 +71,33 @@ bool profiling() {
   return on;
 }
 
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 struct Prof {
-  std::vector<std::array<double, kPhases>> t;  // per slot
-  void reset(int64_t slots) { t.assign(slots, {}); }
+  std::vector<std::array<double, kPhases>> t, c;  // per slot: wall, thread CPU
+  double wall0 = 0, cpu0 = 0;
+  void reset(int64_t slots) {
+    t.assign(slots, {});
+    c.assign(slots, {});
+    wall0 = wall_seconds();
+    cpu0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+  }
   void report() const {
-    std::array<double, kPhases> sum{};
-    for (const auto& a : t)
-      for (int i = 0; i < kPhases; ++i) sum[i] += a[i];
-    std::fprintf(stderr, "fused_lce cpp profile (slot-seconds):");
-    for (int i = 0; i < kPhases; ++i) std::fprintf(stderr, " %s=%.3f", kPhaseNames[i], sum[i]);
-    std::fprintf(stderr, "\n");
+    std::array<double, kPhases> sum{}, csum{};
+    for (size_t s = 0; s < t.size(); ++s)
+      for (int i = 0; i < kPhases; ++i) sum[i] += t[s][i], csum[i] += c[s][i];
+    std::fprintf(stderr, "fused_lce cpp profile (slot-seconds wall/cpu):");
+    for (int i = 0; i < kPhases; ++i) std::fprintf(stderr, " %s=%.3f/%.3f", kPhaseNames[i], sum[i], csum[i]);
+    std::fprintf(stderr, " | call wall=%.3f process-cpu=%.3f\n", wall_seconds() - wall0,
+                 cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0);
   }
 };
 
@@ -84,11 +105,14 @@ struct Prof {
 class Timed {
  public:
   Timed(Prof& p, int64_t slot, Phase ph) : p_(profiling() ? &p : nullptr), slot_(slot), ph_(ph) {
-    if (p_) t0_ = std::chrono::steady_clock::now();
+    if (p_) t0_ = wall_seconds(), c0_ = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
   }
   ~Timed() { stop(); }
   void stop() {
-    if (p_) p_->t[slot_][ph_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (p_) {
+      p_->t[slot_][ph_] += wall_seconds() - t0_;
+      p_->c[slot_][ph_] += cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0_;
+    }
     p_ = nullptr;
   }
 
@@ -96,74 +120,8 @@ class Timed {
   Prof* p_;
   int64_t slot_;
   Phase ph_;
-  std::chrono::steady_clock::time_point t0_;
+  double t0_ = 0, c0_ = 0;
 };
-
-// bf16 x bf16 -> fp32 GEMMs: ATen's brgemm entry point with is_vnni=false runs cpublas::gemm for these types
-// (MKL's gemm_bf16bf16f32 in x86 builds; AMX where present). Some builds fall back to a GEMM that rounds its
-// output to bf16, which the loss cannot afford, so the path is used only after a one-time exactness check.
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
-#define FLCE_HAS_BF16_GEMM 1
-#endif
-
-// C[M,N] (+)= A[M,K] @ B[K,N], row-major bf16 operands given as raw bits, float32 C.
-void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
-               float* C, int64_t ldc, bool add) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (!add)
-      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    return;
-  }
-#ifdef FLCE_HAS_BF16_GEMM
-  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, reinterpret_cast<const at::BFloat16*>(A),
-                              reinterpret_cast<const at::BFloat16*>(B), C, /*is_vnni=*/false);
-#else
-  (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
-  TORCH_CHECK(false, "fused_lce: built against a torch without bf16 brgemm");
-#endif
-}
-
-// One-time check that the bf16 GEMM returns float32-exact sums: 1 + 2^-10 is a float32 but not a bfloat16.
-bool bf16_gemm_exact() {
-  static const bool ok = [] {
-#ifndef FLCE_HAS_BF16_GEMM
-    return false;
-#else
-    try {
-      const int64_t n = 16;
-      std::vector<uint16_t> a(n * n, 0x3f80), b(n * n, 0);  // A = ones
-      for (int64_t j = 0; j < n; ++j) {
-        b[j] = 0x3f80;      // B[0][j] = 1
-        b[n + j] = 0x3a80;  // B[1][j] = 2^-10
-      }
-      std::vector<float> c(n * n, 0.5f);
-      gemm_bf16(n, n, n, a.data(), n, b.data(), n, c.data(), n, /*add=*/true);
-      for (float x : c)
-        if (x != 1.5f + 1.0f / 1024.0f) return false;
-      return true;
-    } catch (...) {
-      return false;
-    }
-#endif
-  }();
-  return ok;
-}
-
-// Whether bf16 inputs use bf16 GEMMs with float32 results; otherwise their tiles are converted to float32 for
-// float32 GEMMs. Env FUSED_LCE_CPP_BF16_GEMM=0 turns it off, =1 skips the CPU feature test (read per call).
-bool bf16_gemm_usable() {
-  const char* env = std::getenv("FUSED_LCE_CPP_BF16_GEMM");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // without native bf16 dot products the library emulates them: no faster than converting tiles ourselves
-  if (!forced && !__builtin_cpu_supports("avx512bf16")) return false;
-#else
-  if (!forced) return false;
-#endif
-  return bf16_gemm_exact();
-}
 
 struct Plan {
   int64_t nb = 1;      // tokens per block
@@ -218,7 +176,8 @@ class Runner {
     vt_ = opt.vocab_total > 0 ? opt.vocab_total : v_;
     vs_ = opt.vocab_start;
     low_ = h_.scalar_type() != at::kFloat;
-    g16_ = h_.scalar_type() == at::kBFloat16 && bf16_gemm_usable();
+    gemm_ = low_ ? low_gemm_path(h_.scalar_type()) : LowGemm::kConvert;
+    g16_ = gemm_ != LowGemm::kConvert && h_.scalar_type() == at::kBFloat16;
     eps_ = (float)opt.label_smoothing;
     zl_ = (float)opt.z_loss;
     cap_ = (float)opt.softcap;
@@ -248,15 +207,8 @@ class Runner {
     prof_.reset(plan_.slots);
     for (int64_t s = 0; s < plan_.slots; ++s) {
       if (!plan_.keep) zbuf_.push_back(at::empty({nb * plan_.vb}, f32));
-      if (g16_) {
-        auto b16 = h_.options().dtype(at::kBFloat16);
-        ztb_.push_back(at::empty({plan_.vb * nb}, f32));
-        dz16_.push_back(at::empty({nb * plan_.vb}, b16));
-        dzt16_.push_back(at::empty({plan_.vb * nb}, b16));
-      } else if (low_) {
-        wbuf_.push_back(at::empty({plan_.vb, d_}, f32));
-      }
     }
+    alloc_gemm_scratch();
   }
 
   ~Runner() {
@@ -341,28 +293,60 @@ class Runner {
 
  private:
   // ---------------------------------------------------------------------------------------------- helpers
-  // The token block's rows of H as the GEMMs want them: float32 (a view, or converted), or bf16 plus its
-  // transpose (D x nbk) for the logits GEMM of the bf16 path.
+  // The token block's rows of H as the GEMMs want them: as stored (float32, or 16-bit for the MKL path),
+  // converted to float32 (convert path), or 16-bit plus its transpose (D x nbk) for the brgemm logits GEMM.
   void set_block(int64_t i0, int64_t nbk) {
     hb_ = h_.narrow(0, i0, nbk);
-    if (g16_)
+    if (gemm_ == LowGemm::kBrgemm)
       ht_ = hb_.t().contiguous();
-    else if (low_)
+    else if (low_ && gemm_ == LowGemm::kConvert)
       hb_ = hb_.to(at::kFloat);
   }
 
-  const uint16_t* w16(int64_t v0) const {
-    return reinterpret_cast<const uint16_t*>(w_.data_ptr<at::BFloat16>()) + v0 * d_;
+  // Per-slot scratch of the GEMM path (one tile each): the row kernel's bf16 dZ (16-bit paths; float16: the
+  // scaled copy made here), transposes for brgemm, a float32 W tile for the convert path.
+  void alloc_gemm_scratch() {
+    auto f32 = h_.options().dtype(at::kFloat), b16 = h_.options().dtype(h_.scalar_type());
+    const int64_t tile = plan_.nb * plan_.vb;
+    for (int64_t s = 0; s < plan_.slots; ++s) {
+      if (gemm_ != LowGemm::kConvert) dz16_.push_back(at::empty({tile}, b16));
+      if (gemm_ == LowGemm::kBrgemm) {
+        ztb_.push_back(at::empty({tile}, f32));
+        dzt16_.push_back(at::empty({tile}, b16));
+      }
+      if (low_ && gemm_ == LowGemm::kConvert) wbuf_.push_back(at::empty({plan_.vb, d_}, f32));
+    }
+    dz_alpha_.assign(plan_.slots, 1.0f);
   }
-  static uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-  // z (nbk x n, float32) = H_blk @ W[v0:v0+n]^T. bf16 path: Z^T = W_tile @ H_blk^T (both operands row-major as
-  // stored), then a transpose in cache. Returns the float32 W tile when one was made (reused by the dX GEMM).
+  const uint16_t* w16(int64_t v0) const { return static_cast<const uint16_t*>(w_.const_data_ptr()) + v0 * d_; }
+  static uint16_t* bits(const at::Tensor& t) { return static_cast<uint16_t*>(t.data_ptr()); }
+
+  // The 16-bit dZ of this slot's tile for the dX/dW GEMMs, and the alpha that undoes its scaling: bfloat16 was
+  // written by the row kernel (unscaled); float16 is made here from the float32 dZ (gemm.h: to_half_scaled).
+  float dz_16(int64_t slot, int64_t n, int64_t nbk, const at::Tensor& z, bool make) {
+    if (g16_) return 1.0f;
+    if (make) {
+      Timed tm(prof_, slot, kConvert);
+      dz_alpha_[slot] = to_half_scaled(z.data_ptr<float>(), nbk, n, n, bits(dz16_[slot]), n);
+    }
+    return dz_alpha_[slot];
+  }
+
+  // z (nbk x n, float32) = H_blk @ W[v0:v0+n]^T. MKL path: straight from the 16-bit operands; brgemm path:
+  // Z^T = W_tile @ H_blk^T (both operands row-major as stored), then a transpose in cache. Returns the float32 W
+  // tile when one was made (reused by the dX GEMM).
   at::Tensor gemm_logits(int64_t slot, int64_t v0, int64_t n, int64_t nbk, at::Tensor& z) {
-    if (g16_) {
+    const at::ScalarType dt = h_.scalar_type();
+    if (gemm_ == LowGemm::kMkl) {
+      Timed tm(prof_, slot, kGemmZ);
+      low_gemm(gemm_, dt, false, true, nbk, n, d_, bits(hb_), d_, w16(v0), d_, 1.0f, 0.0f, z.data_ptr<float>(), n);
+      return at::Tensor();
+    }
+    if (gemm_ == LowGemm::kBrgemm) {
       Timed tm(prof_, slot, kGemmZ);
       float* zt = ztb_[slot].data_ptr<float>();
-      gemm_bf16(n, nbk, d_, w16(v0), d_, bits(ht_), nbk, zt, nbk, false);
+      low_gemm(gemm_, dt, false, false, n, nbk, d_, w16(v0), d_, bits(ht_), nbk, 1.0f, 0.0f, zt, nbk);
       transpose(zt, n, nbk, nbk, z.data_ptr<float>(), n);
       return at::Tensor();
     }
@@ -374,9 +358,11 @@ class Runner {
 
   // dX partial of this slot += dZ @ W_tile
   void gemm_dx(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, at::Tensor wt) {
-    if (g16_) {
+    if (gemm_ != LowGemm::kConvert) {
+      const float alpha = dz_16(slot, n, nbk, z, true);
       Timed tm(prof_, slot, kGemmDx);
-      gemm_bf16(nbk, d_, n, bits(dz16_[slot]), n, w16(v0), d_, dxp_[slot].data_ptr<float>(), d_, true);
+      low_gemm(gemm_, h_.scalar_type(), false, false, nbk, d_, n, bits(dz16_[slot]), n, w16(v0), d_, alpha, 1.0f,
+               dxp_[slot].data_ptr<float>(), d_);
       return;
     }
     if (!wt.defined()) wt = w_tile(slot, v0, n);
@@ -384,16 +370,36 @@ class Runner {
     dxp_[slot].narrow(0, 0, nbk).addmm_(z, wt);
   }
 
-  // dW[v0:v0+n] (=, on the first block, else +=) dZ^T @ H_blk
+  // dW[v0:v0+n] (=, on the first block, else +=) dZ^T @ H_blk; with dw_direct_ into this slot's float32 tile,
+  // then rounded into the 16-bit output rows
   void gemm_dw(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, bool first) {
-    Timed tm(prof_, slot, kGemmDw);
-    if (g16_) {
-      uint16_t* dzt = bits(dzt16_[slot]);
-      transpose(bits(dz16_[slot]), nbk, n, n, dzt, nbk);
-      gemm_bf16(n, d_, nbk, dzt, nbk, bits(hb_), d_, dw_.data_ptr<float>() + v0 * d_, d_, !first);
+    if (dw_direct_) {
+      gemm_dw_into(slot, v0, n, nbk, z, true, dwtile_[slot].data_ptr<float>(), dwtile_[slot].narrow(0, 0, n));
+      Timed tm(prof_, slot, kConvert);
+      dw_.narrow(0, v0, n).copy_(dwtile_[slot].narrow(0, 0, n));
       return;
     }
-    at::Tensor dwt = dw_.narrow(0, v0, n);
+    gemm_dw_into(slot, v0, n, nbk, z, first, dw_.data_ptr<float>() + v0 * d_, dw_.narrow(0, v0, n));
+  }
+
+  // dw / dwt (the same n x D float32 rows, as a pointer and as a tensor) (=, when first, else +=) dZ^T @ H_blk
+  void gemm_dw_into(int64_t slot, int64_t v0, int64_t n, int64_t nbk, const at::Tensor& z, bool first, float* dw,
+                    at::Tensor dwt) {
+    const at::ScalarType dt = h_.scalar_type();
+    if (gemm_ == LowGemm::kMkl) {
+      const float alpha = dz_16(slot, n, nbk, z, !want_dh_);  // made by gemm_dx when dX is wanted
+      Timed tm(prof_, slot, kGemmDw);
+      low_gemm(gemm_, dt, true, false, n, d_, nbk, bits(dz16_[slot]), n, bits(hb_), d_, alpha, first ? 0.0f : 1.0f,
+               dw, d_);
+      return;
+    }
+    Timed tm(prof_, slot, kGemmDw);
+    if (gemm_ == LowGemm::kBrgemm) {
+      uint16_t* dzt = bits(dzt16_[slot]);
+      transpose(bits(dz16_[slot]), nbk, n, n, dzt, nbk);
+      low_gemm(gemm_, dt, false, false, n, d_, nbk, dzt, nbk, bits(hb_), d_, 1.0f, first ? 0.0f : 1.0f, dw, d_);
+      return;
+    }
     if (first)
       at::mm_out(dwt, z.t(), hb_);
     else
@@ -524,8 +530,16 @@ class Runner {
       dh_ = at::empty({n_, d_}, fp32_dh ? f32 : h_.options());
       for (int64_t s = 0; s < plan_.slots; ++s) dxp_.push_back(at::empty({plan_.nb, d_}, f32));
     }
-    // dW: float32 accumulator (the output itself for float32 weights); written by the first block, so no zeroing
-    if (want_dw_) dw_ = n_ > 0 ? at::empty({v_, d_}, f32) : at::zeros({v_, d_}, f32);
+    // dW: float32 accumulator (the output itself for float32 weights); written by the first block, so no zeroing.
+    // 16-bit weights with one token block: each tile's dW is final after one GEMM, so it goes through a per-slot
+    // float32 tile and straight into the 16-bit output (no V x D float32 buffer: peak memory is the gradients).
+    dw_direct_ = want_dw_ && low_ && n_ > 0 && n_ <= plan_.nb;
+    if (dw_direct_) {
+      dw_ = at::empty({v_, d_}, w_.options());
+      for (int64_t s = 0; s < plan_.slots; ++s) dwtile_.push_back(at::empty({plan_.vb, d_}, f32));
+    } else if (want_dw_) {
+      dw_ = n_ > 0 ? at::empty({v_, d_}, f32) : at::zeros({v_, d_}, f32);
+    }
     if (want_db_) db_ = at::zeros({v_}, f32);
   }
 
@@ -581,7 +595,7 @@ class Runner {
       if (plan_.ntiles == 0) dh_.zero_();
       g.grad_hidden = dh_;
     }
-    if (want_dw_) g.grad_weight = w_.scalar_type() == at::kFloat ? dw_ : dw_.to(w_.scalar_type());
+    if (want_dw_) g.grad_weight = dw_.scalar_type() == w_.scalar_type() ? dw_ : dw_.to(w_.scalar_type());
     if (want_db_) g.grad_bias = db_.scalar_type() == bias_dtype_ ? db_ : db_.to(bias_dtype_);
     return g;
   }
@@ -591,7 +605,8 @@ class Runner {
   const RowKernels& rk_;
   int64_t n_ = 0, d_ = 0, v_ = 0, vt_ = 0, vs_ = 0;
   bool low_ = false;  // bf16/fp16 inputs
-  bool g16_ = false;  // bf16 inputs with bf16 GEMMs (float32 results); else low_ tiles are converted
+  LowGemm gemm_ = LowGemm::kConvert;  // how 16-bit inputs are multiplied (gemm.h); kConvert: float32 tiles
+  bool g16_ = false;  // bf16 inputs on a 16-bit GEMM path: the row kernel writes dZ as bf16 too
   at::Tensor hb_, ht_;  // current token block (see set_block)
   at::ScalarType bias_dtype_ = at::kFloat;
   float eps_ = 0, zl_ = 0, cap_ = 0, temp_ = 1;
@@ -605,7 +620,10 @@ class Runner {
   at::Tensor keep_;
   Prof prof_;
   std::vector<at::Tensor> zbuf_, wbuf_, dxp_, ztb_, dz16_, dzt16_;
+  std::vector<float> dz_alpha_;  // per slot: 1 / scale of its float16 dZ copy
   bool want_dh_ = false, want_dw_ = false, want_db_ = false;
+  bool dw_direct_ = false;          // 16-bit dW written tile by tile (one token block)
+  std::vector<at::Tensor> dwtile_;  // ... through these per-slot float32 tiles
   at::Tensor dh_, dw_, db_;
 };
 
@@ -682,11 +700,13 @@ std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& 
 std::string describe(int64_t n, int64_t v, int64_t d, bool low_precision, int64_t tile_bytes, bool fused) {
   (void)d;
   const Plan p = make_plan(n, v, budget_bytes(tile_bytes), fused);
-  const char* gemm = !low_precision ? "fp32" : bf16_gemm_usable() ? "bf16(fp16: convert-fp32)" : "convert-fp32";
+  const std::string gemm = !low_precision ? std::string("fp32")
+                                          : std::string("bf16:") + low_gemm_name(low_gemm_path(at::kBFloat16)) +
+                                                ",fp16:" + low_gemm_name(low_gemm_path(at::kHalf));
   return std::string("isa=") + row_kernels().isa + " parallel=" + (gemm_parallel_mode() ? "gemm" : "tiles") +
          " threads=" + std::to_string(at::get_num_threads()) + " gemm=" + gemm + " nb=" + std::to_string(p.nb) +
          " vb=" + std::to_string(p.vb) + " tiles=" + std::to_string(p.ntiles) + " slots=" + std::to_string(p.slots) +
-         " keep=" + (p.keep ? "1" : "0");
+         " keep=" + (p.keep ? "1" : "0") + " cpu=" + cpu_features_string();
 }
 
 }  // namespace fused_lce::cpu

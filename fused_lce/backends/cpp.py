@@ -12,10 +12,14 @@ Environment knobs of the kernel, read per call (tile-parallel is the default bec
 gemm-parallel on 2 cores): ``FUSED_LCE_CPP_PARALLEL`` "tiles" (vocabulary tiles split across threads,
 single-threaded GEMMs) or "gemm" (tiles in order, threaded GEMMs), ``FUSED_LCE_CPP_NB`` / ``FUSED_LCE_CPP_VB``
 caps on the token block / vocabulary tile, ``FUSED_LCE_CPP_ISA`` "avx512" | "avx2" | "default" (row kernels'
-instruction set, when the CPU has it), ``FUSED_LCE_CPP_BF16_GEMM`` "0" (bf16 inputs: convert tiles to float32
-instead of bf16 x bf16 -> fp32 GEMMs), ``FUSED_LCE_CPP_PROFILE`` "1" (per-phase times on stderr). The tile budget
-is ``Options.tile_bytes`` (``tile_budget_mb`` / ``FUSED_LCE_TILE_MB``; default 256 MiB; the kept row block uses up
-to 3/4 of it). ``describe()`` says what a problem gets.
+instruction set, when the CPU has it), ``FUSED_LCE_CPP_LOW_GEMM`` "auto" | "mkl" | "brgemm" | "convert" (how
+bf16 / fp16 tiles are multiplied, float32 results either way: MKL's 16-bit x 16-bit -> fp32 GEMM, ATen's brgemm
+(bf16 only), or tiles converted to float32 for float32 GEMMs; auto: MKL for bf16, MKL for fp16 only on CPUs with
+AVX512_FP16 / AMX_FP16, else convert; a path this machine lacks, or whose one-time exactness check fails, falls back
+to convert; csrc/cpu/gemm.h), ``FUSED_LCE_CPP_BF16_GEMM`` "0" (older knob: convert for bf16),
+``FUSED_LCE_CPP_PROFILE`` "1" (per-phase wall and CPU seconds on stderr). The tile budget is ``Options.tile_bytes``
+(``tile_budget_mb`` / ``FUSED_LCE_TILE_MB``; default 256 MiB; the kept row block uses up to 3/4 of it).
+``describe()`` says what a problem gets (GEMM path per 16-bit dtype, tiling, the CPU features the defaults use).
 """
 from __future__ import annotations
 
@@ -79,7 +83,8 @@ class CppProvider(WholeRowsProvider):
 
 
 def describe(n: int, v: int, d: int, dtype=torch.float32, tile_mb: Optional[float] = None, fused=True) -> str:
-    """The instruction set, GEMM path and tiling the kernel picks for an (n, v, d) problem (tests, benchmarks)."""
+    """The row-kernel instruction set, GEMM path (``gemm=fp32``, or ``gemm=bf16:<path>,fp16:<path>`` for 16-bit
+    dtypes), tiling and CPU features (``cpu=``) the kernel picks for an (n, v, d) problem (tests, benchmarks)."""
     if _C is None:
         return f"unavailable: {_missing_reason()}"
     tile_bytes = int(tile_mb * 2**20) if tile_mb else 0
