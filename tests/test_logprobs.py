@@ -59,8 +59,19 @@ def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-
     return h, w, y.to(device), b
 
 
-def close(ours, ref, dtype, what):
-    mag = float(ref.abs().max()) if ref.numel() else 1.0
+def logit_magnitude(h, w, b, softcap=None, temperature=1.0, **_) -> float:
+    """max |z| of the tempered logits: log-probs and entropies are differences of terms this large (lse, the
+    target logit, E_p[z]), so their float32 rounding scales with it, not with their own size."""
+    z = h.detach().double().reshape(-1, h.shape[-1]) @ w.detach().double().t()
+    if b is not None:
+        z = z + b.detach().double()
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    return float((z / temperature).abs().max()) if z.numel() else 0.0
+
+
+def close(ours, ref, dtype, what, zmag=0.0):
+    mag = max(float(ref.abs().max()), zmag) if ref.numel() else 1.0
     err = float((ours.detach().cpu().double() - ref).abs().max()) if ref.numel() else 0.0
     assert err <= LOSS_TOL[dtype] * (1 + mag), (what, err, mag)
 
@@ -76,12 +87,13 @@ def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=Fal
     refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
     rlp, rent = reference(refs[0], refs[1], y.cpu(), refs[2] if b is not None else None, **kw)
     assert lp.dtype == torch.float32 and lp.shape == y.shape
-    close(lp, rlp.detach(), dtype, "logprob")
+    zmag = logit_magnitude(refs[0], refs[1], refs[2] if b is not None else None, **kw)
+    close(lp, rlp.detach(), dtype, "logprob", zmag)
     g_lp = torch.randn(y.shape)
     objective, ref_objective = (lp * g_lp.to(device)).sum(), (rlp * g_lp.double()).sum()
     if entropy:
         assert ent.dtype == torch.float32 and ent.shape == y.shape
-        close(ent, rent.detach(), dtype, "entropy")
+        close(ent, rent.detach(), dtype, "entropy", zmag)
         g_ent = torch.randn(y.shape)
         objective = objective + (ent * g_ent.to(device)).sum()
         ref_objective = ref_objective + (rent * g_ent.double()).sum()
