@@ -92,22 +92,23 @@ std::mutex& launch_mutex() {
     return m;
 }
 
-StatsKernel pick_stats(at::ScalarType dt, at::ScalarType lt) {
+// The compiled variant of a kernel for (operand dtype, label dtype), as the OPP build makes one per pair.
+template <class K>
+K pick_variant(at::ScalarType dt, at::ScalarType lt, K bf16_i64, K bf16_i32, K f16_i64, K f16_i32, K f32_i64,
+               K f32_i32) {
     const bool i64 = lt == at::kLong;
     TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
-    if (dt == at::kBFloat16) return i64 ? fused_lce_stats_bf16_i64 : fused_lce_stats_bf16_i32;
-    if (dt == at::kHalf) return i64 ? fused_lce_stats_f16_i64 : fused_lce_stats_f16_i32;
-    if (dt == at::kFloat) return i64 ? fused_lce_stats_f32_i64 : fused_lce_stats_f32_i32;
+    if (dt == at::kBFloat16) return i64 ? bf16_i64 : bf16_i32;
+    if (dt == at::kHalf) return i64 ? f16_i64 : f16_i32;
+    if (dt == at::kFloat) return i64 ? f32_i64 : f32_i32;
     TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
 }
-GradKernel pick_grad(at::ScalarType dt, at::ScalarType lt) {
-    const bool i64 = lt == at::kLong;
-    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
-    if (dt == at::kBFloat16) return i64 ? fused_lce_grad_bf16_i64 : fused_lce_grad_bf16_i32;
-    if (dt == at::kHalf) return i64 ? fused_lce_grad_f16_i64 : fused_lce_grad_f16_i32;
-    if (dt == at::kFloat) return i64 ? fused_lce_grad_f32_i64 : fused_lce_grad_f32_i32;
-    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
-}
+#define TWIN_PICK(kind, dt, lt)                                                                               \
+    pick_variant(dt, lt, fused_lce_##kind##_bf16_i64, fused_lce_##kind##_bf16_i32, fused_lce_##kind##_f16_i64, \
+                 fused_lce_##kind##_f16_i32, fused_lce_##kind##_f32_i64, fused_lce_##kind##_f32_i32)
+
+StatsKernel pick_stats(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats, dt, lt); }
+GradKernel pick_grad(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(grad, dt, lt); }
 
 // One single-core Matmul tiling with a fixed base tile (what op_host's gemm_tiling asks MatmulApiTiling for).
 AscendC::tiling::TCubeTiling fill_gemm(uint64_t m, uint64_t n, uint64_t k, uint32_t bm, uint32_t bn, uint32_t bk,
@@ -192,14 +193,7 @@ void launch_any(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor
     }
 }
 
-GmKernel12 pick_mix(at::ScalarType dt, at::ScalarType lt) {
-    const bool i64 = lt == at::kLong;
-    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
-    if (dt == at::kBFloat16) return i64 ? fused_lce_stats_mix_bf16_i64 : fused_lce_stats_mix_bf16_i32;
-    if (dt == at::kHalf) return i64 ? fused_lce_stats_mix_f16_i64 : fused_lce_stats_mix_f16_i32;
-    if (dt == at::kFloat) return i64 ? fused_lce_stats_mix_f32_i64 : fused_lce_stats_mix_f32_i32;
-    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
-}
+GmKernel12 pick_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats_mix, dt, lt); }
 
 GM_ADDR addr(const Tensor& t) {
     return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr;
@@ -307,14 +301,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
     return {m, s, zt, zs, amax, ez};
 }
 
-GmKernel14 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) {
-    const bool i64 = lt == at::kLong;
-    TORCH_CHECK(lt == at::kLong || lt == at::kInt, "fused_lce twin: labels must be int64 or int32");
-    if (dt == at::kBFloat16) return i64 ? fused_lce_grad_mix_bf16_i64 : fused_lce_grad_mix_bf16_i32;
-    if (dt == at::kHalf) return i64 ? fused_lce_grad_mix_f16_i64 : fused_lce_grad_mix_f16_i32;
-    if (dt == at::kFloat) return i64 ? fused_lce_grad_mix_f32_i64 : fused_lce_grad_mix_f32_i32;
-    TORCH_CHECK(false, "fused_lce twin: hidden must be bfloat16, float16 or float32");
-}
+GmKernel14 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(grad_mix, dt, lt); }
 
 // The deterministic MIX backward (fused_lce_grad_mix.cpp) with the driver's Coefs(a, t, b, u) contract:
 // returns (dx, dw, db float32) of dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u (softcap derivative).
