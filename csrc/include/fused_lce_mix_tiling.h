@@ -110,10 +110,11 @@ inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint
     }
     detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, &m);
     ft::Plan& p = m.base;
-    // Balance the last wave: with more token blocks than cores but not a multiple of them, split the vocabulary in
-    // up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
-    // waves of 1187 tiles -> 4 x 396 with 3 segments); the finishing phase merges them (O(N x segments)).
-    if (p.m_blocks >= hw.cube_cores && p.m_blocks % hw.cube_cores != 0) {
+    // Balance the last wave: with a number of token blocks that is not a multiple of the cores, split the vocabulary
+    // in up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
+    // waves of 1187 tiles -> 4 x 396 with 3 segments; 18 blocks: 18 of 24 cores busy -> 72 tasks of 297 tiles with
+    // 4 segments); the finishing phase merges them (O(N x segments)).
+    if (p.m_blocks % hw.cube_cores != 0) {
         uint64_t best = 0, best_seg = 1;
         for (uint64_t s = 1; s <= kMaxSegments && s <= p.n_blocks; ++s) {
             const uint64_t sb = ft::ceil_div(p.n_blocks, s), segs = ft::ceil_div(p.n_blocks, sb);
