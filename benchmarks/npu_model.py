@@ -17,19 +17,26 @@ shape are checked against the same formulas). Time per kernel:
     matmul/fused_linear_cross_entropy_loss_grad mem_friendly): the same overlap, logits staged as bf16, its backward
     writes per-core fp32 dX / dW partials and sums them on the vector cores (V2), so its partial traffic is modelled
     like the old kernel's atomics; its vector work per tile is taken equal to the mix kernel's (not counted: its source
-    is not compiled here).
+    is not compiled here);
+  * mix3 / onepass (FusedLceGradMix's 3-GEMM modes; see three_gemm): per launch of at most the tile budget's rows,
+    phase X forms dz of every tile (from a z GEMM overlapped with the vector work, or, onepass, from the z the
+    forward kept) and keeps it in GM, then dX = dz W and dW += dz^T h run as two GEMMs from GM that accumulate their
+    whole K in L0C (one write per output tile; dW read back after the first launch).
 Every kernel is also bounded below by HBM bytes / bandwidth and by ring / staging / accumulation bytes / L2
 bandwidth. Tasks (token block, vocabulary segment) are dealt to the 24 cores in waves, so ceil(tasks / 24) waves are
 paid (e.g. 32 token blocks in one segment cost two full waves; the MIX forward's planner splits the vocabulary to
 balance them; the trio deals (m, n) tiles round-robin, CVProcess). The floor is
 6 N D V / cube peak (forward + backward GEMMs once each); every schedule that recomputes the logits in the backward
-does 8 N D V, i.e. >= 1.33x the floor.
+does 8 N D V, i.e. >= 1.33x the floor; only onepass does 6 N D V.
 
 Published figures used (cite): GM (HBM) bandwidth about 1.6 TB/s, L2 about 7 TB/s and 192 MB (asc-devkit
 docs/zh/guide/算子实践参考/SIMD算子性能优化/内存访问/L2-Cache切分.md); 24 AI cores with 2 vector cores each (Atlas A2
-MIX 1:2, asc-devkit docs; fused_lce_tiling.h HwSpec); bf16/fp16 cube peak 313 TFLOPS per 910B (Huawei Atlas 800T A2
-datasheet: 2.5 PFLOPS FP16 for 8 NPUs; quoted, not checked here: no internet access); a 16x16x16 fp16 MAC cube per
-AI core (Da Vinci architecture), which with the peak gives the clock used for the vector and scalar pipes.
+MIX 1:2, asc-devkit docs; fused_lce_tiling.h HwSpec); per cube core and cycle 16 x 16 x 16 MACs for b16 (bf16 /
+fp16) and 16 x 16 x 4 for b32 (fp32) at 1800 MHz on dav-2201 (Atlas A2 / A3), from asc-devkit
+tests/perf/mmad_perf/generate_roofline.py (SCENARIO_CONFIG, "2201 主频 1800 MHz"; mirror commit 82b89a1), which
+gives 24 x 4096 x 2 x 1.8e9 = 354 TFLOPS bf16. (Third-party pages quote 256-376 TFLOPS for "910B"; the Atlas 800T
+A2's 2.5 PFLOPS for 8 NPUs gives 313, i.e. a lower sustained clock or fewer cores on that SKU: the clock is one of the
+figures only a 910B can confirm, and every ratio below is to a floor at the same peak.)
 Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
 of issue / barrier overhead per vector instruction, SCALAR_CYCLES per scalar operation, fp32 cube at 1/4 of the bf16
 rate, no other stalls.
@@ -55,8 +62,9 @@ from fused_lce.bench import environment  # noqa: E402
 # ---- 910B figures (see the module docstring for sources) --------------------------------------------------------
 CUBE_CORES = 24
 VEC_PER_CUBE = 2
-CUBE_PEAK = {"bfloat16": 313e12, "float16": 313e12, "float32": 313e12 / 4}
-CLOCK_HZ = CUBE_PEAK["bfloat16"] / (CUBE_CORES * 2 * 16 * 16 * 16)  # ~1.59 GHz
+CLOCK_HZ = 1.8e9  # dav-2201 (asc-devkit tests/perf/mmad_perf/generate_roofline.py)
+CUBE_PEAK = {"bfloat16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ, "float16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ,
+             "float32": CUBE_CORES * 16 * 16 * 4 * 2 * CLOCK_HZ}  # MACs per cycle: b16 16x16x16, b32 16x16x4
 HBM_BPS = 1.6e12
 L2_BPS = 7e12
 VEC_BYTES_PER_CYCLE = 256
@@ -114,6 +122,7 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int):
         gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4}[kernel]
         assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
         out.append(vec)
+    twin_build.configure(twin_build.HW_910B)  # the plans that follow are the 910B's
     tiles = 2 if kernel == "mix_bwd" else 1  # the MIX backward visits every tile twice (phases X and W)
     per_tile = [(b - a) / (2 * tiles) for a, b in zip(out[0], out[1])]
     fixed = [a - 2 * tiles * t for a, t in zip(out[0], per_tile)]
@@ -132,9 +141,84 @@ def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes):
     return parts[bound], bound
 
 
+NAMES = ("old", "mix", "trio", "mix3", "onepass")
+NPU_TILE_BUDGET = 2 << 30  # bytes of kept logits per launch (the npu provider's default tile budget)
+
+
+def launch_rows(name: str, n: int, v: int, elt: int, budget: int = NPU_TILE_BUDGET) -> int:
+    """Rows per launch (driver token block) so the kept z (fp32, onepass) and dz (operand dtype) fit the budget."""
+    per_row = v * (elt + (4 if name == "onepass" else 0))
+    return max(128, min(n, budget // per_row // 128 * 128))
+
+
+def _gemm_time(out_rows: int, out_cols: int, k: int, peak_core: float) -> float:
+    """One big GEMM from GM (dX = dz W or dW = dz^T h): 128 x 256 output tiles dealt to the cores in waves, each
+    accumulating its whole K in L0C (one fixpipe write per tile)."""
+    tiles = math.ceil(out_rows / 128) * math.ceil(out_cols / 256)
+    return math.ceil(tiles / CUBE_CORES) * 2 * 128 * 256 * k / peak_core
+
+
+def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
+    """The 3-GEMM schedules of FusedLceGradMix (modelled per launch of ``launch_rows`` rows, summed over launches):
+      * mix3: the MIX forward; backward phase X computes z tiles (cube) and dz (vector, overlapped), keeps dz in GM,
+        then dX = dz W (K = V) and dW += dz^T h (K = rows) as two GEMMs from GM: 4 GEMMs with the forward;
+      * onepass: the gradients in the forward pass (the driver's keep / cache route, reduced losses): the MIX forward
+        keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same two GEMMs: 3 GEMMs in all.
+    dW is accumulated in the fp32 output across launches (read + written by the fixpipe after the first launch)."""
+    r_max = launch_rows(name, n, v, elt)
+    fwd = bwd = 0.0
+    bounds = set()
+    tc = tv = 0.0
+    for r0 in range(0, n, r_max):
+        r = min(r_max, n - r0)
+        pm = ops._twin_plan_mix(r, d, v, elt, 0, False)
+        bm, bn = pm[1], pm[2]
+        key = ("mix_fwd", bm, bn)
+        if key not in counted:
+            counted[key] = count_per_tile(ops, "mix_fwd", dtype, bm, bn)
+        mb, nbk = math.ceil(r / bm), math.ceil(v / bn)
+        t_cube = 2 * bm * bn * d / peak_core
+        t_fwd_vec = _vec_cycles(counted[key][0]) / CLOCK_HZ
+        waves = math.ceil(pm[8] / CUBE_CORES)
+        tiles_core = waves * math.ceil(nbk / pm[7])
+        keep = r * v * 4 if name == "onepass" else 0
+        f = _time(tiles_core, t_cube, t_fwd_vec, True, v * d * elt * waves + r * d * elt + keep,
+                  mb * nbk * bm * bn * 4 * 2)
+        # phase X: dz of every tile; the vector work per tile is the MIX backward's dz work (counted)
+        pg = ops._twin_plan_grad(r, d, v, elt, 0)
+        gkey = ("mix_bwd", pg[1], pg[2])
+        if gkey not in counted:
+            counted[gkey] = count_per_tile(ops, "mix_bwd", dtype, pg[1], pg[2])
+        gbm, gbn = pg[1], pg[2]
+        t_dz = _vec_cycles(counted[gkey][0]) / CLOCK_HZ
+        tiles_x = math.ceil(math.ceil(r / gbm) / CUBE_CORES) * math.ceil(v / gbn)
+        dz_bytes = r * v * elt
+        if name == "onepass":  # no GEMM: read the kept z, write dz
+            x = (tiles_x * t_dz, "vector")
+            x = max(x, (keep / HBM_BPS + dz_bytes / HBM_BPS, "hbm"))
+        else:
+            x = _time(tiles_x, 2 * gbm * gbn * d / peak_core, t_dz, True,
+                      v * d * elt * math.ceil(math.ceil(r / gbm) / CUBE_CORES) + r * d * elt + dz_bytes,
+                      math.ceil(r / gbm) * math.ceil(v / gbn) * gbm * gbn * 4 * 2)
+        # the two GEMMs from GM: dz read by each (through L2 per wave: taken once from HBM each), W / h read once,
+        # dX written once, dW read (after the first launch) and written
+        g_cube = _gemm_time(r, d, v, peak_core) + _gemm_time(v, d, r, peak_core)
+        g_hbm = (2 * dz_bytes + (v + r) * d * elt + r * d * 4 + v * d * 4 * (2 if r0 else 1)) / HBM_BPS
+        g = max((g_cube, "cube"), (g_hbm, "hbm"))
+        fwd += f[0]
+        bwd += x[0] + g[0]
+        bounds.add(f[1] + "/" + x[1] + "+" + g[1])
+        tc, tv = t_cube, t_dz
+    ws = r_max * v * (elt + (4 if name == "onepass" else 0))
+    return ((fwd, "|".join(sorted(bounds)).split("/")[0], tc, t_fwd_vec),
+            (bwd, "|".join(sorted(b.split("/", 1)[1] for b in bounds)), tc, tv),
+            {"rows_per_launch": r_max, "workspace_bytes": ws})
+
+
 def model_rows(ops):
     rows = []
     counted = {}
+    info = {}
     for dname, dtype in DTYPES.items():
         elt = torch.tensor([], dtype=dtype).element_size()
         peak_core = CUBE_PEAK[dname] / CUBE_CORES
@@ -187,7 +271,10 @@ def model_rows(ops):
                        mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8))
             res[("mix", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv)
             floor = 6 * n * d * v / CUBE_PEAK[dname]
-            for name in ("old", "mix", "trio"):
+            for name in ("mix3", "onepass"):
+                res[(name, "fwd")], res[(name, "bwd")], info[name] = three_gemm(
+                    ops, name, n, d, v, elt, peak_core, counted, dtype)
+            for name in NAMES:
                 f, b = res[(name, "fwd")], res[(name, "bwd")]
                 total = f[0] + b[0]
                 rows.append({"N": n, "D": d, "V": v, "dtype": dname, "kernels": name,
@@ -196,6 +283,7 @@ def model_rows(ops):
                              "ratio": round(total / floor, 3), "fwd_bound": f[1], "bwd_bound": b[1],
                              "fwd_tile_us": {"cube": round(f[2] * 1e6, 2), "vector": round(f[3] * 1e6, 2)},
                              "bwd_tile_us": {"cube": round(b[2] * 1e6, 2), "vector": round(b[3] * 1e6, 2)}})
+                rows[-1].update(info.get(name, {"rows_per_launch": n, "workspace_bytes": None}))
     return rows, counted
 
 
@@ -211,7 +299,7 @@ def main(argv=None) -> int:
     out = os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     meta = {"status": "modelled from twin counts; not run on NPU hardware",
-            "figures": {"cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ, "hbm_bps": HBM_BPS, "l2_bps": L2_BPS,
+            "figures": {"tile_budget_bytes": NPU_TILE_BUDGET, "cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ, "hbm_bps": HBM_BPS, "l2_bps": L2_BPS,
                         "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE, "vec_issue_cycles": VEC_ISSUE,
                         "scalar_cycles": SCALAR_CYCLES},
             "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]}": {"per_tile": v[0], "per_task": v[1]}
@@ -221,12 +309,19 @@ def main(argv=None) -> int:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu.md)", "",
              "| N | D | V | dtype | kernels | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
-             "bound (fwd/bwd; mix bwd: X/W) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "bound (fwd/bwd; mix bwd: X/W; 3-GEMM bwd: X+GEMMs) | rows per launch | kept GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        kept = "-" if r["workspace_bytes"] is None else round(r["workspace_bytes"] / 2**30, 2)
         lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['fwd_ms']} | "
                      f"{r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
-                     f"{r['fwd_bound']}/{r['bwd_bound']} |")
+                     f"{r['fwd_bound']}/{r['bwd_bound']} | {r['rows_per_launch']} | {kept} |")
+    lines += ["", "kernels: old = FusedLceStats / FusedLceGrad; mix = FusedLceStatsMix / FusedLceGradMix recomputing z "
+              "in both backward phases; trio = CANN's schedule; mix3 = the MIX forward + the 3-GEMM backward (dz kept "
+              "in GM between phase X and the dX / dW GEMMs); onepass = gradients in the forward pass (z kept from the "
+              "forward, 3 GEMMs in all; the driver's route for reduced losses). kept GiB: the z / dz bytes kept per "
+              "launch (the tile budget, "
+              f"{NPU_TILE_BUDGET / 2**30:g} GiB); '-': rings only, independent of N."]
     lines += ["", "Per-tile vector work counted on the twin (busiest vector core: instructions, UB bytes written, "
               "scalar ops):", ""]
     for k, v in counted.items():

@@ -180,11 +180,14 @@ def test_mix_work_counters(ops, part, seed):
 
 
 def test_mix_balances_the_last_wave_with_segments(ops, part, seed):
-    """More token blocks than cores but not a multiple: the planner splits the vocabulary so that the busiest core
-    gets fewer tiles (910B: 32 blocks on 24 cores -> 3 segments), and the merged statistics stay exact."""
+    """Token blocks not a multiple of the cores: the planner splits the vocabulary so that the busiest core gets
+    fewer tiles (910B: 32 blocks on 24 cores -> 3 segments; 18 blocks, 6 cores idle -> 4 segments, 72 tasks), and
+    the merged statistics stay exact."""
     part(HW_910B)
     plan = ops._twin_plan_mix(4096, 3584, 152064, 2, 0, False)
     assert plan[5] == 32 and plan[7] == 3 and plan[8] == 96, plan
+    plan = ops._twin_plan_mix(2304, 4096, 151936, 2, 0, False)
+    assert plan[5] == 18 and plan[7] == 4 and plan[8] == 72 and plan[9] == 24, plan
     assert ops._twin_plan_mix(3072, 64, 1000, 2, 0, False)[7] == 1  # 24 blocks: already balanced
     part(HW_TINY, sched_seed=seed)
     mb = ops._twin_plan_mix(4096, 16, 301, 2, 0, True)[1]  # the full tile height
