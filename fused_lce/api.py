@@ -77,8 +77,8 @@ def linear_cross_entropy(
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
         tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
             env ``FUSED_LCE_TILE_MB``, read once per call here so every backend means the same by it, else the
-            backend's own default: 256 MiB for torch/cpp on CPU, 1 GiB for torch on CUDA, planned from free
-            memory for triton; the AscendC kernels tile on-chip and ignore it). Lower it when a call runs out of
+            backend's own default: 256 MiB for torch/cpp on CPU, a quarter of free memory (1-8 GiB) for torch on
+            CUDA, planned from free memory for triton; the AscendC kernels tile on-chip and ignore it). Lower it when a call runs out of
             memory; the float32 gradient accumulators (``4 * (V*D + N*D + V)`` bytes) come on top.
 
     Returns:

@@ -5,7 +5,8 @@ Token blocks (planned here, run by the driver) are walked over vocabulary tiles.
 ``dX_blk += dz @ W_tile`` and ``dW_tile += dz.T @ h_blk`` into float32 accumulators. When the whole logits row
 block of a token block fits the tile budget and gradients follow, ``stats`` keeps its tiles for ``grads``
 (3 GEMM-equivalents in total); otherwise ``grads`` recomputes them (4). Extra memory: the tile budget
-(``Options.tile_bytes``, default 256 MiB on CPU, 1 GiB on CUDA, 512 MiB elsewhere) plus the float32 accumulators.
+(``Options.tile_bytes``; default 256 MiB on CPU, on CUDA a quarter of free memory between 1 and 8 GiB, 512 MiB
+elsewhere) plus the float32 accumulators.
 Only standard tensor ops, so it runs on CPU, CUDA and NPU (torch_npu) unchanged.
 
 On CUDA, tiles of at least ``COMPILE_MIN_LOGITS`` logits run the same per-tile arithmetic through
