@@ -266,13 +266,13 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
     """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
     docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
     calls = _adapter_calls()
-    assert set(calls) == {"FusedLceStats", "FusedLceGrad"}
+    assert set(calls) == {"FusedLceStats", "FusedLceGrad", "FusedLceStatsMix", "FusedLceGradMix"}
     attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
     for op, args in calls.items():
         d = driver.one(f"opdef={op}")
         want = ["c10::optional<Tensor>" if p["param"] == "optional" else "Tensor" for p in d["inputs"]]
         want += [attr_cpp[a["type"]] for a in d["attrs"]]
-        want += ["Tensor"] * len(d["outputs"])
+        want += ["c10::optional<Tensor>" if p["param"] == "optional" else "Tensor" for p in d["outputs"]]
         assert args == want, f"aclnn{op}: adapter passes {args}, the OpDef declares {want}"
         assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
 
