@@ -404,8 +404,8 @@ def test_mix_attributes_are_read_at_their_opdef_index(driver):
     for zsum, ent in ((1, 0), (0, 1), (1, 1)):
         r = driver.one(case("stats_mix", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
                             with_zsum=zsum, entropy=ent, label="i32"))
-        assert (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"]) == \
-            (123, 7.5, f32(0.8), zsum, ent, 4)
+        got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"])
+        assert got == (123, 7.5, f32(0.8), zsum, ent, 4)
 
 
 BAD_GRAD_MIX = [

@@ -31,6 +31,11 @@ constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kW
 constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3;
 }  // namespace grad_mix
 
+// a coefficient plane: float32 (N,)
+static bool plane_ok(const fused_lce_host::Input& in, int64_t n) {
+    return fused_lce_host::is_vector(in, n) && in.dtype == ge::DT_FLOAT;
+}
+
 static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
     namespace ft = fused_lce::tiling;
@@ -47,9 +52,8 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     uint64_t n = 0, d = 0, v = 0;
     if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
     const int64_t sn = static_cast<int64_t>(n);
-    const bool planesOk = fh::is_vector(a, sn) && a.dtype == ge::DT_FLOAT && fh::is_vector(t, sn) &&
-                          t.dtype == ge::DT_FLOAT && (!b.present || (fh::is_vector(b, sn) && b.dtype == ge::DT_FLOAT)) &&
-                          (!u.present || (fh::is_vector(u, sn) && u.dtype == ge::DT_FLOAT));
+    const bool planesOk = plane_ok(a, sn) && plane_ok(t, sn) && (!b.present || plane_ok(b, sn)) &&
+                          (!u.present || plane_ok(u, sn));
     if (!planesOk || !fh::is_vector(lse, sn) || lse.dtype != ge::DT_FLOAT)
         return fh::fail(ctx, "coef_a / coef_t (and coef_b / coef_u when given) and lse must be float32 (N,), N = %lld",
                         static_cast<long long>(sn));
