@@ -130,7 +130,9 @@ public:
         Output("logit_sum").ParamType(REQUIRED).DataType(f32).Format(nd);
         Output("argmax").ParamType(REQUIRED).DataType(i32).Format(nd);
         Output("entropy_stat").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);  // last: the z-cache path appends to it
+        // last: the z-cache path's logit cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its
+        // vocab_parallel_logits_out)
+        Output("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);
         Attr("vocab_start").AttrType(REQUIRED).Int();
         Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
         Attr("with_zsum").AttrType(OPTIONAL).Bool(false);
