@@ -1,4 +1,4 @@
-// Host adapter of the AscendC kernels (csrc/ascend) for torch_npu: two private kernel ops and nothing else.
+// Host adapter of the AscendC kernels (csrc/ascend) for torch_npu: four private kernel ops and nothing else.
 // Status: compiled and linked against the torch-npu wheel's headers and libtorch_npu.so in CI
 // (tests/npu/test_npu_adapter_build.py), never loaded, not run on hardware.
 //
@@ -6,6 +6,9 @@
 //                             z = softcap(logits) / temperature; the entropy statistic ez with with_entropy)
 //   fused_lce::_npu_grads  -> aclnnFusedLceGrad  (float32 dX / dW / db of dz = p (a + b z) - t onehot - u from the
 //                             driver's per-token coefficients, (4, N) float32)
+//   fused_lce::_npu_stats_mix -> aclnnFusedLceStatsMix, fused_lce::_npu_grads_mix -> aclnnFusedLceGradMix: the
+//                             cube-driven MIX kernels (deterministic backward), the contracts of the twin's
+//                             _twin_stats_mix / _twin_grads_mix; fused_lce/backends/npu.py picks old or mix
 //
 // Both are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run
@@ -171,6 +174,94 @@ Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weigh
     return {dx, dw, db};
 }
 
+// ---- the cube-driven MIX kernels (FusedLceStatsMix / FusedLceGradMix, issue 13) --------------------------------
+// Same contracts as the twin's fused_lce::_twin_stats_mix / _twin_grads_mix (tests/ascend/twin_ops.cpp), so the
+// provider calls both the same way. Their planner carries vocabulary ids (and, in the backward, row offsets) as
+// exact floats: V (and N for the backward) must be < 2^24 (fused_lce_mix_tiling.h kMaxLocalVocab).
+constexpr int64_t kMixMaxIds = int64_t(1) << 24;
+
+// Per-token local statistics as _npu_stats, from the MIX forward. The kernel writes all six outputs on every launch
+// (sum of logits 0 without with_zsum, ez 0 without with_ez), so ez is always (N,). The OpDef's optional z_cache
+// output (the z-cache path's logit cache) is passed as absent.
+Tensor6 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+                      const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
+                      bool with_ez) {
+    const char* op = "fused_lce::_npu_stats_mix";
+    check_problem(op, hidden, weight, bias, labels, vocab_start);
+    TORCH_CHECK(weight.size(0) < kMixMaxIds, op, ": the MIX kernels need fewer than 2^24 vocabulary rows per rank "
+                "(ids travel as exact floats), got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
+    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
+                softcap);
+    check_temperature(op, temperature);
+    const c10::OptionalDeviceGuard guard(device_of(hidden));
+    const int64_t n = hidden.size(0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    Tensor m = at::empty({n}, f32);
+    Tensor s = at::empty({n}, f32);
+    Tensor zt = at::empty({n}, f32);
+    Tensor zs = at::empty({n}, f32);
+    Tensor amax_local = at::empty({n}, hidden.options().dtype(at::kInt));
+    Tensor ez = at::empty({n}, f32);
+    if (n > 0) {
+        Tensor h = hidden.contiguous();
+        Tensor w = weight.contiguous();
+        Tensor y = labels.contiguous();
+        c10::optional<Tensor> b = contiguous_or_none(bias);
+        const c10::optional<Tensor> z_cache = c10::nullopt;  // optional output, absent: no logit cache
+        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsMix, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_ez, m,
+                         s, zt, zs, amax_local, ez, z_cache);
+    }
+    Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
+    return {m, s, zt, zs, amax, ez};
+}
+
+// float32 gradients as _npu_grads from the deterministic MIX backward, with the driver's coefficient planes given one
+// by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). The OpDef's optional
+// z_cache input (after lse) is passed as absent: the logits are recomputed.
+Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+                      const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
+                      const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
+                      double softcap, double temperature, std::array<bool, 3> grad_mask) {
+    const char* op = "fused_lce::_npu_grads_mix";
+    check_problem(op, hidden, weight, bias, labels, vocab_start);
+    TORCH_CHECK(weight.size(0) < kMixMaxIds && hidden.size(0) < kMixMaxIds, op,
+                ": the MIX backward needs N and V each below 2^24 per launch (row offsets and ids travel as exact "
+                "floats), got N=", hidden.size(0), " V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
+    check_vector(op, "lse", lse, hidden);
+    check_vector(op, "a", a, hidden);
+    check_vector(op, "t", t, hidden);
+    if (has(b)) check_vector(op, "b", *b, hidden);
+    if (has(u)) check_vector(op, "u", *u, hidden);
+    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
+                softcap);
+    check_temperature(op, temperature);
+    const c10::OptionalDeviceGuard guard(device_of(hidden));
+    const bool has_bias = has(bias);
+    const int64_t mask = (grad_mask[0] ? kMaskHidden : 0) | (grad_mask[1] ? kMaskWeight : 0) |
+                         (grad_mask[2] && has_bias ? kMaskBias : 0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    // the cube accumulates into the outputs through the fixpipe (each element by one core): they start at zero
+    Tensor dx = (mask & kMaskHidden) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
+    Tensor dw = (mask & kMaskWeight) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    Tensor db = (mask & kMaskBias) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
+    if (mask != 0 && hidden.size(0) > 0) {
+        auto plane = [](const Tensor& x) { return x.to(at::kFloat).contiguous(); };
+        Tensor ca = plane(a);
+        Tensor ct = plane(t);
+        c10::optional<Tensor> cb = has(b) ? c10::optional<Tensor>(plane(*b)) : c10::nullopt;
+        c10::optional<Tensor> cu = has(u) ? c10::optional<Tensor>(plane(*u)) : c10::nullopt;
+        Tensor l = plane(lse);
+        Tensor h = hidden.contiguous();
+        Tensor w = weight.contiguous();
+        Tensor y = labels.contiguous();
+        c10::optional<Tensor> bb = contiguous_or_none(bias);
+        const c10::optional<Tensor> z_cache = c10::nullopt;  // optional input, absent: recompute the logits
+        EXEC_NPU_CMD_EXT(aclnnFusedLceGradMix, ca, ct, cb, cu, h, w, bb, y, l, z_cache, vocab_start, softcap,
+                         temperature, mask, dx, dw, db);
+    }
+    return {dx, dw, db};
+}
+
 }  // namespace fused_lce_npu
 
 // The namespace is defined by the Python package (torch.library.Library("fused_lce", "DEF")): add a fragment with the
@@ -180,9 +271,16 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
           "bool with_zsum, float temperature, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
     m.def("_npu_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
           "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
+    m.def("_npu_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
+          "float temperature, bool with_zsum, bool with_ez) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+    m.def("_npu_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
+          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> "
+          "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fused_lce, PrivateUse1, m) {
     m.impl("_npu_stats", &fused_lce_npu::npu_stats);
     m.impl("_npu_grads", &fused_lce_npu::npu_grads);
+    m.impl("_npu_stats_mix", &fused_lce_npu::npu_stats_mix);
+    m.impl("_npu_grads_mix", &fused_lce_npu::npu_grads_mix);
 }

@@ -259,12 +259,19 @@ def first_failing_step_is_reported():
         assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
-    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter
+    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with
+    # FUSED_LCE_NPU_KERNELS=mix the MIX kernels' symbols are required too, and a bad value is the reason
+    old, mix = npu_ascendc.ACLNN_SYMBOLS, npu_ascendc.MIX_ACLNN_SYMBOLS
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
-        for k, (syms, expect) in enumerate((
-                (npu_ascendc.ACLNN_SYMBOLS[:2], "aclnn symbol(s) aclnnFusedLceGradGetWorkspaceSize"),
-                (npu_ascendc.ACLNN_SYMBOLS, "host adapter fused_lce._npu_C not built"))):
+        for k, (syms, kernels, expect) in enumerate((
+                (old[:2], "", "aclnn symbol(s) aclnnFusedLceGradGetWorkspaceSize"),
+                (old, "", "host adapter fused_lce._npu_C not built"),
+                (old, "old", "host adapter fused_lce._npu_C not built"),
+                (old, "mix", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize, aclnnFusedLceStatsMix, "),
+                (old + mix, "mix", "host adapter fused_lce._npu_C not built"),
+                (old + mix, "cube", "FUSED_LCE_NPU_KERNELS: expected one of ('old', 'mix'), got 'cube'"))):
+            os.environ["FUSED_LCE_NPU_KERNELS"] = kernels
             vendor = os.path.join(tmp, str(k), "vendors", "fused_lce")  # a new path: dlopen caches by name
             libdir = os.path.join(vendor, "op_api", "lib")
             os.makedirs(libdir)
@@ -277,6 +284,7 @@ def first_failing_step_is_reported():
                 assert reasons()[0].startswith(expect), reasons()[0]
             finally:
                 del os.environ["ASCEND_CUSTOM_OPP_PATH"]
+                del os.environ["FUSED_LCE_NPU_KERNELS"]
     npu_ascendc.PROVIDER.reset()
 
 

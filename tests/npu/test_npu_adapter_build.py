@@ -31,11 +31,15 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
     syms = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True).stdout
-    # the two private kernel ops and nothing else (issue 11: routing and reductions live in Python)
-    assert "npu_stats" in syms and "npu_grads" in syms
+    # the four private kernel ops (old and MIX kernels) and nothing else (issue 11: routing and reductions live in
+    # Python)
+    assert "npu_stats" in syms and "npu_grads" in syms and "npu_stats_mix" in syms and "npu_grads_mix" in syms
     assert "forward_npu" not in syms and "backward_npu" not in syms
-    blob = open(so, "rb").read()  # schema strings: exactly the two private ops are defined, no routing glue
+    blob = open(so, "rb").read()  # schema strings: exactly the four private ops are defined, no routing glue
     assert b"_npu_stats(Tensor hidden" in blob and b"_npu_grads(Tensor coefs" in blob
+    # the MIX ops have the twin ops' contracts (tests/ascend/twin_ops.cpp _twin_stats_mix / _twin_grads_mix)
+    assert b"_npu_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
+    assert b"_npu_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a" in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP
@@ -56,3 +60,27 @@ def test_adapter_flags_match_op_plugin_versioning():
     _, minor = nb.torch_release()
     assert ("CURRENT_VERSION", str(minor - 1)) in f["define_macros"]
     assert "/x/torch_npu/include/third_party/op-plugin/op_plugin/include" in f["include_dirs"]
+
+
+def _schemas(path: str, prefix: str) -> dict:
+    """{op name without prefix: schema after the name} of the m.def(...) strings of a C++ source."""
+    import re
+
+    code = open(path).read()
+    out = {}
+    for m in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)', code):
+        schema = "".join(re.findall(r'"([^"]*)"', m.group(1)))
+        name, rest = schema.split("(", 1)
+        if name.startswith(prefix):
+            out[name[len(prefix):]] = rest
+    return out
+
+
+def test_mix_adapter_ops_have_the_twin_ops_contracts():
+    """_npu_stats_mix / _npu_grads_mix take exactly the arguments of the twin's _twin_stats_mix / _twin_grads_mix,
+    so fused_lce/backends/npu.py calls both alike (the twin provider runs the same Python over the twin ops)."""
+    adapter = _schemas(os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp"), "_npu_")
+    twin = _schemas(os.path.join(ROOT, "tests", "ascend", "twin_ops.cpp"), "_twin_")
+    assert {"stats", "grads", "stats_mix", "grads_mix"} <= set(adapter)
+    for op in ("stats_mix", "grads_mix"):
+        assert adapter[op] == twin[op], f"_npu_{op}({adapter[op]} != _twin_{op}({twin[op]}"

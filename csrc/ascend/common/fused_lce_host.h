@@ -159,19 +159,26 @@ inline bool gemm_tiling(const platform_ascendc::PlatformAscendC& plat, ge::DataT
     return ok && api.GetTiling(out) != -1;
 }
 
-// Sets the launch outputs shared by both ops: block dim (MIX kernel: number of AI cores, each with its vector cores),
-// batch scheduling, and the workspace (the Matmul library's system workspace + the plan's).
+// Sets the launch outputs shared by every op: block dim (MIX kernel, KERNEL_TYPE_MIX_AIC_1_2: the number of AI cores,
+// each one cube with its two vector cores; asc-devkit CV融合/算子实现.md, 分离模式: the block count is the number of
+// AIC + AIV combinations used), batch scheduling, and the workspace (the Matmul library's system workspace + the
+// plan's user workspace).
 inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
-                                     const fused_lce::tiling::Plan& plan) {
-    const uint32_t block_dim = plan.used_cores > 0 ? plan.used_cores : 1u;
+                                     uint32_t used_cores, uint64_t user_ws) {
+    const uint32_t block_dim = used_cores > 0 ? used_cores : 1u;
     if (ctx->SetBlockDim(block_dim) != ge::GRAPH_SUCCESS) return fail(ctx, "SetBlockDim failed");
     if (ctx->SetScheduleMode(kBatchScheduleMode) != ge::GRAPH_SUCCESS) return fail(ctx, "SetScheduleMode failed");
     size_t* ws = ctx->GetWorkspaceSizes(1);
     if (ws == nullptr) return fail(ctx, "no workspace slot");
     const uint64_t lib = plat.GetLibApiWorkSpaceSize();
-    if (plan.ws_total > static_cast<uint64_t>(SIZE_MAX) - lib) return fail(ctx, "workspace size overflows size_t");
-    ws[0] = static_cast<size_t>(lib + plan.ws_total);
+    if (user_ws > static_cast<uint64_t>(SIZE_MAX) - lib) return fail(ctx, "workspace size overflows size_t");
+    ws[0] = static_cast<size_t>(lib + user_ws);
     return ge::GRAPH_SUCCESS;
+}
+
+inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
+                                     const fused_lce::tiling::Plan& plan) {
+    return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
 }  // namespace fused_lce_host

@@ -49,8 +49,20 @@ MODELLED = {
 }
 
 
-def test_the_two_op_host_sources_are_checked():
-    assert IDS == ["fused_lce_grad/op_host/fused_lce_grad.cpp", "fused_lce_stats/op_host/fused_lce_stats.cpp"]
+def test_the_four_op_host_sources_are_checked():
+    assert IDS == ["fused_lce_grad/op_host/fused_lce_grad.cpp", "fused_lce_grad/op_host/fused_lce_grad_mix.cpp",
+                   "fused_lce_stats/op_host/fused_lce_stats.cpp", "fused_lce_stats/op_host/fused_lce_stats_mix.cpp"]
+
+
+def test_cmake_builds_every_op_host_source_and_kernel():
+    """csrc/ascend/CMakeLists.txt lists each op_host source (opbuild and the TILING / GRAPH libraries) and each op's
+    kernel file; an op_host source checked here but missing there would never reach the package."""
+    cmake = open(os.path.join(ASCEND, "CMakeLists.txt")).read()
+    for src in IDS:
+        assert "${CMAKE_CURRENT_SOURCE_DIR}/" + src in cmake, src
+    for op, kernel in (("FusedLceStats", "fused_lce_stats.cpp"), ("FusedLceGrad", "fused_lce_grad.cpp"),
+                       ("FusedLceStatsMix", "fused_lce_stats_mix.cpp"), ("FusedLceGradMix", "fused_lce_grad_mix.cpp")):
+        assert re.search(rf"OP_TYPE {op}\s+KERNEL_DIR \w+/op_kernel\s+KERNEL_FILE {kernel}", cmake), op
 
 
 @pytest.mark.parametrize("src", OP_HOST_SOURCES, ids=IDS)
@@ -111,7 +123,7 @@ def test_opbuild_mode_registers_the_same_opdefs(cxx, tmp_path, driver):
     """OP_ADD without OP_TILING_LIB / OP_PROTO_LIB (what opbuild's libascend_all_ops.so is built as) registers the op
     definitions opbuild generates the aclnn API from; they are the ones the tiling library sees."""
     opbuild = build_driver(cxx, str(tmp_path), None, "opbuild_driver")
-    for op in ("FusedLceStats", "FusedLceGrad"):
+    for op in ("FusedLceStats", "FusedLceGrad", "FusedLceStatsMix", "FusedLceGradMix"):
         seen = [subprocess.run([exe], input=f"opdef={op}\n", capture_output=True, text=True).stdout.strip()
                 for exe in (opbuild, driver.exe)]
         assert '"error"' not in seen[0] and seen[0] == seen[1], seen

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import struct
 
 import pytest
 
@@ -265,12 +266,194 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
     """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
     docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
     calls = _adapter_calls()
-    assert set(calls) == {"FusedLceStats", "FusedLceGrad"}
+    assert set(calls) == {"FusedLceStats", "FusedLceGrad", "FusedLceStatsMix", "FusedLceGradMix"}
     attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
     for op, args in calls.items():
         d = driver.one(f"opdef={op}")
         want = ["c10::optional<Tensor>" if p["param"] == "optional" else "Tensor" for p in d["inputs"]]
         want += [attr_cpp[a["type"]] for a in d["attrs"]]
-        want += ["Tensor"] * len(d["outputs"])
+        want += ["c10::optional<Tensor>" if p["param"] == "optional" else "Tensor" for p in d["outputs"]]
         assert args == want, f"aclnn{op}: adapter passes {args}, the OpDef declares {want}"
         assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
+
+
+# ---- the cube-driven MIX ops (FusedLceStatsMix / FusedLceGradMix) --------------------------------------------------
+MIX_KERNELS = {"FusedLceStatsMix": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_mix.cpp"),
+               "FusedLceGradMix": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_mix.cpp")}
+
+
+def f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def mix_grid(op: str, count: int, rng: random.Random) -> list[str]:
+    """The old ops' grid for the MIX ops, plus their own options (coef_b / coef_u present or not)."""
+    out = []
+    for line in grid(op.replace("_mix", ""), count, rng):
+        line = line.replace(f"op={op.replace('_mix', '')} ", f"op={op} ", 1)
+        if op == "grad_mix":
+            line += f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
+        out.append(line)
+    return out
+
+
+def mix_problems(line: str, r: dict) -> list[str]:
+    """Every way the MIX tiling's result disagrees with the planner of fused_lce_mix_tiling.h (what the twin kernels
+    run with) and what the kernels and the runtime need."""
+    c = words(line)
+    grad = c["op"] == "grad_mix"
+    e = r["expected_plan"]
+    bad = []
+
+    def want(cond, msg):
+        if not cond:
+            bad.append(f"{line}: {msg}")
+
+    want(r["sizeof_td"] <= TILING_CAPACITY == r["tiling_capacity"], f"tiling data {r['sizeof_td']} B > buffer")
+    if e["status"] != 0:
+        want(r["status"] == "failed", f"plan status {e['status']} but the tiling succeeded")
+        want(not r["block_dim_set"] and not r["workspace_set"], "a failed tiling set launch values")
+        return bad
+    want(r["status"] == "ok", "tiling failed on a problem the planner accepts")
+    if r["status"] != "ok":
+        return bad
+    p = r["plan"]
+    want(r["plan_bytes_equal"] and p == e, f"tiling data plan != the planner's: {p} vs {e}")
+    want(r["tiling_size"] == r["sizeof_td"], "tiling data size not declared")
+    want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
+    used = e["base"]["used_cores"]
+    want(r["block_dim_set"] and r["block_dim"] == max(1, used), f"block dim {r['block_dim']} != used cores {used}")
+    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (the MIX kernel runs one block per AI core)")
+    want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
+    want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + e["ws_total"]],
+         f"workspaces {r['workspaces']} != [{r['lib_ws']} + {e['ws_total']}]")
+    want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
+    want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
+    want(f32(r["invTemperature"]) == f32(1.0 / f32(float(c["temperature"]))), f"invTemperature {r['invTemperature']}")
+    want(r["hasBias"] == int(c["bias"]), "hasBias")
+    b = e["base"]
+    bm, bn, d = b["base_m"], b["base_n"], b["d"]
+    if grad:
+        want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
+        want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
+        gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
+    else:
+        want(r["withZsum"] == int(c["with_zsum"]) and r["withEz"] == int(c["entropy"]), "withZsum / withEz")
+        want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']}")
+        gemms = {"mmLogits": (bm, bn, d, bm, bn)}
+        if e["base"]["segments"] > 1:  # six partial planes per token and segment
+            want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
+    for name, (m_, n_, k_, tbm, tbn) in gemms.items():
+        t = r[name]
+        if b["n"] == 0:
+            want(all(v == 0 for v in t.values()), f"{name} set although no tile runs")
+            continue
+        got = (t["M"], t["N"], t["Ka"], t["singleCoreM"], t["singleCoreN"], t["singleCoreK"], t["baseM"], t["baseN"])
+        want(got == (m_, n_, k_, m_, n_, k_, tbm, tbn), f"{name} {got} != {(m_, n_, k_, m_, n_, k_, tbm, tbn)}")
+        want(t["isBias"] == 0 and t["usedCoreNum"] == 1 and t["baseK"] > 0, f"{name} {t}")
+    return bad
+
+
+@pytest.mark.parametrize("op", ["stats_mix", "grad_mix"])
+def test_mix_tiling_on_a_grid_of_problems(op, driver):
+    """Odd shapes, every dtype and label dtype, bias / softcap / temperature / sum of logits / entropy / coef_b /
+    coef_u / grad masks, four parts: the tiling data is the planner's plan (bytewise), launch values as required."""
+    rng = random.Random(SEED + 1)
+    lines = mix_grid(op, 300, rng)
+    outs = driver(lines)
+    bad = [m for line, r in zip(lines, outs) for m in mix_problems(line, r)]
+    assert not bad, f"seed {SEED}: {len(bad)} problems, first ones:\n" + "\n".join(bad[:12])
+    ok = [r for r in outs if r["status"] == "ok"]
+    assert len(ok) > 0.7 * len(outs)
+    assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1 for r in ok)
+    if op == "stats_mix":
+        assert any(r["plan"]["base"]["segments"] > 1 for r in ok)
+    # the planner's own refusals (V_local >= 2^24, and N >= 2^24 for the backward) fail the tiling cleanly
+    refused = [case(op, n=37, d=16, v=1 << 24)] + ([case(op, n=1 << 24, d=16, v=301)] if op == "grad_mix" else [])
+    assert all(r["status"] == "failed" and not r["block_dim_set"] for r in driver(refused))
+
+
+def test_mix_batch_mode_for_the_kernels_that_sync_all_cores(driver):
+    """Both MIX kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode always."""
+    for op, src in MIX_KERNELS.items():
+        code = re.sub(r"//[^\n]*", "", open(src).read())
+        assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"
+        assert "KERNEL_TYPE_MIX_AIC_1_2" in code, f"{op}: the block dim set here assumes a 1:2 MIX kernel"
+    lines = [case(op, part, n, 128, 151936, bias=1) for part in PARTS for n in (1, 200) for op in ("stats_mix",
+                                                                                                   "grad_mix")]
+    for line, r in zip(lines, driver(lines)):
+        assert r["status"] == "ok" and r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, line
+
+
+@pytest.mark.parametrize("absent", ["bias", "coef_b", "coef_u", "coef_b coef_u bias"])
+@pytest.mark.parametrize("label", ["i32", "i64"])
+def test_mix_grad_inputs_after_the_optional_ones_are_read_by_ir_index(absent, label, driver):
+    kw = {"bias": int("bias" not in absent), "coef_b": int("coef_b" not in absent),
+          "coef_u": int("coef_u" not in absent)}
+    r = driver.one(case("grad_mix", n=300, d=256, v=5000, label=label, **kw))
+    assert r["status"] == "ok", r
+    assert (r["hasBias"], r["hasB"], r["hasU"]) == (kw["bias"], kw["coef_b"], kw["coef_u"])
+    # hidden / weight read at their IR index: the plan is that of (300, 256, 5000)
+    assert (r["plan"]["base"]["n"], r["plan"]["base"]["d"], r["plan"]["base"]["v"]) == (300, 256, 5000)
+
+
+def test_mix_attributes_are_read_at_their_opdef_index(driver):
+    r = driver.one(case("grad_mix", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
+                        vocab_start=3000))
+    assert (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["gradMask"]) == (3000, 12.5, f32(1.6), 5)
+    for zsum, ent in ((1, 0), (0, 1), (1, 1)):
+        r = driver.one(case("stats_mix", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
+                            with_zsum=zsum, entropy=ent, label="i32"))
+        got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"])
+        assert got == (123, 7.5, f32(0.8), zsum, ent, 4)
+
+
+BAD_GRAD_MIX = [
+    ("coef_a length", dict(shape__coef_a="36")),
+    ("coef_t 2-D", dict(shape__coef_t="1,37")),
+    ("coef_b dtype", dict(dtype__coef_b="bf16")),
+    ("coef_u length", dict(shape__coef_u="38")),
+    ("lse dtype", dict(dtype__lse="bf16")),
+    ("z_cache given", dict(z_cache=1)),
+    ("grad_mask > 7", dict(mask=8)),
+]
+ALL_BAD_MIX = [("stats_mix: " + w, k) for w, k in BAD] + [("grad_mix: " + w, k) for w, k in BAD + BAD_GRAD_MIX]
+
+
+@pytest.mark.parametrize("what,kw", ALL_BAD_MIX, ids=[w for w, _ in ALL_BAD_MIX])
+def test_mix_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
+    r = driver.one(case(what.split(":")[0], **kw))
+    assert r["status"] == "failed", f"{what}: tiling accepted {r}"
+    assert r["block_dim_set"] is False and r["workspace_set"] is False
+
+
+def test_mix_inferred_shapes_and_dtypes(driver):
+    r = driver.one("infer " + case("stats_mix", n=37, d=45, v=301))
+    assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 6 + [[37, 301]]
+    assert r["dtypes"] == [0, 0, 0, 0, 3, 0, 0]
+    for bias in (0, 1):
+        r = driver.one("infer " + case("grad_mix", n=37, d=45, v=301, bias=bias, coef_b=0))
+        assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
+        assert r["dtypes"] == [0, 0, 0]
+    for op, kw in (("stats_mix", dict(shape__hidden="37")), ("grad_mix", dict(shape__weight="301"))):
+        assert not driver.one("infer " + case(op, **kw))["shape_ok"]
+
+
+def test_mix_opdefs_declare_the_kernels_arguments(driver):
+    """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch passes
+    them so): compare with the extern "C" signature of each MIX kernel; the z-cache slots (z_cache, optional: the
+    last output of the forward, right after lse in the backward) may be ahead of the kernel."""
+    for op, src in MIX_KERNELS.items():
+        code = open(src).read()
+        sig = re.search(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', code).group(1)
+        params = [p.split()[-1] for p in sig.split(",")][:-2]  # drop workspace, tiling
+        d = driver.one(f"opdef={op}")
+        names = [p["name"] for p in d["inputs"]] + [p["name"] for p in d["outputs"]]
+        names = [x for x in names if x != "z_cache" or len(params) == len(names)]
+        assert len(params) == len(names), f"{op}: kernel takes {params}, OpDef declares {names}"
+        assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
+        opt = {p["name"] for p in d["inputs"] + d["outputs"] if p["param"] == "optional"}
+        assert "z_cache" in opt and "bias" in opt
+        types = {tuple(p["dtypes"]) for p in d["inputs"] if p["name"] in ("hidden", "weight", "bias")}
+        assert types == {(27, 1, 0, 27, 1, 0)}  # bf16, fp16, fp32 x int64 / int32 labels
+        assert [p["dtypes"] for p in d["inputs"] if p["name"] == "labels"] == [[9, 9, 9, 3, 3, 3]]

@@ -1,9 +1,11 @@
-// Runs the real op_host tiling / inference functions of FusedLceStats and FusedLceGrad (linked in, registered by
-// their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for tests/ascend/host/test_host_tiling.py.
+// Runs the real op_host tiling / inference functions of FusedLceStats, FusedLceGrad and the MIX ops FusedLceStatsMix,
+// FusedLceGradMix (linked in, registered by their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for
+// tests/ascend/host/test_host_tiling.py.
 //
 // stdin: one case per line, `key=value` words:
-//   op=stats|grad part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1 softcap= temperature=
-//   mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   op=stats|grad|stats_mix|grad_mix part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
+//   softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1] [coef_u=0|1]
+//   [z_cache=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -11,6 +13,7 @@
 // `opdef <Type>` prints the recorded OpDef. `infer ...` (same keys) prints the inferred output shapes / dtypes.
 #include <cstdio>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -20,10 +23,12 @@
 
 #include "twin_host_runtime.h"
 
+#include "fused_lce_mix_tiling_data.h"
 #include "fused_lce_tiling_data.h"
 
 namespace th = fused_lce_twin_host;
 namespace ft = fused_lce::tiling;
+namespace fm = fused_lce::mix;
 
 namespace {
 
@@ -76,8 +81,12 @@ struct Case {
 
 Case build(const std::map<std::string, std::string>& kv) {
     Case c;
-    const bool grad = get(kv, "op", "stats") == "grad";
-    c.type = grad ? "FusedLceGrad" : "FusedLceStats";
+    const std::string kind = get(kv, "op", "stats");
+    const bool grad = kind == "grad" || kind == "grad_mix";
+    const std::map<std::string, std::string> types = {{"stats", "FusedLceStats"}, {"grad", "FusedLceGrad"},
+                                                      {"stats_mix", "FusedLceStatsMix"},
+                                                      {"grad_mix", "FusedLceGradMix"}};
+    c.type = types.at(kind);
     c.part = th::part(get(kv, "part", "Ascend910B2"));
     const int64_t n = std::stoll(get(kv, "n", "1")), d = std::stoll(get(kv, "d", "1")),
                   v = std::stoll(get(kv, "v", "1"));
@@ -92,6 +101,11 @@ Case build(const std::map<std::string, std::string>& kv) {
     by_name["bias"] = th::TensorArg{bias, {v}, dt};
     by_name["labels"] = th::TensorArg{true, {n}, lt};
     by_name["lse"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    by_name["coef_a"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    by_name["coef_t"] = th::TensorArg{true, {n}, ge::DT_FLOAT};
+    by_name["coef_b"] = th::TensorArg{get(kv, "coef_b", "1") == "1", {n}, ge::DT_FLOAT};
+    by_name["coef_u"] = th::TensorArg{get(kv, "coef_u", "1") == "1", {n}, ge::DT_FLOAT};
+    by_name["z_cache"] = th::TensorArg{get(kv, "z_cache", "0") == "1", {n, v}, ge::DT_FLOAT};
     for (const auto& e : kv) {
         if (e.first.compare(0, 6, "shape.") == 0) by_name.at(e.first.substr(6)).shape = dims_of(e.second);
         if (e.first.compare(0, 6, "dtype.") == 0) by_name.at(e.first.substr(6)).dtype = dtype_of(e.second);
@@ -156,13 +170,10 @@ std::string cube_json(const AscendC::tiling::TCubeTiling& t) {
     return o.str();
 }
 
-void run_case(const std::map<std::string, std::string>& kv) {
-    const Case c = build(kv);
-    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
-    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
-    const size_t td_size = sizeof(FusedLceTilingData);
-    std::ostringstream o;
-    o << std::boolalpha;
+// What the tiling set for the launch (shared by every op): status, block dim, schedule mode, workspaces, and whether
+// the first td_size bytes of the tiling data are the same after runs on two differently poisoned buffers.
+void launch_json(std::ostringstream& o, const Case& c, const th::TilingResult& r, const th::TilingResult& r2,
+                 size_t td_size) {
     o << "{\"op\":\"" << c.type << "\",\"status\":\"" << (r.status == ge::GRAPH_SUCCESS ? "ok" : "failed") << "\""
       << ",\"sizeof_td\":" << td_size << ",\"tiling_capacity\":" << r.tiling_capacity
       << ",\"tiling_size\":" << r.tiling_size << ",\"block_dim_set\":" << r.block_dim_set
@@ -176,6 +187,86 @@ void run_case(const std::map<std::string, std::string>& kv) {
     const bool same = r.tiling_data.size() >= td_size && r2.tiling_data.size() >= td_size &&
                       std::memcmp(r.tiling_data.data(), r2.tiling_data.data(), td_size) == 0;
     o << ",\"td_deterministic\":" << same;
+}
+
+// The MIX ops: the tiling data against plan_stats() / plan_grad() of fused_lce_mix_tiling.h on the part's memories
+// (the planner the twin kernels run with), bytewise for the whole MixPlan / MixGradPlan.
+template <typename MP>
+std::string mix_plan_json(const MP& m) {
+    std::ostringstream o;
+    o << "{\"base\":" << plan_json(m.base) << ",\"slot_stride\":" << m.slot_stride << ",\"ub_end\":" << m.ub_end
+      << ",\"ws_total\":" << m.ws_total << ",\"ws_ring\":" << m.ws_ring << ",\"status\":" << m.status;
+    return o.str();
+}
+
+void run_mix_case(const Case& c) {
+    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
+    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
+    const bool grad = c.type == "FusedLceGradMix";
+    const size_t td_size = grad ? sizeof(FusedLceGradMixTilingData) : sizeof(FusedLceMixTilingData);
+    std::ostringstream o;
+    o << std::boolalpha << std::setprecision(9);  // float32 attributes round-trip exactly
+    launch_json(o, c, r, r2, td_size);
+    const th::TensorArg& h = c.inputs[grad ? 4 : 0];
+    const th::TensorArg& w = c.inputs[grad ? 5 : 1];
+    const bool bias = c.inputs[grad ? 6 : 2].present;
+    const bool ok = r.status == ge::GRAPH_SUCCESS && r.tiling_data.size() >= td_size;
+    if (h.shape.size() == 2 && w.shape.size() == 2) {
+        const uint64_t n = static_cast<uint64_t>(h.shape[0]), d = static_cast<uint64_t>(h.shape[1]),
+                       v = static_cast<uint64_t>(w.shape[0]);
+        const uint32_t elt = h.dtype == ge::DT_FLOAT ? 4u : 2u;
+        uint32_t flags = (bias ? ft::kBias : 0u) | (c.attrs.at("softcap").f > 0 ? ft::kSoftcap : 0u);
+        if (grad) {
+            const fm::MixGradPlan e = fm::plan_grad(n, d, v, elt, flags, expected_hw(c.part));
+            o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_dz\":" << e.ws_dz
+              << ",\"ws_db\":" << e.ws_db << "}";
+            if (ok) {
+                FusedLceGradMixTilingData td;
+                std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
+                o << ",\"plan\":" << mix_plan_json(td.plan) << ",\"ws_dz\":" << td.plan.ws_dz
+                  << ",\"ws_db\":" << td.plan.ws_db << "}"
+                  << ",\"plan_bytes_equal\":" << (std::memcmp(&td.plan, &e, sizeof(e)) == 0)
+                  << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
+                  << ",\"invTemperature\":" << td.invTemperature << ",\"gradMask\":" << td.gradMask
+                  << ",\"hasBias\":" << td.hasBias << ",\"hasB\":" << td.hasB << ",\"hasU\":" << td.hasU
+                  << ",\"mmZ\":" << cube_json(td.mmZ) << ",\"mmDx\":" << cube_json(td.mmDx)
+                  << ",\"mmDw\":" << cube_json(td.mmDw);
+            }
+        } else {
+            if (c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
+            const bool ez = c.attrs.at("with_entropy").b;
+            const fm::MixPlan e = fm::plan_stats(n, d, v, elt, flags, ez, expected_hw(c.part));
+            o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_stats\":" << e.ws_stats
+              << "}";
+            if (ok) {
+                FusedLceMixTilingData td;
+                std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
+                o << ",\"plan\":" << mix_plan_json(td.plan) << ",\"ws_stats\":"
+                  << td.plan.ws_stats << "}"
+                  << ",\"plan_bytes_equal\":" << (std::memcmp(&td.plan, &e, sizeof(e)) == 0)
+                  << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
+                  << ",\"invTemperature\":" << td.invTemperature << ",\"withZsum\":" << td.withZsum
+                  << ",\"withEz\":" << td.withEz << ",\"hasBias\":" << td.hasBias
+                  << ",\"labelBytes\":" << td.labelBytes << ",\"mmLogits\":" << cube_json(td.mmLogits);
+            }
+        }
+    }
+    o << "}";
+    std::cout << o.str() << std::endl;
+}
+
+void run_case(const std::map<std::string, std::string>& kv) {
+    const Case c = build(kv);
+    if (c.type == "FusedLceStatsMix" || c.type == "FusedLceGradMix") {
+        run_mix_case(c);
+        return;
+    }
+    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
+    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
+    const size_t td_size = sizeof(FusedLceTilingData);
+    std::ostringstream o;
+    o << std::boolalpha;
+    launch_json(o, c, r, r2, td_size);
     // the plan straight from the header, for the same problem and part
     const bool grad = c.type == "FusedLceGrad";
     const th::TensorArg& h = c.inputs[grad ? 1 : 0];

@@ -1,0 +1,162 @@
+// FusedLceGradMix (the deterministic cube-driven MIX backward, op_kernel/fused_lce_grad_mix.cpp): operator
+// definition, shape / dtype inference and tiling. Generated aclnn API:
+//   aclnnFusedLceGradMixGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
+//                                        labels, lse, zCacheOptional, vocabStart, softcap, temperature, gradMask,
+//                                        gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
+//   aclnnFusedLceGradMix(workspace, workspaceSize, executor, stream)
+// coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
+// t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
+// lse) is reserved for the z-cache path; the tiling does not use it yet (its tiling fields, appended to
+// FusedLceGradMixTilingData later, stay 0 = recompute the logits).
+// The three outputs are float32 accumulators that the caller zero-fills (the cube accumulates into them through the
+// fixpipe, each element by one core in a fixed order); an output not selected by gradMask (bit0 dX, bit1 dW, bit2 db)
+// may be an empty tensor.
+// Kernel type KERNEL_TYPE_MIX_AIC_1_2 (the kernel's KERNEL_TASK_TYPE_DEFAULT); block dim = AI cores used, batch
+// mode (the kernel's SyncAll before the db merge), workspace = system workspace + rings + db partials, as ops-nn's
+// FusedLinearCrossEntropyLossGrad sets them (hicann/ops-nn matmul/fused_linear_cross_entropy_loss_grad/op_host/
+// fused_linear_cross_entropy_loss_grad_tiling.cpp: SetBlockDim(aicNum), workspace = user + GetLibApiWorkSpaceSize).
+// Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
+// (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
+#include "../../common/fused_lce_host.h"
+#include "../../common/fused_lce_mix_tiling_data.h"
+
+namespace optiling {
+
+namespace grad_mix {
+// IR input indices (the Input(...) order below); coef_b, coef_u, bias and z_cache are optional, so instance indices
+// of the later inputs shift when one is absent: every input is read by IR index
+constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
+                 kLse = 8, kZCache = 9;
+// attribute indices (the Attr(...) order below; the same as FusedLceGrad's)
+constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3;
+}  // namespace grad_mix
+
+// a coefficient plane: float32 (N,)
+static bool plane_ok(const fused_lce_host::Input& in, int64_t n) {
+    return fused_lce_host::is_vector(in, n) && in.dtype == ge::DT_FLOAT;
+}
+
+static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
+    namespace fh = fused_lce_host;
+    namespace ft = fused_lce::tiling;
+    namespace fm = fused_lce::mix;
+    using namespace grad_mix;
+    FusedLceGradMixTilingData* td = ctx->GetTilingData<FusedLceGradMixTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceGradMixTilingData (%zu bytes)",
+                                       sizeof(FusedLceGradMixTilingData));
+    if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
+    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
+    const fh::Input a = fh::input(ctx, kCoefA), t = fh::input(ctx, kCoefT), b = fh::input(ctx, kCoefB),
+                    u = fh::input(ctx, kCoefU), hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight),
+                    bias = fh::input(ctx, kBias), labels = fh::input(ctx, kLabels), lse = fh::input(ctx, kLse);
+    uint64_t n = 0, d = 0, v = 0;
+    if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const int64_t sn = static_cast<int64_t>(n);
+    const bool planesOk = plane_ok(a, sn) && plane_ok(t, sn) && (!b.present || plane_ok(b, sn)) &&
+                          (!u.present || plane_ok(u, sn));
+    if (!planesOk || !fh::is_vector(lse, sn) || lse.dtype != ge::DT_FLOAT)
+        return fh::fail(ctx, "coef_a / coef_t (and coef_b / coef_u when given) and lse must be float32 (N,), N = %lld",
+                        static_cast<long long>(sn));
+    if (fh::input(ctx, kZCache).present)
+        return fh::fail(ctx, "z_cache is not supported by this build (the z-cache path is not wired yet)");
+    int64_t vocabStart = 0, mask = 0;
+    float softcap = 0.0f, temperature = 1.0f;
+    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
+    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
+        !fh::attr(attrs, kAttrTemperature, &temperature) || !fh::attr(attrs, kAttrGradMask, &mask))
+        return fh::fail(ctx, "missing attribute");
+    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature) || mask < 0 || mask > 7)
+        return fh::fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
+
+    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
+    const fm::MixGradPlan plan = fm::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGradMix: %s", ft::status_text(plan.status));
+    std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
+    td->plan = plan;
+    td->vocabStart = vocabStart;
+    td->softcap = softcap;
+    td->invTemperature = static_cast<float>(1.0 / static_cast<double>(temperature));
+    td->gradMask = static_cast<uint32_t>(mask) & (bias.present ? 7u : 3u);
+    td->hasBias = bias.present ? 1u : 0u;
+    td->hasB = b.present ? 1u : 0u;
+    td->hasU = u.present ? 1u : 0u;
+    const ft::Plan& p = plan.base;
+    if (p.n > 0) {
+        const uint32_t bm = p.base_m, bn = p.base_n;
+        // C1: z = h[m] @ W[nb].T (base_m x base_n, K = D) into the GM ring
+        bool ok = fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, bm, bn, p.d, bm, bn,
+                                  td->mmZ);
+        // C2, phase X: dX[m] (base_m x D) += dz (base_m x base_n) @ W[nb] (base_n x D), output chunks of base_d
+        ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d, bn, bm,
+                                   p.base_d, td->mmDx);
+        // C2, phase W: dW[nb] (base_n x D) += dz.T (base_n x base_m) @ h[m] (base_m x D)
+        ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, bm, bn,
+                                   p.base_d, td->mmDw);
+        if (!ok) return fh::fail(ctx, "FusedLceGradMix: the Matmul API found no tiling");
+    }
+    return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
+}
+
+}  // namespace optiling
+
+namespace ge {
+
+static graphStatus FusedLceGradMixInferShape(gert::InferShapeContext* ctx) {
+    // hidden and weight come after the optional coef_b / coef_u: read by IR index
+    const gert::Shape* h = ctx->GetRequiredInputShape(optiling::grad_mix::kHidden);
+    const gert::Shape* w = ctx->GetRequiredInputShape(optiling::grad_mix::kWeight);
+    gert::Shape* dx = ctx->GetOutputShape(0);
+    gert::Shape* dw = ctx->GetOutputShape(1);
+    gert::Shape* db = ctx->GetOutputShape(2);
+    if (h == nullptr || w == nullptr || dx == nullptr || dw == nullptr || db == nullptr || w->GetDimNum() != 2)
+        return GRAPH_FAILED;
+    *dx = *h;
+    *dw = *w;
+    db->SetDimNum(1);
+    db->SetDim(0, w->GetDim(0));
+    return GRAPH_SUCCESS;
+}
+
+static graphStatus FusedLceGradMixInferDataType(gert::InferDataTypeContext* ctx) {
+    for (size_t i = 0; i < 3; ++i) ctx->SetOutputDataType(i, DT_FLOAT);  // float32 accumulators
+    return GRAPH_SUCCESS;
+}
+
+}  // namespace ge
+
+namespace ops {
+
+class FusedLceGradMix : public OpDef {
+public:
+    explicit FusedLceGradMix(const char* name) : OpDef(name) {
+        const std::vector<ge::DataType> operand = {ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
+                                                   ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
+        const std::vector<ge::DataType> label = {ge::DT_INT64, ge::DT_INT64, ge::DT_INT64,
+                                                 ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
+        const std::vector<ge::DataType> f32(6, ge::DT_FLOAT);
+        const std::vector<ge::Format> nd(6, ge::FORMAT_ND);
+        Input("coef_a").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Input("coef_t").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Input("coef_b").ParamType(OPTIONAL).DataType(f32).Format(nd);
+        Input("coef_u").ParamType(OPTIONAL).DataType(f32).Format(nd);
+        Input("hidden").ParamType(REQUIRED).DataType(operand).Format(nd);
+        Input("weight").ParamType(REQUIRED).DataType(operand).Format(nd);
+        Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
+        Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
+        Input("lse").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Input("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);  // right after lse (the z-cache path)
+        Output("grad_hidden").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("grad_weight").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("grad_bias").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Attr("vocab_start").AttrType(REQUIRED).Int();
+        Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
+        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
+        Attr("grad_mask").AttrType(OPTIONAL).Int(7);
+        SetInferShape(ge::FusedLceGradMixInferShape).SetInferDataType(ge::FusedLceGradMixInferDataType);
+        AICore().SetTiling(optiling::FusedLceGradMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+    }
+};
+
+OP_ADD(FusedLceGradMix);
+
+}  // namespace ops

@@ -1,0 +1,148 @@
+// FusedLceStatsMix (the cube-driven MIX forward, op_kernel/fused_lce_stats_mix.cpp): operator definition, shape /
+// dtype inference and tiling. The CANN build generates the two-phase aclnn API from this definition:
+//   aclnnFusedLceStatsMixGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
+//                                         temperature, withEntropy, maxOut, sumExpOut, targetLogitOut, logitSumOut,
+//                                         argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
+//   aclnnFusedLceStatsMix(workspace, workspaceSize, executor, stream)
+// Same inputs and attributes as FusedLceStats. Unlike FusedLceStats the kernel writes all six (N,) outputs on every
+// launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V), optional,
+// the last output) is reserved for the forward's logit cache of the z-cache path; the tiling does not use it yet
+// (its tiling fields, appended to FusedLceMixTilingData later, stay 0 = no cache).
+// Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
+// the number of AI cores used, each one cube (AIC) with its two vector cores (AIV), as ops-nn's
+// FusedLinearOnlineMaxSum does (hicann/ops-nn matmul/fused_linear_online_max_sum/op_host/
+// fused_linear_online_max_sum_tiling.cpp: SetBlockDim(aiCubeNum), SetScheduleMode(BATCH_MODE), workspace = the
+// system workspace + its GM ring).
+// Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
+// (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
+#include "../../common/fused_lce_host.h"
+#include "../../common/fused_lce_mix_tiling_data.h"
+
+namespace optiling {
+
+namespace stats_mix {
+// IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
+constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
+// attribute indices (the Attr(...) order below; the same as FusedLceStats')
+constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrWithZsum = 2, kAttrTemperature = 3, kAttrWithEntropy = 4;
+}  // namespace stats_mix
+
+static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
+    namespace fh = fused_lce_host;
+    namespace ft = fused_lce::tiling;
+    namespace fm = fused_lce::mix;
+    using namespace stats_mix;
+    FusedLceMixTilingData* td = ctx->GetTilingData<FusedLceMixTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceMixTilingData (%zu bytes)",
+                                       sizeof(FusedLceMixTilingData));
+    if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
+    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
+    const fh::Input hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight), bias = fh::input(ctx, kBias),
+                    labels = fh::input(ctx, kLabels);
+    uint64_t n = 0, d = 0, v = 0;
+    if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    int64_t vocabStart = 0;
+    float softcap = 0.0f, temperature = 1.0f;
+    bool withZsum = false, withEntropy = false;
+    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
+    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
+        !fh::attr(attrs, kAttrWithZsum, &withZsum) || !fh::attr(attrs, kAttrTemperature, &temperature) ||
+        !fh::attr(attrs, kAttrWithEntropy, &withEntropy))
+        return fh::fail(ctx, "missing attribute");
+    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature))
+        return fh::fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
+
+    // the entropy sum is the planner's own argument (not a Plan flag): the MIX workspace always has six planes
+    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
+                           (softcap > 0.0f ? ft::kSoftcap : 0u);
+    const fm::MixPlan plan = fm::plan_stats(n, d, v, fh::elt_bytes(hidden.dtype), flags, withEntropy,
+                                            fh::hw_spec(plat));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsMix: %s", ft::status_text(plan.status));
+    std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
+    td->plan = plan;
+    td->vocabStart = vocabStart;
+    td->softcap = softcap;
+    td->invTemperature = static_cast<float>(1.0 / static_cast<double>(temperature));
+    td->withZsum = withZsum ? 1u : 0u;
+    td->withEz = withEntropy ? 1u : 0u;
+    td->hasBias = bias.present ? 1u : 0u;
+    td->labelBytes = labels.dtype == ge::DT_INT64 ? 8u : 4u;
+    // on the AIC: z = h[block] @ W[cols].T, the whole base_m x base_n tile (K = D) into the GM ring
+    const ft::Plan& p = plan.base;
+    if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
+                                    p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
+        return fh::fail(ctx, "FusedLceStatsMix: the Matmul API found no tiling");
+    return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
+}
+
+}  // namespace optiling
+
+namespace ge {
+
+static graphStatus FusedLceStatsMixInferShape(gert::InferShapeContext* ctx) {
+    const gert::Shape* h = ctx->GetInputShape(0);
+    const gert::Shape* w = ctx->GetInputShape(1);  // weight precedes the optional bias: instance index = IR index
+    if (h == nullptr || w == nullptr || h->GetDimNum() != 2 || w->GetDimNum() != 2) return GRAPH_FAILED;
+    for (size_t i = 0; i < 6; ++i) {
+        gert::Shape* out = ctx->GetOutputShape(i);
+        if (out == nullptr) return GRAPH_FAILED;
+        out->SetDimNum(1);
+        out->SetDim(0, h->GetDim(0));
+    }
+    gert::Shape* cache = ctx->GetOutputShape(6);  // the optional z_cache: (N, V_local) when present
+    if (cache != nullptr) {
+        cache->SetDimNum(2);
+        cache->SetDim(0, h->GetDim(0));
+        cache->SetDim(1, w->GetDim(0));
+    }
+    return GRAPH_SUCCESS;
+}
+
+static graphStatus FusedLceStatsMixInferDataType(gert::InferDataTypeContext* ctx) {
+    for (size_t i = 0; i < 4; ++i) ctx->SetOutputDataType(i, DT_FLOAT);
+    ctx->SetOutputDataType(4, DT_INT32);
+    ctx->SetOutputDataType(5, DT_FLOAT);
+    ctx->SetOutputDataType(6, DT_FLOAT);
+    return GRAPH_SUCCESS;
+}
+
+}  // namespace ge
+
+namespace ops {
+
+class FusedLceStatsMix : public OpDef {
+public:
+    explicit FusedLceStatsMix(const char* name) : OpDef(name) {
+        // (operand dtype, label dtype) combinations; one kernel binary each
+        const std::vector<ge::DataType> operand = {ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
+                                                   ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
+        const std::vector<ge::DataType> label = {ge::DT_INT64, ge::DT_INT64, ge::DT_INT64,
+                                                 ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
+        const std::vector<ge::DataType> f32(6, ge::DT_FLOAT), i32(6, ge::DT_INT32);
+        const std::vector<ge::Format> nd(6, ge::FORMAT_ND);
+        Input("hidden").ParamType(REQUIRED).DataType(operand).Format(nd);
+        Input("weight").ParamType(REQUIRED).DataType(operand).Format(nd);
+        Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
+        Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
+        Output("max").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("sum_exp").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("target_logit").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("logit_sum").ParamType(REQUIRED).DataType(f32).Format(nd);
+        Output("argmax").ParamType(REQUIRED).DataType(i32).Format(nd);
+        Output("entropy_stat").ParamType(REQUIRED).DataType(f32).Format(nd);
+        // last: the z-cache path's logit cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its
+        // vocab_parallel_logits_out)
+        Output("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);
+        Attr("vocab_start").AttrType(REQUIRED).Int();
+        Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
+        Attr("with_zsum").AttrType(OPTIONAL).Bool(false);
+        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
+        Attr("with_entropy").AttrType(OPTIONAL).Bool(false);
+        SetInferShape(ge::FusedLceStatsMixInferShape).SetInferDataType(ge::FusedLceStatsMixInferDataType);
+        AICore().SetTiling(optiling::FusedLceStatsMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+    }
+};
+
+OP_ADD(FusedLceStatsMix);
+
+}  // namespace ops
