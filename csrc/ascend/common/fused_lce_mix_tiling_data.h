@@ -36,6 +36,9 @@ struct FusedLceGradMixTilingData {
     AscendC::tiling::TCubeTiling mmZ;   // z = h[m] @ W[nb].T            (base_m x base_n, K = D)
     AscendC::tiling::TCubeTiling mmDx;  // dX[m] += dz @ W[nb]           (base_m x D, K = base_n)
     AscendC::tiling::TCubeTiling mmDw;  // dW[nb] += dz.T @ h[m]         (base_n x D, K = base_m)
+    // Appended (0 = the behaviour before these fields existed):
+    uint32_t keepDz;     // 1: dz kept between the phases in the workspace (plan.ws_total_keep bytes; 3 GEMMs)
+    uint32_t keepPad_;
 };
 
 #endif  // FUSED_LCE_MIX_TILING_DATA_H_
