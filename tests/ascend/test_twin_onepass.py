@@ -207,3 +207,83 @@ def test_onepass_provider_blocks_and_cache(onepass_provider, seed):
         assert rel_l2(x, r) < 2e-5, f"{name}: {rel_l2(x, r):.2e}"
     for x, x_ in zip(first, second):
         assert torch.equal(x, x_)
+
+
+def test_onepass_vocab_shard_matches_recompute(ops, part, seed):
+    """A vocabulary shard (vocab_start != 0, labels mostly outside it, the global lse): z cache + dz kept equal the
+    recompute mode (dX, dW bitwise; db within rounding) and float64."""
+    part(HW_TINY, sched_seed=seed)
+    n, d, v, vs = 41, 20, 150, 300
+    opt = dict(bias=True, b=True, u=True)
+    h, w, bias, y = make(n, d, v, torch.float16, opt, vs=vs, vt=1000)
+    lse = lse_of(h, w, bias, 0.0, 1.0) + 0.3
+    a, t, b, u = coefs(n, opt)
+    zc = ops._twin_stats_mix(h, w, bias, y, vs, 0.0, 1.0, False, False, True)[6]
+    base = ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3)
+    got = ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3, zc, True)
+    ref = grads64(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0)
+    assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
+    assert rel_l2(got[2], base[2]) < 1e-5
+    for g, r in zip(got, ref):
+        assert rel_l2(g, r) < GRAD_RTOL[torch.float16]
+
+
+class _OldKernels:
+    """An adapter without the one-pass capability (the hardware adapter today): its methods take no keep_z /
+    zcache / keep_dz."""
+
+    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
+        n = hidden.shape[0]
+        z = torch.zeros(n)
+        return z, z, z, z, torch.zeros(n, dtype=torch.long), z
+
+    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask):
+        return (torch.zeros(hidden.shape), torch.zeros(weight.shape), torch.zeros(weight.shape[0]))
+
+
+class _CacheKernels(_OldKernels):
+    supports_cache = True
+
+
+def test_provider_token_block_bound_and_fallback():
+    """token_block: one block without the capability; with it, rows x V x (4 + elt) (keep) or rows x V x elt within
+    the tile budget, a multiple of 128 when >= 128 rows fit, at least 1 row; the default budget when 0."""
+    from fused_lce.backends.base import Options, Problem
+    from fused_lce.backends.npu import DEFAULT_TILE_BYTES, AscendCProvider
+
+    def prob(n, v, dtype, tile_bytes):
+        return Problem(n, 64, v, dtype, torch.device("cpu"), False, Options(tile_bytes=tile_bytes))
+
+    old = AscendCProvider("x", kernels=_OldKernels(), device_types=("cpu",))
+    new = AscendCProvider("y", kernels=_CacheKernels(), device_types=("cpu",))
+    p = prob(100000, 151936, torch.bfloat16, 1 << 30)
+    assert old.token_block(p, True) == old.token_block(p, False) == 100000
+    keep, plain = new.token_block(p, True), new.token_block(p, False)
+    assert keep % 128 == 0 and keep * 151936 * 6 <= 1 << 30 < (keep + 128) * 151936 * 6
+    assert plain % 128 == 0 and plain * 151936 * 2 <= 1 << 30 < (plain + 128) * 151936 * 2
+    assert new.token_block(prob(100000, 151936, torch.bfloat16, 0), True) == \
+        new.token_block(prob(100000, 151936, torch.bfloat16, DEFAULT_TILE_BYTES), True)
+    assert new.token_block(prob(50, 1000, torch.float32, 1 << 30), True) == 50
+    small = new.token_block(prob(500, 1000, torch.float32, 80 * 1000 * 8), True)
+    assert small == 80  # fewer than 128 rows fit: not rounded
+    assert new.token_block(prob(500, 1000, torch.float32, 10), True) == 1
+
+
+def test_provider_without_capability_keeps_todays_route():
+    """Kernels without supports_cache are called with today's arguments (no keep_z / zcache / keep_dz) and one block;
+    a second block is refused as before."""
+    from fused_lce.backends.base import Coefs, Options, Tensors
+    from fused_lce.backends.npu import AscendCProvider
+
+    prov = AscendCProvider("x", kernels=_OldKernels(), device_types=("cpu",))
+    n, d, v = 6, 4, 10
+    t = Tensors(torch.randn(n, d), torch.randn(v, d), torch.randint(0, v, (n,)), torch.randn(v))
+    st, cache = prov.stats(t, slice(0, n), Options(), keep=True)
+    assert cache is None
+    out = prov.new_grads(t, (True, True, True), fp32_dh=False)
+    coef = Coefs(a=torch.ones(n), t=torch.ones(n))
+    prov.grads(t, slice(0, n), torch.zeros(n), coef, None, Options(), out)
+    assert out.dh.shape == (n, d) and out.dw.shape == (v, d) and out.db.shape == (v,)
+    out = prov.new_grads(t, (True, True, True), fp32_dh=False)
+    with pytest.raises(RuntimeError, match="one token block"):
+        prov.grads(t, slice(0, 3), torch.zeros(3), Coefs(a=torch.ones(3), t=torch.ones(3)), None, Options(), out)
