@@ -59,7 +59,8 @@ def _worker(rank, world, port, seed):
         onepass = AscendCProvider("npu_twin", kernels=twin_build.TwinKernels(kernels="mix"), device_types=("cpu",))
         small = dataclasses.replace(cfg, tile_bytes=16 * 6 * 170)
         for name, be, ltol, tol, opts in (("npu_cann", npu_cann.PROVIDER, 2e-3, 1.5e-2, cfg),
-                                          ("npu", emulated, 1e-5, 1e-2, cfg), ("npu_onepass", onepass, 1e-5, 1e-2, small)):
+                                          ("npu", emulated, 1e-5, 1e-2, cfg),
+                                          ("npu_onepass", onepass, 1e-5, 1e-2, small)):
             assert name != "npu_onepass" or onepass.token_block(Problem(n, d, stop - start, h.dtype, h.device, False,
                                                                         small), True) == (16 if rank == 0 else 20)
             loss, lse_o, _, (dh, dw, _) = run_provider(be, h, w[start:stop], y, None, opts, torch.tensor(scale),
