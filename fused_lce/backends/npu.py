@@ -22,7 +22,8 @@ keeps dz between its two phases (``keep_dz``) whenever dW or db is wanted. Fwd +
 5. Memory: ``token_block`` bounds the rows per driver block so that the z cache and the kept-dz workspace fit the
 tile budget, ``rows x V_local x (4 + elt) <= opts.tile_bytes`` with keep (``rows x V_local x elt`` without; default
 budget ``DEFAULT_TILE_BYTES``); dX rows are stored per block, dW / db accumulate over the blocks in float32 in block
-order (sequential launches: deterministic). docs/npu.md, "The cube-driven MIX kernels".
+order (sequential launches: deterministic; dW in place: the kernels add each block's into ``dw_out``).
+docs/npu.md, "The cube-driven MIX kernels".
 
 Availability is checked in order and the first failing step is reported: torch_npu importable, an NPU device,
 the custom OPP package at ASCEND_CUSTOM_OPP_PATH (vendor ``fused_lce``), the aclnn symbols in its
@@ -165,7 +166,7 @@ class AscendCProvider(WholeRowsProvider):
                 out.dh = torch.zeros(t.hidden.shape, device=dh.device, dtype=torch.float32)
             out.dh[rows] = dh
         if m[1]:
-            out.dw = dw if out.dw is None else out.dw.add_(dw)
+            out.dw = dw if out.dw is None or dw is out.dw else out.dw.add_(dw)
         if m[2] and t.bias is not None:
             out.db = db if out.db is None else out.db.add_(db)
 
@@ -209,7 +210,8 @@ class AscendCProvider(WholeRowsProvider):
                 opts.softcap, opts.temperature, list(out.extra))
         if self._one_pass():  # the forward's z cache when the driver kept it; dz kept when dW / db are wanted
             keep_dz = bool(out.extra[1] or (out.extra[2] and t.bias is not None))
-            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=keep_dz)
+            # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)
+            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=keep_dz, dw_out=out.dw)
         else:
             dh, dw, db = self.kernels.grads(*args)
         self.store(t, rows, out, dh, dw, db)  # float32; finish() casts

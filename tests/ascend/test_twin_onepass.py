@@ -167,10 +167,14 @@ def onepass_provider(ops):
         cached = 0
         blocks = 0
 
-        def grads(self, *a, zcache=None, keep_dz=False):
+        in_place = 0
+
+        def grads(self, *a, zcache=None, keep_dz=False, dw_out=None):
             Spy.blocks += 1
             Spy.cached += zcache is not None
-            return super().grads(*a, zcache=zcache, keep_dz=keep_dz)
+            r = super().grads(*a, zcache=zcache, keep_dz=keep_dz, dw_out=dw_out)
+            Spy.in_place += dw_out is not None and r[1] is dw_out
+            return r
 
     k = Spy(kernels="mix")
     registry.register(AscendCProvider("npu_twin_onepass", kernels=k, device_types=("cpu",)))
@@ -201,6 +205,7 @@ def test_onepass_provider_blocks_and_cache(onepass_provider, seed):
         loss.backward()
         outs.setdefault(backend, []).append((loss.detach(), h.grad, w.grad, b.grad))
     assert onepass_provider.blocks == 6 and onepass_provider.cached == 6
+    assert onepass_provider.in_place == 4  # blocks 2 and 3 of each run add dW into the first block's
     ref = outs["torch"][0]
     first, second = outs["npu_twin_onepass"]
     for name, x, r in zip(("loss", "dh", "dw", "db"), first, ref):
@@ -287,3 +292,22 @@ def test_provider_without_capability_keeps_todays_route():
     out = prov.new_grads(t, (True, True, True), fp32_dh=False)
     with pytest.raises(RuntimeError, match="one token block"):
         prov.grads(t, slice(0, 3), torch.zeros(3), Coefs(a=torch.ones(3), t=torch.ones(3)), None, Options(), out)
+
+
+def test_onepass_dw_accumulates_in_place(ops, part, seed):
+    """dw_acc: the kernel adds dW into the given float32 buffer (it only ever adds to dW): from zeros it is the
+    fresh result bit for bit, a second launch gives twice it within float32 rounding; dX / db are unaffected."""
+    part(HW_TINY, sched_seed=seed)
+    opt = dict(bias=True, u=True)
+    h, w, bias, y = make(37, 20, 150, torch.bfloat16, opt)
+    lse = lse_of(h, w, bias, 0.0, 1.0)
+    a, t, b, u = coefs(37, opt)
+    zc = ops._twin_stats_mix(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
+    args = (h, w, bias, y, lse, a, t, b, u, 0, 0.0, 1.0, [True] * 3, zc, True)
+    fresh = ops._twin_grads_mix(*args)
+    acc = torch.zeros(150, 20)
+    got = ops._twin_grads_mix(*args, acc)
+    assert got[1].numel() == 0 and torch.equal(acc, fresh[1])
+    assert torch.equal(got[0], fresh[0]) and torch.equal(got[2], fresh[2])
+    ops._twin_grads_mix(*args, acc)
+    assert rel_l2(acc, 2 * fresh[1]) < 1e-6

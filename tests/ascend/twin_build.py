@@ -79,15 +79,17 @@ class TwinKernels:
                                     float(temperature), bool(with_entropy))
 
     def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
-              zcache=None, keep_dz: bool = False):
+              zcache=None, keep_dz: bool = False, dw_out=None):
         """(dx, dw, db) float32. ``zcache``: what ``stats(..., keep_z=True)`` returned for these rows (the logits
-        are not recomputed); ``keep_dz``: dz kept between the backward's phases (MIX only)."""
+        are not recomputed); ``keep_dz``: dz kept between the backward's phases; ``dw_out``: a float32 (V, D)
+        tensor dW is added to in place (and returned as dw), for sums over driver blocks (MIX only)."""
         if self.kind == "mix":
             c = coefs.float()
-            return self.ops._twin_grads_mix(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
-                                            int(vocab_start), float(softcap), float(temperature),
-                                            [bool(x) for x in grad_mask], zcache, bool(keep_dz))
-        if zcache is not None or keep_dz:
-            raise ValueError("zcache / keep_dz need the MIX kernels (kernels='mix')")
+            dx, dw, db = self.ops._twin_grads_mix(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
+                                                  int(vocab_start), float(softcap), float(temperature),
+                                                  [bool(x) for x in grad_mask], zcache, bool(keep_dz), dw_out)
+            return dx, (dw_out if dw_out is not None and grad_mask[1] else dw), db
+        if zcache is not None or keep_dz or dw_out is not None:
+            raise ValueError("zcache / keep_dz / dw_out need the MIX kernels (kernels='mix')")
         return self.ops._twin_grads(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
                                     float(temperature), [bool(x) for x in grad_mask])

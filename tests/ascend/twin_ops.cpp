@@ -316,14 +316,16 @@ GmKernel15 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PIC
 // The deterministic MIX backward (fused_lce_grad_mix.cpp) with the driver's Coefs(a, t, b, u) contract:
 // returns (dx, dw, db float32) of dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u (softcap derivative).
 // zcache: _twin_stats_mix's keep_z output for these rows (the kernel's zCache input; None: recompute the logits);
-// keep_dz: the tiling's keepDz (dz kept between the phases, workspace plan.ws_total_keep).
+// keep_dz: the tiling's keepDz (dz kept between the phases, workspace plan.ws_total_keep). dw_acc: a float32 (V, D)
+// tensor the kernel accumulates dW into in place (the kernel only ever adds to dW; dw is then returned empty), for
+// callers that sum dW over several launches without a second V x D buffer.
 std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Tensor& weight,
                                                   const c10::optional<Tensor>& bias, const Tensor& labels,
                                                   const Tensor& lse, const Tensor& a, const Tensor& t,
                                                   const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
                                                   int64_t vocab_start, double softcap, double temperature,
                                                   std::array<bool, 3> grad_mask, const c10::optional<Tensor>& zcache,
-                                                  bool keep_dz) {
+                                                  bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     check_problem(hidden, weight, bias, labels);
     const bool has_zc = zcache.has_value() && zcache->defined();
     if (has_zc)
@@ -337,7 +339,13 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
     const int64_t mask = (grad_mask[0] ? 1 : 0) | (grad_mask[1] ? 2 : 0) | (grad_mask[2] && has_bias ? 4 : 0);
     auto f32 = hidden.options().dtype(at::kFloat);
     Tensor dx = (mask & 1) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
-    Tensor dw = (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    const bool has_acc = dw_acc.has_value() && dw_acc->defined() && (mask & 2);
+    if (has_acc)
+        TORCH_CHECK(dw_acc->scalar_type() == at::kFloat && dw_acc->is_contiguous() && dw_acc->dim() == 2 &&
+                        dw_acc->size(0) == weight.size(0) && dw_acc->size(1) == weight.size(1),
+                    "fused_lce twin: dw_acc must be a contiguous float32 (V, D) tensor");
+    Tensor dw = has_acc ? *dw_acc
+                        : (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
     Tensor db = (mask & 4) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
     if (mask != 0 && hidden.size(0) > 0) {
         auto vec = [](const Tensor& x) { return x.to(at::kFloat).contiguous(); };
@@ -384,7 +392,7 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
                          addr(zc), addr(dx), addr(dw), addr(db), wsp, tiling);
                    });
     }
-    return {dx, dw, db};
+    return {dx, has_acc ? at::empty({0}, f32) : dw, db};
 }
 
 std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
@@ -501,7 +509,7 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
     m.def("_twin_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
           "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, "
-          "Tensor? zcache=None, bool keep_dz=False) -> (Tensor, Tensor, Tensor)");
+          "Tensor? zcache=None, bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)");
     m.def("_twin_plan_grad(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan_grad);
     m.def("_twin_counters() -> int[]", &twin_counters);
     m.def("_twin_plan_mix(int n, int d, int v, int elt, int flags, bool ez) -> int[]", &twin_plan_mix);
