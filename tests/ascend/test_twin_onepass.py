@@ -311,3 +311,22 @@ def test_onepass_dw_accumulates_in_place(ops, part, seed):
     assert torch.equal(got[0], fresh[0]) and torch.equal(got[2], fresh[2])
     ops._twin_grads_mix(*args, acc)
     assert rel_l2(acc, 2 * fresh[1]) < 1e-6
+
+
+def test_onepass_several_token_blocks_per_core(ops, part, seed):
+    """More token blocks than cores (tiny part: 8 blocks on 5 cores), so a core's phase X walks several token
+    blocks and phase W's dz tiles come from every core: equal to the recompute mode and float64."""
+    part(HW_TINY, sched_seed=seed, switch_prob=0.7)
+    n, d, v = 230, 16, 77
+    opt = dict(bias=True, u=True, b=True, softcap=3.0, temperature=1.3)
+    assert ops._twin_plan_grad(n, d, v, 2, 1)[8] > ops._twin_plan_grad(n, d, v, 2, 1)[4]
+    h, w, bias, y = make(n, d, v, torch.bfloat16, opt)
+    lse = lse_of(h, w, bias, 3.0, 1.3)
+    y, c = ignore_rows(y, coefs(n, opt))
+    zc = zcache_of(ops, h, w, bias, y, 3.0, 1.3)
+    base = grads(ops, h, w, bias, y, lse, c, 3.0, 1.3)
+    got = grads(ops, h, w, bias, y, lse, c, 3.0, 1.3, zc=zc, keep_dz=True)
+    ref = grads64(h, w, bias, y, lse, *c, 0, 3.0, 1.3)
+    assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1]) and rel_l2(got[2], base[2]) < 1e-5
+    for g, r in zip(got, ref):
+        assert rel_l2(g, r) < GRAD_RTOL[torch.bfloat16]
