@@ -15,6 +15,17 @@ FUSED_LCE_NPU_KERNELS=mix, ``_npu_stats_mix`` / ``_npu_grads_mix`` over the cube
 the rest (combine, loss, reduction), as for every provider. D == 0 is declined (``supports``); an empty vocabulary
 shard (vocab parallel) launches no kernel.
 
+One-pass modes (kernels with ``supports_cache``; today the twin's MIX kernels, ``tests/ascend/twin_build.py``
+``TwinKernels(kernels="mix")``; the hardware adapter does not have them yet, and then everything below is off and
+one driver block covers every row): ``stats(..., keep=True)`` returns the forward's z cache (float32 [rows, V_local])
+as the driver's ``cache`` and ``grads`` hands it to the backward kernel, which then computes no logits; the backward
+keeps dz between its two phases (``keep_dz``) whenever dW or db is wanted. Fwd + bwd: 3 GEMMs of 2 N D V instead of
+5. Memory: ``token_block`` bounds the rows per driver block so that the z cache and the kept-dz workspace fit the
+tile budget, ``rows x V_local x (4 + elt) <= opts.tile_bytes`` with keep (``rows x V_local x elt`` without; default
+budget ``DEFAULT_TILE_BYTES``); dX rows are stored per block, dW / db accumulate over the blocks in float32 in block
+order (sequential launches: deterministic; dW in place: the kernels add each block's into ``dw_out``).
+docs/npu.md, "The cube-driven MIX kernels".
+
 Availability is checked in order and the first failing step is reported: torch_npu importable, an NPU device,
 the custom OPP package at ASCEND_CUSTOM_OPP_PATH (vendor ``fused_lce``), the aclnn symbols in its
 ``libcust_opapi.so``, the host adapter ``fused_lce._npu_C``.
@@ -39,6 +50,7 @@ ACLNN_SYMBOLS = ("aclnnFusedLceStatsGetWorkspaceSize", "aclnnFusedLceStats",
 MIX_ACLNN_SYMBOLS = ("aclnnFusedLceStatsMixGetWorkspaceSize", "aclnnFusedLceStatsMix",
                      "aclnnFusedLceGradMixGetWorkspaceSize", "aclnnFusedLceGradMix")
 ADAPTER_MODULE = "fused_lce._npu_C"
+DEFAULT_TILE_BYTES = 1 << 30  # z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0
 
 # Which kernel pair the adapter launches: "old" (FusedLceStats / FusedLceGrad) or "mix" (the cube-driven
 # FusedLceStatsMix / FusedLceGradMix of issue 13: deterministic backward, modelled faster forward). Neither has run on
@@ -168,6 +180,41 @@ class AscendCProvider(WholeRowsProvider):
         self.kernels = _AdapterKernels()
         return None
 
+    def _one_pass(self) -> bool:
+        """The kernels keep z / dz (``supports_cache``); otherwise today's route (one block, recomputed logits)."""
+        return bool(getattr(self.kernels, "supports_cache", False))
+
+    def token_block(self, p: Problem, keep: bool) -> int:
+        """One block of every row, except with the one-pass modes: rows such that the z cache (``keep``, float32)
+        and the kept dz (operand dtype) of one block fit ``opts.tile_bytes``; a multiple of 128 rows (the kernels'
+        token tile) when that leaves at least 128."""
+        if not self._one_pass() or p.v == 0:
+            return max(p.n, 1)
+        elt = torch.tensor([], dtype=p.dtype).element_size()
+        budget = p.opts.tile_bytes or DEFAULT_TILE_BYTES
+        rows = max(budget // (p.v * (elt + (4 if keep else 0))), 1)
+        if rows >= 128:
+            rows -= rows % 128
+        return max(min(p.n, rows), 1)
+
+    def store(self, t: Tensors, rows: slice, out: Grads, dh, dw, db) -> None:
+        """One block's float32 gradients: dX rows into their place, dW / db added to the earlier blocks' (block
+        order); a single block covering every row is taken as is."""
+        if rows.start == 0 and rows.stop == t.hidden.shape[0] and out.dh is None and out.dw is None \
+                and out.db is None:
+            return WholeRowsProvider.store(t, rows, out, dh, dw, db)
+        if not self._one_pass():
+            raise RuntimeError("fused_lce: this provider expects one token block covering every row")
+        m = out.extra
+        if m[0]:
+            if out.dh is None:
+                out.dh = torch.zeros(t.hidden.shape, device=dh.device, dtype=torch.float32)
+            out.dh[rows] = dh
+        if m[1]:
+            out.dw = dw if out.dw is None or dw is out.dw else out.dw.add_(dw)
+        if m[2] and t.bias is not None:
+            out.db = db if out.db is None else out.db.add_(db)
+
     def supports(self, p: Problem) -> Optional[str]:
         reason = super().supports(p)
         if reason is None and p.d == 0:
@@ -182,9 +229,15 @@ class AscendCProvider(WholeRowsProvider):
             st = (torch.full((n,), -math.inf, device=dev), zeros, zeros.clone(), zeros.clone(),
                   torch.zeros(n, device=dev, dtype=torch.int64))
             return (EntropyStats(*st, zeros.clone()) if opts.entropy else Stats(*st)), None
-        r = self.kernels.stats(t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
-                               opts.label_smoothing > 0, opts.temperature, opts.entropy)
-        return (EntropyStats(*r) if opts.entropy else Stats(*r[:5])), None
+        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
+                opts.label_smoothing > 0, opts.temperature, opts.entropy)
+        cache = None
+        if keep and self._one_pass():
+            r = self.kernels.stats(*args, keep_z=True)
+            r, cache = r[:6], r[6]
+        else:
+            r = self.kernels.stats(*args)
+        return (EntropyStats(*r[:6]) if opts.entropy else Stats(*r[:5])), cache
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads, cache=None) -> None:
         if t.weight.shape[0] == 0:  # an empty vocabulary shard: it contributes nothing
@@ -198,8 +251,14 @@ class AscendCProvider(WholeRowsProvider):
         planes = torch.stack([x.float() if x is not None else zero for x in (coef.a, coef.t, coef.b, coef.u)])
         if scale is not None:
             planes = planes * scale
-        dh, dw, db = self.kernels.grads(planes.contiguous(), t.hidden[rows], t.weight, t.bias, t.labels[rows], lse,
-                                        opts.vocab_start, opts.softcap, opts.temperature, list(out.extra))
+        args = (planes.contiguous(), t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, opts.vocab_start,
+                opts.softcap, opts.temperature, list(out.extra))
+        if self._one_pass():  # the forward's z cache when the driver kept it; dz kept when dW / db are wanted
+            keep_dz = bool(out.extra[1] or (out.extra[2] and t.bias is not None))
+            # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)
+            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=keep_dz, dw_out=out.dw)
+        else:
+            dh, dw, db = self.kernels.grads(*args)
         self.store(t, rows, out, dh, dw, db)  # float32; finish() casts
 
 

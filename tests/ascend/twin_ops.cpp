@@ -53,23 +53,31 @@ using GmKernel12 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR
 #define TWIN_DECLARE12(kind, dt, lt) \
     extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
                                                    GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
-TWIN_DECLARE12(stats_mix, bf16, i64)
-TWIN_DECLARE12(stats_mix, bf16, i32)
-TWIN_DECLARE12(stats_mix, f16, i64)
-TWIN_DECLARE12(stats_mix, f16, i32)
-TWIN_DECLARE12(stats_mix, f32, i64)
-TWIN_DECLARE12(stats_mix, f32, i32)
-using GmKernel14 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
-                            GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
-#define TWIN_DECLARE14(kind, dt, lt)                                                                          \
+// stats_mix: hidden, weight, bias, labels, 6 outputs, zCache (output), workspace, tiling
+using GmKernel13 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                            GM_ADDR, GM_ADDR, GM_ADDR);
+#define TWIN_DECLARE13(kind, dt, lt)                                                                          \
     extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
-                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
-TWIN_DECLARE14(grad_mix, bf16, i64)
-TWIN_DECLARE14(grad_mix, bf16, i32)
-TWIN_DECLARE14(grad_mix, f16, i64)
-TWIN_DECLARE14(grad_mix, f16, i32)
-TWIN_DECLARE14(grad_mix, f32, i64)
-TWIN_DECLARE14(grad_mix, f32, i32)
+                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+TWIN_DECLARE13(stats_mix, bf16, i64)
+TWIN_DECLARE13(stats_mix, bf16, i32)
+TWIN_DECLARE13(stats_mix, f16, i64)
+TWIN_DECLARE13(stats_mix, f16, i32)
+TWIN_DECLARE13(stats_mix, f32, i64)
+TWIN_DECLARE13(stats_mix, f32, i32)
+// grad_mix: a, t, b, u, hidden, weight, bias, labels, lse, zCache (input), dx, dw, db, workspace, tiling
+using GmKernel15 = void (*)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                            GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+#define TWIN_DECLARE15(kind, dt, lt)                                                                          \
+    extern "C" void fused_lce_##kind##_##dt##_##lt(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                   GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, \
+                                                   GM_ADDR);
+TWIN_DECLARE15(grad_mix, bf16, i64)
+TWIN_DECLARE15(grad_mix, bf16, i32)
+TWIN_DECLARE15(grad_mix, f16, i64)
+TWIN_DECLARE15(grad_mix, f16, i32)
+TWIN_DECLARE15(grad_mix, f32, i64)
+TWIN_DECLARE15(grad_mix, f32, i32)
 
 namespace {
 
@@ -193,7 +201,7 @@ void launch_any(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor
     }
 }
 
-GmKernel12 pick_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats_mix, dt, lt); }
+GmKernel13 pick_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats_mix, dt, lt); }
 
 GM_ADDR addr(const Tensor& t) {
     return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr;
@@ -254,10 +262,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tens
 }
 
 // The cube-driven MIX forward (fused_lce_stats_mix.cpp): the contract of _twin_stats plus temperature and the
-// entropy sum ez; returns (max, sum_exp, target, zsum, argmax int64 global, ez).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
+// entropy sum ez; returns (max, sum_exp, target, zsum, argmax int64 global, ez, zcache). keep_z: zcache is the
+// kernel's zCache output (fp32 [N, V_local], the raw h W^T tiles), else an empty tensor (zCache = nullptr).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias, const Tensor& labels,
-    int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_ez) {
+    int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_ez, bool keep_z) {
     check_problem(hidden, weight, bias, labels);
     TORCH_CHECK(temperature > 0, "fused_lce twin: temperature must be > 0");
     const int64_t n = hidden.size(0);
@@ -265,6 +274,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
     Tensor m = at::empty({n}, f32), s = at::empty({n}, f32), zt = at::empty({n}, f32), zs = at::empty({n}, f32);
     Tensor ez = at::empty({n}, f32);
     Tensor am = at::empty({n}, hidden.options().dtype(at::kInt));
+    Tensor zc = keep_z ? at::empty({n, weight.size(0)}, f32) : at::empty({0}, f32);
     if (n > 0) {
         Tensor h = hidden.contiguous(), w = weight.contiguous(), y = labels.contiguous();
         const bool has_bias = bias.has_value() && bias->defined();
@@ -287,38 +297,55 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
-        const GmKernel12 k = pick_mix(h.scalar_type(), y.scalar_type());
+        const GmKernel13 k = pick_mix(h.scalar_type(), y.scalar_type());
         launch_any(p,
                    {buf(h, "hidden", true), buf(w, "weight", true), buf(b, "bias", true), buf(y, "labels", true),
                     buf(m, "max", false), buf(s, "sum_exp", false), buf(zt, "target", false), buf(zs, "zsum", false),
-                    buf(am, "argmax", false), buf(ez, "ez", false)},
+                    buf(am, "argmax", false), buf(ez, "ez", false), buf(zc, "zcache", false)},
                    ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
                        k(addr(h), addr(w), addr(b), addr(y), addr(m), addr(s), addr(zt), addr(zs), addr(am), addr(ez),
-                         wsp, tiling);
+                         addr(zc), wsp, tiling);
                    });
     }
     Tensor amax = am.to(at::kLong).add_(vocab_start);
-    return {m, s, zt, zs, amax, ez};
+    return {m, s, zt, zs, amax, ez, zc};
 }
 
-GmKernel14 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(grad_mix, dt, lt); }
+GmKernel15 pick_grad_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(grad_mix, dt, lt); }
 
 // The deterministic MIX backward (fused_lce_grad_mix.cpp) with the driver's Coefs(a, t, b, u) contract:
 // returns (dx, dw, db float32) of dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u (softcap derivative).
+// zcache: _twin_stats_mix's keep_z output for these rows (the kernel's zCache input; None: recompute the logits);
+// keep_dz: the tiling's keepDz (dz kept between the phases, workspace plan.ws_total_keep). dw_acc: a float32 (V, D)
+// tensor the kernel accumulates dW into in place (the kernel only ever adds to dW; dw is then returned empty), for
+// callers that sum dW over several launches without a second V x D buffer.
 std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Tensor& weight,
                                                   const c10::optional<Tensor>& bias, const Tensor& labels,
                                                   const Tensor& lse, const Tensor& a, const Tensor& t,
                                                   const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
                                                   int64_t vocab_start, double softcap, double temperature,
-                                                  std::array<bool, 3> grad_mask) {
+                                                  std::array<bool, 3> grad_mask, const c10::optional<Tensor>& zcache,
+                                                  bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     check_problem(hidden, weight, bias, labels);
+    const bool has_zc = zcache.has_value() && zcache->defined();
+    if (has_zc)
+        TORCH_CHECK(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 &&
+                        zcache->size(0) == hidden.size(0) && zcache->size(1) == weight.size(0),
+                    "fused_lce twin: zcache must be float32 (N, V_local) = (", hidden.size(0), ", ", weight.size(0),
+                    "), got ", zcache->scalar_type(), " ", zcache->sizes());
     TORCH_CHECK(temperature > 0, "fused_lce twin: temperature must be > 0");
     const bool has_bias = bias.has_value() && bias->defined();
     const bool has_b = b.has_value() && b->defined(), has_u = u.has_value() && u->defined();
     const int64_t mask = (grad_mask[0] ? 1 : 0) | (grad_mask[1] ? 2 : 0) | (grad_mask[2] && has_bias ? 4 : 0);
     auto f32 = hidden.options().dtype(at::kFloat);
     Tensor dx = (mask & 1) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
-    Tensor dw = (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    const bool has_acc = dw_acc.has_value() && dw_acc->defined() && (mask & 2);
+    if (has_acc)
+        TORCH_CHECK(dw_acc->scalar_type() == at::kFloat && dw_acc->is_contiguous() && dw_acc->dim() == 2 &&
+                        dw_acc->size(0) == weight.size(0) && dw_acc->size(1) == weight.size(1),
+                    "fused_lce twin: dw_acc must be a contiguous float32 (V, D) tensor");
+    Tensor dw = has_acc ? *dw_acc
+                        : (mask & 2) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
     Tensor db = (mask & 4) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
     if (mask != 0 && hidden.size(0) > 0) {
         auto vec = [](const Tensor& x) { return x.to(at::kFloat).contiguous(); };
@@ -341,23 +368,31 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         td.hasBias = has_bias ? 1u : 0u;
         td.hasB = has_b ? 1u : 0u;
         td.hasU = has_u ? 1u : 0u;
+        td.keepDz = keep_dz ? 1u : 0u;
+        Tensor zc = has_zc ? zcache->contiguous() : Tensor();
         const ft::HwSpec& hw = state().hw;
         const uint32_t bm = p.base_m, bn = p.base_n;
         td.mmZ = fill_gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
         td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
-        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
-        const GmKernel14 k = pick_grad_mix(h.scalar_type(), y.scalar_type());
+        const uint64_t ws_bytes = keep_dz ? mp.ws_total_keep : mp.ws_total;
+        Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + ws_bytes)}, hidden.options().dtype(at::kByte));
+        // the kept-dz region starts as NaN bytes (the device's workspace is not cleared): a tile or db partial the
+        // kernel reads before writing shows up in the results
+        if (keep_dz) ws.narrow(0, static_cast<int64_t>(kSysWorkspace + mp.ws_total),
+                               static_cast<int64_t>(mp.ws_total_keep - mp.ws_total)).fill_(0xff);
+        const GmKernel15 k = pick_grad_mix(h.scalar_type(), y.scalar_type());
         launch_any(p,
                    {buf(ta, "a", true), buf(tt, "t", true), buf(tb, "b", true), buf(tu, "u", true),
                     buf(h, "hidden", true), buf(w, "weight", true), buf(bb, "bias", true), buf(y, "labels", true),
-                    buf(l, "lse", true), buf(dx, "dx", false), buf(dw, "dw", false), buf(db, "db", false)},
+                    buf(l, "lse", true), buf(zc, "zcache", true), buf(dx, "dx", false), buf(dw, "dw", false),
+                    buf(db, "db", false)},
                    ws, td, [&](GM_ADDR wsp, GM_ADDR tiling) {
                        k(addr(ta), addr(tt), addr(tb), addr(tu), addr(h), addr(w), addr(bb), addr(y), addr(l),
-                         addr(dx), addr(dw), addr(db), wsp, tiling);
+                         addr(zc), addr(dx), addr(dw), addr(db), wsp, tiling);
                    });
     }
-    return {dx, dw, db};
+    return {dx, has_acc ? at::empty({0}, f32) : dw, db};
 }
 
 std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
@@ -457,7 +492,9 @@ std::vector<int64_t> twin_plan_grad(int64_t n, int64_t d, int64_t v, int64_t elt
                                             static_cast<uint64_t>(v), static_cast<uint32_t>(elt),
                                             static_cast<uint32_t>(flags), state().hw);
     return {m.status, m.base.base_m, m.base.base_n, m.base.base_d, m.base.used_cores,
-            static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes)};
+            static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes),
+            static_cast<int64_t>(m.ws_total_keep), static_cast<int64_t>(m.base.m_blocks),
+            static_cast<int64_t>(m.base.n_blocks)};
 }
 
 }  // namespace
@@ -468,10 +505,11 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
     m.def("_twin_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
           "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
     m.def("_twin_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "float temperature, bool with_zsum, bool with_ez) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+          "float temperature, bool with_zsum, bool with_ez, bool keep_z=False) "
+          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
     m.def("_twin_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
-          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask) "
-          "-> (Tensor, Tensor, Tensor)");
+          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, "
+          "Tensor? zcache=None, bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)");
     m.def("_twin_plan_grad(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan_grad);
     m.def("_twin_counters() -> int[]", &twin_counters);
     m.def("_twin_plan_mix(int n, int d, int v, int elt, int flags, bool ez) -> int[]", &twin_plan_mix);

@@ -112,6 +112,39 @@ void xflag_ring(std::vector<float>& in, int bug) {
 }
 
 // Mode 0 (all vector cores) and mode 1 (the two vector cores of one AI core) barriers.
+// SyncAll<false> in a MIX kernel orders GM across cube and vector cores (asc-devkit
+// impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the isAIVOnly = false path: the AIVs signal, the
+// AICs meet, then release the AIVs), as FusedLceGradMix's dz-kept mode uses it between its phases: the vector cores
+// of both AI cores write a 16 x 16 tile each (8 rows per AIV), all cores meet, then each cube multiplies the OTHER
+// AI core's tile. bug 1: no SyncAll, a cross-core race the checker must report.
+void syncall_mix(int bug) {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    const int core = static_cast<int>(GetBlockIdx()) / (ASCEND_IS_AIC ? 1 : 2);
+    if ASCEND_IS_AIC {
+        TPipe pipe;
+        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+        using B = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
+        MatmulImpl<A, B, A> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, kT);
+        mm.Init(&t, &pipe);
+        if (bug == 0) SyncAll<false>();
+        mm.SetTensorA(gout()[((core + 1) % 2) * kT * kT]);
+        mm.SetTensorB(gin()[256], true);
+        mm.IterateAll(gout()[512 + core * kT * kT]);
+        mm.End();
+        return;
+    }
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 4096);
+    LocalTensor<float> t = buf.Get<float>(8 * kT);
+    const int r0 = static_cast<int>(GetSubBlockIdx()) * 8;
+    DataCopy(t, gin()[(core * kT + r0) * kT], 8 * kT);
+    order<HardEvent::MTE2_MTE3>();
+    DataCopy(gout()[core * kT * kT + r0 * kT], t, 8 * kT);
+    if (bug == 0) SyncAll<false>();
+}
+
 void xflag_modes(int bug) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     if ASCEND_IS_AIC return;
@@ -494,6 +527,8 @@ std::map<std::string, Probe> probes() {
     p["xflag_never_waited"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 4); }};
     p["xflag_deadlock"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 5); }};
     p["ok_xflag_mode0_mode1"] = {2, 2, [](auto&, auto&) { xflag_modes(0); }};
+    p["ok_syncall_mix"] = {2, 2, [](auto&, auto&) { syncall_mix(0); }};
+    p["syncall_mix_missing"] = {2, 2, [](auto&, auto&) { syncall_mix(1); }};
     p["xflag_mode1_unmatched"] = {2, 2, [](auto&, auto&) { xflag_modes(1); }};
     p["xflag_counter_overflow"] = {1, 2, [](auto&, auto&) { xflag_limits(0); }};
     p["xflag_id_out_of_range"] = {1, 2, [](auto&, auto&) { xflag_limits(1); }};

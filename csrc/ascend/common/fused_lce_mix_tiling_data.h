@@ -10,6 +10,8 @@
 #include "kernel_tiling/kernel_tiling.h"
 #include "../../include/fused_lce_mix_tiling.h"
 
+// FusedLceStatsMix GM arguments: hidden, weight, bias, labels, max, sum_exp, target, zsum, argmax, ez, zCache (optional
+// last output, fp32 [N, V_local] of the raw h W^T tiles; nullptr = not kept), workspace, tiling.
 struct FusedLceMixTilingData {
     fused_lce::mix::MixPlan plan;
     int64_t vocabStart;       // first global id of this rank's vocabulary rows
@@ -24,6 +26,9 @@ struct FusedLceMixTilingData {
 
 // FusedLceGradMix: dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u, p_j = exp(z_j - lse), times
 // 1 - (z_j T / c)^2 with a softcap c (the driver's Coefs contract, /work/notes/logprobs_contract.md section 4).
+// GM arguments: a, t, b, u, hidden, weight, bias, labels, lse, zCache (optional input: the forward's fp32 [N, V_local]
+// h W^T; nullptr = recompute), dx, dw, db, workspace, tiling. keepDz (appended last, 0 = off) needs the workspace
+// plan.ws_total_keep instead of plan.ws_total (fused_lce_mix_tiling.h plan_keep_dz).
 struct FusedLceGradMixTilingData {
     fused_lce::mix::MixGradPlan plan;
     int64_t vocabStart;
@@ -36,6 +41,9 @@ struct FusedLceGradMixTilingData {
     AscendC::tiling::TCubeTiling mmZ;   // z = h[m] @ W[nb].T            (base_m x base_n, K = D)
     AscendC::tiling::TCubeTiling mmDx;  // dX[m] += dz @ W[nb]           (base_m x D, K = base_n)
     AscendC::tiling::TCubeTiling mmDw;  // dW[nb] += dz.T @ h[m]         (base_n x D, K = base_m)
+    // Appended (0 = the behaviour before these fields existed):
+    uint32_t keepDz;     // 1: dz kept between the phases in the workspace (plan.ws_total_keep bytes; 3 GEMMs)
+    uint32_t keepPad_;
 };
 
 #endif  // FUSED_LCE_MIX_TILING_DATA_H_

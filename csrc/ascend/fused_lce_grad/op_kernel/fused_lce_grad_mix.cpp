@@ -21,6 +21,19 @@
 // db: each vector core sums its rows' dz per column in UB (fp32, tile order) into a workspace partial; after SyncAll
 // the two partials are added in vector-core order. No atomics between cores: bitwise the same for every core timing.
 // fp32 dW memory: the fp32 output itself (V x D x 4 bytes, the adapter's contract); no other dW workspace.
+//
+// Two optional modes cut the GEMMs (both keep the ownership split above, so both stay deterministic):
+//   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major, nullptr = recompute): the forward's
+//     FusedLceStatsMix wrote the cube's raw tiles h W^T there (before bias / softcap / temperature, so the vector
+//     work below is unchanged and the result is bitwise that of recomputing); V1 reads its rows of the tile from it
+//     (DataCopyPad at row stride V_local) and no C1 runs in either phase.
+//   * dz kept (tiling keepDz = 1, workspace plan.ws_total_keep): phase X's V1 writes every dz tile (operand dtype)
+//     to its own place Dz[m][nb] (tile-major, base_m x base_n) instead of the dz ring, and db's fp32 column sums per
+//     (token block, vector core) to partials; SyncAll<false> (all cube and vector cores; asc-devkit
+//     impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only path) separates the phases;
+//     phase W is cube work only, dW[nb] += Dz[m][nb]^T h[m] for m in order (K = base_m). db = the partials summed in
+//     (token block, vector core) order, from fp32 dz (not the rounded operand-dtype copy).
+//   With both: fwd + bwd = 3 GEMMs of 2 N D V (z, dX, dW) instead of 5.
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
@@ -63,18 +76,34 @@ public:
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[6]));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(in[7]));
         lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[8]));
+        zc_ = in[9] != nullptr;
+        if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[9]));
         for (int k = 0; k < 3; ++k)
             if (out[k] != nullptr) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));  // dx, dw, db
         ring_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         dzRing_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_ring));
         dbPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_ring + mp_->ws_dz));
+        // dz kept: only when dW or db is wanted (dX alone needs no second phase)
+        keep_ = td->keepDz != 0 && (td->gradMask & 6u) != 0;
+        if (keep_) {
+            dzKeep_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_total));
+            dbKeep_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_total + mp_->ws_keep_dz));
+        }
         cores_ = p_->used_cores;
         core_ = ASCEND_IS_AIC ? static_cast<uint64_t>(GetBlockIdx()) : GetBlockIdx() / GetTaskRation();
         tileElems_ = static_cast<uint64_t>(p_->base_m) * p_->base_n;
-        const bool wantX = (td->gradMask & 1u) != 0, wantW = (td->gradMask & 6u) != 0;
+        // dz kept: phase X forms every dz (also for dW / db alone), phase W runs for dW only (db comes from X)
+        const bool wantX = (td->gradMask & 1u) != 0 || keep_;
+        const bool wantW = keep_ ? (td->gradMask & 2u) != 0 : (td->gradMask & 6u) != 0;
         tasksX_ = wantX && core_ < p_->m_blocks ? ft::ceil_div(p_->m_blocks - core_, cores_) : 0;
         tasksW_ = wantW && core_ < p_->n_blocks ? ft::ceil_div(p_->n_blocks - core_, cores_) : 0;
         total_ = tasksX_ * p_->n_blocks + tasksW_ * p_->m_blocks;
+        vecTiles_ = keep_ ? tasksX_ * p_->n_blocks : total_;  // tiles with V1 (and C1 without the z cache)
+    }
+
+    // dz tile (m, nb) of the kept-dz workspace
+    __aicore__ inline GlobalTensor<T> DzKept(const TileAt& a) const {
+        return dzKeep_[(a.m * p_->n_blocks + a.nb) * tileElems_];
     }
 
     __aicore__ inline TileAt At(uint64_t k) const {
@@ -89,19 +118,24 @@ public:
         matmul::MatmulImpl<AType, BTransType, CType> mmZ;
         matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D)
         matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D)
-        mmZ.Init(&td_->mmZ, pipe);
-        if (tasksX_ > 0) mmDx.Init(&td_->mmDx, pipe);
+        const bool recompute = !zc_ && vecTiles_ > 0;
+        if (recompute) mmZ.Init(&td_->mmZ, pipe);
+        if (tasksX_ > 0 && (td_->gradMask & 1u)) mmDx.Init(&td_->mmDx, pipe);
         if (tasksW_ > 0 && (td_->gradMask & 2u)) mmDw.Init(&td_->mmDw, pipe);
-        if (total_ > 0) Logits(mmZ, 0);
-        for (uint64_t k = 0; k < total_; ++k) {
-            if (k + 1 < total_) Logits(mmZ, k + 1);  // C1 of the next tile runs while the vector cores form dz
+        if (recompute) Logits(mmZ, 0);
+        for (uint64_t k = 0; k < vecTiles_; ++k) {
+            if (recompute && k + 1 < vecTiles_) Logits(mmZ, k + 1);  // C1 of the next tile overlaps V1 of this one
             CrossCoreWaitFlag(kFlagDzReady);
             const TileAt a = At(k);
             const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
             const int rows = static_cast<int>(ft::block_rows(*p_, a.m));
             const int cols = static_cast<int>(ft::block_cols(*p_, a.nb));
-            const GlobalTensor<T> dz = dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_];
+            const GlobalTensor<T> dz = keep_ ? DzKept(a) : dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_];
             if (!a.phaseW) {
+                if ((td_->gradMask & 1u) == 0) {  // dz kept for dW / db only
+                    if (k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
+                    continue;
+                }
                 mmDx.SetTensorA(dz);
                 mmDx.SetTensorB(wGm_[a.nb * p_->base_n * p_->d]);
                 mmDx.SetTail(rows, static_cast<int>(p_->d), cols);
@@ -114,7 +148,19 @@ public:
                 mmDw.IterateAll(out_[1][a.nb * p_->base_n * p_->d], 1);
                 mmDw.End();
             }
-            if (k + fm::kRingSlots < total_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
+            if (k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
+        }
+        if (!keep_) return;
+        // every dz tile of every core is in the workspace (and the db partials): phase W multiplies them
+        SyncAll<false>();
+        for (uint64_t k = vecTiles_; k < total_; ++k) {
+            const TileAt a = At(k);
+            mmDw.SetTensorA(DzKept(a), true);
+            mmDw.SetTensorB(hGm_[a.m * p_->base_m * p_->d]);
+            mmDw.SetTail(static_cast<int>(ft::block_cols(*p_, a.nb)), static_cast<int>(p_->d),
+                         static_cast<int>(ft::block_rows(*p_, a.m)));
+            mmDw.IterateAll(out_[1][a.nb * p_->base_n * p_->d], 1);
+            mmDw.End();
         }
     }
 
@@ -147,7 +193,7 @@ public:
     __aicore__ inline void ProcessVector() {
         const uint32_t sub = GetSubBlockIdx();
         const bool wantDb = td_->hasBias && (td_->gradMask & 4u);
-        for (uint64_t k = 0; k < total_; ++k) {
+        for (uint64_t k = 0; k < vecTiles_; ++k) {
             const TileAt a = At(k);
             const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
             uint64_t r0, nr;
@@ -155,28 +201,40 @@ public:
             const uint32_t rows = static_cast<uint32_t>(nr);
             const uint64_t row0 = a.m * p_->base_m + r0, c0 = a.nb * p_->base_n;
             const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, a.nb));
-            const bool firstOfW = a.phaseW && a.m == 0, lastOfW = a.phaseW && a.m + 1 == p_->m_blocks;
-            if (wantDb && firstOfW) {
-                Order<HardEvent::MTE3_V>();  // the previous block's partial has left colsum
+            // db: per vocabulary block over the token blocks (phase W), or per tile (dz kept: phase X)
+            const bool dbHere = wantDb && (keep_ || a.phaseW);
+            const bool dbStart = dbHere && (keep_ || a.m == 0), dbEnd = dbHere && (keep_ || a.m + 1 == p_->m_blocks);
+            if (dbStart) {
+                Order<HardEvent::MTE3_V>();  // the previous partial has left colsum
                 Duplicate(colsum_, 0.0f, cols);
                 PipeBarrier<PIPE_V>();
             }
-            CrossCoreWaitFlag(kFlagFull);
+            if (!zc_) CrossCoreWaitFlag(kFlagFull);
             Order<HardEvent::V_MTE2>();
             Order<HardEvent::S_MTE2>();
-            Order<HardEvent::MTE3_MTE2>();  // the previous dz (fp32: z itself) has left for the ring
+            Order<HardEvent::MTE3_MTE2>();  // the previous dz (fp32: z itself) has left for GM
             if (rows > 0) {
-                DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
-                         rows * p_->base_n);
+                if (zc_) {  // rows of the cached tile at row stride V_local -> UB rows at base_n
+                    const uint32_t rowBytes = cols * sizeof(float);
+                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
+                                               static_cast<uint32_t>((p_->v - cols) * sizeof(float)),
+                                               static_cast<uint32_t>((p_->base_n * sizeof(float) -
+                                                                      ft::align_up(rowBytes, 32)) / 32),
+                                               0};
+                    DataCopyPad(z_, zcGm_[row0 * p_->v + c0], cp, {false, 0, 0, 0});
+                } else {
+                    DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
+                             rows * p_->base_n);
+                }
                 LoadRowData(row0, rows, cols, c0);
             }
-            if (k + fm::kRingSlots < total_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
+            if (!zc_ && k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
             if (rows > 0) {
                 Order<HardEvent::MTE2_V>();
                 Order<HardEvent::MTE2_S>();
                 Order<HardEvent::MTE3_V>();  // bf16 / fp16: the previous dz has left cast_
                 Dz(rows, cols, static_cast<int32_t>(c0));
-                if (wantDb && a.phaseW) {
+                if (dbHere) {
                     for (uint32_t r = 0; r < rows; ++r) {  // fp32 column sums in row order
                         Add(colsum_, colsum_, z_[r * p_->base_n], cols);
                         PipeBarrier<PIPE_V>();
@@ -185,30 +243,38 @@ public:
             }
             // dz to the ring slot once the cube's C2 of tile k - 2 has read it. With the cube's present order (C2 of
             // k - 2 before C1 of k) kFull already implies this (the twin finds no race without it); the explicit
-            // hand-back keeps the ring safe if the cube ever prefetches deeper.
+            // hand-back keeps the ring safe if the cube ever prefetches deeper, and bounds the cube's kDzReady
+            // count (4 bits) when no C1 paces the vector cores (z cache) or dz has its own place (dz kept).
             if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagDzFree + slot);
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
-                const uint64_t at = (core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n;
+                GlobalTensor<T> dst = keep_ ? DzKept(a)[r0 * p_->base_n]
+                                            : dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n];
                 if constexpr (IsSameType<T, float>::value) {
-                    DataCopy(dzRing_[at], z_, rows * p_->base_n);
+                    DataCopy(dst, z_, rows * p_->base_n);
                 } else {
-                    DataCopy(dzRing_[at], cast_, rows * p_->base_n);
+                    DataCopy(dst, cast_, rows * p_->base_n);
                 }
             }
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagDzReady);
-            if (wantDb && lastOfW) {
+            if (dbEnd) {
                 Order<HardEvent::V_MTE3>();
                 const DataCopyExtParams cp{1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0};
-                DataCopyPad(dbPart_[sub * p_->v + c0], colsum_, cp);
+                if (keep_) {
+                    DataCopyPad(dbKeep_[(a.m * GetTaskRation() + sub) * p_->v + c0], colsum_, cp);
+                } else {
+                    DataCopyPad(dbPart_[sub * p_->v + c0], colsum_, cp);
+                }
             }
         }
-        if (wantDb) {
+        if (keep_) {
+            SyncAll<false>();  // with the cube cores: every dz tile and db partial is in the workspace
+            if (wantDb) FinishDb(core_ * GetTaskRation() + sub, static_cast<uint64_t>(cores_) * GetTaskRation());
+        } else if (wantDb) {
             SyncAll();  // every block's two partials are in the workspace
             FinishDb(core_ * GetTaskRation() + sub, static_cast<uint64_t>(cores_) * GetTaskRation());
         }
     }
-
 private:
     __aicore__ inline LocalTensor<float> S(uint32_t s) const { return slots_[s * st_]; }
 
@@ -312,20 +378,27 @@ private:
         }
     }
 
-    // db = partial of vector core 0 + partial of vector core 1, for this worker's share of the vocabulary.
+    // db = the partials summed in order (vector core 0 + vector core 1; dz kept: (token block, vector core) in
+    // order), for this worker's share of the vocabulary.
     __aicore__ inline void FinishDb(uint64_t me, uint64_t workers) {
         const uint64_t v = p_->v, per = ft::align_up(ft::ceil_div(v, workers), 8);
         const uint64_t j0 = me * per < v ? me * per : v, j1 = j0 + per < v ? j0 + per : v;
         const uint32_t chunk = p_->vec_rows * p_->base_n;
+        const GlobalTensor<float>& part = keep_ ? dbKeep_ : dbPart_;
+        const uint64_t parts = keep_ ? p_->m_blocks * GetTaskRation() : 2;
         for (uint64_t c = j0; c < j1; c += chunk) {
             const uint32_t cnt = static_cast<uint32_t>(j1 - c < chunk ? j1 - c : chunk);
             const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
             Order<HardEvent::MTE3_MTE2>();
             Order<HardEvent::V_MTE2>();
-            DataCopyPad(z_, dbPart_[c], cp, {false, 0, 0, 0});
-            DataCopyPad(w_, dbPart_[v + c], cp, {false, 0, 0, 0});
-            Order<HardEvent::MTE2_V>();
-            Add(z_, z_, w_, cnt);
+            DataCopyPad(z_, part[c], cp, {false, 0, 0, 0});
+            for (uint64_t q = 1; q < parts; ++q) {
+                if (q > 1) Order<HardEvent::V_MTE2>();  // the previous Add has read w_
+                DataCopyPad(w_, part[q * v + c], cp, {false, 0, 0, 0});
+                Order<HardEvent::MTE2_V>();
+                Add(z_, z_, w_, cnt);
+                PipeBarrier<PIPE_V>();
+            }
             Order<HardEvent::V_MTE3>();
             DataCopyPad(out_[2][c], z_, cp);
         }
@@ -348,10 +421,11 @@ private:
     const FusedLceGradMixTilingData* td_;
     const fm::MixGradPlan* mp_;
     const ft::Plan* p_;
-    uint64_t core_ = 0, cores_ = 1, total_ = 0, tileElems_ = 0, tasksX_ = 0, tasksW_ = 0;
+    uint64_t core_ = 0, cores_ = 1, total_ = 0, vecTiles_ = 0, tileElems_ = 0, tasksX_ = 0, tasksW_ = 0;
     uint32_t st_ = 0;
-    GlobalTensor<float> coef_[4], lseGm_, out_[3], ring_, dbPart_;
-    GlobalTensor<T> hGm_, wGm_, bGm_, dzRing_;
+    bool zc_ = false, keep_ = false;
+    GlobalTensor<float> coef_[4], lseGm_, zcGm_, out_[3], ring_, dbPart_, dbKeep_;
+    GlobalTensor<T> hGm_, wGm_, bGm_, dzRing_, dzKeep_;
     GlobalTensor<LabelT> yGm_;
     TBuf<TPosition::VECCALC> ub_;
     LocalTensor<float> z_, w_, w2_, biasF32_, colsum_, bc_, bc2_, slots_;
@@ -360,13 +434,14 @@ private:
 
 extern "C" __global__ __aicore__ void fused_lce_grad_mix(GM_ADDR coefA, GM_ADDR coefT, GM_ADDR coefB, GM_ADDR coefU,
                                                          GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
-                                                         GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw,
-                                                         GM_ADDR db, GM_ADDR workspace, GM_ADDR tiling) {
+                                                         GM_ADDR labels, GM_ADDR lse, GM_ADDR zCache, GM_ADDR dx,
+                                                         GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
+                                                         GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceGradMixTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
-    GM_ADDR in[9] = {coefA, coefT, coefB, coefU, hidden, weight, bias, labels, lse};
+    GM_ADDR in[10] = {coefA, coefT, coefB, coefU, hidden, weight, bias, labels, lse, zCache};
     GM_ADDR out[3] = {dx, dw, db};
     TPipe pipe;
     FusedLceGradMixKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;

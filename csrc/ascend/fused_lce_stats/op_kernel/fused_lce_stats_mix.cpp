@@ -20,6 +20,12 @@
 //     task).
 // With several segments the partial statistics go to the workspace and, after SyncAll of the vector cores, a
 // vectorised finishing phase merges them in segment order (no atomics: the result does not depend on core timing).
+// z cache (optional last output zCache, fp32 [N, V_local] row-major; nullptr: off): the cube writes each tile there
+// instead of the ring slot (SetOrgShape's orgKc = V_local sets C's row stride, asc-devkit docs Matmul-Kernel侧接口/
+// SetOrgShape.md) and the vector cores read their rows from it (DataCopyPad at row stride V_local); the flags and the
+// slot hand-back stay as with the ring (they pace the cube). It holds the cube's raw h W^T, before bias, softcap and
+// temperature: FusedLceGradMix takes it (its zCache input) in place of its logit GEMMs and applies those itself, so
+// its gradients are bitwise those of recomputing.
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
@@ -64,6 +70,8 @@ public:
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(labels));
         for (int k = 0; k < 6; ++k) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[k]));
+        zc_ = outs[6] != nullptr;
+        if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[6]));
         // workspace: [partial statistics: plane k of segment s at k * segments * N + s * N][ring: per AI core two
         // slots of base_m x base_n floats]
         wsStats_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
@@ -84,6 +92,10 @@ public:
     __aicore__ inline void ProcessCube(TPipe* pipe) {
         matmul::MatmulImpl<AType, BType, CType> mm;
         mm.Init(&td_->mmLogits, pipe);
+        if (zc_) {  // C rows at the cache's row stride V_local (A, B strides as the tiling's)
+            const AscendC::tiling::TCubeTiling& t = td_->mmLogits;
+            mm.SetOrgShape(t.M, t.N, t.Ka, t.Kb, static_cast<int>(p_->v));
+        }
         uint64_t k = 0;
         for (uint64_t t = core_; t < p_->tasks; t += p_->used_cores) {
             uint64_t mIdx, sIdx, nb0, nb1;
@@ -98,7 +110,11 @@ public:
                 mm.SetTensorB(wGm_[nb * p_->base_n * p_->d], true);
                 mm.SetTail(rows, static_cast<int>(ft::block_cols(*p_, nb)), static_cast<int>(p_->d));
                 // rows land at the tiling's N = base_n also for a partial last block (enSequentialWrite = false)
-                mm.IterateAll(ring_[(core_ * fm::kRingSlots + slot) * tileElems_]);
+                if (zc_) {
+                    mm.IterateAll(zcGm_[row0 * p_->v + nb * p_->base_n]);
+                } else {
+                    mm.IterateAll(ring_[(core_ * fm::kRingSlots + slot) * tileElems_]);
+                }
                 mm.End();
                 CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
             }
@@ -152,7 +168,15 @@ public:
                 const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
                 CrossCoreWaitFlag(kFlagFull);
                 Order<HardEvent::V_MTE2>();  // the previous tile's vector reads of z and the bias are done
-                if (rows > 0) {
+                if (rows > 0 && zc_) {  // rows at stride V_local -> UB rows at base_n
+                    const uint32_t rowBytes = cols * sizeof(float);
+                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
+                                               static_cast<uint32_t>((p_->v - cols) * sizeof(float)),
+                                               static_cast<uint32_t>((p_->base_n * sizeof(float) -
+                                                                      ft::align_up(rowBytes, 32)) / 32),
+                                               0};
+                    DataCopyPad(z_, zcGm_[row0 * p_->v + c0], cp, {false, 0, 0, 0});
+                } else if (rows > 0) {
                     DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
                              rows * p_->base_n);
                 }
@@ -385,9 +409,10 @@ private:
     const ft::Plan* p_;
     uint64_t core_ = 0, total_ = 0, tileElems_ = 0;
     uint32_t stride_ = 0;
+    bool zc_ = false;
     GlobalTensor<T> hGm_, wGm_, bGm_;
     GlobalTensor<LabelT> yGm_;
-    GlobalTensor<float> out_[6], wsStats_, ring_;
+    GlobalTensor<float> out_[6], wsStats_, ring_, zcGm_;
     TBuf<TPosition::VECCALC> ub_;
     LocalTensor<float> z_, w_, w2_, biasF32_, bc_, slots_;
     LocalTensor<T> biasIn_;
@@ -397,12 +422,13 @@ private:
 extern "C" __global__ __aicore__ void fused_lce_stats_mix(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
                                                           GM_ADDR labels, GM_ADDR outMax, GM_ADDR outSum,
                                                           GM_ADDR outTarget, GM_ADDR outZsum, GM_ADDR outArgmax,
-                                                          GM_ADDR outEz, GM_ADDR workspace, GM_ADDR tiling) {
+                                                          GM_ADDR outEz, GM_ADDR zCache, GM_ADDR workspace,
+                                                          GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceMixTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
-    GM_ADDR outs[6] = {outMax, outSum, outTarget, outZsum, outArgmax, outEz};
+    GM_ADDR outs[7] = {outMax, outSum, outTarget, outZsum, outArgmax, outEz, zCache};
     TPipe pipe;
     FusedLceStatsMixKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     op.Init(hidden, weight, bias, labels, outs, user, &td);
