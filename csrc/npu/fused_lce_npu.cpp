@@ -31,6 +31,7 @@ namespace fused_lce_npu {
 using at::Tensor;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+using Tensor7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 constexpr int64_t kMaskHidden = 1, kMaskWeight = 2, kMaskBias = 4;
 // The Matmul API takes int32 shapes (fused_lce_tiling.h kTooLarge); checked here so the error names the argument.
@@ -181,11 +182,12 @@ Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weigh
 constexpr int64_t kMixMaxIds = int64_t(1) << 24;
 
 // Per-token local statistics as _npu_stats, from the MIX forward. The kernel writes all six outputs on every launch
-// (sum of logits 0 without with_zsum, ez 0 without with_ez), so ez is always (N,). The OpDef's optional z_cache
-// output (the z-cache path's logit cache) is passed as absent.
-Tensor6 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+// (sum of logits 0 without with_zsum, ez 0 without with_ez), so ez is always (N,). keep_z: the OpDef's optional
+// z_cache output is given, float32 (N, V), and returned 7th (the kept h W^T for _npu_grads_mix's zcache); otherwise
+// it is absent and an empty tensor is returned in its place.
+Tensor7 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                       const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
-                      bool with_ez) {
+                      bool with_ez, bool keep_z) {
     const char* op = "fused_lce::_npu_stats_mix";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK(weight.size(0) < kMixMaxIds, op, ": the MIX kernels need fewer than 2^24 vocabulary rows per rank "
@@ -202,26 +204,31 @@ Tensor6 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
     Tensor zs = at::empty({n}, f32);
     Tensor amax_local = at::empty({n}, hidden.options().dtype(at::kInt));
     Tensor ez = at::empty({n}, f32);
+    Tensor zc = keep_z ? at::empty({n, weight.size(0)}, f32) : at::empty({0}, f32);
     if (n > 0) {
         Tensor h = hidden.contiguous();
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> b = contiguous_or_none(bias);
-        const c10::optional<Tensor> z_cache = c10::nullopt;  // optional output, absent: no logit cache
+        // optional output: given, the cube writes every tile's h W^T into it; absent, no logit cache
+        const c10::optional<Tensor> z_cache = keep_z ? c10::optional<Tensor>(zc) : c10::nullopt;
         EXEC_NPU_CMD_EXT(aclnnFusedLceStatsMix, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_ez, m,
                          s, zt, zs, amax_local, ez, z_cache);
     }
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
-    return {m, s, zt, zs, amax, ez};
+    return {m, s, zt, zs, amax, ez, zc};
 }
 
 // float32 gradients as _npu_grads from the deterministic MIX backward, with the driver's coefficient planes given one
-// by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). The OpDef's optional
-// z_cache input (after lse) is passed as absent: the logits are recomputed.
+// by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache: what
+// _npu_stats_mix(keep_z=True) returned for these rows (the kernel computes no logits); keep_dz: dz kept between the
+// two phases (the larger workspace); dw_acc: a float32 contiguous (V, D) tensor dW is added into in place (the sum of
+// the earlier driver blocks; the kernel only adds into dW), then returned empty as dW, as the twin's op does.
 Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                       const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
                       const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
-                      double softcap, double temperature, std::array<bool, 3> grad_mask) {
+                      double softcap, double temperature, std::array<bool, 3> grad_mask,
+                      const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     const char* op = "fused_lce::_npu_grads_mix";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK(weight.size(0) < kMixMaxIds && hidden.size(0) < kMixMaxIds, op,
@@ -235,14 +242,29 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
     TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
                 softcap);
     check_temperature(op, temperature);
-    const c10::OptionalDeviceGuard guard(device_of(hidden));
+    if (has(zcache))
+        TORCH_CHECK(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 && zcache->size(0) == hidden.size(0) &&
+                        zcache->size(1) == weight.size(0) && zcache->device() == hidden.device(),
+                    op, ": zcache must be a float32 (N, V) = (", hidden.size(0), ", ", weight.size(0),
+                    ") tensor on the hidden states' device (what _npu_stats_mix(keep_z=True) returned), got ",
+                    zcache->scalar_type(), " ", zcache->sizes());
     const bool has_bias = has(bias);
     const int64_t mask = (grad_mask[0] ? kMaskHidden : 0) | (grad_mask[1] ? kMaskWeight : 0) |
                          (grad_mask[2] && has_bias ? kMaskBias : 0);
+    const bool acc = has(dw_acc) && (mask & kMaskWeight);
+    if (acc)
+        TORCH_CHECK(dw_acc->scalar_type() == at::kFloat && dw_acc->is_contiguous() && dw_acc->dim() == 2 &&
+                        dw_acc->size(0) == weight.size(0) && dw_acc->size(1) == weight.size(1) &&
+                        dw_acc->device() == weight.device(),
+                    op, ": dw_acc must be a contiguous float32 (V, D) = (", weight.size(0), ", ", weight.size(1),
+                    ") tensor on the weight's device, got ", dw_acc->scalar_type(), " ", dw_acc->sizes());
+    const c10::OptionalDeviceGuard guard(device_of(hidden));
     auto f32 = hidden.options().dtype(at::kFloat);
-    // the cube accumulates into the outputs through the fixpipe (each element by one core): they start at zero
+    // the cube only adds into the outputs through the fixpipe (each element by one core): they start at zero, or dW
+    // at the earlier blocks' sum
     Tensor dx = (mask & kMaskHidden) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
-    Tensor dw = (mask & kMaskWeight) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
+    Tensor dw = acc ? *dw_acc
+                    : (mask & kMaskWeight) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
     Tensor db = (mask & kMaskBias) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
     if (mask != 0 && hidden.size(0) > 0) {
         auto plane = [](const Tensor& x) { return x.to(at::kFloat).contiguous(); };
@@ -255,11 +277,11 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> bb = contiguous_or_none(bias);
-        const c10::optional<Tensor> z_cache = c10::nullopt;  // optional input, absent: recompute the logits
+        c10::optional<Tensor> z_cache = contiguous_or_none(zcache);  // absent: recompute the logits
         EXEC_NPU_CMD_EXT(aclnnFusedLceGradMix, ca, ct, cb, cu, h, w, bb, y, l, z_cache, vocab_start, softcap,
-                         temperature, mask, dx, dw, db);
+                         temperature, mask, keep_dz, dx, dw, db);
     }
-    return {dx, dw, db};
+    return {dx, acc ? at::empty({0}, f32) : dw, db};
 }
 
 }  // namespace fused_lce_npu
@@ -272,10 +294,11 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
     m.def("_npu_grads(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
           "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
     m.def("_npu_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "float temperature, bool with_zsum, bool with_ez) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+          "float temperature, bool with_zsum, bool with_ez, bool keep_z=False) "
+          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
     m.def("_npu_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
-          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> "
-          "(Tensor, Tensor, Tensor)");
+          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, "
+          "Tensor? zcache=None, bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fused_lce, PrivateUse1, m) {

@@ -15,9 +15,8 @@ FUSED_LCE_NPU_KERNELS=mix, ``_npu_stats_mix`` / ``_npu_grads_mix`` over the cube
 the rest (combine, loss, reduction), as for every provider. D == 0 is declined (``supports``); an empty vocabulary
 shard (vocab parallel) launches no kernel.
 
-One-pass modes (kernels with ``supports_cache``; today the twin's MIX kernels, ``tests/ascend/twin_build.py``
-``TwinKernels(kernels="mix")``; the hardware adapter does not have them yet, and then everything below is off and
-one driver block covers every row): ``stats(..., keep=True)`` returns the forward's z cache (float32 [rows, V_local])
+One-pass modes (kernels with ``supports_cache``: the MIX pair, through the adapter or the twin; with the old pair
+everything below is off and one driver block covers every row): ``stats(..., keep=True)`` returns the forward's z cache (float32 [rows, V_local])
 as the driver's ``cache`` and ``grads`` hands it to the backward kernel, which then computes no logits; the backward
 keeps dz between its two phases (``keep_dz``) whenever dW or db is wanted. Fwd + bwd: 3 GEMMs of 2 N D V instead of
 5. Memory: ``token_block`` bounds the rows per driver block so that the z cache and the kept-dz workspace fit the
@@ -91,34 +90,60 @@ def find_custom_opp(env: Optional[dict] = None) -> tuple[Optional[str], str]:
 
 class _AdapterKernels:
     """The compiled kernels through the host adapter's ops: the old pair (``_npu_stats`` / ``_npu_grads``) or the MIX
-    pair (``_npu_stats_mix`` / ``_npu_grads_mix``, the twin's ``_twin_*_mix`` contracts). ``kind`` None follows
-    FUSED_LCE_NPU_KERNELS at every call; ``ops`` is the op namespace (tests put the twin's ops behind it)."""
+    pair (``_npu_stats_mix`` / ``_npu_grads_mix``). ``kind`` None follows FUSED_LCE_NPU_KERNELS at every call;
+    ``ops`` is the op namespace and ``prefix`` the ops' prefix: the twin's ``_twin_*`` ops have the same contracts
+    (tests/npu/test_npu_adapter_build.py compares the schemas), so tests/ascend/twin_build.py ``TwinKernels`` is this
+    class over them."""
 
-    def __init__(self, kind: Optional[str] = None, ops=None):
+    def __init__(self, kind: Optional[str] = None, ops=None, prefix: str = "_npu"):
         if kind is not None and kind not in KERNEL_CHOICES:
             raise ValueError(f"kind: expected one of {KERNEL_CHOICES}, got {kind!r}")
         self._kind = kind
         self.ops = torch.ops.fused_lce if ops is None else ops
+        self.prefix = prefix
 
     @property
     def kind(self) -> str:
         return self._kind if self._kind is not None else kernel_choice()
 
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
-        if self.kind == "mix":
-            return self.ops._npu_stats_mix(hidden, weight, bias, labels, int(vocab_start), float(softcap),
-                                           float(temperature), bool(with_zsum), bool(with_entropy))
-        return self.ops._npu_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
-                                   float(temperature), bool(with_entropy))
+    @property
+    def supports_cache(self) -> bool:
+        """The MIX kernels' one-pass modes: ``stats(..., keep_z=True)`` also returns the z cache, ``grads`` takes
+        ``zcache`` / ``keep_dz`` / ``dw_out`` (docs/npu.md); AscendCProvider uses them when set."""
+        return self.kind == "mix"
 
-    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask):
-        if self.kind == "mix":  # the (4, N) planes a, t, b, u one by one, as tests/ascend/twin_build.py does
+    def _op(self, name: str):
+        return getattr(self.ops, f"{self.prefix}_{name}")
+
+    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy,
+              keep_z: bool = False):
+        """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h W^T) as a
+        7th item when ``keep_z`` (MIX only)."""
+        if self.kind == "mix":
+            r = self._op("stats_mix")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                      float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z))
+            return r if keep_z else r[:6]
+        if keep_z:
+            raise ValueError("keep_z needs the MIX kernels (FUSED_LCE_NPU_KERNELS=mix)")
+        return self._op("stats")(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
+                                 float(temperature), bool(with_entropy))
+
+    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
+              zcache=None, keep_dz: bool = False, dw_out=None):
+        """(dx, dw, db) float32. MIX only: ``zcache``, what ``stats(..., keep_z=True)`` returned for these rows (no
+        logits recomputed); ``keep_dz``, dz kept between the backward's phases; ``dw_out``, a float32 (V, D) tensor
+        dW is added to in place (and returned as dw), for sums over driver blocks."""
+        mask = [bool(x) for x in grad_mask]
+        if self.kind == "mix":  # the (4, N) planes a, t, b, u one by one
             c = coefs.float()
-            return self.ops._npu_grads_mix(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
-                                           int(vocab_start), float(softcap), float(temperature),
-                                           [bool(x) for x in grad_mask])
-        return self.ops._npu_grads(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
-                                   float(temperature), [bool(x) for x in grad_mask])
+            dx, dw, db = self._op("grads_mix")(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
+                                               int(vocab_start), float(softcap), float(temperature), mask, zcache,
+                                               bool(keep_dz), dw_out)
+            return dx, (dw_out if dw_out is not None and mask[1] else dw), db
+        if zcache is not None or keep_dz or dw_out is not None:
+            raise ValueError("zcache / keep_dz / dw_out need the MIX kernels (FUSED_LCE_NPU_KERNELS=mix)")
+        return self._op("grads")(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
+                                 float(temperature), mask)
 
 
 class AscendCProvider(WholeRowsProvider):

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from fused_lce.backends import npu as npu_backend
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TWIN_INCLUDE = os.path.join(ROOT, "csrc", "ascend", "twin", "kernel")
@@ -43,53 +45,17 @@ def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazar
                      int(seed), float(switch_prob), bool(hazards))
 
 
-class TwinKernels:
-    """The kernels on the twin behind the interface the "npu" backend calls (``stats`` / ``grads``, the same
-    arguments as ``fused_lce.backends.npu._AdapterKernels``), for plugging them into the npu provider.
+class TwinKernels(npu_backend._AdapterKernels):
+    """The kernels on the twin behind the interface the "npu" backend calls: ``fused_lce.backends.npu``'s
+    ``_AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
+    provider.
 
-    ``kernels="old"`` (the default; FUSED_LCE_TWIN_KERNELS overrides it) runs FusedLceStats / FusedLceGrad, which the
-    adapter calls on hardware; ``"mix"`` runs the cube-driven FusedLceStatsMix / FusedLceGradMix behind the same
-    interface (the driver's Coefs (a, t, b, u) passed through), to check them against every suite before the adapter
-    switches."""
+    ``kernels="old"`` (the default; FUSED_LCE_TWIN_KERNELS overrides it) runs FusedLceStats / FusedLceGrad; ``"mix"``
+    runs the cube-driven FusedLceStatsMix / FusedLceGradMix with their one-pass modes (``supports_cache``)."""
 
     def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
-        self.ops = load_twin()
+        kind = kernels or os.environ.get("FUSED_LCE_TWIN_KERNELS", "old")
+        if kind not in ("old", "mix"):
+            raise ValueError(f"kernels must be 'old' or 'mix', got {kind!r}")
+        super().__init__(kind, ops=load_twin(), prefix="_twin")
         configure(hw, seed)
-        self.kind = kernels or os.environ.get("FUSED_LCE_TWIN_KERNELS", "old")
-        if self.kind not in ("old", "mix"):
-            raise ValueError(f"kernels must be 'old' or 'mix', got {self.kind!r}")
-
-    @property
-    def supports_cache(self) -> bool:
-        """True for the MIX kernels: ``stats(..., keep_z=True)`` also returns the z cache and ``grads`` takes
-        ``zcache`` / ``keep_dz`` (the one-pass modes, docs/npu.md); fused_lce.backends.npu uses them when set."""
-        return self.kind == "mix"
-
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy,
-              keep_z: bool = False):
-        """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local]) as a 7th item when
-        ``keep_z`` (MIX only)."""
-        if self.kind == "mix":
-            r = self.ops._twin_stats_mix(hidden, weight, bias, labels, int(vocab_start), float(softcap),
-                                         float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z))
-            return r if keep_z else r[:6]
-        if keep_z:
-            raise ValueError("keep_z needs the MIX kernels (kernels='mix')")
-        return self.ops._twin_stats(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
-                                    float(temperature), bool(with_entropy))
-
-    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
-              zcache=None, keep_dz: bool = False, dw_out=None):
-        """(dx, dw, db) float32. ``zcache``: what ``stats(..., keep_z=True)`` returned for these rows (the logits
-        are not recomputed); ``keep_dz``: dz kept between the backward's phases; ``dw_out``: a float32 (V, D)
-        tensor dW is added to in place (and returned as dw), for sums over driver blocks (MIX only)."""
-        if self.kind == "mix":
-            c = coefs.float()
-            dx, dw, db = self.ops._twin_grads_mix(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
-                                                  int(vocab_start), float(softcap), float(temperature),
-                                                  [bool(x) for x in grad_mask], zcache, bool(keep_dz), dw_out)
-            return dx, (dw_out if dw_out is not None and grad_mask[1] else dw), db
-        if zcache is not None or keep_dz or dw_out is not None:
-            raise ValueError("zcache / keep_dz / dw_out need the MIX kernels (kernels='mix')")
-        return self.ops._twin_grads(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
-                                    float(temperature), [bool(x) for x in grad_mask])

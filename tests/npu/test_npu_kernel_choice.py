@@ -61,10 +61,10 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     (s_old, a_old), (g_old, b_old), (s_mix, a_mix), (g_mix, b_mix) = rec.calls
     assert (s_old, g_old, s_mix, g_mix) == ("_npu_stats", "_npu_grads", "_npu_stats_mix", "_npu_grads_mix")
     assert a_old[4:] == (3, 2.5, True, 0.75, False)  # _npu_stats: with_zsum before temperature
-    assert a_mix[4:] == (3, 2.5, 0.75, True, False)  # _npu_stats_mix: the twin's order, temperature first
+    assert a_mix[4:] == (3, 2.5, 0.75, True, False, False)  # _npu_stats_mix: the twin's order, keep_z off
     assert b_old[0] is coefs and b_old[6:] == (3, 2.5, 0.75, [True, False, True])
     # mix: (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes, as TwinKernels(kernels="mix")
-    assert b_mix[:4] == (h, w, None, y) and b_mix[9:] == (3, 2.5, 0.75, [True, False, True])
+    assert b_mix[:4] == (h, w, None, y) and b_mix[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
     assert b_mix[4].dtype == torch.float32 and torch.equal(b_mix[4], lse.float())
     for i in range(4):
         assert b_mix[5 + i].dtype == torch.float32 and torch.equal(b_mix[5 + i], coefs[i].float())

@@ -287,12 +287,14 @@ def f32(x: float) -> float:
 
 
 def mix_grid(op: str, count: int, rng: random.Random) -> list[str]:
-    """The old ops' grid for the MIX ops, plus their own options (coef_b / coef_u present or not)."""
+    """The old ops' grid for the MIX ops, plus their own options (coef_b / coef_u / z_cache present or not,
+    keep_dz)."""
     out = []
     for line in grid(op.replace("_mix", ""), count, rng):
         line = line.replace(f"op={op.replace('_mix', '')} ", f"op={op} ", 1)
         if op == "grad_mix":
-            line += f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
+            line += (f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
+                     f" keep_dz={int(rng.random() < 0.5)} z_cache={int(rng.random() < 0.5)}")
         out.append(line)
     return out
 
@@ -325,8 +327,10 @@ def mix_problems(line: str, r: dict) -> list[str]:
     want(r["block_dim_set"] and r["block_dim"] == max(1, used), f"block dim {r['block_dim']} != used cores {used}")
     want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (the MIX kernel runs one block per AI core)")
     want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
-    want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + e["ws_total"]],
-         f"workspaces {r['workspaces']} != [{r['lib_ws']} + {e['ws_total']}]")
+    keep = grad and c.get("keep_dz") == "1"  # the one-pass modes' kept dz: the larger workspace
+    ws = e["ws_total_keep"] if keep else e["ws_total"]
+    want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + ws], f"workspaces {r['workspaces']} != "
+         f"[{r['lib_ws']} + {ws}]")
     want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
     want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
     want(f32(r["invTemperature"]) == f32(1.0 / f32(float(c["temperature"]))), f"invTemperature {r['invTemperature']}")
@@ -336,6 +340,7 @@ def mix_problems(line: str, r: dict) -> list[str]:
     if grad:
         want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
         want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
+        want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
     else:
         want(r["withZsum"] == int(c["with_zsum"]) and r["withEz"] == int(c["entropy"]), "withZsum / withEz")
@@ -414,7 +419,8 @@ BAD_GRAD_MIX = [
     ("coef_b dtype", dict(dtype__coef_b="bf16")),
     ("coef_u length", dict(shape__coef_u="38")),
     ("lse dtype", dict(dtype__lse="bf16")),
-    ("z_cache given", dict(z_cache=1)),
+    ("z_cache (N, V + 1)", dict(z_cache=1, shape__z_cache="37,302")),
+    ("z_cache dtype", dict(z_cache=1, dtype__z_cache="bf16")),
     ("grad_mask > 7", dict(mask=8)),
 ]
 ALL_BAD_MIX = [("stats_mix: " + w, k) for w, k in BAD] + [("grad_mix: " + w, k) for w, k in BAD + BAD_GRAD_MIX]
@@ -441,16 +447,16 @@ def test_mix_inferred_shapes_and_dtypes(driver):
 
 def test_mix_opdefs_declare_the_kernels_arguments(driver):
     """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch passes
-    them so): compare with the extern "C" signature of each MIX kernel; the z-cache slots (z_cache, optional: the
-    last output of the forward, right after lse in the backward) may be ahead of the kernel."""
+    them so): compare with the extern "C" signature of each MIX kernel, the z-cache slots included (z_cache,
+    optional: the last output of the forward, right after lse in the backward)."""
     for op, src in MIX_KERNELS.items():
         code = open(src).read()
         sig = re.search(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', code).group(1)
         params = [p.split()[-1] for p in sig.split(",")][:-2]  # drop workspace, tiling
         d = driver.one(f"opdef={op}")
         names = [p["name"] for p in d["inputs"]] + [p["name"] for p in d["outputs"]]
-        names = [x for x in names if x != "z_cache" or len(params) == len(names)]
         assert len(params) == len(names), f"{op}: kernel takes {params}, OpDef declares {names}"
+        assert params.index("zCache") == names.index("z_cache"), (params, names)
         assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
         opt = {p["name"] for p in d["inputs"] + d["outputs"] if p["param"] == "optional"}
         assert "z_cache" in opt and "bias" in opt

@@ -5,7 +5,7 @@
 // stdin: one case per line, `key=value` words:
 //   op=stats|grad|stats_mix|grad_mix part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
 //   softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1] [coef_u=0|1]
-//   [z_cache=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   [z_cache=0|1] [keep_dz=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -118,6 +118,7 @@ Case build(const std::map<std::string, std::string>& kv) {
     c.attrs["temperature"] = th::AttrArg::Float(std::stof(get(kv, "temperature", "1")));
     if (grad) {
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
+        if (kind == "grad_mix") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
     } else {
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
@@ -199,6 +200,12 @@ std::string mix_plan_json(const MP& m) {
     return o.str();
 }
 
+std::string mix_plan_json(const fm::MixGradPlan& m) {  // plus the kept-dz workspace of the one-pass modes
+    std::ostringstream o;
+    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep;
+    return o.str();
+}
+
 void run_mix_case(const Case& c) {
     const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
     const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
@@ -229,6 +236,7 @@ void run_mix_case(const Case& c) {
                   << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
                   << ",\"invTemperature\":" << td.invTemperature << ",\"gradMask\":" << td.gradMask
                   << ",\"hasBias\":" << td.hasBias << ",\"hasB\":" << td.hasB << ",\"hasU\":" << td.hasU
+                  << ",\"keepDz\":" << td.keepDz
                   << ",\"mmZ\":" << cube_json(td.mmZ) << ",\"mmDx\":" << cube_json(td.mmDx)
                   << ",\"mmDw\":" << cube_json(td.mmDw);
             }

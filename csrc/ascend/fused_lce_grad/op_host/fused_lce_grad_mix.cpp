@@ -2,15 +2,16 @@
 // definition, shape / dtype inference and tiling. Generated aclnn API:
 //   aclnnFusedLceGradMixGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
 //                                        labels, lse, zCacheOptional, vocabStart, softcap, temperature, gradMask,
-//                                        gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
+//                                        keepDz, gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
 //   aclnnFusedLceGradMix(workspace, workspaceSize, executor, stream)
 // coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
 // t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
-// lse) is reserved for the z-cache path; the tiling does not use it yet (its tiling fields, appended to
-// FusedLceGradMixTilingData later, stay 0 = recompute the logits).
-// The three outputs are float32 accumulators that the caller zero-fills (the cube accumulates into them through the
-// fixpipe, each element by one core in a fixed order); an output not selected by gradMask (bit0 dX, bit1 dW, bit2 db)
-// may be an empty tensor.
+// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (its null GM address is
+// the switch). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
+// phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
+// The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
+// blocks' sum (the cube only adds into them through the fixpipe, each element by one core in a fixed order); an
+// output not selected by gradMask (bit0 dX, bit1 dW, bit2 db) may be an empty tensor.
 // Kernel type KERNEL_TYPE_MIX_AIC_1_2 (the kernel's KERNEL_TASK_TYPE_DEFAULT); block dim = AI cores used, batch
 // mode (the kernel's SyncAll before the db merge), workspace = system workspace + rings + db partials, as ops-nn's
 // FusedLinearCrossEntropyLossGrad sets them (hicann/ops-nn matmul/fused_linear_cross_entropy_loss_grad/op_host/
@@ -27,8 +28,8 @@ namespace grad_mix {
 // of the later inputs shift when one is absent: every input is read by IR index
 constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
                  kLse = 8, kZCache = 9;
-// attribute indices (the Attr(...) order below; the same as FusedLceGrad's)
-constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3;
+// attribute indices (the Attr(...) order below; FusedLceGrad's, then keep_dz)
+constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3, kAttrKeepDz = 4;
 }  // namespace grad_mix
 
 // a coefficient plane: float32 (N,)
@@ -57,13 +58,18 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     if (!planesOk || !fh::is_vector(lse, sn) || lse.dtype != ge::DT_FLOAT)
         return fh::fail(ctx, "coef_a / coef_t (and coef_b / coef_u when given) and lse must be float32 (N,), N = %lld",
                         static_cast<long long>(sn));
-    if (fh::input(ctx, kZCache).present)
-        return fh::fail(ctx, "z_cache is not supported by this build (the z-cache path is not wired yet)");
+    const fh::Input zc = fh::input(ctx, kZCache);
+    if (zc.present && (zc.dtype != ge::DT_FLOAT || zc.shape == nullptr || zc.shape->GetDimNum() != 2 ||
+                       zc.shape->GetDim(0) != sn || zc.shape->GetDim(1) != static_cast<int64_t>(v)))
+        return fh::fail(ctx, "z_cache must be float32 (N, V) = (%lld, %lld)", static_cast<long long>(sn),
+                        static_cast<long long>(v));
     int64_t vocabStart = 0, mask = 0;
     float softcap = 0.0f, temperature = 1.0f;
+    bool keepDz = false;
     const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
     if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
-        !fh::attr(attrs, kAttrTemperature, &temperature) || !fh::attr(attrs, kAttrGradMask, &mask))
+        !fh::attr(attrs, kAttrTemperature, &temperature) || !fh::attr(attrs, kAttrGradMask, &mask) ||
+        !fh::attr(attrs, kAttrKeepDz, &keepDz))
         return fh::fail(ctx, "missing attribute");
     if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature) || mask < 0 || mask > 7)
         return fh::fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
@@ -80,6 +86,7 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     td->hasBias = bias.present ? 1u : 0u;
     td->hasB = b.present ? 1u : 0u;
     td->hasU = u.present ? 1u : 0u;
+    td->keepDz = keepDz ? 1u : 0u;
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -94,7 +101,7 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
                                    p.base_d, td->mmDw);
         if (!ok) return fh::fail(ctx, "FusedLceGradMix: the Matmul API found no tiling");
     }
-    return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
+    return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }
 
 }  // namespace optiling
@@ -144,7 +151,7 @@ public:
         Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
         Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
         Input("lse").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Input("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);  // right after lse (the z-cache path)
+        Input("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);  // right after lse: the forward's h W^T
         Output("grad_hidden").ParamType(REQUIRED).DataType(f32).Format(nd);
         Output("grad_weight").ParamType(REQUIRED).DataType(f32).Format(nd);
         Output("grad_bias").ParamType(REQUIRED).DataType(f32).Format(nd);
@@ -152,6 +159,7 @@ public:
         Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
         Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
         Attr("grad_mask").AttrType(OPTIONAL).Int(7);
+        Attr("keep_dz").AttrType(OPTIONAL).Bool(false);
         SetInferShape(ge::FusedLceGradMixInferShape).SetInferDataType(ge::FusedLceGradMixInferDataType);
         AICore().SetTiling(optiling::FusedLceGradMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

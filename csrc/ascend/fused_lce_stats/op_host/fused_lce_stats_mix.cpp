@@ -6,8 +6,8 @@
 //   aclnnFusedLceStatsMix(workspace, workspaceSize, executor, stream)
 // Same inputs and attributes as FusedLceStats. Unlike FusedLceStats the kernel writes all six (N,) outputs on every
 // launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V), optional,
-// the last output) is reserved for the forward's logit cache of the z-cache path; the tiling does not use it yet
-// (its tiling fields, appended to FusedLceMixTilingData later, stay 0 = no cache).
+// the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap / temperature)
+// for FusedLceGradMix's z_cache input; its GM address (null when absent) is the switch, nothing in the tiling.
 // Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
 // the number of AI cores used, each one cube (AIC) with its two vector cores (AIV), as ops-nn's
 // FusedLinearOnlineMaxSum does (hicann/ops-nn matmul/fused_linear_online_max_sum/op_host/
