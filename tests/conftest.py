@@ -35,7 +35,8 @@ TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of 
 
 def _register_twin():
     """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
-    "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the providers
+    "npu" provider's Python side, as providers "npu_twin" (the kernel pair FUSED_LCE_NPU_KERNELS selects, default the
+    MIX pair, as on an NPU) and "npu_twin_old" (the old pair) on CPU tensors: every suite parametrised over the providers
     runs them like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a build
     failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
@@ -47,7 +48,8 @@ def _register_twin():
     try:
         import twin_build
 
-        kernels = twin_build.TwinKernels()
+        kernels = twin_build.TwinKernels()  # FUSED_LCE_NPU_KERNELS, default: the MIX pair (as on an NPU)
+        old = twin_build.TwinKernels(kernels="old")
     except Exception as e:  # noqa: BLE001
         if os.environ.get("CI"):
             raise
@@ -56,6 +58,7 @@ def _register_twin():
     from fused_lce.backends.npu import AscendCProvider
 
     registry.register(AscendCProvider("npu_twin", kernels=kernels, device_types=("cpu",), status=TWIN_STATUS))
+    registry.register(AscendCProvider("npu_twin_old", kernels=old, device_types=("cpu",), status=TWIN_STATUS))
 
 
 _register_twin()
@@ -71,7 +74,7 @@ def backend_device_params():
             if registry.why_not(name, Problem(8, 8, 8, torch.float32, torch.device(dev), False, Options())):
                 continue
             marks = [pytest.mark.cuda] if dev == "cuda" else []
-            if name == "npu_twin":
+            if name.startswith("npu_twin"):
                 marks.append(pytest.mark.twin)
             params.append(pytest.param((name, dev), id=f"{name}-{dev}", marks=marks))
     return params

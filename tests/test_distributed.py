@@ -377,7 +377,7 @@ def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32,
 # every CPU provider that runs vocab-parallel log-prob problems, run-time registered ones included (npu_twin: the
 # AscendC kernels on the CPU twin; the spawned ranks register it too, importing tests/conftest.py with this module)
 LOGPROB_BACKENDS = ["torch"] + [
-    pytest.param(n, marks=pytest.mark.twin) if n == "npu_twin" else n for n in registry.names() if n != "torch" and
+    pytest.param(n, marks=pytest.mark.twin) if n.startswith("npu_twin") else n for n in registry.names() if n != "torch" and
     registry.why_not(n, Problem(8, 8, 8, torch.float32, torch.device("cpu"), False, Options(group_name="g"),
                                 op="logprobs")) is None]
 

@@ -49,16 +49,20 @@ ACLNN_SYMBOLS = ("aclnnFusedLceStatsGetWorkspaceSize", "aclnnFusedLceStats",
 MIX_ACLNN_SYMBOLS = ("aclnnFusedLceStatsMixGetWorkspaceSize", "aclnnFusedLceStatsMix",
                      "aclnnFusedLceGradMixGetWorkspaceSize", "aclnnFusedLceGradMix")
 ADAPTER_MODULE = "fused_lce._npu_C"
-DEFAULT_TILE_BYTES = 1 << 30  # z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0
+# z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0: 2 GiB keeps about 2300 rows of a
+# 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the cube's work in
+# benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of 1.14x)
+DEFAULT_TILE_BYTES = 2 << 30
 
-# Which kernel pair the adapter launches: "old" (FusedLceStats / FusedLceGrad) or "mix" (the cube-driven
-# FusedLceStatsMix / FusedLceGradMix of issue 13: deterministic backward, modelled faster forward). Neither has run on
-# hardware; "old" stays the default because it is the pair every CI suite runs as npu_twin and the first-hardware-run
-# checklist validates first, and the model gives MIX no fwd + bwd gain on the large Qwen heads (its backward
-# recomputes the logits twice); docs/npu.md, "Kernel choice".
+# Which kernel pair the adapter launches: "mix" (the cube-driven FusedLceStatsMix / FusedLceGradMix of issue 13, with
+# their one-pass modes: bitwise-reproducible gradients, no V x D atomics, 3 GEMMs for a reduced loss, modelled at
+# 1.06-1.14x the floor against 1.51-2.23x) or "old" (FusedLceStats / FusedLceGrad). Neither has run on hardware; both
+# run every suite on the twin in CI (providers npu_twin and npu_twin_old); "old" is the fallback to set if the MIX
+# pair fails the first hardware run (docs/npu.md, "Kernel choice", and the checklist).
 KERNELS_ENV = "FUSED_LCE_NPU_KERNELS"
 KERNEL_CHOICES = ("old", "mix")
-DEFAULT_KERNELS = "old"
+DEFAULT_KERNELS = "mix"
+MIX_MAX_IDS = 1 << 24  # the MIX planner carries vocabulary ids and row offsets as exact floats
 
 
 def kernel_choice(env: Optional[dict] = None) -> str:
@@ -244,6 +248,9 @@ class AscendCProvider(WholeRowsProvider):
         reason = super().supports(p)
         if reason is None and p.d == 0:
             return "the AscendC tiling needs a hidden size D > 0 (the cube has nothing to multiply)"
+        if reason is None and p.v >= MIX_MAX_IDS and getattr(self.kernels, "kind", None) == "mix":
+            return (f"the MIX kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
+                    f"({KERNELS_ENV}=old runs the old kernels)")
         return reason
 
     # -- kernels: one driver block covers every row (the kernels tile tokens across cores) ----------------------

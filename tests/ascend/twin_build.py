@@ -50,12 +50,10 @@ class TwinKernels(npu_backend._AdapterKernels):
     ``_AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
     provider.
 
-    ``kernels="old"`` (the default; FUSED_LCE_TWIN_KERNELS overrides it) runs FusedLceStats / FusedLceGrad; ``"mix"``
-    runs the cube-driven FusedLceStatsMix / FusedLceGradMix with their one-pass modes (``supports_cache``)."""
+    ``kernels="mix"`` runs the cube-driven FusedLceStatsMix / FusedLceGradMix with their one-pass modes
+    (``supports_cache``), ``"old"`` FusedLceStats / FusedLceGrad; None follows FUSED_LCE_NPU_KERNELS at every call,
+    as the adapter does (default "mix")."""
 
     def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
-        kind = kernels or os.environ.get("FUSED_LCE_TWIN_KERNELS", "old")
-        if kind not in ("old", "mix"):
-            raise ValueError(f"kernels must be 'old' or 'mix', got {kind!r}")
-        super().__init__(kind, ops=load_twin(), prefix="_twin")
+        super().__init__(kernels, ops=load_twin(), prefix="_twin")
         configure(hw, seed)

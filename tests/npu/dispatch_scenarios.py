@@ -259,14 +259,14 @@ def first_failing_step_is_reported():
         assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
-    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with
-    # FUSED_LCE_NPU_KERNELS=mix the MIX kernels' symbols are required too, and a bad value is the reason
+    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the MIX kernels
+    # (the default, or FUSED_LCE_NPU_KERNELS=mix) their symbols are required too, and a bad value is the reason
     old, mix = npu_ascendc.ACLNN_SYMBOLS, npu_ascendc.MIX_ACLNN_SYMBOLS
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
         for k, (syms, kernels, expect) in enumerate((
                 (old[:2], "", "aclnn symbol(s) aclnnFusedLceGradGetWorkspaceSize"),
-                (old, "", "host adapter fused_lce._npu_C not built"),
+                (old, "", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize"),  # default: mix
                 (old, "old", "host adapter fused_lce._npu_C not built"),
                 (old, "mix", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize, aclnnFusedLceStatsMix, "),
                 (old + mix, "mix", "host adapter fused_lce._npu_C not built"),

@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def test_kernel_choice_default_and_env():
-    assert npu_ascendc.DEFAULT_KERNELS == "old" and npu_ascendc.kernel_choice({}) == "old"
-    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": " mix "}) == "mix"
-    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "old"
+    assert npu_ascendc.DEFAULT_KERNELS == "mix" and npu_ascendc.kernel_choice({}) == "mix"
+    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": " old "}) == "old"
+    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "mix"
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS: expected one of"):
         npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": "MIX"})
     with pytest.raises(ValueError, match="kind: expected one of"):
