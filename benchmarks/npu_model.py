@@ -116,11 +116,13 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int):
         elif kernel == "old_bwd":
             one, zero = torch.ones(n), torch.zeros(n)  # the loss's Coefs (a, t, b, u) for g = 1
             ops._twin_grads(torch.stack([one, one, zero, zero]), h, w, None, y, lse, 0, 0.0, 1.0, [True, True, False])
-        elif kernel == "mix_bwd":
+        elif kernel in ("mix_bwd", "mix3_bwd", "onepass_bwd"):
+            zc = ops._twin_stats_mix(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
+                if kernel == "onepass_bwd" else None
             ops._twin_grads_mix(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
-                                [True, True, False])
+                                [True, True, False], zc, kernel != "mix_bwd", None)
         vec, flops = _counters(ops)
-        gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4}[kernel]
+        gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4, "mix3_bwd": 3, "onepass_bwd": 2}[kernel]
         assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
         out.append(vec)
     twin_build.configure(twin_build.HW_910B)  # the plans that follow are the 910B's
@@ -185,11 +187,11 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
         keep = r * v * 4 if name == "onepass" else 0
         f = _time(tiles_core, t_cube, t_fwd_vec, True, v * d * elt * waves + r * d * elt + keep,
                   mb * nbk * bm * bn * 4 * 2)
-        # phase X: dz of every tile; the vector work per tile is the MIX backward's dz work (counted)
+        # phase X: dz of every tile; the vector work per tile counted on the twin in this mode
         pg = ops._twin_plan_grad(r, d, v, elt, 0)
-        gkey = ("mix_bwd", pg[1], pg[2])
+        gkey = (f"{name}_bwd", pg[1], pg[2])
         if gkey not in counted:
-            counted[gkey] = count_per_tile(ops, "mix_bwd", dtype, pg[1], pg[2])
+            counted[gkey] = count_per_tile(ops, f"{name}_bwd", dtype, pg[1], pg[2])
         gbm, gbn = pg[1], pg[2]
         t_dz = _vec_cycles(counted[gkey][0]) / CLOCK_HZ
         tiles_x = math.ceil(math.ceil(r / gbm) / CUBE_CORES) * math.ceil(v / gbn)

@@ -78,8 +78,9 @@ def linear_cross_entropy(
         tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
             env ``FUSED_LCE_TILE_MB``, read once per call here so every backend means the same by it, else the
             backend's own default: 256 MiB for torch/cpp on CPU, a quarter of free memory (1-8 GiB) for torch on
-            CUDA, planned from free memory for triton; the AscendC kernels tile on-chip and ignore it). Lower it when a call runs out of
-            memory; the float32 gradient accumulators (``4 * (V*D + N*D + V)`` bytes) come on top.
+            CUDA, planned from free memory for triton, 2 GiB of kept z / dz per launch for the npu backend's MIX
+            kernels). Lower it when a call runs out of memory; the float32 gradient accumulators
+            (``4 * (V*D + N*D + V)`` bytes) come on top.
 
     Returns:
         float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``). When no
