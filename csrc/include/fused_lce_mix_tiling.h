@@ -151,8 +151,9 @@ struct MixGradPlan {
     int32_t status;
     uint32_t pad_;
     // The dz-kept mode (FusedLceGradMixTilingData::keepDz = 1; 0 uses none of this and needs only ws_total):
-    // phase X writes every dz tile (operand dtype) to its own place and phase W multiplies those tiles, with no
-    // logit GEMM and no vector work (3 GEMMs in fwd + bwd with a z cache, 4 without). Placed after ws_total:
+    // phase X writes every dz tile (operand dtype) into one row-major N x V matrix and the cube then runs one
+    // whole-K GEMM per dX / dW output block from it, with no logit GEMM and no vector work (3 GEMMs in fwd + bwd
+    // with a z cache, 4 without). Placed after ws_total:
     uint64_t ws_keep_dz;     // Dz: N x V operand-dtype dz, row-major (leading dimension V)
     uint64_t ws_keep_db;     // db partials, one per (token block, vector core): 2 x m_blocks x V fp32 (bias only)
     uint64_t ws_total_keep;  // ws_total + ws_keep_dz + ws_keep_db: the workspace to allocate when keepDz = 1

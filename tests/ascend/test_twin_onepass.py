@@ -1,10 +1,11 @@
 """The one-pass modes of the MIX kernels on the AscendC CPU twin (hazard checker on): FusedLceStatsMix's zCache
 output (the cube's raw h W^T tiles) and FusedLceGradMix's zCache input (no logit GEMM) and keepDz (dz kept between
 the phases in the workspace, phase W without z / vector work). Against float64 (every dtype, bias, softcap,
-temperature, the coefficients u and b, ignored rows, tails, both parts), bitwise against the recompute mode (dX, dW;
-db within rounding: its fp32 partials are summed per token block), grad-mask subsets, bitwise determinism across
-scheduler seeds, the cube FLOPs (3 GEMMs of 2 N D V for fwd + bwd instead of 5), the workspace formula, and the npu
-provider's cache route over several driver blocks."""
+temperature, the coefficients u and b, ignored rows, tails, both parts), against the recompute mode (bitwise with
+the z cache alone; within float32 rounding with dz kept: whole-K dX / dW GEMMs from the kept Dz, db partials per
+token block), grad-mask subsets, bitwise determinism across scheduler seeds, the cube FLOPs (3 GEMMs of 2 N D V for
+fwd + bwd instead of 5), the cube's GM writes with dz kept (each output element once), the workspace formula, and
+the npu provider's cache route over several driver blocks."""
 import pytest
 import torch
 
