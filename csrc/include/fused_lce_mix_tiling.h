@@ -151,20 +151,20 @@ struct MixGradPlan {
     int32_t status;
     uint32_t pad_;
     // The dz-kept mode (FusedLceGradMixTilingData::keepDz = 1; 0 uses none of this and needs only ws_total):
-    // phase X writes every dz tile (operand dtype) to its own place and phase W multiplies those tiles, with no
-    // logit GEMM and no vector work (3 GEMMs in fwd + bwd with a z cache, 4 without). Placed after ws_total:
-    uint64_t ws_keep_dz;     // m_blocks x n_blocks tiles of base_m x base_n operand-dtype dz (tile-major)
+    // phase X writes every dz tile (operand dtype) into one row-major N x V matrix and the cube then runs one
+    // whole-K GEMM per dX / dW output block from it, with no logit GEMM and no vector work (3 GEMMs in fwd + bwd
+    // with a z cache, 4 without). Placed after ws_total:
+    uint64_t ws_keep_dz;     // Dz: N x V operand-dtype dz, row-major (leading dimension V)
     uint64_t ws_keep_db;     // db partials, one per (token block, vector core): 2 x m_blocks x V fp32 (bias only)
     uint64_t ws_total_keep;  // ws_total + ws_keep_dz + ws_keep_db: the workspace to allocate when keepDz = 1
 };
 
 // Workspace bytes of the dz-kept mode beyond plan_grad's ws_total (the formula plan_grad fills in):
-//   align512(ceil(n / base_m) base_m x ceil(v / base_n) base_n x elt) + (bias ? align512(2 ceil(n / base_m) v 4) : 0)
-// i.e. about n x v x elt (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu.py).
-inline void plan_keep_dz(MixGradPlan* m, uint64_t v, uint32_t elt, bool bias) {
+//   align512(n x v x elt) + (bias ? align512(2 ceil(n / base_m) v 4) : 0)
+// (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu.py).
+inline void plan_keep_dz(MixGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, bool bias) {
     const ft::Plan& p = m->base;
-    const uint64_t tile = static_cast<uint64_t>(p.base_m) * p.base_n;
-    m->ws_keep_dz = ft::align_up(p.m_blocks * p.n_blocks * tile * elt, ft::kGmAlign);
+    m->ws_keep_dz = ft::align_up(n * v * elt, ft::kGmAlign);
     m->ws_keep_db = bias ? ft::align_up(2 * p.m_blocks * v * 4, ft::kGmAlign) : 0;
     m->ws_total_keep = m->ws_total + m->ws_keep_dz + m->ws_keep_db;
 }
@@ -225,7 +225,7 @@ inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, u
     m.ws_db = bias ? ft::align_up(2 * v * 4, ft::kGmAlign) : 0;
     m.ws_total = m.ws_ring + m.ws_dz + m.ws_db;
     m.dw_workspace_bytes = 0;
-    plan_keep_dz(&m, v, elt, bias);
+    plan_keep_dz(&m, n, v, elt, bias);
     m.status = ft::kOk;
     return m;
 }

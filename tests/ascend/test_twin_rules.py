@@ -6,7 +6,7 @@ import torch
 
 CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok_atomic_add", "ok_reduce",
          "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions", "ok_xflag_ring",
-         "ok_xflag_mode0_mode1", "ok_syncall_mix"]
+         "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
     "raw_v_s": "HardEvent::V_S",

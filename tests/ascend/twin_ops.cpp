@@ -375,6 +375,10 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         td.mmZ = fill_gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
         td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
+        if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)
+            td.mmDxAll = fill_gemm(bm, p.d, p.v, bm, p.base_d, bn, p.elt_bytes, hw);
+            td.mmDwAll = fill_gemm(bn, p.d, p.n, bn, p.base_d, bm, p.elt_bytes, hw);
+        }
         const uint64_t ws_bytes = keep_dz ? mp.ws_total_keep : mp.ws_total;
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + ws_bytes)}, hidden.options().dtype(at::kByte));
         // the kept-dz region starts as NaN bytes (the device's workspace is not cleared): a tile or db partial the

@@ -145,6 +145,37 @@ void syncall_mix(int bug) {
     if (bug == 0) SyncAll<false>();
 }
 
+// SetOrgShape with an A that is a sub-matrix of a wider one (FusedLceGradMix's whole-K GEMMs from the kept Dz):
+// untransposed, A (M x K) rows at stride orgKa > K; transposed, A stored (K x M) rows at stride orgM > M (asc-devkit
+// docs Matmul-Kernel侧接口/SetOrgShape.md, copy_cube_in_params_base.h GetOrgWidth). Both 16 x 16, K = 24, A at
+// column 8 of a 40-wide matrix at in[0]; B (K x N) at stride N = 16 from in[kLdA * 32]; C at stride 16 into out[0]
+// and out[256] (checked in run_probe).
+constexpr int kLdA = 40, kOrgK = 24, kOrgCol = 8;
+void mm_orgshape() {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    if ASCEND_IS_AIV return;
+    TPipe pipe;
+    using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
+    using AT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
+    MatmulImpl<A, A, A> mm;
+    MatmulImpl<AT, A, A> mmT;
+    tiling::TCubeTiling t = mm_tiling(kT, kT, kOrgK, kT, kT, 8);
+    mm.Init(&t, &pipe);
+    mmT.Init(&t, &pipe);
+    mm.SetOrgShape(kT, kT, kLdA, kOrgK, kT);
+    mm.SetTensorA(gin()[kOrgCol]);
+    mm.SetTensorB(gin()[kLdA * 32]);
+    mm.SetTail(kT, kT, kOrgK);
+    mm.IterateAll(gout());
+    mm.End();
+    mmT.SetOrgShape(kLdA, kT, kOrgK, kOrgK, kT);
+    mmT.SetTensorA(gin()[kOrgCol], true);
+    mmT.SetTensorB(gin()[kLdA * 32]);
+    mmT.SetTail(kT, kT, kOrgK);
+    mmT.IterateAll(gout()[kT * kT]);
+    mmT.End();
+}
+
 void xflag_modes(int bug) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     if ASCEND_IS_AIC return;
@@ -528,6 +559,7 @@ std::map<std::string, Probe> probes() {
     p["xflag_deadlock"] = {2, 2, [](auto& in, auto&) { xflag_ring(in, 5); }};
     p["ok_xflag_mode0_mode1"] = {2, 2, [](auto&, auto&) { xflag_modes(0); }};
     p["ok_syncall_mix"] = {2, 2, [](auto&, auto&) { syncall_mix(0); }};
+    p["ok_mm_orgshape_leading_dim"] = {1, 2, [](auto&, auto&) { mm_orgshape(); }};
     p["syncall_mix_missing"] = {2, 2, [](auto&, auto&) { syncall_mix(1); }};
     p["xflag_mode1_unmatched"] = {2, 2, [](auto&, auto&) { xflag_modes(1); }};
     p["xflag_counter_overflow"] = {1, 2, [](auto&, auto&) { xflag_limits(0); }};
@@ -614,6 +646,20 @@ std::string run_probe(const std::string& name) {
         const float want0 = (in[0] + 1) * 2;
         if (out[0] != want0 || out[1] != want0 + 100 || out[6] != (in[6] + 1) * 2 || out[7] != 0.0f)
             return "ok_pipeline: wrong values";
+    }
+    if (name == "ok_mm_orgshape_leading_dim") {
+        for (int i = 0; i < kT; ++i)
+            for (int j = 0; j < kT; ++j) {
+                double ref = 0, ref_t = 0;  // A[i][k] = in[i * kLdA + 8 + k]; transposed: in[k * kLdA + 8 + i]
+                for (int k = 0; k < kOrgK; ++k) {
+                    const double b = in[kLdA * 32 + k * kT + j];
+                    ref += in[i * kLdA + kOrgCol + k] * b;
+                    ref_t += in[k * kLdA + kOrgCol + i] * b;
+                }
+                if (std::fabs(out[i * kT + j] - ref) > 1e-4 * (1 + std::fabs(ref)) ||
+                    std::fabs(out[kT * kT + i * kT + j] - ref_t) > 1e-4 * (1 + std::fabs(ref_t)))
+                    return "ok_mm_orgshape_leading_dim: wrong values";
+            }
     }
     if (name == "ok_tque") {
         for (int i = 0; i < 512; ++i)

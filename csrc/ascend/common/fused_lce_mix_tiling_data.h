@@ -27,8 +27,9 @@ struct FusedLceMixTilingData {
 // FusedLceGradMix: dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u, p_j = exp(z_j - lse), times
 // 1 - (z_j T / c)^2 with a softcap c (the driver's Coefs contract, /work/notes/logprobs_contract.md section 4).
 // GM arguments: a, t, b, u, hidden, weight, bias, labels, lse, zCache (optional input: the forward's fp32 [N, V_local]
-// h W^T; nullptr = recompute), dx, dw, db, workspace, tiling. keepDz (appended last, 0 = off) needs the workspace
-// plan.ws_total_keep instead of plan.ws_total (fused_lce_mix_tiling.h plan_keep_dz).
+// h W^T; nullptr = recompute), dx, dw, db, workspace, tiling. keepDz (appended, 0 = off) needs the workspace
+// plan.ws_total_keep instead of plan.ws_total (fused_lce_mix_tiling.h plan_keep_dz) and the tilings mmDxAll /
+// mmDwAll (appended last).
 struct FusedLceGradMixTilingData {
     fused_lce::mix::MixGradPlan plan;
     int64_t vocabStart;
@@ -44,6 +45,9 @@ struct FusedLceGradMixTilingData {
     // Appended (0 = the behaviour before these fields existed):
     uint32_t keepDz;     // 1: dz kept between the phases in the workspace (plan.ws_total_keep bytes; 3 GEMMs)
     uint32_t keepPad_;
+    // keepDz = 1: the whole-K GEMMs from the kept row-major Dz (N x V_local) after SyncAll
+    AscendC::tiling::TCubeTiling mmDxAll;  // dX[m] = Dz[m rows, :] @ W     (base_m x D, K = V_local)
+    AscendC::tiling::TCubeTiling mmDwAll;  // dW[nb] += Dz[:, nb cols].T @ h (base_n x D, K = N)
 };
 
 #endif  // FUSED_LCE_MIX_TILING_DATA_H_

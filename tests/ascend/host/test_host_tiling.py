@@ -342,6 +342,12 @@ def mix_problems(line: str, r: dict) -> list[str]:
         want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
+        whole = {"mmDxAll": (bm, d, b["v"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
+        if keep:  # the whole-K GEMMs from the kept Dz (N x V)
+            gemms.update(whole)
+        else:
+            for name in whole:
+                want(all(x == 0 for x in r[name].values()), f"{name} set without keep_dz")
     else:
         want(r["withZsum"] == int(c["with_zsum"]) and r["withEz"] == int(c["entropy"]), "withZsum / withEz")
         want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']}")

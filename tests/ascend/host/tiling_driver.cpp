@@ -238,7 +238,8 @@ void run_mix_case(const Case& c) {
                   << ",\"hasBias\":" << td.hasBias << ",\"hasB\":" << td.hasB << ",\"hasU\":" << td.hasU
                   << ",\"keepDz\":" << td.keepDz
                   << ",\"mmZ\":" << cube_json(td.mmZ) << ",\"mmDx\":" << cube_json(td.mmDx)
-                  << ",\"mmDw\":" << cube_json(td.mmDw);
+                  << ",\"mmDw\":" << cube_json(td.mmDw) << ",\"mmDxAll\":" << cube_json(td.mmDxAll)
+                  << ",\"mmDwAll\":" << cube_json(td.mmDwAll);
             }
         } else {
             if (c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;

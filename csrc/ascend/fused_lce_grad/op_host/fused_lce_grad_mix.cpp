@@ -10,8 +10,9 @@
 // the switch). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
 // phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
 // The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
-// blocks' sum (the cube only adds into them through the fixpipe, each element by one core in a fixed order); an
-// output not selected by gradMask (bit0 dX, bit1 dW, bit2 db) may be an empty tensor.
+// blocks' sum (the cube adds into them through the fixpipe, each element by one core in a fixed order; with keep_dz
+// dX is written by one whole-K GEMM per token block instead); an output not selected by gradMask (bit0 dX, bit1 dW,
+// bit2 db) may be an empty tensor.
 // Kernel type KERNEL_TYPE_MIX_AIC_1_2 (the kernel's KERNEL_TASK_TYPE_DEFAULT); block dim = AI cores used, batch
 // mode (the kernel's SyncAll before the db merge), workspace = system workspace + rings + db partials, as ops-nn's
 // FusedLinearCrossEntropyLossGrad sets them (hicann/ops-nn matmul/fused_linear_cross_entropy_loss_grad/op_host/
@@ -99,6 +100,13 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
         // C2, phase W: dW[nb] (base_n x D) += dz.T (base_n x base_m) @ h[m] (base_m x D)
         ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, bm, bn,
                                    p.base_d, td->mmDw);
+        if (keepDz) {  // after SyncAll, from the kept Dz (N x V): dX[m] = Dz[m rows, :] @ W (K = V) ...
+            ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d, v, bm,
+                                       p.base_d, td->mmDxAll);
+            // ... and dW[nb] += Dz[:, nb cols].T @ h (K = N)
+            ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, n, bn,
+                                       p.base_d, td->mmDwAll);
+        }
         if (!ok) return fh::fail(ctx, "FusedLceGradMix: the Matmul API found no tiling");
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);

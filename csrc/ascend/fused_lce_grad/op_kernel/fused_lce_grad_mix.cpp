@@ -28,10 +28,18 @@
 //     work below is unchanged and the result is bitwise that of recomputing); V1 reads its rows of the tile from it
 //     (DataCopyPad at row stride V_local) and no C1 runs in either phase.
 //   * dz kept (tiling keepDz = 1, workspace plan.ws_total_keep): phase X's V1 writes every dz tile (operand dtype)
-//     to its own place Dz[m][nb] (tile-major, base_m x base_n) instead of the dz ring, and db's fp32 column sums per
-//     (token block, vector core) to partials; SyncAll<false> (all cube and vector cores; asc-devkit
-//     impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only path) separates the phases;
-//     phase W is cube work only, dW[nb] += Dz[m][nb]^T h[m] for m in order (K = base_m). db = the partials summed in
+//     into one row-major matrix Dz (N x V_local, leading dimension V_local: tile (m, nb) at m base_m V + nb base_n,
+//     DataCopyPad at GM row stride V_local) instead of the dz ring, and db's fp32 column sums per (token block,
+//     vector core) to partials; phase X's cube runs only C1 (or nothing, with the z cache). SyncAll<false> (all cube
+//     and vector cores; asc-devkit impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only
+//     path) makes the whole Dz visible, then the cube runs whole-K GEMMs from it, one per output block:
+//     dX[m] = Dz[m rows, :] @ W (K = V_local; token blocks as in phase X) and dW[nb] += Dz[:, nb cols]^T @ h
+//     (K = N; vocabulary blocks as in phase W). A is a sub-matrix of Dz: SetOrgShape gives its leading dimension
+//     (orgKa = V_local untransposed, orgM = V_local transposed; asc-devkit docs Matmul-Kernel侧接口/SetOrgShape.md,
+//     impl/adv_api/detail/matmul/stage/copy_cube_in/base/copy_cube_in_params_base.h GetOrgWidth), and K
+//     accumulates in L0C, so every output tile leaves the fixpipe once (per tile GEMMs read-modify-write each
+//     output block n_blocks / m_blocks times through L2). dX is written (keepDz: the caller's zero fill is not
+//     read), dW added (atomic add: the caller may pass the earlier driver blocks' sum). db = the partials summed in
 //     (token block, vector core) order, from fp32 dz (not the rounded operand-dtype copy).
 //   With both: fwd + bwd = 3 GEMMs of 2 N D V (z, dX, dW) instead of 5.
 #define FUSED_LCE_HD __aicore__
@@ -83,8 +91,8 @@ public:
         ring_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         dzRing_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_ring));
         dbPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_ring + mp_->ws_dz));
-        // dz kept: only when dW or db is wanted (dX alone needs no second phase)
-        keep_ = td->keepDz != 0 && (td->gradMask & 6u) != 0;
+        // dz kept: for every mask (dX alone too, so that dX is the same whole-K GEMM whatever else is wanted)
+        keep_ = td->keepDz != 0 && td->gradMask != 0;
         if (keep_) {
             dzKeep_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_total));
             dbKeep_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_total + mp_->ws_keep_dz));
@@ -92,7 +100,7 @@ public:
         cores_ = p_->used_cores;
         core_ = ASCEND_IS_AIC ? static_cast<uint64_t>(GetBlockIdx()) : GetBlockIdx() / GetTaskRation();
         tileElems_ = static_cast<uint64_t>(p_->base_m) * p_->base_n;
-        // dz kept: phase X forms every dz (also for dW / db alone), phase W runs for dW only (db comes from X)
+        // dz kept: phase X forms every dz (also for dW / db alone); the whole-K dW GEMMs use phase W's ownership
         const bool wantX = (td->gradMask & 1u) != 0 || keep_;
         const bool wantW = keep_ ? (td->gradMask & 2u) != 0 : (td->gradMask & 6u) != 0;
         tasksX_ = wantX && core_ < p_->m_blocks ? ft::ceil_div(p_->m_blocks - core_, cores_) : 0;
@@ -101,9 +109,9 @@ public:
         vecTiles_ = keep_ ? tasksX_ * p_->n_blocks : total_;  // tiles with V1 (and C1 without the z cache)
     }
 
-    // dz tile (m, nb) of the kept-dz workspace
+    // origin of dz tile (m, nb) in the kept row-major Dz (N x V_local)
     __aicore__ inline GlobalTensor<T> DzKept(const TileAt& a) const {
-        return dzKeep_[(a.m * p_->n_blocks + a.nb) * tileElems_];
+        return dzKeep_[a.m * p_->base_m * p_->v + a.nb * p_->base_n];
     }
 
     __aicore__ inline TileAt At(uint64_t k) const {
@@ -116,12 +124,12 @@ public:
     // ---- cube core --------------------------------------------------------------------------------------------
     __aicore__ inline void ProcessCube(TPipe* pipe) {
         matmul::MatmulImpl<AType, BTransType, CType> mmZ;
-        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D)
-        matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D)
+        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D); keepDz: K = V
+        matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
         const bool recompute = !zc_ && vecTiles_ > 0;
         if (recompute) mmZ.Init(&td_->mmZ, pipe);
-        if (tasksX_ > 0 && (td_->gradMask & 1u)) mmDx.Init(&td_->mmDx, pipe);
-        if (tasksW_ > 0 && (td_->gradMask & 2u)) mmDw.Init(&td_->mmDw, pipe);
+        if (tasksX_ > 0 && (td_->gradMask & 1u)) mmDx.Init(keep_ ? &td_->mmDxAll : &td_->mmDx, pipe);
+        if (tasksW_ > 0 && (td_->gradMask & 2u)) mmDw.Init(keep_ ? &td_->mmDwAll : &td_->mmDw, pipe);
         if (recompute) Logits(mmZ, 0);
         for (uint64_t k = 0; k < vecTiles_; ++k) {
             if (recompute && k + 1 < vecTiles_) Logits(mmZ, k + 1);  // C1 of the next tile overlaps V1 of this one
@@ -130,18 +138,16 @@ public:
             const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
             const int rows = static_cast<int>(ft::block_rows(*p_, a.m));
             const int cols = static_cast<int>(ft::block_cols(*p_, a.nb));
-            const GlobalTensor<T> dz = keep_ ? DzKept(a) : dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_];
-            if (!a.phaseW) {
-                if ((td_->gradMask & 1u) == 0) {  // dz kept for dW / db only
-                    if (k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
-                    continue;
-                }
+            const GlobalTensor<T> dz = dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_];
+            if (keep_) {
+                // dz stays in Dz for the whole-K GEMMs after SyncAll
+            } else if (!a.phaseW && (td_->gradMask & 1u)) {
                 mmDx.SetTensorA(dz);
                 mmDx.SetTensorB(wGm_[a.nb * p_->base_n * p_->d]);
                 mmDx.SetTail(rows, static_cast<int>(p_->d), cols);
                 mmDx.IterateAll(out_[0][a.m * p_->base_m * p_->d], 1);
                 mmDx.End();
-            } else if (td_->gradMask & 2u) {
+            } else if (a.phaseW && (td_->gradMask & 2u)) {
                 mmDw.SetTensorA(dz, true);
                 mmDw.SetTensorB(hGm_[a.m * p_->base_m * p_->d]);
                 mmDw.SetTail(cols, static_cast<int>(p_->d), rows);
@@ -151,16 +157,30 @@ public:
             if (k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
         }
         if (!keep_) return;
-        // every dz tile of every core is in the workspace (and the db partials): phase W multiplies them
+        // the whole Dz (every core's tiles) and the db partials are in the workspace
         SyncAll<false>();
-        for (uint64_t k = vecTiles_; k < total_; ++k) {
-            const TileAt a = At(k);
-            mmDw.SetTensorA(DzKept(a), true);
-            mmDw.SetTensorB(hGm_[a.m * p_->base_m * p_->d]);
-            mmDw.SetTail(static_cast<int>(ft::block_cols(*p_, a.nb)), static_cast<int>(p_->d),
-                         static_cast<int>(ft::block_rows(*p_, a.m)));
-            mmDw.IterateAll(out_[1][a.nb * p_->base_n * p_->d], 1);
-            mmDw.End();
+        const int d = static_cast<int>(p_->d), v = static_cast<int>(p_->v), n = static_cast<int>(p_->n);
+        if (td_->gradMask & 1u) {
+            for (uint64_t i = 0; i < tasksX_; ++i) {  // dX[m] = Dz[m rows, :] @ W, K = V
+                const uint64_t m = core_ + i * cores_;
+                mmDx.SetOrgShape(n, d, v, v, d);  // A rows at stride V; B = W (V x D), C rows at stride D
+                mmDx.SetTensorA(dzKeep_[m * p_->base_m * p_->v]);
+                mmDx.SetTensorB(wGm_);
+                mmDx.SetTail(static_cast<int>(ft::block_rows(*p_, m)), d, v);
+                mmDx.IterateAll(out_[0][m * p_->base_m * p_->d], 0);
+                mmDx.End();
+            }
+        }
+        if (td_->gradMask & 2u) {
+            for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz[:, nb cols]^T @ h, K = N
+                const uint64_t nb = core_ + i * cores_;
+                mmDw.SetOrgShape(v, d, n, n, d);  // A^T stored N x V (stride V); B = h (N x D)
+                mmDw.SetTensorA(dzKeep_[nb * p_->base_n], true);
+                mmDw.SetTensorB(hGm_);
+                mmDw.SetTail(static_cast<int>(ft::block_cols(*p_, nb)), d, n);
+                mmDw.IterateAll(out_[1][nb * p_->base_n * p_->d], 1);
+                mmDw.End();
+            }
         }
     }
 
@@ -248,12 +268,18 @@ public:
             if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagDzFree + slot);
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
-                GlobalTensor<T> dst = keep_ ? DzKept(a)[r0 * p_->base_n]
-                                            : dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n];
-                if constexpr (IsSameType<T, float>::value) {
-                    DataCopy(dst, z_, rows * p_->base_n);
+                const LocalTensor<T>& src = DzOut();
+                if (keep_) {  // rows of base_n in UB -> Dz rows at stride V_local (DataCopyPad(UB->GM).md: UB
+                              // gap in 32-byte blocks, GM gap in bytes)
+                    const uint32_t rowBytes = cols * sizeof(T);
+                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
+                                               static_cast<uint32_t>((p_->base_n * sizeof(T) -
+                                                                      ft::align_up(rowBytes, 32)) / 32),
+                                               static_cast<uint32_t>((p_->v - cols) * sizeof(T)), 0};
+                    DataCopyPad(DzKept(a)[r0 * p_->v], src, cp);
                 } else {
-                    DataCopy(dst, cast_, rows * p_->base_n);
+                    DataCopy(dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
+                             rows * p_->base_n);
                 }
             }
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagDzReady);
@@ -277,6 +303,15 @@ public:
     }
 private:
     __aicore__ inline LocalTensor<float> S(uint32_t s) const { return slots_[s * st_]; }
+
+    // the dz tile in the operand dtype: z_ itself for fp32, its rounded copy otherwise
+    __aicore__ inline const LocalTensor<T>& DzOut() const {
+        if constexpr (IsSameType<T, float>::value) {
+            return z_;
+        } else {
+            return cast_;
+        }
+    }
 
     // Coefficients, lse and labels of the tile's rows; the bias block.
     __aicore__ inline void LoadRowData(uint64_t row0, uint32_t rows, uint32_t cols, uint64_t c0) {
