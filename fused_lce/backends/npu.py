@@ -16,13 +16,14 @@ the rest (combine, loss, reduction), as for every provider. D == 0 is declined (
 shard (vocab parallel) launches no kernel.
 
 One-pass modes (kernels with ``supports_cache``: the MIX pair, through the adapter or the twin; with the old pair
-everything below is off and one driver block covers every row): ``stats(..., keep=True)`` returns the forward's z cache (float32 [rows, V_local])
-as the driver's ``cache`` and ``grads`` hands it to the backward kernel, which then computes no logits; the backward
-keeps dz between its two phases (``keep_dz``) whenever dW or db is wanted. Fwd + bwd: 3 GEMMs of 2 N D V instead of
-5. Memory: ``token_block`` bounds the rows per driver block so that the z cache and the kept-dz workspace fit the
-tile budget, ``rows x V_local x (4 + elt) <= opts.tile_bytes`` with keep (``rows x V_local x elt`` without; default
-budget ``DEFAULT_TILE_BYTES``); dX rows are stored per block, dW / db accumulate over the blocks in float32 in block
-order (sequential launches: deterministic; dW in place: the kernels add each block's into ``dw_out``).
+everything below is off and one driver block covers every row): ``stats(..., keep=True)`` returns the forward's z
+cache (float32 [rows, V_local]) as the driver's ``cache`` and ``grads`` hands it to the backward kernel, which then
+computes no logits; the backward always keeps dz (``keep_dz``), so dX and dW are whole-K GEMMs from it. Fwd + bwd:
+3 GEMMs of 2 N D V instead of 5. Memory: ``token_block`` bounds the rows per driver block so that the z cache and the
+kept dz fit the tile budget, ``rows x V_local x (4 + elt) <= opts.tile_bytes`` with keep (``rows x V_local x elt``
+without; default budget ``DEFAULT_TILE_BYTES``); dX rows are stored per block, dW / db accumulate over the blocks in
+float32 in block order (sequential launches: deterministic; dW in place: the kernels add each block's into
+``dw_out``).
 docs/npu.md, "The cube-driven MIX kernels".
 
 Availability is checked in order and the first failing step is reported: torch_npu importable, an NPU device,
@@ -285,10 +286,9 @@ class AscendCProvider(WholeRowsProvider):
             planes = planes * scale
         args = (planes.contiguous(), t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, opts.vocab_start,
                 opts.softcap, opts.temperature, list(out.extra))
-        if self._one_pass():  # the forward's z cache when the driver kept it; dz kept when dW / db are wanted
-            keep_dz = bool(out.extra[1] or (out.extra[2] and t.bias is not None))
+        if self._one_pass():  # the forward's z cache when the driver kept it; dz kept: dX / dW as whole-K GEMMs
             # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)
-            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=keep_dz, dw_out=out.dw)
+            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=True, dw_out=out.dw)
         else:
             dh, dw, db = self.kernels.grads(*args)
         self.store(t, rows, out, dh, dw, db)  # float32; finish() casts
