@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "register/op_def_registry.h"
 #include "tiling/platform/platform_ascendc.h"
@@ -179,6 +180,51 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
 inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
                                      const fused_lce::tiling::Plan& plan) {
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
+}
+
+// ---- OpDef pieces shared by the old ops and their MIX counterparts (one list each, so the pairs cannot drift) ----
+// (operand dtype, label dtype) combinations, one kernel binary each; every tensor ND.
+struct OpTypes {
+    std::vector<ge::DataType> operand{ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
+                                      ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
+    std::vector<ge::DataType> label{ge::DT_INT64, ge::DT_INT64, ge::DT_INT64, ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
+    std::vector<ge::DataType> f32 = std::vector<ge::DataType>(6, ge::DT_FLOAT);
+    std::vector<ge::DataType> i32 = std::vector<ge::DataType>(6, ge::DT_INT32);
+    std::vector<ge::Format> nd = std::vector<ge::Format>(6, ge::FORMAT_ND);
+};
+
+// hidden, weight, bias (optional), labels: the problem inputs of every op, in this order
+inline void problem_inputs(ops::OpDef& def, const OpTypes& t) {
+    def.Input("hidden").ParamType(ops::REQUIRED).DataType(t.operand).Format(t.nd);
+    def.Input("weight").ParamType(ops::REQUIRED).DataType(t.operand).Format(t.nd);
+    def.Input("bias").ParamType(ops::OPTIONAL).DataType(t.operand).Format(t.nd);
+    def.Input("labels").ParamType(ops::REQUIRED).DataType(t.label).Format(t.nd);
+}
+
+// FusedLceStats(Mix): the six per-token outputs and the five attributes
+inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
+    def.Output("max").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("sum_exp").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("target_logit").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("logit_sum").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("argmax").ParamType(ops::REQUIRED).DataType(t.i32).Format(t.nd);
+    def.Output("entropy_stat").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Attr("vocab_start").AttrType(ops::REQUIRED).Int();
+    def.Attr("softcap").AttrType(ops::OPTIONAL).Float(0.0f);
+    def.Attr("with_zsum").AttrType(ops::OPTIONAL).Bool(false);
+    def.Attr("temperature").AttrType(ops::OPTIONAL).Float(1.0f);
+    def.Attr("with_entropy").AttrType(ops::OPTIONAL).Bool(false);
+}
+
+// FusedLceGrad(Mix): the three float32 gradient outputs and the four attributes
+inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
+    def.Output("grad_hidden").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("grad_weight").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Output("grad_bias").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
+    def.Attr("vocab_start").AttrType(ops::REQUIRED).Int();
+    def.Attr("softcap").AttrType(ops::OPTIONAL).Float(0.0f);
+    def.Attr("temperature").AttrType(ops::OPTIONAL).Float(1.0f);
+    def.Attr("grad_mask").AttrType(ops::OPTIONAL).Int(7);
 }
 
 }  // namespace fused_lce_host

@@ -105,25 +105,11 @@ namespace ops {
 class FusedLceGrad : public OpDef {
 public:
     explicit FusedLceGrad(const char* name) : OpDef(name) {
-        const std::vector<ge::DataType> operand = {ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
-                                                   ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
-        const std::vector<ge::DataType> label = {ge::DT_INT64, ge::DT_INT64, ge::DT_INT64,
-                                                 ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
-        const std::vector<ge::DataType> f32(6, ge::DT_FLOAT);
-        const std::vector<ge::Format> nd(6, ge::FORMAT_ND);
-        Input("coefs").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Input("hidden").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("weight").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
-        Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
-        Input("lse").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("grad_hidden").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("grad_weight").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("grad_bias").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Attr("vocab_start").AttrType(REQUIRED).Int();
-        Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
-        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
-        Attr("grad_mask").AttrType(OPTIONAL).Int(7);
+        const fused_lce_host::OpTypes t;
+        Input("coefs").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
+        fused_lce_host::problem_inputs(*this, t);
+        Input("lse").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
+        fused_lce_host::grad_outputs_and_attrs(*this, t);
         SetInferShape(ge::FusedLceGradInferShape).SetInferDataType(ge::FusedLceGradInferDataType);
         AICore().SetTiling(optiling::FusedLceGradTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

@@ -144,29 +144,15 @@ namespace ops {
 class FusedLceGradMix : public OpDef {
 public:
     explicit FusedLceGradMix(const char* name) : OpDef(name) {
-        const std::vector<ge::DataType> operand = {ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
-                                                   ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
-        const std::vector<ge::DataType> label = {ge::DT_INT64, ge::DT_INT64, ge::DT_INT64,
-                                                 ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
-        const std::vector<ge::DataType> f32(6, ge::DT_FLOAT);
-        const std::vector<ge::Format> nd(6, ge::FORMAT_ND);
-        Input("coef_a").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Input("coef_t").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Input("coef_b").ParamType(OPTIONAL).DataType(f32).Format(nd);
-        Input("coef_u").ParamType(OPTIONAL).DataType(f32).Format(nd);
-        Input("hidden").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("weight").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
-        Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
-        Input("lse").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Input("z_cache").ParamType(OPTIONAL).DataType(f32).Format(nd);  // right after lse: the forward's h W^T
-        Output("grad_hidden").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("grad_weight").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("grad_bias").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Attr("vocab_start").AttrType(REQUIRED).Int();
-        Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
-        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
-        Attr("grad_mask").AttrType(OPTIONAL).Int(7);
+        const fused_lce_host::OpTypes t;
+        Input("coef_a").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
+        Input("coef_t").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
+        Input("coef_b").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
+        Input("coef_u").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
+        fused_lce_host::problem_inputs(*this, t);
+        Input("lse").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
+        Input("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);  // right after lse: the forward's h W^T
+        fused_lce_host::grad_outputs_and_attrs(*this, t);
         Attr("keep_dz").AttrType(OPTIONAL).Bool(false);
         SetInferShape(ge::FusedLceGradMixInferShape).SetInferDataType(ge::FusedLceGradMixInferDataType);
         AICore().SetTiling(optiling::FusedLceGradMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");

@@ -92,28 +92,9 @@ namespace ops {
 class FusedLceStats : public OpDef {
 public:
     explicit FusedLceStats(const char* name) : OpDef(name) {
-        // (operand dtype, label dtype) combinations; one kernel binary each
-        const std::vector<ge::DataType> operand = {ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
-                                                   ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT};
-        const std::vector<ge::DataType> label = {ge::DT_INT64, ge::DT_INT64, ge::DT_INT64,
-                                                 ge::DT_INT32, ge::DT_INT32, ge::DT_INT32};
-        const std::vector<ge::DataType> f32(6, ge::DT_FLOAT), i32(6, ge::DT_INT32);
-        const std::vector<ge::Format> nd(6, ge::FORMAT_ND);
-        Input("hidden").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("weight").ParamType(REQUIRED).DataType(operand).Format(nd);
-        Input("bias").ParamType(OPTIONAL).DataType(operand).Format(nd);
-        Input("labels").ParamType(REQUIRED).DataType(label).Format(nd);
-        Output("max").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("sum_exp").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("target_logit").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("logit_sum").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Output("argmax").ParamType(REQUIRED).DataType(i32).Format(nd);
-        Output("entropy_stat").ParamType(REQUIRED).DataType(f32).Format(nd);
-        Attr("vocab_start").AttrType(REQUIRED).Int();
-        Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
-        Attr("with_zsum").AttrType(OPTIONAL).Bool(false);
-        Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
-        Attr("with_entropy").AttrType(OPTIONAL).Bool(false);
+        const fused_lce_host::OpTypes t;
+        fused_lce_host::problem_inputs(*this, t);
+        fused_lce_host::stats_outputs_and_attrs(*this, t);
         SetInferShape(ge::FusedLceStatsInferShape).SetInferDataType(ge::FusedLceStatsInferDataType);
         AICore().SetTiling(optiling::FusedLceStatsTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }
