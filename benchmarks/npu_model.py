@@ -34,7 +34,8 @@ docs/zh/guide/算子实践参考/SIMD算子性能优化/内存访问/L2-Cache切
 MIX 1:2, asc-devkit docs; fused_lce_tiling.h HwSpec); per cube core and cycle 16 x 16 x 16 MACs for b16 (bf16 /
 fp16) and 16 x 16 x 4 for b32 (fp32) at 1800 MHz on dav-2201 (Atlas A2 / A3), from asc-devkit
 tests/perf/mmad_perf/generate_roofline.py (SCENARIO_CONFIG, "2201 主频 1800 MHz"; mirror commit 82b89a1), which
-gives 24 x 4096 x 2 x 1.8e9 = 354 TFLOPS bf16. (Third-party pages quote 256-376 TFLOPS for "910B"; the Atlas 800T
+gives 24 x 4096 x 2 x 1.8e9 = 354 TFLOPS bf16 on the 24-core parts (910B1 / B2; the 20-core 910B3 / B4 give 295, the
+host twin's part presets). (Third-party pages quote 256-376 TFLOPS for "910B"; the Atlas 800T
 A2's 2.5 PFLOPS for 8 NPUs gives 313, i.e. a lower sustained clock or fewer cores on that SKU: the clock is one of the
 figures only a 910B can confirm, and every ratio below is to a floor at the same peak.)
 Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
