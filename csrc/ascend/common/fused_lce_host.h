@@ -182,6 +182,25 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
+// FusedLceGrad(Mix)'s shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
+inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
+    gert::Shape* dx = ctx->GetOutputShape(0);
+    gert::Shape* dw = ctx->GetOutputShape(1);
+    gert::Shape* db = ctx->GetOutputShape(2);
+    if (h == nullptr || w == nullptr || dx == nullptr || dw == nullptr || db == nullptr || w->GetDimNum() != 2)
+        return ge::GRAPH_FAILED;
+    *dx = *h;
+    *dw = *w;
+    db->SetDimNum(1);
+    db->SetDim(0, w->GetDim(0));
+    return ge::GRAPH_SUCCESS;
+}
+
+inline ge::graphStatus infer_grad_dtypes(gert::InferDataTypeContext* ctx) {
+    for (size_t i = 0; i < 3; ++i) ctx->SetOutputDataType(i, ge::DT_FLOAT);
+    return ge::GRAPH_SUCCESS;
+}
+
 // ---- OpDef pieces shared by the old ops and their MIX counterparts (one list each, so the pairs cannot drift) ----
 // (operand dtype, label dtype) combinations, one kernel binary each; every tensor ND.
 struct OpTypes {

@@ -81,21 +81,11 @@ static graphStatus FusedLceGradInferShape(gert::InferShapeContext* ctx) {
     // hidden and weight come before the optional bias: their instance index is their IR index
     const gert::Shape* h = ctx->GetInputShape(1);
     const gert::Shape* w = ctx->GetInputShape(2);
-    gert::Shape* dx = ctx->GetOutputShape(0);
-    gert::Shape* dw = ctx->GetOutputShape(1);
-    gert::Shape* db = ctx->GetOutputShape(2);
-    if (h == nullptr || w == nullptr || dx == nullptr || dw == nullptr || db == nullptr || w->GetDimNum() != 2)
-        return GRAPH_FAILED;
-    *dx = *h;
-    *dw = *w;
-    db->SetDimNum(1);
-    db->SetDim(0, w->GetDim(0));
-    return GRAPH_SUCCESS;
+    return fused_lce_host::infer_grad_shapes(ctx, h, w);
 }
 
 static graphStatus FusedLceGradInferDataType(gert::InferDataTypeContext* ctx) {
-    for (size_t i = 0; i < 3; ++i) ctx->SetOutputDataType(i, DT_FLOAT);  // float32 accumulators
-    return GRAPH_SUCCESS;
+    return fused_lce_host::infer_grad_dtypes(ctx);  // float32 accumulators
 }
 
 }  // namespace ge

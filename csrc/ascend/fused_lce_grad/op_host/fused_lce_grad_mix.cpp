@@ -120,21 +120,11 @@ static graphStatus FusedLceGradMixInferShape(gert::InferShapeContext* ctx) {
     // hidden and weight come after the optional coef_b / coef_u: read by IR index
     const gert::Shape* h = ctx->GetRequiredInputShape(optiling::grad_mix::kHidden);
     const gert::Shape* w = ctx->GetRequiredInputShape(optiling::grad_mix::kWeight);
-    gert::Shape* dx = ctx->GetOutputShape(0);
-    gert::Shape* dw = ctx->GetOutputShape(1);
-    gert::Shape* db = ctx->GetOutputShape(2);
-    if (h == nullptr || w == nullptr || dx == nullptr || dw == nullptr || db == nullptr || w->GetDimNum() != 2)
-        return GRAPH_FAILED;
-    *dx = *h;
-    *dw = *w;
-    db->SetDimNum(1);
-    db->SetDim(0, w->GetDim(0));
-    return GRAPH_SUCCESS;
+    return fused_lce_host::infer_grad_shapes(ctx, h, w);
 }
 
 static graphStatus FusedLceGradMixInferDataType(gert::InferDataTypeContext* ctx) {
-    for (size_t i = 0; i < 3; ++i) ctx->SetOutputDataType(i, DT_FLOAT);  // float32 accumulators
-    return GRAPH_SUCCESS;
+    return fused_lce_host::infer_grad_dtypes(ctx);  // float32 accumulators
 }
 
 }  // namespace ge
