@@ -92,7 +92,10 @@ static void check_vector(const char* op, const char* name, const Tensor& t, cons
     same_device(op, name, t, hidden);
 }
 
-static void check_temperature(const char* op, double temperature) {
+// the scalar options every kernel op takes
+static void check_softcap_temperature(const char* op, double softcap, double temperature) {
+    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
+                softcap);
     TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0, op, ": temperature must be finite and > 0, got ",
                 temperature);
 }
@@ -110,9 +113,7 @@ Tensor6 npu_stats(const Tensor& hidden, const Tensor& weight, const c10::optiona
                   bool with_entropy) {
     const char* op = "fused_lce::_npu_stats";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
-                softcap);
-    check_temperature(op, temperature);
+    check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -151,9 +152,7 @@ Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weigh
                 coefs.scalar_type());
     same_device(op, "coefs", coefs, hidden);
     check_vector(op, "lse", lse, hidden);
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
-                softcap);
-    check_temperature(op, temperature);
+    check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const bool has_bias = has(bias);
     const int64_t mask = (grad_mask[0] ? kMaskHidden : 0) | (grad_mask[1] ? kMaskWeight : 0) |
@@ -192,9 +191,7 @@ Tensor7 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK(weight.size(0) < kMixMaxIds, op, ": the MIX kernels need fewer than 2^24 vocabulary rows per rank "
                 "(ids travel as exact floats), got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
-                softcap);
-    check_temperature(op, temperature);
+    check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -239,9 +236,7 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
     check_vector(op, "t", t, hidden);
     if (has(b)) check_vector(op, "b", *b, hidden);
     if (has(u)) check_vector(op, "u", *u, hidden);
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
-                softcap);
-    check_temperature(op, temperature);
+    check_softcap_temperature(op, softcap, temperature);
     if (has(zcache))
         TORCH_CHECK(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 && zcache->size(0) == hidden.size(0) &&
                         zcache->size(1) == weight.size(0) && zcache->device() == hidden.device(),

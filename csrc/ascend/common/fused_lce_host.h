@@ -220,7 +220,42 @@ inline void problem_inputs(ops::OpDef& def, const OpTypes& t) {
     def.Input("labels").ParamType(ops::REQUIRED).DataType(t.label).Format(t.nd);
 }
 
-// FusedLceStats(Mix): the six per-token outputs and the five attributes
+// The attributes stats_outputs_and_attrs / grad_outputs_and_attrs declare, read by their index there and checked:
+// what both tilings of each pair read first.
+struct StatsAttrs {
+    int64_t vocabStart = 0;
+    float softcap = 0.0f, temperature = 1.0f;
+    bool withZsum = false, withEntropy = false;
+};
+
+inline ge::graphStatus read_stats_attrs(gert::TilingContext* ctx, StatsAttrs* a) {
+    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
+    if (!attr(attrs, 0, &a->vocabStart) || !attr(attrs, 1, &a->softcap) || !attr(attrs, 2, &a->withZsum) ||
+        !attr(attrs, 3, &a->temperature) || !attr(attrs, 4, &a->withEntropy))
+        return fail(ctx, "missing attribute");
+    if (a->vocabStart < 0 || !(a->softcap >= 0.0f) || !temperature_ok(a->temperature))
+        return fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
+    return ge::GRAPH_SUCCESS;
+}
+
+struct GradAttrs {
+    int64_t vocabStart = 0, gradMask = 0;
+    float softcap = 0.0f, temperature = 1.0f;
+};
+
+inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
+    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
+    if (!attr(attrs, 0, &a->vocabStart) || !attr(attrs, 1, &a->softcap) || !attr(attrs, 2, &a->temperature) ||
+        !attr(attrs, 3, &a->gradMask))
+        return fail(ctx, "missing attribute");
+    if (a->vocabStart < 0 || !(a->softcap >= 0.0f) || !temperature_ok(a->temperature) || a->gradMask < 0 ||
+        a->gradMask > 7)
+        return fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
+    return ge::GRAPH_SUCCESS;
+}
+constexpr size_t kGradAttrs = 4;  // a MIX backward's own attributes come after these
+
+// FusedLceStats(Mix): the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("max").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("sum_exp").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
@@ -235,7 +270,7 @@ inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Attr("with_entropy").AttrType(ops::OPTIONAL).Bool(false);
 }
 
-// FusedLceGrad(Mix): the three float32 gradient outputs and the four attributes
+// FusedLceGrad(Mix): the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
 inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("grad_hidden").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("grad_weight").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);

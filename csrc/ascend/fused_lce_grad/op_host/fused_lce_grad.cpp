@@ -16,8 +16,6 @@ namespace optiling {
 // IR input indices (the Input(...) order below); bias is optional, so the instance index of labels / lse is one lower
 // without it
 constexpr size_t kCoefs = 0, kHidden = 1, kWeight = 2, kBias = 3, kLabels = 4, kLse = 5;
-// attribute indices (the Attr(...) order below)
-constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3;
 
 static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
@@ -37,14 +35,10 @@ static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
                          coefs.shape->GetDim(1) == sn && coefs.dtype == ge::DT_FLOAT;
     if (!coefsOk || !fh::is_vector(lse, sn) || lse.dtype != ge::DT_FLOAT)
         return fh::fail(ctx, "coefs must be float32 (4, N) and lse float32 (N,), N = %lld", static_cast<long long>(sn));
-    int64_t vocabStart = 0, mask = 0;
-    float softcap = 0.0f, temperature = 1.0f;
-    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
-    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
-        !fh::attr(attrs, kAttrTemperature, &temperature) || !fh::attr(attrs, kAttrGradMask, &mask))
-        return fh::fail(ctx, "missing attribute");
-    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature) || mask < 0 || mask > 7)
-        return fh::fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
+    fh::GradAttrs at;
+    if (fh::read_grad_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const int64_t vocabStart = at.vocabStart, mask = at.gradMask;
+    const float softcap = at.softcap, temperature = at.temperature;
 
     const uint32_t flags = ft::kBackward | (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
     const ft::Plan plan = ft::plan(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));

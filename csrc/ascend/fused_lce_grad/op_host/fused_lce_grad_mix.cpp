@@ -29,8 +29,8 @@ namespace grad_mix {
 // of the later inputs shift when one is absent: every input is read by IR index
 constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
                  kLse = 8, kZCache = 9;
-// attribute indices (the Attr(...) order below; FusedLceGrad's, then keep_dz)
-constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrTemperature = 2, kAttrGradMask = 3, kAttrKeepDz = 4;
+// attribute index of keep_dz (the Attr(...) order below: FusedLceGrad's, read by fused_lce_host::read_grad_attrs)
+constexpr size_t kAttrKeepDz = fused_lce_host::kGradAttrs;
 }  // namespace grad_mix
 
 // a coefficient plane: float32 (N,)
@@ -64,16 +64,12 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
                        zc.shape->GetDim(0) != sn || zc.shape->GetDim(1) != static_cast<int64_t>(v)))
         return fh::fail(ctx, "z_cache must be float32 (N, V) = (%lld, %lld)", static_cast<long long>(sn),
                         static_cast<long long>(v));
-    int64_t vocabStart = 0, mask = 0;
-    float softcap = 0.0f, temperature = 1.0f;
+    fh::GradAttrs at;
+    if (fh::read_grad_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const int64_t vocabStart = at.vocabStart, mask = at.gradMask;
+    const float softcap = at.softcap, temperature = at.temperature;
     bool keepDz = false;
-    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
-    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
-        !fh::attr(attrs, kAttrTemperature, &temperature) || !fh::attr(attrs, kAttrGradMask, &mask) ||
-        !fh::attr(attrs, kAttrKeepDz, &keepDz))
-        return fh::fail(ctx, "missing attribute");
-    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature) || mask < 0 || mask > 7)
-        return fh::fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
+    if (!fh::attr(ctx->GetAttrs(), kAttrKeepDz, &keepDz)) return fh::fail(ctx, "missing attribute");
 
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
     const fm::MixGradPlan plan = fm::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));

@@ -13,8 +13,6 @@ namespace optiling {
 
 // IR input indices (the Input(...) order below); bias is optional, so GetInputDesc(3) would not be labels without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
-// attribute indices (the Attr(...) order below)
-constexpr size_t kAttrVocabStart = 0, kAttrSoftcap = 1, kAttrWithZsum = 2, kAttrTemperature = 3, kAttrWithEntropy = 4;
 
 static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
@@ -28,17 +26,11 @@ static ge::graphStatus FusedLceStatsTiling(gert::TilingContext* ctx) {
                     labels = fh::input(ctx, kLabels);
     uint64_t n = 0, d = 0, v = 0;
     if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
-    int64_t vocabStart = 0;
-    float softcap = 0.0f;
-    float temperature = 1.0f;
-    bool withZsum = false, withEntropy = false;
-    const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
-    if (!fh::attr(attrs, kAttrVocabStart, &vocabStart) || !fh::attr(attrs, kAttrSoftcap, &softcap) ||
-        !fh::attr(attrs, kAttrWithZsum, &withZsum) || !fh::attr(attrs, kAttrTemperature, &temperature) ||
-        !fh::attr(attrs, kAttrWithEntropy, &withEntropy))
-        return fh::fail(ctx, "missing attribute");
-    if (vocabStart < 0 || !(softcap >= 0.0f) || !fh::temperature_ok(temperature))
-        return fh::fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
+    fh::StatsAttrs at;
+    if (fh::read_stats_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const int64_t vocabStart = at.vocabStart;
+    const float softcap = at.softcap, temperature = at.temperature;
+    const bool withZsum = at.withZsum, withEntropy = at.withEntropy;
 
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
                            (softcap > 0.0f ? ft::kSoftcap : 0u) | (withEntropy ? ft::kEntropy : 0u);
