@@ -134,14 +134,16 @@ class _AdapterKernels:
                                  float(temperature), bool(with_entropy))
 
     def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
-              zcache=None, keep_dz: bool = False, dw_out=None):
+              zcache=None, keep_dz: bool = False, dw_out=None, present=(True, True)):
         """(dx, dw, db) float32. MIX only: ``zcache``, what ``stats(..., keep_z=True)`` returned for these rows (no
         logits recomputed); ``keep_dz``, dz kept between the backward's phases; ``dw_out``, a float32 (V, D) tensor
-        dW is added to in place (and returned as dw), for sums over driver blocks."""
+        dW is added to in place (and returned as dw), for sums over driver blocks; ``present``, whether the planes b
+        and u are given (an absent one is 0, passed as None so the kernel skips its vector work)."""
         mask = [bool(x) for x in grad_mask]
         if self.kind == "mix":  # the (4, N) planes a, t, b, u one by one
             c = coefs.float()
-            dx, dw, db = self._op("grads_mix")(hidden, weight, bias, labels, lse.float(), c[0], c[1], c[2], c[3],
+            b_, u_ = (c[2] if present[0] else None), (c[3] if present[1] else None)
+            dx, dw, db = self._op("grads_mix")(hidden, weight, bias, labels, lse.float(), c[0], c[1], b_, u_,
                                                int(vocab_start), float(softcap), float(temperature), mask, zcache,
                                                bool(keep_dz), dw_out)
             return dx, (dw_out if dw_out is not None and mask[1] else dw), db
@@ -288,7 +290,8 @@ class AscendCProvider(WholeRowsProvider):
                 opts.softcap, opts.temperature, list(out.extra))
         if self._one_pass():  # the forward's z cache when the driver kept it; dz kept: dX / dW as whole-K GEMMs
             # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)
-            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=True, dw_out=out.dw)
+            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=True, dw_out=out.dw,
+                                            present=(coef.b is not None, coef.u is not None))
         else:
             dh, dw, db = self.kernels.grads(*args)
         self.store(t, rows, out, dh, dw, db)  # float32; finish() casts

@@ -191,10 +191,10 @@ def onepass_provider(ops):
 
         in_place = 0
 
-        def grads(self, *a, zcache=None, keep_dz=False, dw_out=None):
+        def grads(self, *a, zcache=None, keep_dz=False, dw_out=None, **kw):
             Spy.blocks += 1
             Spy.cached += zcache is not None
-            r = super().grads(*a, zcache=zcache, keep_dz=keep_dz, dw_out=dw_out)
+            r = super().grads(*a, zcache=zcache, keep_dz=keep_dz, dw_out=dw_out, **kw)
             Spy.in_place += dw_out is not None and r[1] is dw_out
             return r
 
