@@ -14,7 +14,7 @@
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run
 // time, takes the workspace from the caching allocator and launches on the current stream. Routing, loss,
 // reductions, autograd and the fake kernels live in Python (fused_lce/); this file only validates its inputs
-// (every problem is reported as a c10::Error naming the argument, never a device fault) and launches.
+// (every problem is a ValueError, or TypeError for a dtype, naming the argument, never a device fault) and launches.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -44,59 +44,59 @@ static bool operand_dtype(at::ScalarType t) {
 }
 
 static void same_device(const char* op, const char* name, const Tensor& t, const Tensor& hidden) {
-    TORCH_CHECK(t.device() == hidden.device(), op, ": ", name, " is on ", t.device(), " but hidden is on ",
+    TORCH_CHECK_VALUE(t.device() == hidden.device(), op, ": ", name, " is on ", t.device(), " but hidden is on ",
                 hidden.device());
 }
 
 // Shapes, dtypes and devices shared by both ops: hidden (N, D), weight (V, D), bias (V,) or None, labels (N,).
 static void check_problem(const char* op, const Tensor& hidden, const Tensor& weight,
                           const c10::optional<Tensor>& bias, const Tensor& labels, int64_t vocab_start) {
-    TORCH_CHECK(hidden.defined() && weight.defined() && labels.defined(), op,
+    TORCH_CHECK_VALUE(hidden.defined() && weight.defined() && labels.defined(), op,
                 ": hidden, weight and labels must be tensors");
-    TORCH_CHECK(hidden.dim() == 2, op, ": hidden must be 2-D (N, D), got shape ", hidden.sizes());
-    TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D (V, D), got shape ", weight.sizes());
-    TORCH_CHECK(weight.size(1) == hidden.size(1), op, ": weight.size(1) (", weight.size(1),
+    TORCH_CHECK_VALUE(hidden.dim() == 2, op, ": hidden must be 2-D (N, D), got shape ", hidden.sizes());
+    TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D (V, D), got shape ", weight.sizes());
+    TORCH_CHECK_VALUE(weight.size(1) == hidden.size(1), op, ": weight.size(1) (", weight.size(1),
                 ") must equal hidden.size(1) (", hidden.size(1), ")");
-    TORCH_CHECK(hidden.size(1) > 0 && weight.size(0) > 0, op, ": hidden size D (", hidden.size(1),
+    TORCH_CHECK_VALUE(hidden.size(1) > 0 && weight.size(0) > 0, op, ": hidden size D (", hidden.size(1),
                 ") and vocabulary rows V (", weight.size(0), ") must be > 0");
-    TORCH_CHECK(hidden.size(1) <= kInt32Max && weight.size(0) <= kInt32Max, op,
+    TORCH_CHECK_VALUE(hidden.size(1) <= kInt32Max && weight.size(0) <= kInt32Max, op,
                 ": D and V must each be < 2^31 (int32 Matmul shapes), got D=", hidden.size(1), " V=", weight.size(0));
-    TORCH_CHECK(operand_dtype(hidden.scalar_type()), op, ": hidden dtype must be bfloat16, float16 or float32, got ",
-                hidden.scalar_type());
-    TORCH_CHECK(weight.scalar_type() == hidden.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
+    TORCH_CHECK_TYPE(operand_dtype(hidden.scalar_type()), op,
+                     ": hidden dtype must be bfloat16, float16 or float32, got ", hidden.scalar_type());
+    TORCH_CHECK_TYPE(weight.scalar_type() == hidden.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
                 " differs from hidden dtype ", hidden.scalar_type());
-    TORCH_CHECK(hidden.device().type() == c10::DeviceType::PrivateUse1, op, ": hidden must be an NPU tensor, got ",
-                hidden.device());
+    TORCH_CHECK_VALUE(hidden.device().type() == c10::DeviceType::PrivateUse1, op,
+                      ": hidden must be an NPU tensor, got ", hidden.device());
     same_device(op, "weight", weight, hidden);
-    TORCH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), op, ": labels must have shape (N,) = (",
+    TORCH_CHECK_VALUE(labels.dim() == 1 && labels.size(0) == hidden.size(0), op, ": labels must have shape (N,) = (",
                 hidden.size(0), ",), got ", labels.sizes());
-    TORCH_CHECK(labels.scalar_type() == at::kLong || labels.scalar_type() == at::kInt, op,
+    TORCH_CHECK_TYPE(labels.scalar_type() == at::kLong || labels.scalar_type() == at::kInt, op,
                 ": labels dtype must be int64 or int32, got ", labels.scalar_type());
     same_device(op, "labels", labels, hidden);
     if (has(bias)) {
-        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must have shape (V,) = (",
+        TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must have shape (V,) = (",
                     weight.size(0), ",), got ", bias->sizes());
-        TORCH_CHECK(bias->scalar_type() == hidden.scalar_type(), op, ": bias dtype ", bias->scalar_type(),
+        TORCH_CHECK_TYPE(bias->scalar_type() == hidden.scalar_type(), op, ": bias dtype ", bias->scalar_type(),
                     " differs from hidden dtype ", hidden.scalar_type());
         same_device(op, "bias", *bias, hidden);
     }
-    TORCH_CHECK(vocab_start >= 0, op, ": vocab_start must be >= 0, got ", vocab_start);
+    TORCH_CHECK_VALUE(vocab_start >= 0, op, ": vocab_start must be >= 0, got ", vocab_start);
 }
 
 static void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& hidden) {
-    TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor");
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == hidden.size(0), op, ": ", name, " must have shape (N,) = (",
+    TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " must be a tensor");
+    TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == hidden.size(0), op, ": ", name, " must have shape (N,) = (",
                 hidden.size(0), ",), got ", t.sizes());
-    TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be a floating tensor, got ",
+    TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be a floating tensor, got ",
                 t.scalar_type());
     same_device(op, name, t, hidden);
 }
 
 // the scalar options every kernel op takes
 static void check_softcap_temperature(const char* op, double softcap, double temperature) {
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
+    TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be finite and >= 0 (0 = off), got ",
                 softcap);
-    TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0, op, ": temperature must be finite and > 0, got ",
+    TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature > 0.0, op, ": temperature must be finite and > 0, got ",
                 temperature);
 }
 
@@ -145,10 +145,10 @@ Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weigh
                   double softcap, double temperature, std::array<bool, 3> grad_mask) {
     const char* op = "fused_lce::_npu_grads";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
-    TORCH_CHECK(coefs.defined() && coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0), op,
+    TORCH_CHECK_VALUE(coefs.defined() && coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0), op,
                 ": coefs must have shape (4, N) = (4, ", hidden.size(0), "), got ",
                 coefs.defined() ? coefs.sizes() : at::IntArrayRef());
-    TORCH_CHECK(at::isFloatingType(coefs.scalar_type()), op, ": coefs must be a floating tensor, got ",
+    TORCH_CHECK_TYPE(at::isFloatingType(coefs.scalar_type()), op, ": coefs must be a floating tensor, got ",
                 coefs.scalar_type());
     same_device(op, "coefs", coefs, hidden);
     check_vector(op, "lse", lse, hidden);
@@ -189,8 +189,9 @@ Tensor7 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
                       bool with_ez, bool keep_z) {
     const char* op = "fused_lce::_npu_stats_mix";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
-    TORCH_CHECK(weight.size(0) < kMixMaxIds, op, ": the MIX kernels need fewer than 2^24 vocabulary rows per rank "
-                "(ids travel as exact floats), got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
+    TORCH_CHECK_VALUE(weight.size(0) < kMixMaxIds, op,
+                      ": the MIX kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact floats), "
+                      "got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
     check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
@@ -228,7 +229,7 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
                       const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     const char* op = "fused_lce::_npu_grads_mix";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
-    TORCH_CHECK(weight.size(0) < kMixMaxIds && hidden.size(0) < kMixMaxIds, op,
+    TORCH_CHECK_VALUE(weight.size(0) < kMixMaxIds && hidden.size(0) < kMixMaxIds, op,
                 ": the MIX backward needs N and V each below 2^24 per launch (row offsets and ids travel as exact "
                 "floats), got N=", hidden.size(0), " V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=old");
     check_vector(op, "lse", lse, hidden);
@@ -238,8 +239,9 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
     if (has(u)) check_vector(op, "u", *u, hidden);
     check_softcap_temperature(op, softcap, temperature);
     if (has(zcache))
-        TORCH_CHECK(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 && zcache->size(0) == hidden.size(0) &&
-                        zcache->size(1) == weight.size(0) && zcache->device() == hidden.device(),
+        TORCH_CHECK_VALUE(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 &&
+                              zcache->size(0) == hidden.size(0) && zcache->size(1) == weight.size(0) &&
+                              zcache->device() == hidden.device(),
                     op, ": zcache must be a float32 (N, V) = (", hidden.size(0), ", ", weight.size(0),
                     ") tensor on the hidden states' device (what _npu_stats_mix(keep_z=True) returned), got ",
                     zcache->scalar_type(), " ", zcache->sizes());
@@ -248,7 +250,7 @@ Tensor3 npu_grads_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
                          (grad_mask[2] && has_bias ? kMaskBias : 0);
     const bool acc = has(dw_acc) && (mask & kMaskWeight);
     if (acc)
-        TORCH_CHECK(dw_acc->scalar_type() == at::kFloat && dw_acc->is_contiguous() && dw_acc->dim() == 2 &&
+        TORCH_CHECK_VALUE(dw_acc->scalar_type() == at::kFloat && dw_acc->is_contiguous() && dw_acc->dim() == 2 &&
                         dw_acc->size(0) == weight.size(0) && dw_acc->size(1) == weight.size(1) &&
                         dw_acc->device() == weight.device(),
                     op, ": dw_acc must be a contiguous float32 (V, D) = (", weight.size(0), ", ", weight.size(1),
