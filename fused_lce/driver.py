@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .backends.base import Coefs, EntropyStats, Options, Problem, Provider, Stats, Tensors
+from .backends.base import Coefs, EntropyStats, Options, Problem, Provider, Stats, Tensors, loss_terms
 
 
 # ------------------------------------------------------------------------------------------------ the formula
@@ -80,10 +80,9 @@ def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.
 
 
 def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) -> Coefs:
-    """Coefficients of the loss gradient, ``dz = g (1 + 2 z_loss lse) p - g (1 - eps) onehot - g eps / V``."""
-    eps = opts.label_smoothing
-    return Coefs(a=g * (1.0 + 2.0 * opts.z_loss * lse), t=g * (1.0 - eps),
-                 u=g * (eps / max(opts.vocab(v_local), 1)) if eps else None)  # V == 0: no column uses u
+    """Per-token coefficients of the loss gradient (``loss_terms`` evaluated at each token's lse)."""
+    k = loss_terms(opts, v_local)
+    return Coefs(a=g * (k.a0 + k.a1 * lse), t=g * k.t0, u=g * k.u0 if k.u0 else None)
 
 
 def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], zmean: Optional[torch.Tensor],

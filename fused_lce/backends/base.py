@@ -147,6 +147,25 @@ class Coefs(NamedTuple):
     u: Optional[torch.Tensor] = None
 
 
+class LossTerms(NamedTuple):
+    """The loss's gradient coefficients per unit of token weight ``g``, affine in the token's ``lse``:
+    ``a = g (a0 + a1 lse)``, ``t = g t0``, ``u = g u0`` (``u0 == 0``: no uniform term). ``loss_terms`` is the
+    only place that knows the loss formula; a one-pass kernel, which learns ``lse`` inside, evaluates exactly this
+    form from the four numbers and nothing else."""
+
+    a0: float
+    a1: float
+    t0: float
+    u0: float
+
+
+def loss_terms(opts: Options, v_local: int) -> LossTerms:
+    """``dz = g (1 + 2 z_loss lse) p - g (1 - eps) onehot - g eps / V`` for the SPEC loss with label smoothing
+    ``eps`` and ``z_loss``."""
+    eps = float(opts.label_smoothing)
+    return LossTerms(1.0, 2.0 * float(opts.z_loss), 1.0 - eps, eps / max(opts.vocab(v_local), 1))
+
+
 @dataclass
 class Grads:
     """Gradient buffers of one call. ``dh`` rows are written once per token block (its full sum over this rank's
@@ -277,4 +296,4 @@ class WholeRowsProvider(Provider):
 
 
 __all__ = ["WholeRowsProvider", "Options", "OPTION_FIELDS", "LOGPROB_FIELDS", "op_fields", "options_schema",
-           "Tensors", "Problem", "Stats", "EntropyStats", "Coefs", "Grads", "Provider"]
+           "Tensors", "Problem", "Stats", "EntropyStats", "Coefs", "LossTerms", "loss_terms", "Grads", "Provider"]
