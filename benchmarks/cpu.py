@@ -3,15 +3,15 @@ F.linear_cross_entropy on wide LM heads, in float32, bfloat16 and float16 (issue
 
 Shapes (N x D x V): D = 2048, 3584, 4096 at V = 151936 (Qwen heads) and D = 2304 at V = 256000 (Gemma-2-2B's
 vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape, dtype):
-  - one child makes the inputs (fused_lce.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of labels
+  - one child makes the inputs (fused_lce.tools.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of labels
     -100), saves them for the method children (which load them instead of regenerating: most of a child's time
     otherwise) and computes the float64 mean loss of those (rounded) inputs over vocabulary chunks (no float64 copy
-    of W; fused_lce.bench.reference would also build a float64 dW, 10 GiB at the widest head);
+    of W; fused_lce.core.formulas.reference_mean_loss_grads would also build a float64 dW, 10 GiB at the widest head);
   - every method runs in its own fresh subprocess (so its peak RSS is its own), --rounds children per method with
     the methods interleaved (round 1: eager, fused_cpp, torch_lce, fused_torch; round 2: fused_cpp, eager, i.e.
     --repeat-methods in reverse; eager runs next to ours under the same load), each child --reps fwd+bwd of the mean loss w.r.t. hidden and weight. Recorded per child: wall and process CPU
     seconds of every run, the 1-minute load average before and after, peak RSS (getrusage max RSS minus the RSS
-    after loading the inputs: gradients and temporaries), the loss (relative error vs float64: fused_lce.bench's
+    after loading the inputs: gradients and temporaries), the loss (relative error vs float64: fused_lce.tools.bench's
     rel_err of the scalars).
 Methods: eager (F.linear + F.cross_entropy in the input dtype, logits upcast to float32 as HF does), torch_lce
 (torch 2.13's F.linear_cross_entropy(options=torch.nn.LinearCrossEntropyOptions()): chunked), fused_torch (our
@@ -120,7 +120,7 @@ def child_reference(n, d, v, dtype_name, inputs, chunk=8192, loss=True):
     over vocabulary chunks with an online logsumexp (no float64 copy of the whole weight)."""
     import torch
 
-    from fused_lce.bench import make_inputs
+    from fused_lce.tools.bench import make_inputs
 
     h, w, y = make_inputs(n, d, v, getattr(torch, dtype_name))
     torch.save((h, w, y), inputs)
@@ -174,7 +174,7 @@ def slow_dtypes():
 def machine():
     import torch
 
-    from fused_lce.bench import environment
+    from fused_lce.tools.bench import environment
 
     info = environment(torch.device("cpu"))
     info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
@@ -399,7 +399,7 @@ def main(argv=None):
     sys.path.insert(0, ROOT)
     import torch
 
-    from fused_lce.bench import rel_err
+    from fused_lce.tools.bench import rel_err
 
     t_start = time.time()
     slow = slow_dtypes()

@@ -5,7 +5,7 @@ hidden and weight) and each method it records
   - time: median over --reps timed fwd+bwd runs (CUDA events) after --warmup runs,
   - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
     gradients included),
-  - errors against a float32 reference from the same low-precision inputs (``fused_lce.bench.reference``, TF32
+  - errors against a float32 reference from the same low-precision inputs (``fused_lce.tools.bench.reference``, TF32
     off): loss absolute error, dX and dW relative L2 errors,
 and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8192^3.
 
@@ -31,7 +31,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from fused_lce.bench import environment, make_inputs, reference, rel_err
+from fused_lce.tools.bench import environment, make_inputs, reference, rel_err
 
 # (N, D, V, dtype): ANCHORS.md shapes, a ragged one, an odd vocabulary next to its padded twin, fp16 repeats
 SHAPES = [

@@ -11,7 +11,7 @@ Each (shape, method) runs in a fresh subprocess and records:
     (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits path,
   - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
     + the row kernel, which takes temperature != 1 and entropy).
-Inputs come from fused_lce.bench.make_inputs (15% of labels ignored), the environment from fused_lce.bench.environment.
+Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
 Writes <--name>.json and .md (default logprobs_<device>) into --out (default benchmarks/results).
 
     python benchmarks/logprobs.py                                  # CPU: a small shape and the Qwen2.5-0.5B head
@@ -84,8 +84,8 @@ def _run(method, h, w, y, temperature, backend):
 
 def _provider(args, h, w, y, entropy):
     """(provider name, its path) that linear_logprobs resolves for these inputs."""
-    from fused_lce import registry
-    from fused_lce.backends.base import Options, Problem, Tensors
+    from fused_lce.core import registry
+    from fused_lce.core import Options, Problem, Tensors
 
     opts = Options(backend=args.backend, temperature=args.temperature, entropy=entropy)
     t = Tensors(h, w, y, None)
@@ -100,7 +100,7 @@ def child(args):
     """One method on one shape in this fresh process; prints one JSON line, saves outputs to args.save."""
     import torch
 
-    from fused_lce.bench import make_inputs
+    from fused_lce.tools.bench import make_inputs
 
     n, d, v = (int(x) for x in args.shape.split("x"))
     dev = torch.device(args.device)
@@ -148,7 +148,7 @@ def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
     else on CPU); returned on CPU."""
     import torch
 
-    from fused_lce.bench import make_inputs
+    from fused_lce.tools.bench import make_inputs
 
     n, d, v = (int(x) for x in shape.split("x"))
     h, w, y = make_inputs(n, d, v, getattr(torch, dtype), device, seed=seed)
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     import torch
 
     sys.path.insert(0, ROOT)
-    from fused_lce.bench import environment, rel_err
+    from fused_lce.tools.bench import environment, rel_err
 
     env = environment(args.device)
     rows = []

@@ -182,7 +182,7 @@ def _reset_hwm() -> None:
 
 def memory_one(args) -> dict:
     """One path's head, forward + backward of log-probs and entropy, in this (fresh) process."""
-    from fused_lce.bench import make_inputs
+    from fused_lce.tools.bench import make_inputs
 
     h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu", seed=args.seed)
     h.requires_grad_()

@@ -1,22 +1,21 @@
-"""Public API: ``linear_cross_entropy``, ``LinearCrossEntropy``, ``backend_info``.
+"""The public API: ``linear_cross_entropy``, ``LinearCrossEntropy``, ``linear_logprobs``, ``label_errors``,
+``backend_info``.
 
-Validation and option normalisation happen here, once, for every backend; the math runs in the registered
-custom op ``torch.ops.fused_lce.forward`` (see ``fused_lce.ops``).
+These functions check what only they can see (the unflattened shapes, ``shift``, Python-side arguments such as
+``process_group`` or a ``num_items`` number), flatten the problem and call the registered ops
+(``torch.ops.fused_lce.forward`` / ``logprobs``), which check the rest (``fused_lce.core.validate``) and run the
+driver.
 """
 from __future__ import annotations
 
-import numbers
-import os
 from typing import NamedTuple, Optional, Union
 
 import torch
 
-from . import ops, registry  # importing ops registers torch.ops.fused_lce.*
-from .backends.base import OPTION_FIELDS, Options
-
-REDUCTIONS = ("mean", "sum", "none")
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_LABEL_DTYPES = (torch.int64, torch.int32)
+from . import ops
+from .core import registry
+from .core import validate as check
+from .core.validate import LABEL_DTYPES
 
 
 class LCEOutput(NamedTuple):
@@ -72,7 +71,7 @@ def linear_cross_entropy(
         sequence_parallel: with ``process_group``: ``hidden`` holds this rank's ``1/world`` of the tokens along
             its first dimension (Megatron sequence parallelism, ``[s/tp, b, h]``), ``labels`` those of the whole
             group (``[s, b]``); the op all-gathers the rows and returns dX for this rank's rows (reduce-scatter).
-        backend: ``"auto"`` or one of ``fused_lce.registry.NAMES``; env ``FUSED_LCE_BACKEND`` overrides auto.
+        backend: ``"auto"`` or one of ``fused_lce.core.registry.names()``; env ``FUSED_LCE_BACKEND`` overrides auto.
         validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
             that token a NaN loss (and NaN gradients), never an out-of-bounds read.
         tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
@@ -115,18 +114,21 @@ def linear_cross_entropy(
           them again with ``torch.autograd`` either.
         * double backward (``create_graph=True``): raises at backward.
     """
-    call = _normalise(hidden, weight, labels, bias, ignore_index=ignore_index, reduction=reduction,
-                      label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, shift=shift,
-                      num_items=num_items, process_group=process_group, sequence_parallel=sequence_parallel,
-                      backend=backend, validate=validate, tile_budget_mb=tile_budget_mb)
+    _reject_forward_ad(hidden, weight, bias)
+    check.reduction(reduction)
+    call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=shift,
+                    process_group=process_group, sequence_parallel=sequence_parallel, backend=backend,
+                    validate_labels=validate, tile_budget_mb=tile_budget_mb)
+    opts = dict(call.opts, label_smoothing=check.number("label_smoothing", label_smoothing),
+                z_loss=check.number("z_loss", z_loss))
     grad_on = torch.is_grad_enabled()
     grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
                  grad_on and call.bias is not None and call.bias.requires_grad]
-    o = call.opts
-    args = (call.hidden, call.weight, call.labels, call.bias, call.num_items, reduction,
-            *(getattr(o, f) for f in OPTION_FIELDS), grad_mask)
-    if _functorch_active():  # torch.func.grad / vjp / jacrev / vmap: a functorch-compatible autograd.Function
-        loss, lse, correct, _, _, _ = ops.FuncForward.apply(*args)
+    args = ops.loss.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
+                                 num_items=check.num_items(num_items, call.hidden.device), reduction=reduction,
+                                 grad_mask=grad_mask, **opts)
+    if _functorch_active(ops.loss.DOUBLE_BACKWARD):  # torch.func: a functorch-compatible autograd.Function
+        loss, lse, correct, _, _, _ = ops.loss.FuncForward.apply(*args)
     else:
         loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(*args)
     if reduction == "none":
@@ -138,79 +140,117 @@ def linear_cross_entropy(
     return LCEOutput(loss, _unshift(lse, call.labels_shape, call.out_shape), accuracy, n_valid)
 
 
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    temperature: float = 1.0,
+    softcap: Optional[float] = None,
+    return_entropy: bool = False,
+    ignore_index: int = -100,
+    process_group=None,
+    backend: str = "auto",
+    validate: bool = True,
+    tile_budget_mb: Optional[float] = None,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-token ``log p(label)`` (and optionally the entropy of ``p``) of ``hidden @ weight.T (+ bias)``, without
+    materialising the logits: the log-prob head of GRPO / PPO / DPO.
+
+    ``z = softcap(hidden @ weight.T + bias) / temperature`` -- softcap first, then temperature, as TRL does (its
+    ``selective_log_softmax`` divides the model's logits, already softcapped by e.g. Gemma 2's forward, by the
+    temperature) and verl. With ``p = softmax(z)``: ``logprob = z[label] - logsumexp(z)`` and ``entropy =
+    -sum p log p = logsumexp(z) - E_p[z]``; a ``-inf`` logit (a masked vocabulary entry) has ``p = 0`` and
+    contributes exactly 0 to both and to every gradient.
+
+    Both outputs are differentiable w.r.t. ``hidden``, ``weight`` and ``bias`` for any upstream gradients (the
+    backward recomputes the logits tile by tile from two saved floats per token). Tiling, float32 accumulation,
+    validation and errors are those of :func:`linear_cross_entropy`.
+
+    Args:
+        hidden: ``(..., D)`` float32/bfloat16/float16 activations.
+        weight: ``(V, D)`` output-layer weight, same dtype as ``hidden`` (this rank's contiguous vocabulary shard
+            with ``process_group``).
+        labels: ``hidden.shape[:-1]`` int64/int32 token ids (global ids with ``process_group``).
+        bias: optional ``(V,)`` bias.
+        temperature: > 0 (and ``1 / temperature`` finite); the logits are divided by it (after the softcap).
+        softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
+        return_entropy: also return the per-token entropy of ``softmax(z)``.
+        ignore_index: label value whose log-prob and entropy are 0 (and get no gradient).
+        process_group: vocab-parallel group; every rank gets the log-probs / entropy of the unsharded problem,
+            the full dX and its own dW / db shard.
+        backend: ``"auto"`` or a provider name; ``auto`` skips providers that do not implement log-probs yet.
+        validate: check the label range eagerly; with False a bad label gives that token NaN outputs (and NaN
+            gradients), never an out-of-bounds read.
+        tile_budget_mb: MiB of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
+            the backend's default).
+
+    Returns:
+        float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``.
+    """
+    _reject_forward_ad(hidden, weight, bias)
+    call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
+                    process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
+                    tile_budget_mb=tile_budget_mb)
+    opts = dict(call.opts, temperature=check.number("temperature", temperature),
+                entropy=check.flag("return_entropy", return_entropy))
+    lp, ent, _lse, _zmean = torch.ops.fused_lce.logprobs(*ops.logprobs.FORWARD.args(
+        hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias, **opts))
+    lp = lp.reshape(call.labels_shape)
+    return (lp, ent.reshape(call.labels_shape)) if return_entropy else lp
+
+
 class _Call(NamedTuple):
-    """A validated, flattened call of the op."""
+    """A flattened call of an op: its tensors and the option values the API sets (as the schema types)."""
 
     hidden: torch.Tensor  # (N, D), or (N / world, D) under sequence parallelism
     weight: torch.Tensor
     labels: torch.Tensor  # (N,), shifted when asked
     bias: Optional[torch.Tensor]
-    num_items: Optional[torch.Tensor]
-    opts: Options
+    opts: dict  # the options shared by both op families
     labels_shape: tuple  # shape of the (shifted) labels before flattening
     out_shape: tuple  # shape of a "none" loss
 
 
-def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_smoothing, z_loss, softcap, shift,
-               num_items, process_group, sequence_parallel, backend, validate, tile_budget_mb) -> _Call:
-    """Check every argument (ValueError/TypeError naming it) and build the op's flattened inputs and Options."""
-    _check_tensor("hidden", hidden)
-    _check_tensor("weight", weight)
-    _check_tensor("labels", labels)
-    if not isinstance(sequence_parallel, bool):
-        raise TypeError(f"sequence_parallel: expected a bool, got {type(sequence_parallel).__name__}")
+def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, process_group, sequence_parallel,
+             backend, validate_labels, tile_budget_mb) -> _Call:
+    """What only the public functions can check (unflattened shapes, ``shift``, Python-side arguments), then the
+    flattened op inputs. Dtypes, devices, the weight's and bias's shapes and every option's range are checked by
+    the op (``fused_lce.core.validate``)."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        check.tensor(name, t)
+    if bias is not None:
+        check.tensor("bias", bias)
+    check.flag("sequence_parallel", sequence_parallel)
+    check.flag("shift", shift)
+    check.flag("validate", validate_labels)
+    group = check.process_group(process_group)
+    ignore_index = check.integer("ignore_index", ignore_index)
+    check.backend(backend)
+    if softcap is None:
+        softcap = 0.0  # the ops' "off"
+    elif not check.number("softcap", softcap) > 0.0:
+        raise ValueError(f"softcap: expected a value > 0 or None, got {softcap}")
     sp_world = 1
     if sequence_parallel:
-        if process_group is None:
+        if group is None:
             raise ValueError("sequence_parallel=True: expected a process_group, got None")
         if hidden.dim() < 2:
             raise ValueError(f"hidden: sequence_parallel needs shape (T_local, ..., D), got {tuple(hidden.shape)}")
-        # the op gathers the token rows itself and reduce-scatters dX (fused_lce.distributed.sp_gather_rows)
-        sp_world = torch.distributed.get_world_size(process_group)
-    if hidden.dtype not in _FLOATS:
-        raise TypeError(f"hidden: expected dtype float32, bfloat16 or float16, got {hidden.dtype}")
+        sp_world = torch.distributed.get_world_size(group)  # the op gathers the rows and reduce-scatters dX
     if hidden.dim() < 1:
         raise ValueError("hidden: expected shape (..., D) with at least one dimension, got a 0-dim tensor")
-    d = hidden.shape[-1]
-    if weight.dim() != 2 or weight.shape[1] != d:
-        raise ValueError(f"weight: expected shape (V, D) with D = hidden.shape[-1] = {d}, got {tuple(weight.shape)}")
-    if labels.dtype not in _LABEL_DTYPES:
-        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
     tokens = tuple(hidden.shape[:-1])
     if sp_world > 1:  # the labels of the whole group's tokens
         tokens = (hidden.shape[0] * sp_world,) + tokens[1:]
     if tuple(labels.shape) != tokens:
         what = "hidden.shape[:-1]" if sp_world == 1 else "(world * hidden.shape[0],) + hidden.shape[1:-1]"
         raise ValueError(f"labels: expected shape {what} = {tokens}, got {tuple(labels.shape)}")
-    v = weight.shape[0]
-    if bias is not None:
-        _check_tensor("bias", bias)
-        if tuple(bias.shape) != (v,):
-            raise ValueError(f"bias: expected shape (V,) = ({v},), got {tuple(bias.shape)}")
-    hidden, weight, bias = _common_dtype(hidden, weight, bias)
-    for name, t in (("weight", weight), ("labels", labels), ("bias", bias)):
-        if t is not None and t.device != hidden.device:
-            raise ValueError(f"{name}: expected a tensor on hidden's device {hidden.device}, got {t.device}")
-    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
-        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    if not -2**63 <= int(ignore_index) < 2**63:
-        raise ValueError(f"ignore_index: expected a 64-bit integer, got {ignore_index}")
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
-    label_smoothing = _number("label_smoothing", label_smoothing)
-    z_loss = _number("z_loss", z_loss)
-    if softcap is not None:
-        softcap = _number("softcap", softcap)
-        if not softcap > 0.0 or softcap == float("inf"):
-            raise ValueError(f"softcap: expected a finite value > 0 or None, got {softcap}")
-    if not isinstance(shift, bool):
-        raise TypeError(f"shift: expected a bool, got {type(shift).__name__} {shift!r} (it shifts by one position)")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
-    if not isinstance(backend, str) or backend not in ("auto",) + registry.names():
-        raise ValueError(f"backend: expected one of {('auto',) + registry.names()}, got {backend!r}")
-    tile_bytes = _tile_bytes(tile_budget_mb)
-    num_items_t = _num_items(num_items, hidden.device)
+    if labels.dtype not in LABEL_DTYPES:
+        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    check.weight_shape(weight, hidden.shape[-1])  # V is needed for the label check below
+    hidden, weight, bias = _autocast(hidden, weight, bias)
 
     out_shape = tuple(labels.shape)
     if shift:
@@ -226,25 +266,25 @@ def _normalise(hidden, weight, labels, bias, *, ignore_index, reduction, label_s
         out_shape = out_shape[:-1] + (max(out_shape[-1] - 1, 0),)
 
     group_name, vocab_start, vocab_total = "", 0, 0
-    if process_group is not None:
-        from . import distributed
+    v = weight.shape[0]
+    if group is not None:
+        from .core import distributed
 
-        vocab_start, vocab_total = distributed.shard_layout(process_group, v)
-        group_name = process_group.group_name
-    total = vocab_total or v
-
+        vocab_start, vocab_total = distributed.shard_layout(group, v)
+        group_name = group.group_name
     y = labels.reshape(-1)
     # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
-    h2 = hidden.reshape(y.numel() // sp_world, d)
-    if validate and y.numel() > 0 and not torch.compiler.is_compiling() and not _values_hidden(y):
+    h2 = hidden.reshape(y.numel() // sp_world, hidden.shape[-1])
+    if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
+        total = vocab_total or v
         yv = _unwrapped(y)  # under vmap: the whole batch
         bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
         if bool(bad.any()):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
                              f"got {int(yv[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
-    opts = ops.make_options(int(ignore_index), label_smoothing, z_loss, softcap or 0.0, backend, group_name,
-                            vocab_start, vocab_total, tile_bytes)
-    return _Call(h2, weight, y, bias, num_items_t, opts, tuple(labels.shape), out_shape)
+    opts = dict(ignore_index=ignore_index, softcap=float(softcap), backend=backend, group_name=group_name,
+                vocab_start=vocab_start, vocab_total=vocab_total, tile_bytes=check.tile_bytes(tile_budget_mb))
+    return _Call(h2, weight, y, bias, opts, tuple(labels.shape), out_shape)
 
 
 class LinearCrossEntropy(torch.nn.Module):
@@ -286,16 +326,14 @@ def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -
         if bad.item():
             raise ValueError(f"labels: {bad.item()} outside [0, V)")
     """
-    _check_tensor("labels", labels)
-    if labels.dtype not in _LABEL_DTYPES:
+    check.tensor("labels", labels)
+    if labels.dtype not in LABEL_DTYPES:
         raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 0:
+    vocab_size = check.integer("vocab_size", vocab_size)
+    if vocab_size < 0:
         raise ValueError(f"vocab_size: expected an int >= 0, got {vocab_size!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    if not isinstance(shift, bool):
-        raise TypeError(f"shift: expected a bool, got {type(shift).__name__}")
-    y = labels[..., 1:] if shift and labels.dim() > 0 else labels
+    check.integer("ignore_index", ignore_index)
+    y = labels[..., 1:] if check.flag("shift", shift) and labels.dim() > 0 else labels
     bad = (y != ignore_index) & ((y < 0) | (y >= vocab_size))
     return bad.sum()
 
@@ -305,30 +343,11 @@ def backend_info() -> dict:
     "status": str | None}}``, plus ``"auto"``: the backend ``backend="auto"`` picks for a float32 problem on
     each device type present (a provider may still decline a particular shape: ``resolve`` then takes the next)."""
     info = registry.info()
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    if hasattr(torch, "npu"):
-        devices.append("npu")
-    info["auto"] = {dev: registry.auto_choice(dev) for dev in devices}
+    info["auto"] = {dev: registry.auto_choice(dev) for dev in registry.present_device_types()}
     return info
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _check_tensor(name, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-
-
-def _number(name, x) -> float:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
-    return float(x)
-
-
-def _values_hidden(t: torch.Tensor) -> bool:
-    """Meta / fake tensors (tracing): shapes only, values cannot be checked."""
-    return t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter))
-
-
 def _unwrapped(t: torch.Tensor) -> torch.Tensor:
     """The plain tensor under torch.func wrappers (vmap's batched / grad's tracking tensors), for value checks."""
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
@@ -336,7 +355,7 @@ def _unwrapped(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _functorch_active() -> bool:
+def _functorch_active(higher_order_message: str) -> bool:
     """True inside a torch.func transform; RuntimeError for what the op cannot do there (higher order)."""
     if torch.compiler.is_compiling():
         return False
@@ -346,55 +365,32 @@ def _functorch_active() -> bool:
     kinds = [i.key() for i in stack]
     tt = torch._C._functorch.TransformType
     if tt.Jvp in kinds or kinds.count(tt.Grad) > 1:
-        raise RuntimeError(ops.DOUBLE_BACKWARD)
+        raise RuntimeError(higher_order_message)
     return True
 
 
-def _tile_bytes(tile_budget_mb) -> int:
-    """Bytes of logits tiles a provider may keep live: the argument, else env FUSED_LCE_TILE_MB, else 0 (each
-    provider's default). Read here, once, so every provider means the same thing by it."""
-    if tile_budget_mb is None:
-        env = os.environ.get("FUSED_LCE_TILE_MB", "").strip()
-        if not env:
-            return 0
-        try:
-            value = float(env)
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < float("inf"):
-            raise ValueError(f"FUSED_LCE_TILE_MB: expected a number of MiB > 0, got {env!r}")
-    else:
-        value = _number("tile_budget_mb", tile_budget_mb)
-        if not 0 < value < float("inf"):
-            raise ValueError(f"tile_budget_mb: expected a number of MiB > 0, got {value}")
-    return max(1, int(value * 2**20))
+def _reject_forward_ad(*tensors) -> None:
+    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here: say so instead of
+    returning a result without a tangent."""
+    from torch.autograd import forward_ad
+
+    if getattr(forward_ad, "_current_level", -1) < 0:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
+                "gradients come from fused kernels; use F.cross_entropy(F.linear(...)) for forward-mode AD")
 
 
-def _num_items(num_items, device):
-    if num_items is None:
-        return None
-    if isinstance(num_items, torch.Tensor):
-        if num_items.numel() != 1:
-            raise ValueError(f"num_items: expected a number or a one-element tensor, got shape "
-                             f"{tuple(num_items.shape)}")
-        return num_items.detach().reshape(()).to(device)  # its value is checked by the op (ops.check_num_items)
-    if isinstance(num_items, bool) or not isinstance(num_items, numbers.Real):
-        raise TypeError(f"num_items: expected None, a number or a one-element tensor, got {type(num_items).__name__}")
-    if not 0 <= num_items < float("inf"):
-        raise ValueError(f"num_items: expected a finite value >= 0, got {num_items}")
-    return torch.tensor(float(num_items), device=device)
-
-
-def _common_dtype(hidden, weight, bias):
-    """Same dtype for all operands; under autocast the autocast dtype, as F.linear would use."""
+def _autocast(hidden, weight, bias):
+    """Under autocast, every operand in the autocast dtype, as F.linear would use (else unchanged: the op checks
+    that the dtypes agree)."""
     dev = hidden.device.type
-    if torch.is_autocast_enabled(dev) if dev in ("cpu", "cuda", "npu") else False:
+    if dev in registry.AUTO_ORDER and torch.is_autocast_enabled(dev):
         dt = torch.get_autocast_dtype(dev)
         cast = lambda t: t if t is None or t.dtype == dt else t.to(dt)  # noqa: E731
         return cast(hidden), cast(weight), cast(bias)
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(f"{name}: expected dtype {hidden.dtype} (same as hidden), got {t.dtype}")
     return hidden, weight, bias
 
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fused_lce import registry
-from fused_lce.backends.base import Options, Problem
-from fused_lce.reference import reference_loss
+from fused_lce.core import Options, Problem, registry
+from fused_lce.core.formulas import reference_loss
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -128,7 +127,7 @@ class Reference(NamedTuple):
 
 def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=False, ignore_index=-100,
                    label_smoothing=0.0, z_loss=0.0, softcap=None, num_items=None) -> Reference:
-    """``fused_lce.reference.reference_loss`` (float64, CPU) with its gradients for the upstream gradient
+    """``fused_lce.core.formulas.reference_loss`` (float64, CPU) with its gradients for the upstream gradient
     ``upstream`` (ones when None), and the magnitudes the comparison tolerances scale with."""
     f64 = torch.float64
     leaf = lambda t: None if t is None else t.detach().cpu().to(f64).requires_grad_()  # noqa: E731
@@ -259,21 +258,21 @@ def seed(request):
 def run_provider(provider, h, w, y, b, opts, scale, mask=(True, True, True)):
     """A provider through the driver's forward on a flattened problem (no public API): per-token (loss, lse,
     correct) and the gradients of ``scale * sum(loss)`` (dX float32 when ``opts.group_name`` is set)."""
-    from fused_lce import driver
-    from fused_lce.backends.base import Tensors
+    from fused_lce.core import Tensors, distributed, driver, formulas
 
-    g = driver.token_weights(*driver.label_classes(y, opts, w.shape[0]))
-    st, grads = driver.run_forward(provider, Tensors(h, w, y, b), opts, g, scale, mask)
-    return driver.loss_from_stats(st, y, opts, w.shape[0]) + (grads,)
+    g = formulas.token_weights(*formulas.label_classes(y, opts, w.shape[0]))
+    st, grads = driver.run_forward(provider, Tensors(h, w, y, b), opts, g, scale, mask,
+                                   distributed.resolve_group(opts.group_name))
+    return formulas.loss_from_stats(st, y, opts, w.shape[0]) + (grads,)
 
 
 def run_provider_backward(provider, upstream, h, w, y, b, lse, opts, mask=(True, True, True)):
     """The driver's recompute path: gradients of ``sum(upstream * loss)`` from the saved lse."""
-    from fused_lce import driver
-    from fused_lce.backends.base import Tensors
+    from fused_lce.core import Tensors, driver, formulas
 
-    g = driver.token_weights(*driver.label_classes(y, opts, w.shape[0]), upstream)
-    return driver.run_backward(provider, Tensors(h, w, y, b), lse, g, opts, mask)
+    g = formulas.token_weights(*formulas.label_classes(y, opts, w.shape[0]), upstream)
+    return driver.run_backward(provider, Tensors(h, w, y, b), lse, formulas.loss_coefs(lse, g, opts, w.shape[0]),
+                               opts, mask, fp32_dh=bool(opts.group_name))
 
 
 def pytest_collection_modifyitems(config, items):

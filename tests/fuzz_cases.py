@@ -418,7 +418,7 @@ def run_op_case(c: dict, backend: str) -> None:
     block = [opts[k] for k in ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "group_name",
                                "vocab_start", "vocab_total", "tile_bytes")]
     call = (lambda: torch.ops.fused_lce.forward(h, w, y, b, num, red, *block, mask)) if c["op"] == "forward" else \
-        (lambda: torch.ops.fused_lce.backward(g_tok, h, w, y, b, lse, *block, mask))
+        (lambda: torch.ops.fused_lce.backward(g_tok, h, w, y, b, lse, None, "none", *block, mask))
     if name:
         try:
             call()
@@ -458,7 +458,7 @@ def run_op_case(c: dict, backend: str) -> None:
     dh, dw, db = call()
     ref = fp64_reference(h, w, y_ref, b, reduction="none", upstream=g_tok, **ref_kw)
     # the recompute path takes the saved lse: give it the true one (a random lse is a valid input, not a check)
-    got = torch.ops.fused_lce.backward(g_tok, h, w, y, b, ref.lse.float(), *block, mask)
+    got = torch.ops.fused_lce.backward(g_tok, h, w, y, b, ref.lse.float(), None, "none", *block, mask)
     for k, (t, like) in enumerate(zip(got, (h, w, b))):
         want = mask[k] and like is not None
         if want and (t.shape != like.shape or t.dtype != like.dtype):

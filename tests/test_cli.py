@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from fused_lce import cli
+from fused_lce.tools import cli
 
 
 def test_bench_json_and_plot(tmp_path, capsys):
@@ -30,10 +30,10 @@ def test_bench_json_and_plot(tmp_path, capsys):
 
 
 def test_env_and_module_entry_points():
-    out = subprocess.run([sys.executable, "-m", "fused_lce.cli", "env"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "env"], capture_output=True, text=True, check=True)
     info = json.loads(out.stdout)
     assert info["backends"]["torch"]["available"] is True
-    help_text = subprocess.run([sys.executable, "-m", "fused_lce.bench", "--help"], capture_output=True, text=True,
+    help_text = subprocess.run([sys.executable, "-m", "fused_lce.tools.bench", "--help"], capture_output=True, text=True,
                                check=True).stdout
     assert "--preset" in help_text and "--tokens" in help_text and "--plot" in help_text
 
@@ -71,7 +71,7 @@ BAD_ARGS = [  # (arguments, the option the usage error must name)
 def test_bad_arguments_are_usage_errors(args, option, capsys, monkeypatch):
     """Every bad value is an argparse usage error (SystemExit 2, 'usage:' and the option on stderr), raised
     before any benchmark runs (the run itself must never start)."""
-    from fused_lce import bench
+    from fused_lce.tools import bench
 
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("the benchmark started"))
     with pytest.raises(SystemExit) as e:
@@ -79,7 +79,7 @@ def test_bad_arguments_are_usage_errors(args, option, capsys, monkeypatch):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "usage: fused-lce bench" in err and f"argument {option}" in err, err
-    with pytest.raises(SystemExit) as e:  # python -m fused_lce.bench parses the same way
+    with pytest.raises(SystemExit) as e:  # python -m fused_lce.tools.bench parses the same way
         bench.main(["--quiet"] + args)
     assert e.value.code == 2
 
@@ -98,7 +98,7 @@ def test_usage_errors_in_a_fresh_process(tmp_path):
              (["--plot", str(tmp_path / "p.png"), "--tokens", "64", "--hidden", "8", "--vocab", "64", "--repeat", "1"],
               {"PYTHONPATH": str(tmp_path / "fake")}, "--plot")]
     for args, env, option in cases:
-        out = subprocess.run([sys.executable, "-m", "fused_lce.cli", "bench", "--quiet"] + args, capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "bench", "--quiet"] + args, capture_output=True,
                              text=True, timeout=300, env={**os.environ, **env})
         assert out.returncode == 2, (args, out.returncode, out.stderr[-2000:])
         assert "Traceback" not in out.stderr and f"argument {option}" in out.stderr, out.stderr
@@ -106,7 +106,7 @@ def test_usage_errors_in_a_fresh_process(tmp_path):
 
 
 def test_plot_without_matplotlib_fails_before_the_run(capsys, monkeypatch, tmp_path):
-    from fused_lce import bench
+    from fused_lce.tools import bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("the benchmark started"))

@@ -1,7 +1,7 @@
 """The conformance suite: every available backend on every device, against the float64 reference of SPEC.md.
 
 Each case draws fresh random inputs (seed printed on failure), runs forward + backward through the public API and
-compares the loss and the gradients of hidden, weight and bias with ``fused_lce.reference.reference_loss``.
+compares the loss and the gradients of hidden, weight and bias with ``fused_lce.core.formulas.reference_loss``.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fused_lce
-from fused_lce import registry
-from fused_lce.backends.base import Options, Problem
-from fused_lce.reference import reference_loss
+from fused_lce.core import registry
+from fused_lce.core import Options, Problem
+from fused_lce.core.formulas import reference_loss
 
 from .conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
 
@@ -378,7 +378,7 @@ def test_tile_budget_means_the_same_on_every_provider(bd, monkeypatch):
     """FUSED_LCE_TILE_MB and tile_budget_mb reach the provider as the same byte count (read once by the API, not
     by each provider: the C++ kernel used to ignore the variable)."""
     backend, device = bd
-    from fused_lce import registry
+    from fused_lce.core import registry
 
     seen = []
     provider = registry.load(backend)
@@ -386,7 +386,7 @@ def test_tile_budget_means_the_same_on_every_provider(bd, monkeypatch):
         original = getattr(type(provider), kernel)
 
         def spy(self, *args, _orig=original, **kw):
-            seen.extend(a.tile_bytes for a in args if isinstance(a, fused_lce.backends.base.Options))
+            seen.extend(a.tile_bytes for a in args if isinstance(a, fused_lce.core.Options))
             return _orig(self, *args, **kw)
 
         monkeypatch.setattr(type(provider), kernel, spy)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import fused_lce
-from fused_lce import driver, registry
-from fused_lce.backends.base import Options, Problem, Tensors
+from fused_lce.core import driver, formulas, registry
+from fused_lce.core import Options, Problem, Tensors
 
 from .conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
 
@@ -237,7 +237,7 @@ def test_zero_hidden_size(dtype, seed):
     torch.testing.assert_close(out[0].double(), torch.where(y != -100, want, 0.0), rtol=1e-5, atol=1e-5)
     lse = out[1]
     dh, dw, db = torch.ops.fused_lce.backward(torch.ones(n), torch.empty(n, 0, dtype=dtype),
-                                              torch.empty(v, 0, dtype=dtype), y, b, lse, -100, 0.0, 0.0, 0.0, "cpp",
+                                              torch.empty(v, 0, dtype=dtype), y, b, lse, None, "none", -100, 0.0, 0.0, 0.0, "cpp",
                                               "", 0, 0, 0, [True, True, True])
     assert dh.shape == (n, 0) and dw.shape == (v, 0) and db.shape == (v,) and db.dtype == dtype
     p = torch.softmax(z, 1) - torch.nn.functional.one_hot(y.clamp(min=0), v) * 1.0
@@ -322,8 +322,9 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
     n, d, v, cut = 29, 12, 90, 41
     h, w, y, b = _problem(n, d, v, torch.float32, seed=seed, bias=True)
     hd, wd, bd = h.detach(), w.detach(), b.detach()
-    full = torch.ops.fused_lce._cpu_stats(hd, wd, y, bd, 0, 3.0, True, 0)
-    shards = [torch.ops.fused_lce._cpu_stats(hd, wd[a:z], y, bd[a:z], a, 3.0, True, 0) for a, z in ((0, cut), (cut, v))]
+    full = torch.ops.fused_lce._cpu_stats(hd, wd, bd, y, 0, 3.0, 1.0, True, False, 0)
+    shards = [torch.ops.fused_lce._cpu_stats(hd, wd[a:z], bd[a:z], y, a, 3.0, 1.0, True, False, 0)
+              for a, z in ((0, cut), (cut, v))]
     m = torch.maximum(shards[0][0], shards[1][0])
     s = sum(sh[1] * torch.exp(sh[0] - m) for sh in shards)
     first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])  # lowest id among shards holding the max
@@ -336,10 +337,10 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
     opts = Options(label_smoothing=0.1, z_loss=0.01, softcap=3.0, group_name="emulated", vocab_total=v)
     valid = (y != -100).sum()
     inv = torch.tensor(1.0) / valid
-    g = driver.token_weights(*driver.label_classes(y, opts, v))
+    g = formulas.token_weights(*formulas.label_classes(y, opts, v))
     t = Tensors(hd, wd, y, bd)
-    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True))
-    per, lse, _ = driver.loss_from_stats(st, y, opts, v)
+    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True), group="emulated")
+    per, lse, _ = formulas.loss_from_stats(st, y, opts, v)
     ref = fp64_reference(h, w, y, b, label_smoothing=0.1, z_loss=0.01, softcap=3.0)
     assert_loss_close(per.sum() / valid, ref, torch.float32)
     assert_lse_close(lse, ref)
@@ -410,11 +411,13 @@ def test_opcheck(dtype, reduction, seed):
     fwd = (h, w, y, b, None, reduction, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0, [True, True, True])
     # the private kernel's schema against what it does (no fake kernel: it only runs inside the public op)
     g = torch.rand(11, generator=torch.Generator().manual_seed(seed))
-    torch.library.opcheck(torch.ops.fused_lce._cpu_fused, (h.detach(), w.detach(), y, b.detach(), g, 0.5, 37, 0.1,
-                                                           0.01, 3.0, 0, [True, True, True]), test_utils="test_schema")
+    terms = (1.0, 0.02, 0.9, 0.1 / 37)  # LossTerms of label_smoothing 0.1, z_loss 0.01, V 37
+    torch.library.opcheck(torch.ops.fused_lce._cpu_fused, (h.detach(), w.detach(), b.detach(), y, g, *terms, 3.0,
+                                                           True, [True, True, True], 0.5, 0), test_utils="test_schema")
     torch.library.opcheck(torch.ops.fused_lce.forward, fwd)
     lse = torch.ops.fused_lce.forward(*fwd)[1]
-    bwd = (g, h.detach(), w.detach(), y, b.detach(), lse, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0,
+    up = g if reduction == "none" else g[0]
+    bwd = (up, h.detach(), w.detach(), y, b.detach(), lse, None, reduction, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0,
            [True, False, True])
     torch.library.opcheck(torch.ops.fused_lce.backward, bwd)
     assert math.isfinite(float(torch.ops.fused_lce.forward(*fwd)[0].sum()))

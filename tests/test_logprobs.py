@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import fused_lce
-from fused_lce import registry
-from fused_lce.backends.base import Options, Problem
+from fused_lce.core import Coefs, Options, Problem, registry
+from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
 from .conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
@@ -30,22 +30,6 @@ def _supports(bd) -> bool:
 
 LP_BACKENDS = [bd for bd in BACKEND_DEVICE if _supports(bd)]
 DECLINING = [bd for bd in BACKEND_DEVICE if not _supports(bd)]
-
-
-def reference(h, w, y, b=None, *, temperature=1.0, softcap=None, ignore_index=-100):
-    """float64 (logprob, entropy) with 0 at ignored positions; 0 * log 0 = 0 for masked (-inf) logits."""
-    z = h.double() @ w.double().t()
-    if b is not None:
-        z = z + b.double()
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
-    z = z / temperature
-    logp = torch.log_softmax(z, dim=-1)
-    valid = y != ignore_index
-    lp = logp.gather(-1, torch.where(valid, y, 0).long().unsqueeze(-1)).squeeze(-1)
-    ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
-    zero = torch.zeros_like(lp)
-    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
 
 def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0):
@@ -323,22 +307,20 @@ def test_errors():
 
 
 class _NoLogprobs(TorchProvider):
-    """The torch kernels behind a provider that has not opted into the log-prob contract, whose loss path is
-    the legacy one (per-token weight g; the 'kernel' forms the loss coefficients itself) -- as npu / npu_cann."""
+    """The torch kernels behind a provider that has not opted into the log-prob contract (as npu_cann): its
+    ``grads`` sees only the loss's coefficients (no ``b``)."""
 
     name = "no_logprobs"
     supports_logprobs = False
 
-    def grads(self, t, rows, lse, g, scale, opts, out, cache=None):
-        from fused_lce import driver
-
-        assert isinstance(g, torch.Tensor)  # the legacy contract: the loss's token weights
-        super().grads(t, rows, lse, driver.loss_coefs(lse, g, opts, t.weight.shape[0]), scale, opts, out, cache)
+    def grads(self, t, rows, lse, coef, scale, opts, out, cache=None):
+        assert isinstance(coef, Coefs) and coef.b is None  # the loss's coefficients only
+        super().grads(t, rows, lse, coef, scale, opts, out, cache)
 
 
 def test_providers_without_logprobs_decline(monkeypatch, seed):
     """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto falls
-    back to the next provider, and its loss still runs through the legacy gradient contract."""
+    back to the next provider, and its loss still runs."""
     p = _NoLogprobs()
     registry.register(p)
     try:

@@ -9,8 +9,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import fused_lce
-from fused_lce import registry
-from fused_lce.reference import reference_loss
+from fused_lce.core import registry
+from fused_lce.core.formulas import reference_loss
 
 from .conftest import BACKEND_DEVICE, rel_err
 
@@ -51,10 +51,11 @@ def test_opcheck_backward(bd):
     o = OPT_VARIANTS["all"]
     _, lse, *_ = torch.ops.fused_lce.forward(h, w, y, b, None, "none", -100, o["label_smoothing"], o["z_loss"],
                                              o["softcap"], backend, "", 0, 0, 0, [False, False, False])
-    g = torch.rand(13, device=device)
-    args = (g, h.detach(), w.detach(), y, b.detach(), lse, -100, o["label_smoothing"], o["z_loss"], o["softcap"],
-            backend, "", 0, 0, 0, [True, True, True])
-    torch.library.opcheck(torch.ops.fused_lce.backward.default, args)
+    opts = (-100, o["label_smoothing"], o["z_loss"], o["softcap"], backend, "", 0, 0, 0, [True, True, True])
+    for up, num_items, reduction in ((torch.rand(13, device=device), None, "none"),
+                                     (torch.tensor(0.5, device=device), torch.tensor(7.0), "mean")):
+        args = (up, h.detach(), w.detach(), y, b.detach(), lse, num_items, reduction, *opts)
+        torch.library.opcheck(torch.ops.fused_lce.backward.default, args)
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
@@ -191,7 +192,7 @@ def _bad_op_calls(backend, device):
     fwd = lambda hh=h, ww=w, yy=y, bb=b, ni=None, red="mean", gm=mask, **o: (  # noqa: E731
         lambda: torch.ops.fused_lce.forward(hh, ww, yy, bb, ni, red, *_opts(backend, **o), gm))
     bwd = lambda gg=g, hh=h, ww=w, yy=y, bb=b, ll=lse, gm=mask, **o: (  # noqa: E731
-        lambda: torch.ops.fused_lce.backward(gg, hh, ww, yy, bb, ll, *_opts(backend, **o), gm))
+        lambda: torch.ops.fused_lce.backward(gg, hh, ww, yy, bb, ll, None, "none", *_opts(backend, **o), gm))
     other = "meta"  # a device that is never hidden's
     cases = []
     for op, make in (("forward", fwd), ("backward", bwd)):
@@ -261,9 +262,9 @@ h, w = torch.randn(n, d), torch.randn(v, d)
 y, b = torch.randint(0, v, (n,)), torch.randn(v)
 opts = (-100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0)
 calls = {  # the two that crashed first: a crash kills the process, and the test reports its exit status
-    "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), *opts,
+    "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), None, "none", *opts,
                                                 [True, True, False]),
-    "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), *opts,
+    "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), None, "none", *opts,
                                                       [True, True, False]),
     "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts, [True, True, False]),
     "bias": lambda: torch.ops.fused_lce.forward(h, w, y, b[:1], None, "mean", *opts, [True, True, True]),
@@ -402,11 +403,11 @@ def test_meta_tensors_propagate_shapes():
                                                                  *_opts("auto"), [True, True, True])
     assert loss.shape == () and lse.shape == (18,) and correct.dtype == torch.bool
     assert dh.shape == (18, 8) and dw.shape == (31, 8) and db.shape == (31,)
-    dh, dw, db = torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse, *_opts("auto"),
+    dh, dw, db = torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse, None, "none", *_opts("auto"),
                                               [True, False, False])
     assert dh.shape == (18, 8) and dw.numel() == 0
     with pytest.raises(ValueError, match="lse"):
-        torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse[:3], *_opts("auto"),
+        torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse[:3], None, "none", *_opts("auto"),
                                      [True, True, False])
 
 

@@ -78,9 +78,9 @@ def test_vocab_plan():
 INTERP_SCRIPT = r"""
 import json, os, sys, torch
 sys.path.insert(0, sys.argv[1])
-from fused_lce import driver
+from fused_lce.core import driver, formulas
 from fused_lce.backends import triton as tc
-from fused_lce.backends.base import Options, Tensors
+from fused_lce.core import Options, Tensors
 from tests import conftest as C  # the fp64 reference and the tolerances of every test
 torch.manual_seed(int(sys.argv[2]))
 out = []
@@ -120,12 +120,12 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     t = Tensors(h, w, y, b)
     assert (tc.TritonProvider.path_reason(t, o) is None) == (path == "gemm"), (path, tc.TritonProvider.path_reason(t, o))
     scale = torch.tensor(1.0 / n)
-    g = driver.token_weights(*driver.label_classes(y, o, v))
+    g = formulas.token_weights(*formulas.label_classes(y, o, v))
     st, grads = driver.run_forward(tc.PROVIDER, t, o, g, scale, (True, True, True))
-    per, lse_ours, correct_ours = driver.loss_from_stats(st, y, o, v)
+    per, lse_ours, correct_ours = formulas.loss_from_stats(st, y, o, v)
     gl = torch.rand(n)
-    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, driver.token_weights(*driver.label_classes(y, o, v), gl), o,
-                             (True, True, True))
+    gw = formulas.token_weights(*formulas.label_classes(y, o, v), gl)
+    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, formulas.loss_coefs(lse_ours, gw, o, v), o, (True, True, True))
     ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss, softcap=o.softcap or None)
     r1 = C.fp64_reference(h, w, y, b, upstream=torch.full((n,), 1.0 / n), **ref_opts)
     r2 = C.fp64_reference(h, w, y, b, upstream=gl, **ref_opts)
@@ -157,7 +157,7 @@ for path in ("1", "0"):
     for n, v in ((0, 300), (5, 0), (0, 0)):
         h = torch.randn(n, 16).bfloat16(); w = torch.randn(v, 16).bfloat16(); y = torch.full((n,), -100)
         o = Options(vocab_total=v, backend="triton")
-        g = driver.token_weights(*driver.label_classes(y, o, v))
+        g = formulas.token_weights(*formulas.label_classes(y, o, v))
         st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
         assert gr[0].shape == (n, 16) and gr[1].shape == (v, 16) and gr[2] is None, (path, n, v)
         assert float(gr[0].float().abs().sum()) == 0 and float(gr[1].float().abs().sum()) == 0, (path, n, v)
@@ -191,7 +191,7 @@ LOGPROB_INTERP_SCRIPT = r"""
 import json, math, os, sys, torch
 sys.path.insert(0, sys.argv[1])
 import fused_lce
-from fused_lce import registry
+from fused_lce.core import registry
 from fused_lce.backends import triton as tc
 torch.manual_seed(int(sys.argv[2]))
 
@@ -246,7 +246,7 @@ for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in c
     y = torch.randint(masked, v, (n,))
     y[torch.rand(n) < 0.25] = -100
     y[0] = int(torch.randint(masked, v, ()))
-    from fused_lce.backends.base import Options, Tensors
+    from fused_lce.core import Options, Tensors
     o = Options(softcap=cap, temperature=temp, entropy=entropy)
     got_path = "gemm" if tc.TritonProvider.path_reason(Tensors(h, w, y, b), o) is None else "cublas"
     res = fused_lce.linear_logprobs(h, w, y, b, temperature=temp, softcap=cap or None, return_entropy=entropy,
@@ -360,7 +360,7 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
     n, d, v = 157, 40, 2 * tc.BLOCK + 37
     for reduction in ("mean", "none"):
         h, w, y, b = _problem(n, d, v, dtype, bias=opts != "plain", seed=seed)
-        from fused_lce.backends.base import Options, Tensors
+        from fused_lce.core import Options, Tensors
 
         o = Options(**{k: x for k, x in OPTS[opts].items()})
         assert (tc.TritonProvider.path_reason(Tensors(h, w, y, b), o) is None) == (path == "gemm")
@@ -380,7 +380,7 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
     cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients) for bf16 / fp16
     log-probs at temperature 1 without entropy; both schedules."""
-    from fused_lce.backends.base import Options
+    from fused_lce.core import Options
 
     from .test_logprobs import check
 
@@ -567,8 +567,8 @@ def test_peak_memory_bounds(path, mode, monkeypatch, seed):
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", PATHS[path])
-    from fused_lce import driver
-    from fused_lce.backends.base import Options, Tensors
+    from fused_lce.core import driver, formulas
+    from fused_lce.core import Options, Tensors
 
     tc = _tc()
     n, d, v = 6144, 1024, 200000
@@ -577,7 +577,7 @@ def test_peak_memory_bounds(path, mode, monkeypatch, seed):
     t = Tensors(h.detach(), w.detach(), y, None)
     assert (tc.TritonProvider.path_reason(t, opts) is None) == (path == "gemm")
     scale = (1.0 / (y != -100).sum().float()).reshape(())
-    g = driver.token_weights(*driver.label_classes(y, opts, v))
+    g = formulas.token_weights(*formulas.label_classes(y, opts, v))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -592,4 +592,4 @@ def test_peak_memory_bounds(path, mode, monkeypatch, seed):
     else:
         assert peak <= 1.15 * (dx + dw) + 2 * dx, peak / 2**30
     assert dh.dtype == torch.bfloat16 and dw_.dtype == torch.bfloat16
-    assert math.isfinite(float(driver.loss_from_stats(st, y, opts, v)[0].nansum()))
+    assert math.isfinite(float(formulas.loss_from_stats(st, y, opts, v)[0].nansum()))

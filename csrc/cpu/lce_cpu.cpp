@@ -173,13 +173,11 @@ class Runner {
     n_ = h_.size(0);
     d_ = h_.size(1);
     v_ = w_.size(0);
-    vt_ = opt.vocab_total > 0 ? opt.vocab_total : v_;
     vs_ = opt.vocab_start;
     low_ = h_.scalar_type() != at::kFloat;
     gemm_ = low_ ? low_gemm_path(h_.scalar_type()) : LowGemm::kConvert;
     g16_ = gemm_ != LowGemm::kConvert && h_.scalar_type() == at::kBFloat16;
-    eps_ = (float)opt.label_smoothing;
-    zl_ = (float)opt.z_loss;
+    want_zsum_ = opt.with_zsum;
     cap_ = (float)opt.softcap;
     temp_ = (float)opt.temperature;
     want_ez_ = opt.entropy;
@@ -220,7 +218,8 @@ class Runner {
   // ---------------------------------------------------------------------------------------------- API
   // Statistics of every token and the gradients of scale * sum_i g_i loss_i, one token block at a time: pass 1,
   // the token's lse from its tile statistics, pass 2 (from the kept tiles when they fit).
-  std::pair<StatsOut, GradsOut> fused(const at::Tensor& g, double scale, std::array<bool, 3> mask) {
+  std::pair<StatsOut, GradsOut> fused(const at::Tensor& g, const LossTerms& terms, double scale,
+                                      std::array<bool, 3> mask) {
     StatsOut st = new_stats();
     alloc_grads(mask, false);
     const at::Tensor gw = g.to(at::kFloat).contiguous();
@@ -237,12 +236,13 @@ class Runner {
           lse_[k] = mp[i0 + k] + std::log(sp[i0 + k]);
         }
       });
-      for (int64_t k = 0; k < nbk; ++k) {  // the loss's coefficients (the driver's loss_coefs, in float)
+      const float a0 = (float)terms.a0, a1 = (float)terms.a1, t0 = (float)terms.t0, u0 = (float)terms.u0;
+      for (int64_t k = 0; k < nbk; ++k) {  // the loss's coefficients: LossTerms at the token's lse
         const float g = gp[i0 + k] * (float)scale;
-        ca_[k] = g * (1.0f + 2.0f * zl_ * lse_[k]);
+        ca_[k] = g * (a0 + a1 * lse_[k]);
         cb_[k] = 0.0f;
-        ct_[k] = g * (1.0f - eps_);
-        cu_[k] = g * (eps_ / (float)vt_);
+        ct_[k] = g * t0;
+        cu_[k] = g * u0;
         skip_[k] = g == 0.0f;  // ignored token: no gradient
       }
       pass2(i0, nbk, plan_.keep ? (cap_ > 0 ? GradFrom::kLogits : GradFrom::kProb) : GradFrom::kRaw);
@@ -451,7 +451,6 @@ class Runner {
   void pass1(int64_t i0, int64_t nbk) {
     std::fill(zt_.begin(), zt_.begin() + nbk, 0.0f);
     const bool store_prob = plan_.keep && cap_ == 0.0f && !want_ez_ && temp_ == 1.0f;
-    const bool want_zsum = eps_ != 0.0f;
     const float* bias = bias_f_.defined() ? bias_f_.data_ptr<float>() : nullptr;
     for_tiles([&](int64_t slot, int64_t k) {
       const int64_t v0 = k * plan_.vb, n = std::min(plan_.vb, v_ - v0);
@@ -463,7 +462,7 @@ class Runner {
         for (int64_t r = r0; r < r1; ++r) {
           RowStat st{};
           const int64_t lab = local_label(yb_[i0 + r], v0, n);
-          rk_.stats(zp + r * n, bias ? bias + v0 : nullptr, n, cap_, 1.0f / temp_, lab, want_zsum, want_ez_,
+          rk_.stats(zp + r * n, bias ? bias + v0 : nullptr, n, cap_, 1.0f / temp_, lab, want_zsum_, want_ez_,
                     store_prob, &st);
           const int64_t at = k * plan_.nb + r;
           tmax_[at] = st.max;
@@ -603,13 +602,14 @@ class Runner {
   at::Tensor h_, w_, y_, bias_f_;
   Options opt_;
   const RowKernels& rk_;
-  int64_t n_ = 0, d_ = 0, v_ = 0, vt_ = 0, vs_ = 0;
+  int64_t n_ = 0, d_ = 0, v_ = 0, vs_ = 0;
   bool low_ = false;  // bf16/fp16 inputs
   LowGemm gemm_ = LowGemm::kConvert;  // how 16-bit inputs are multiplied (gemm.h); kConvert: float32 tiles
   bool g16_ = false;  // bf16 inputs on a 16-bit GEMM path: the row kernel writes dZ as bf16 too
   at::Tensor hb_, ht_;  // current token block (see set_block)
   at::ScalarType bias_dtype_ = at::kFloat;
-  float eps_ = 0, zl_ = 0, cap_ = 0, temp_ = 1;
+  bool want_zsum_ = false;
+  float cap_ = 0, temp_ = 1;
   bool want_ez_ = false;  // the entropy statistic (linear_logprobs)
   Plan plan_;
   const int64_t* yb_ = nullptr;
@@ -688,13 +688,14 @@ GradsOut grads(const at::Tensor& hidden, const at::Tensor& weight, const at::Ten
 }
 
 std::pair<StatsOut, GradsOut> fused(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                    const std::optional<at::Tensor>& bias, const at::Tensor& g, double scale,
-                                    const Options& opt, std::array<bool, 3> mask) {
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& g,
+                                    const LossTerms& terms, double scale, const Options& opt,
+                                    std::array<bool, 3> mask) {
   check_inputs(hidden, weight, labels, bias);
   check_per_token("g", g, hidden.size(0));
   TORCH_CHECK(opt.temperature == 1.0 && !opt.entropy, "fused_lce cpp kernel: the fused pass is the loss's only");
   Runner run(hidden, weight, labels, bias, opt, mask[0] || mask[1] || mask[2]);
-  return run.fused(g, scale, mask);
+  return run.fused(g, terms, scale, mask);
 }
 
 std::string describe(int64_t n, int64_t v, int64_t d, bool low_precision, int64_t tile_bytes, bool fused) {

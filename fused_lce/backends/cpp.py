@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from .base import Coefs, EntropyStats, Grads, Options, Stats, Tensors, WholeRowsProvider
+from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, WholeRowsProvider
 
 _C = None
 _IMPORT_ERROR: Optional[str] = None
@@ -61,23 +61,23 @@ class CppProvider(WholeRowsProvider):
     supports_logprobs = True
 
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
-        *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.labels[rows], t.bias, opts.vocab_start,
-                                                opts.softcap, opts.label_smoothing != 0, opts.tile_bytes,
-                                                opts.temperature, opts.entropy)
+        *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start,
+                                                opts.softcap, opts.temperature, opts.wants_zsum,
+                                                opts.entropy, opts.tile_bytes)
         return (EntropyStats(*r, ez) if opts.entropy else Stats(*r)), None
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
               cache=None) -> None:
-        s = 1.0 if scale is None else float(scale)
         dh, dw, db = torch.ops.fused_lce._cpu_grads(
-            t.hidden[rows], t.weight, t.labels[rows], t.bias, lse, coef.a, coef.b, coef.t, coef.u, s,
-            opts.vocab_start, opts.softcap, opts.temperature, opts.tile_bytes, list(out.extra), out.fp32_dh)
+            t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, coef.a, coef.t, coef.b, coef.u,
+            opts.vocab_start, opts.softcap, opts.temperature, list(out.extra),
+            1.0 if scale is None else float(scale), opts.tile_bytes, out.fp32_dh)
         self.store(t, rows, out, dh, dw, db)
 
-    def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:
-        r = torch.ops.fused_lce._cpu_fused(t.hidden, t.weight, t.labels, t.bias, g, float(scale),
-                                           opts.vocab(t.weight.shape[0]), opts.label_smoothing, opts.z_loss,
-                                           opts.softcap, opts.tile_bytes, list(out.extra))
+    def fused(self, t: Tensors, g, terms: LossTerms, scale, opts: Options, out: Grads) -> Stats:
+        r = torch.ops.fused_lce._cpu_fused(t.hidden, t.weight, t.bias, t.labels, g, *terms, opts.softcap,
+                                           opts.wants_zsum, list(out.extra), float(scale),
+                                           opts.tile_bytes)
         self.store(t, slice(0, t.hidden.shape[0]), out, *r[5:])
         return Stats(*r[:5])
 

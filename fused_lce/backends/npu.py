@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from ..npu_env import usable_torch_npu
-from .base import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
+from ..core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
 OPP_VENDOR = "fused_lce"

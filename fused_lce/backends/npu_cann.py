@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from .base import Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
+from ..core import Coefs, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
 from ..npu_env import import_torch_npu, usable_torch_npu
 
 TRIO = ("npu_fused_linear_online_max_sum", "npu_fused_cross_entropy_loss_with_max_sum",
@@ -137,22 +137,22 @@ class CannTrioProvider(WholeRowsProvider):
         cand = torch.where(in_shard & (pred == 0), y, torch.full_like(y, -1))
         return Stats(m, s, zt, torch.zeros_like(m), cand), None
 
-    def grads(self, t: Tensors, rows: slice, lse, g, scale, opts: Options, out: Grads, cache=None) -> None:
-        """dX, dW of scale * sum_i g_i * loss_i. The trio computes grad * (softmax - onehot); z_loss scales the
-        softmax term only, so the trio gets the softmax coefficient and the one-hot difference is added back."""
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
+        """dX, dW of ``dz = a p - t onehot`` (this provider declines label smoothing and log-probs: no ``b``, ``u``).
+        The trio computes ``c (softmax - onehot)`` for a per-token ``c``: it gets ``a``, and ``(a - t)`` on the target
+        column is added back where the two differ (z-loss)."""
         tnpu = import_torch_npu()
         hidden, weight = t.hidden[rows], t.weight
-        if scale is not None:
-            g = g * scale
+        a, g = (coef.a, coef.t) if scale is None else (coef.a * scale, coef.t * scale)
         y, in_shard = self._in_shard(t.labels[rows], opts, weight.shape[0])
-        coef = g * (1.0 + 2.0 * opts.z_loss * lse) if opts.z_loss else g
         local = torch.where(in_shard, y - opts.vocab_start, torch.zeros_like(y))
         # softmax = exp(z - lse) / 1: the saved lse replaces the (max, sum-exp) pair
         dh, dw = tnpu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(
-            coef.contiguous(), hidden, weight, pack_out_of_shard(~in_shard), local.to(torch.int32), 0.0,
+            a.contiguous(), hidden, weight, pack_out_of_shard(~in_shard), local.to(torch.int32), 0.0,
             logits_max=lse.float().contiguous(), sum_exp_logits=torch.ones_like(lse, dtype=torch.float32))
         if opts.z_loss:
-            extra = torch.where(in_shard, coef - g, torch.zeros_like(g))  # (a - g) on the target column
+            extra = torch.where(in_shard, a - g, torch.zeros_like(g))  # (a - t) on the target column
             if out.extra[0]:
                 dh = (dh.float() + extra[:, None] * weight.index_select(0, local).float()).to(hidden.dtype)
             if out.extra[1]:

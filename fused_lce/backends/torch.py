@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from .base import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
+from ..core import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
 
 DEFAULT_TILE_MB = {"cpu": 256, "cuda": 8192}
 MIN_BLOCK_TOKENS = 8
@@ -240,7 +240,7 @@ class TorchProvider(Provider):
             got = None
             if ez is None and opts.temperature == 1.0:  # the loss statistics, which the compiled function computes
                 got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
-                           m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, bool(opts.label_smoothing))
+                           m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, opts.wants_zsum)
             if got is not None:
                 z, m, s, zt, zs, amax = got
                 if keep and tl.keep:
@@ -267,7 +267,7 @@ class TorchProvider(Provider):
             hit = (yl >= v0) & (yl < v1)
             idx = (yl - v0).clamp(0, v1 - v0 - 1)
             zt += torch.where(hit, z.gather(1, idx[:, None]).squeeze(1), torch.zeros_like(zt))
-            if opts.label_smoothing:
+            if opts.wants_zsum:
                 zs += z.sum(dim=1)
             if keep and tl.keep:
                 kept.append(z)

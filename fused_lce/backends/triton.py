@@ -66,7 +66,7 @@ if triton is not None:
 else:  # pragma: no cover
     kgemm = krows = None
 
-from .base import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
+from ..core import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
 
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
@@ -688,7 +688,7 @@ class TritonProvider(Provider):
         _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse)
         self._token_gemms(t, rows, dz, out)
 
-    def fused(self, t: Tensors, g, scale, opts: Options, out: Grads) -> Stats:
+    def fused(self, t: Tensors, g, terms, scale, opts: Options, out: Grads) -> Stats:
         st, want_dw = out.extra
         h, w = t.hidden, t.weight
         n, v = h.shape[0], w.shape[0]

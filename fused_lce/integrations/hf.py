@@ -60,7 +60,7 @@ import weakref
 
 import torch
 
-from .. import registry
+from ..core import registry
 from ..api import linear_cross_entropy
 from . import trl as trl_support
 

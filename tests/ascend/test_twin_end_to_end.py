@@ -1,10 +1,10 @@
 """The two kernels on the twin composed like the npu backend composes them (statistics per vocabulary shard ->
-combine -> loss -> token weights -> gradients per shard), against fused_lce.reference.reference_loss in float64
+combine -> loss -> token weights -> gradients per shard), against fused_lce.core.formulas.reference_loss in float64
 with autograd: the loss, lse, token accuracy and every gradient, on one device and on vocabulary shards."""
 import pytest
 import torch
 
-from fused_lce.reference import reference_loss
+from fused_lce.core.formulas import reference_loss
 from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2, twin_loss_grads
 
 IGNORE = -100

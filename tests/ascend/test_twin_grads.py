@@ -194,8 +194,8 @@ def test_loss_coefs_equal_the_legacy_weight_form(ops, part, seed):
     y = torch.randint(0, v, (n,))
     g = torch.rand(n) + 0.5
     lse = lse_of(h, w, b, 2.0).float()
-    from fused_lce.backends.base import Options
-    from fused_lce.driver import loss_coefs
+    from fused_lce.core import Options
+    from fused_lce.core.formulas import loss_coefs
     opts = Options(label_smoothing=0.1, z_loss=1e-2, softcap=2.0)
     co = loss_coefs(lse, g, opts, v)
     planes = torch.stack([x if x is not None else torch.zeros(n) for x in co])

@@ -182,7 +182,7 @@ def test_onepass_workspace_formula(ops, part):
 def onepass_provider(ops):
     """The npu provider over the MIX kernels on the twin (one-pass modes on), registered for the test only; the
     kernels object counts the calls that passed a z cache."""
-    from fused_lce import registry
+    from fused_lce.core import registry
     from fused_lce.backends.npu import AscendCProvider
 
     class Spy(twin_build.TwinKernels):
@@ -275,7 +275,7 @@ class _CacheKernels(_OldKernels):
 def test_provider_token_block_bound_and_fallback():
     """token_block: one block without the capability; with it, rows x V x (4 + elt) (keep) or rows x V x elt within
     the tile budget, a multiple of 128 when >= 128 rows fit, at least 1 row; the default budget when 0."""
-    from fused_lce.backends.base import Options, Problem
+    from fused_lce.core import Options, Problem
     from fused_lce.backends.npu import DEFAULT_TILE_BYTES, AscendCProvider
 
     def prob(n, v, dtype, tile_bytes):
@@ -299,7 +299,7 @@ def test_provider_token_block_bound_and_fallback():
 def test_provider_without_capability_keeps_todays_route():
     """Kernels without supports_cache are called with today's arguments (no keep_z / zcache / keep_dz) and one block;
     a second block is refused as before."""
-    from fused_lce.backends.base import Coefs, Options, Tensors
+    from fused_lce.core import Coefs, Options, Tensors
     from fused_lce.backends.npu import AscendCProvider
 
     prov = AscendCProvider("x", kernels=_OldKernels(), device_types=("cpu",))

@@ -72,7 +72,7 @@ def grads64(grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_tota
 
 
 def loss_coefs(grad_tok, lse, eps, z_loss, vocab_total):
-    """The loss's (4, N) float32 coefficient planes a, t, b, u of the grad kernel (fused_lce.driver.loss_coefs)."""
+    """The loss's (4, N) float32 coefficient planes a, t, b, u of the grad kernel (fused_lce.formulas.loss_coefs)."""
     g = grad_tok.float()
     l32 = lse.float()
     return torch.stack([g * (1 + 2 * z_loss * l32), g * (1 - eps), torch.zeros_like(g), g * (eps / vocab_total)])

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from fused_lce.reference import reference_loss
+from fused_lce.core.formulas import reference_loss
 
 from ..conftest import GRAD_TOL, LOSS_TOL, rel_err
 from ..test_distributed import Pool, run_ok

@@ -29,10 +29,10 @@ import fused_lce  # noqa: E402
 ASSERT_NO_TORCH_NPU_AT_IMPORT = "torch_npu" not in sys.modules
 
 import torch_npu  # noqa: E402  (the fake)
-from fused_lce import registry  # noqa: E402
+from fused_lce.core import registry  # noqa: E402
 from fused_lce.backends import npu as npu_ascendc  # noqa: E402
 from fused_lce.backends import npu_cann  # noqa: E402
-from fused_lce.reference import reference_loss  # noqa: E402
+from fused_lce.core.formulas import reference_loss  # noqa: E402
 from npu_sim import NpuMode, NpuTensor, cpu  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fused_lce
-from fused_lce import registry
+from fused_lce.core import registry
 from fused_lce.backends import npu as npu_ascendc
-from fused_lce.reference import reference_loss
+from fused_lce.core.formulas import reference_loss
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ascend"))
 
@@ -183,7 +183,7 @@ def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
     """The MIX planner carries ids as exact floats: with the MIX pair (the default) the provider declines
     V_local >= 2^24 with a reason naming the way out, so auto falls back instead of failing in the kernel; the old
     pair takes it."""
-    from fused_lce.backends.base import Options, Problem
+    from fused_lce.core import Options, Problem
 
     prov = npu_ascendc.AscendCProvider("npu_choice", kernels=npu_ascendc._AdapterKernels(kind), device_types=("cpu",))
     big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())

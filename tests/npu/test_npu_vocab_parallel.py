@@ -34,9 +34,9 @@ def _worker(rank, world, port, seed):
         from tests.conftest import run_provider, run_provider_backward
 
         from fused_lce.backends import npu_cann
-        from fused_lce.backends.base import Options, Problem
+        from fused_lce.core import Options, Problem
         from fused_lce.backends.npu import AscendCProvider
-        from fused_lce.reference import reference_loss
+        from fused_lce.core.formulas import reference_loss
 
         n, d, v = 40, 24, 300
         g = torch.Generator().manual_seed(seed)

@@ -84,7 +84,7 @@ def shard_layout(process_group, local_vocab: int) -> tuple[int, int]:
     return sum(sizes[:rank]), sum(sizes)
 
 
-def agree_token_blocks(block: int, n_tokens: int, group_name: str) -> int:
+def agree_token_blocks(block: int, n_tokens: int, group) -> int:
     """The token-block size every rank of the group must use: the smallest one proposed.
 
     A backend that calls :func:`combine_stats` once per token block must run the same number of blocks (of the
@@ -93,7 +93,6 @@ def agree_token_blocks(block: int, n_tokens: int, group_name: str) -> int:
     budget (a smaller block needs less memory). Also checks that every rank has the same number of tokens.
     One all-reduce of 24 bytes and a host sync; returns ``block`` unchanged without a group.
     """
-    group = resolve_group(group_name)
     if group is None:
         return block
     dist = _dist()
@@ -107,14 +106,13 @@ def agree_token_blocks(block: int, n_tokens: int, group_name: str) -> int:
 
 
 def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: torch.Tensor,
-                  argmax: torch.Tensor, group_name: str, ez: Optional[torch.Tensor] = None):
+                  argmax: torch.Tensor, group, ez: Optional[torch.Tensor] = None):
     """Global (max, sum-exp relative to it, target logit, sum of logits, first argmax) over the group, and with
     ``ez`` (the entropy statistic ``sum exp(z - m) (z - m)`` of each shard) a sixth output: its global value.
 
     One all-gather of the packed (5, n) -- (6, n) with ``ez`` -- float32 statistics (argmax as int32 bits; global
     ids < 2**31), then the same reduction, in rank order, on every rank, so every rank gets bit-identical results.
     """
-    group = resolve_group(group_name)
     if group is None:
         return (m, s, target, zsum, argmax) + (() if ez is None else (ez,))
     world = _dist().get_world_size(group)
@@ -143,9 +141,8 @@ def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: 
     return out + (((allst[:, 5] + delta * ss) * scale).sum(dim=0).to(ez.dtype),)
 
 
-def all_reduce_sum_(t: Optional[torch.Tensor], group_name: str) -> Optional[torch.Tensor]:
+def all_reduce_sum_(t: Optional[torch.Tensor], group) -> Optional[torch.Tensor]:
     """Sum ``t`` over the group in place (the full dX: every shard contributes dz_shard @ W_shard)."""
-    group = resolve_group(group_name)
     if group is not None and t is not None:
         dist = _dist()
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
@@ -200,11 +197,10 @@ def gather_sequence_parallel(hidden: torch.Tensor, process_group, dim: int = 0, 
     return _GatherTokens.apply(hidden, process_group, dim % hidden.dim(), bool(grad_is_partial))
 
 
-def sp_gather_rows(hidden: torch.Tensor, group_name: str, n_tokens: int) -> torch.Tensor:
+def sp_gather_rows(hidden: torch.Tensor, group, n_tokens: int) -> torch.Tensor:
     """For an op that receives this rank's (N/world, D) token rows and the full (N,) labels: the (N, D) rows of
     the whole group (one all-gather); ``hidden`` itself when there is no group or it already has ``n_tokens`` rows.
     Not differentiable (meant for inside a custom op; pair it with :func:`reduce_grad_rows`)."""
-    group = resolve_group(group_name)
     if group is None or hidden.shape[0] == n_tokens:
         return hidden
     world = _dist().get_world_size(group)
@@ -216,14 +212,13 @@ def sp_gather_rows(hidden: torch.Tensor, group_name: str, n_tokens: int) -> torc
     return out
 
 
-def reduce_grad_rows(grad: torch.Tensor, group_name: str, local_rows: int) -> torch.Tensor:
+def reduce_grad_rows(grad: torch.Tensor, group, local_rows: int) -> torch.Tensor:
     """Sum a per-rank partial dX over the group: an in-place all-reduce when every rank keeps all rows, a
     reduce-scatter to this rank's ``local_rows`` rows under sequence parallelism (half the traffic)."""
-    group = resolve_group(group_name)
     if group is None:
         return grad
     if grad.shape[0] == local_rows:
-        return all_reduce_sum_(grad, group_name)
+        return all_reduce_sum_(grad, group)
     out = grad.new_empty((local_rows,) + tuple(grad.shape[1:]))
     _reduce_scatter_flat(out, grad.contiguous(), group)
     return out

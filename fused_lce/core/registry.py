@@ -1,8 +1,9 @@
 """The provider registry: which providers exist, which one runs a problem, and why the others do not.
 
-Provider modules live in ``fused_lce/backends/<name>.py`` (the name is the ``backend=`` string) and are imported
-lazily, so ``import fused_lce`` never needs CUDA, Triton, torch_npu or a compiler. ``auto`` takes, per device
-type, the first provider in ``AUTO_ORDER`` that is available and ``supports`` the problem.
+Provider modules live in ``fused_lce/backends/<name>`` (the name is the ``backend=`` string; each module has a
+``PROVIDER``) and are imported lazily, so ``import fused_lce`` never needs CUDA, Triton, torch_npu or a compiler.
+``auto`` takes, per device type, the first provider in ``AUTO_ORDER`` that is available and ``supports`` the
+problem. ``AUTO_ORDER`` is also the one list of the device types the project knows.
 """
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import importlib
 import os
 from typing import Optional
 
-from .backends.base import Problem, Provider
+import torch
+
+from .provider import Provider
+from .types import Problem
 
 NAMES = ("torch", "cpp", "triton", "npu", "npu_cann")
 AUTO_ORDER = {
@@ -18,6 +22,22 @@ AUTO_ORDER = {
     "cuda": ("triton", "torch"),
     "npu": ("npu", "npu_cann", "torch"),
 }
+
+
+
+def present_device_types() -> list[str]:
+    """The device types of ``AUTO_ORDER`` that this process can use now (CPU always; an accelerator when its torch
+    module says a device is there; "npu" only once torch_npu has been imported by someone)."""
+    out = []
+    for dev in AUTO_ORDER:
+        mod = getattr(torch, dev, None)
+        try:
+            if dev == "cpu" or (mod is not None and mod.is_available()):
+                out.append(dev)
+        except Exception:  # a driver / runtime error means "not usable here"
+            pass
+    return out
+
 
 _loaded: dict[str, Provider] = {}
 _failed: dict[str, str] = {}
@@ -81,21 +101,29 @@ def why_not(name: str, p: Problem) -> Optional[str]:
     return unavailable_reason(name) or load(name).supports(p)
 
 
+ENV_HINT = "unset it (`unset FUSED_LCE_BACKEND`) to let backend='auto' choose"
+
+
 def env_backend() -> str:
     """``FUSED_LCE_BACKEND`` ("auto" when unset); ValueError naming the variable when it is not a provider."""
     requested = os.environ.get("FUSED_LCE_BACKEND", "").strip() or "auto"
     if requested != "auto" and requested not in names():
-        raise ValueError(f"FUSED_LCE_BACKEND: expected one of {('auto',) + names()}, got {requested!r}")
+        raise ValueError(f"FUSED_LCE_BACKEND: expected one of {('auto',) + names()}, got {requested!r}; "
+                         f"{ENV_HINT}")
     return requested
 
 
 def resolve(requested: str, p: Problem) -> Provider:
     """The provider for ``requested`` ("auto" or a name); ValueError saying why when none can run ``p``."""
-    if requested == "auto":
+    from_env = requested == "auto"
+    if from_env:
         requested = env_backend()
     if requested != "auto":
         reason = why_not(requested, p)
         if reason is not None:
+            if from_env:
+                raise ValueError(f"FUSED_LCE_BACKEND={requested!r} (set in the environment) cannot run this "
+                                 f"problem: {reason}; {ENV_HINT}")
             raise ValueError(f"backend={requested!r} is not available: {reason}")
         return load(requested)
     reasons = []

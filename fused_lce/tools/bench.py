@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..core.formulas import reference_mean_loss_grads
+
 PRESETS = {  # LM heads: (hidden size, vocabulary)
     "qwen2.5-0.5b": (896, 151936),
     "qwen2.5-1.5b": (1536, 151936),
@@ -128,7 +130,8 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
 
 
 # ---------------------------------------------------------------------------------------------- shared helpers
-# (benchmarks/*.py import these: one way to make inputs, one reference, one environment record)
+# (benchmarks/*.py import these: one way to make inputs and one environment record; the float64 reference is
+# fused_lce.core.formulas)
 IGNORE_FRAC = 0.15
 
 
@@ -147,39 +150,6 @@ def make_inputs(n: int, d: int, v: int, dtype=torch.float32, device="cpu", seed:
     y = torch.randint(0, max(v, 1), (n,), generator=g, device=device)
     y[torch.rand(n, generator=g, device=device) < ignore_frac] = -100
     return h, w, y
-
-
-def reference(h, w, y, dtype=torch.float64, chunk_elems: int = 2**26):
-    """Loss and gradients (dX, dW) of the mean cross-entropy of ``h @ w.T``, computed in ``dtype`` (float64 by
-    default; float32 without TF32 is the GPU benchmarks' cheaper choice), token chunks of at most ``chunk_elems``
-    logits so the reference itself stays small. Returns (loss as a float, dX, dW) in ``dtype``."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        wd = w.detach().to(dtype)
-        n = h.shape[0]
-        valid = y != -100
-        nv = valid.sum().clamp(min=1).to(dtype)
-        loss = torch.zeros((), dtype=torch.float64, device=h.device)
-        dh = torch.empty(n, h.shape[1], dtype=dtype, device=h.device)
-        dw = torch.zeros_like(wd)
-        chunk = max(1, chunk_elems // max(w.shape[0], 1))
-        for i in range(0, n, chunk):
-            hc = h[i:i + chunk].detach().to(dtype)
-            yc, vc = y[i:i + chunk], valid[i:i + chunk]
-            z = hc @ wd.t()
-            lse = torch.logsumexp(z, dim=1)
-            safe = torch.where(vc, yc, torch.zeros_like(yc))
-            loss += torch.where(vc, lse - z.gather(1, safe[:, None]).squeeze(1), torch.zeros_like(lse)).sum().double()
-            z.sub_(lse[:, None]).exp_()  # softmax in place
-            z[torch.arange(z.shape[0], device=z.device), safe] -= 1.0
-            z.mul_((vc.to(dtype) / nv)[:, None])
-            dh[i:i + chunk] = z @ wd
-            dw.addmm_(z.t(), hc)
-            del z
-        return float(loss / nv.double()), dh, dw
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def rel_err(a, b) -> float:
@@ -201,7 +171,7 @@ def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, ti
         h, w, y = make_inputs(n, hidden, vocab, dtype, device, seed=n)
         h.requires_grad_()
         w.requires_grad_()
-        ref = reference(h, w, y) if check else None
+        ref = reference_mean_loss_grads(h, w, y) if check else None
         for name in backends:
             bar.set_postfix_str(f"N={n} {name}")
             fn = _plain if name == "plain" else _fused(name)
@@ -251,7 +221,7 @@ def environment(device) -> dict:
         env["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if os.environ.get("FUSED_LCE_COMMIT"):  # a copy of the tree without its own .git (e.g. sent to a remote GPU)
         env["commit"] = os.environ["FUSED_LCE_COMMIT"]
         return env
@@ -388,8 +358,7 @@ def _device_problem(text: Optional[str]):
 def check_args(parser: argparse.ArgumentParser, args) -> None:
     """Checks that need more than one argument or this host (device, backends, optional dependencies), before
     anything runs; a failure is a usage error (exit status 2), like argparse's own."""
-    from fused_lce import registry
-    from fused_lce.backends.base import Options, Problem
+    from fused_lce.core import Options, Problem, registry
 
     hidden, vocab = PRESETS[args.preset]
     hidden, vocab = args.hidden or hidden, args.vocab or vocab
@@ -424,8 +393,7 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
 def main_from_args(args) -> int:
     """Runs the benchmark for parsed (and ``check_args``-checked) arguments."""
     import fused_lce
-    from fused_lce import registry
-    from fused_lce.backends.base import Options, Problem
+    from fused_lce.core import Options, Problem, registry
 
     hidden, vocab = PRESETS[args.preset]
     hidden = args.hidden or hidden

@@ -1,0 +1,204 @@
+"""The maths, once: per-token loss, log-prob and gradient-coefficient formulas (what the driver evaluates on the
+statistics the kernels return), and beside them the dense float64 reference of the same semantics (docs/spec.md),
+which the tests and benchmarks compare every provider with.
+
+No kernel holds a loss formula: the driver turns statistics into losses here, and gives providers either
+per-token ``Coefs`` (``loss_coefs``, ``logprob_coefs``) or, for one-pass kernels that learn ``lse`` inside, the
+four numbers of ``LossTerms`` (``loss_terms``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .types import Coefs, LossTerms, Options, Stats
+
+
+# ------------------------------------------------------------------------------------------ per-token formulas
+def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """log-sum-exp from (max, sum exp(z - max)); -inf when every logit is -inf."""
+    return m + torch.log(s)
+
+
+def label_classes(labels: torch.Tensor, opts: Options, v_local: int):
+    """(valid, bad): not ignored, and valid but outside [0, vocab_total)."""
+    y = labels.long()
+    valid = y != opts.ignore_index
+    bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
+    return valid, bad
+
+
+def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """``x`` where the label is valid, 0 where it is ignored, NaN where it is out of range."""
+    x = torch.where(valid, x, torch.zeros_like(x))
+    return torch.where(bad, torch.full_like(x, math.nan), x)
+
+
+def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where the
+    label is out of range (a bad label must poison the gradients it would have produced, never index)."""
+    up = torch.ones((), device=valid.device) if upstream is None else upstream.to(torch.float32)
+    return per_token(up.expand(valid.shape), valid, bad)
+
+
+def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int):
+    """Per-token (loss, lse, correct) from global statistics: the SPEC loss
+    ``(1 - eps) (lse - z_y) + eps (lse - mean z) + z_loss lse^2``, 0 where ignored, NaN for a bad label."""
+    vt = opts.vocab(v_local)
+    valid, bad = label_classes(labels, opts, v_local)
+    lse = lse_of(st.m, st.s)
+    eps = opts.label_smoothing
+    per = (1.0 - eps) * (lse - st.target)
+    if eps:
+        per = per + eps * (lse - st.zsum / vt)
+    if opts.z_loss:
+        per = per + opts.z_loss * lse * lse
+    return per_token(per, valid, bad), lse, valid & (st.argmax == labels.long())
+
+
+def loss_terms(opts: Options, v_local: int) -> LossTerms:
+    """The gradient of that loss, ``dz = g (1 + 2 z_loss lse) p - g (1 - eps) onehot - g eps / V``, as the
+    affine form of ``LossTerms``."""
+    eps = float(opts.label_smoothing)
+    return LossTerms(1.0, 2.0 * float(opts.z_loss), 1.0 - eps, eps / max(opts.vocab(v_local), 1))
+
+
+def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) -> Coefs:
+    """Per-token coefficients of the loss gradient (``loss_terms`` evaluated at each token's lse)."""
+    k = loss_terms(opts, v_local)
+    return Coefs(a=g * (k.a0 + k.a1 * lse), t=g * k.t0, u=g * k.u0 if k.u0 else None)
+
+
+def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int):
+    """Per-token (logprob, entropy | None, lse, E_p[z] | None) of ``p = softmax(z)``: ``logprob = z_y - lse``,
+    ``entropy = log s - ez / s = lse - E_p[z]``; 0 where ignored, NaN for a bad label."""
+    valid, bad = label_classes(labels, opts, v_local)
+    lse = lse_of(st.m, st.s)
+    logprob = per_token(st.target - lse, valid, bad)
+    if not opts.entropy:
+        return logprob, None, lse, None
+    q = st.ez / st.s  # E_p[z] - m
+    return logprob, per_token(torch.log(st.s) - q, valid, bad), lse, st.m + q
+
+
+def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], zmean: Optional[torch.Tensor],
+                  valid: torch.Tensor, bad: torch.Tensor, temperature: float) -> Coefs:
+    """Coefficients of the gradient of ``sum_i w_lp[i] logprob_i + w_ent[i] entropy_i`` (either weight may be
+    None: 0), with ``z`` the tempered logits and ``zmean = E_p[z]``:
+
+        d logprob / dz = onehot - p,      d entropy / dz = -p (z - E_p[z])
+        => dz = p (a + b z) - t onehot    with a = -w_lp + w_ent E_p[z], b = -w_ent, t = -w_lp,
+
+    divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
+    out of range, as the token weights of the loss."""
+    wl = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32)
+    a, t = -wl, -wl
+    b = None
+    if w_ent is not None:
+        we = w_ent.to(torch.float32)
+        a = a + we * zmean
+        b = -we
+    inv_t = 1.0 / temperature
+    coef = lambda x: per_token(x * inv_t if inv_t != 1.0 else x, valid, bad)  # noqa: E731
+    return Coefs(a=coef(a), t=coef(t), b=None if b is None else coef(b))
+
+
+def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int):
+    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"."""
+    if reduction != "mean":
+        return torch.ones((), device=labels.device)
+    if num_items is not None:
+        return num_items.to(device=labels.device, dtype=torch.float32).reshape(())
+    return (labels != ignore_index).sum().to(torch.float32)
+
+
+def safe_inverse(div: torch.Tensor) -> torch.Tensor:
+    """1 / div, and 0 where div is 0: all tokens ignored (or num_items == 0) gives loss 0 and zero gradients."""
+    pos = div > 0
+    return torch.where(pos, 1.0 / torch.where(pos, div, torch.ones_like(div)), torch.zeros_like(div))
+
+
+# ------------------------------------------------------------------------------------ the float64 reference
+def reference_logits(hidden, weight, bias=None, *, softcap: Optional[float] = None, temperature: float = 1.0,
+                     dtype=torch.float64):
+    """``softcap(hidden @ weight.T + bias) / temperature`` in ``dtype``, materialised (small problems only)."""
+    z = hidden.to(dtype) @ weight.to(dtype).t()
+    if bias is not None:
+        z = z + bias.to(dtype)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    return z / temperature if temperature != 1.0 else z
+
+
+def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, reduction="mean",
+                   label_smoothing=0.0, z_loss=0.0, softcap: Optional[float] = None, shift=False, num_items=None,
+                   dtype=torch.float64):
+    """The SPEC loss computed densely in ``dtype`` (float64 by default), differentiable w.r.t. its float inputs.
+    Returns (loss, per_token_lse, token_accuracy, n_valid)."""
+    y = labels.long()
+    if shift:
+        hidden, y = hidden[..., :-1, :], y[..., 1:]
+    z = reference_logits(hidden, weight, bias, softcap=softcap, dtype=dtype)
+    lse = torch.logsumexp(z, dim=-1)
+    valid = y != ignore_index
+    safe = torch.where(valid, y, torch.zeros_like(y))
+    zt = z.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    per = (1 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse**2
+    per = torch.where(valid, per, torch.zeros_like(per))
+    n_valid = valid.sum()
+    if z.shape[-1] > 0 and z.numel() > 0:
+        acc = ((z.argmax(-1) == y) & valid).sum().to(dtype) / n_valid.clamp(min=1)
+    else:
+        acc = torch.zeros((), dtype=dtype)
+    if reduction == "none":
+        loss = per
+    elif reduction == "sum":
+        loss = per.sum()
+    else:
+        div = torch.as_tensor(num_items if num_items is not None else n_valid, dtype=dtype)
+        loss = per.sum() / div if float(div) > 0 else per.sum() * 0
+    return loss, lse, acc, n_valid
+
+
+def reference_logprobs(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
+                       dtype=torch.float64):
+    """Per-token (logprob, entropy) in ``dtype``, 0 at ignored positions; ``0 log 0 = 0`` for masked (-inf)
+    logits. Differentiable."""
+    z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
+    logp = torch.log_softmax(z, dim=-1)
+    y = labels.long()
+    valid = y != ignore_index
+    lp = logp.gather(-1, torch.where(valid, y, 0).unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
+    zero = torch.zeros_like(lp)
+    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
+
+
+def reference_mean_loss_grads(h, w, y, dtype=torch.float64, chunk_elems: int = 2**26, ignore_index=-100):
+    """(loss as a float, dX, dW) of the mean cross-entropy of ``h @ w.T`` in ``dtype``, through
+    ``reference_loss`` on token chunks of at most ``chunk_elems`` logits, so large benchmark shapes stay within
+    memory (float32 without TF32 is the GPU benchmarks' cheaper choice)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        wd = w.detach().to(dtype).requires_grad_()
+        n = h.shape[0]
+        nv = float((y != ignore_index).sum())
+        inv = 1.0 / nv if nv else 0.0
+        loss = 0.0
+        dh = torch.empty(n, h.shape[1], dtype=dtype, device=h.device)
+        dw = torch.zeros_like(wd)
+        chunk = max(1, chunk_elems // max(w.shape[0], 1))
+        for i in range(0, n, chunk):
+            hc = h[i:i + chunk].detach().to(dtype).requires_grad_()
+            part = reference_loss(hc, wd, y[i:i + chunk], reduction="sum", ignore_index=ignore_index,
+                                  dtype=dtype)[0] * inv
+            gh, gw = torch.autograd.grad(part, (hc, wd))
+            dh[i:i + chunk] = gh
+            dw += gw
+            loss += float(part)
+        return loss, dh, dw.detach()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32

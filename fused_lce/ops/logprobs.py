@@ -1,0 +1,132 @@
+"""The registered log-prob ops ``torch.ops.fused_lce.logprobs`` / ``logprobs_backward`` (the kernels of
+``fused_lce.linear_logprobs``): schemas, input checks, fake kernels and autograd.
+
+Schemas (2-D problems; ``linear_logprobs`` flattens and validates labels first)::
+
+    fused_lce::logprobs(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, int ignore_index,
+        float softcap, str backend, str group_name, int vocab_start, int vocab_total, int tile_bytes,
+        float temperature, bool entropy) -> (Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean)
+
+    fused_lce::logprobs_backward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse,
+        Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy, <the same options block>, bool[3] grad_mask)
+        -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
+
+The options block is the log-prob family of ``fused_lce.core.Options``. ``logprobs`` returns float32 per-token
+``logprob = z[label] - lse`` and (with ``entropy``, else empty) ``entropy = lse - E_p[z]`` of ``p = softmax(z)``,
+``z = softcap(hidden @ weight.T + bias) / temperature``, both 0 where the label is ``ignore_index`` and NaN where it
+is outside ``[0, vocab_total)``; plus the per-token ``lse`` and (with ``entropy``) ``zmean = E_p[z]`` that the
+backward needs (non-differentiable). ``logprobs_backward`` recomputes the logits tile by tile and returns the
+gradients of ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (a missing one counts as 0). Their
+kernels are ``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import LOGPROBS, driver, validate
+from .loss import empty_like, no_autocast
+from .schema import OpSchema
+
+_lib = torch.library.Library("fused_lce", "FRAGMENT")
+FORWARD = OpSchema(_lib, "logprobs", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias", LOGPROBS, "",
+                   "(Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean)")
+BACKWARD = OpSchema(_lib, "logprobs_backward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, "
+                    "Tensor lse, Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy", LOGPROBS,
+                    "bool[3] grad_mask", "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
+
+
+# ------------------------------------------------------------------------------------------------ input checks
+def _check(schema: OpSchema, args):
+    """Bound, checked arguments of a log-prob op call: (bound, options, group)."""
+    a = schema.bind(args)
+    opts = schema.options(a)
+    h, labels = a["hidden"], a["labels"]
+    group = validate.problem(h, a["weight"], labels, a["bias"], opts, sequence_parallel_ok=False)
+    if schema is BACKWARD:
+        validate.grad_mask(a["grad_mask"])
+        n = labels.shape[0]
+        validate.per_token("lse", a["lse"], n, h.device)
+        if a["grad_logprob"] is not None:
+            validate.per_token("grad_logprob", a["grad_logprob"], n, h.device)
+        if a["grad_entropy"] is not None:
+            if not opts.entropy:
+                raise ValueError("grad_entropy: given, but entropy=False (no entropy was computed)")
+            validate.per_token("grad_entropy", a["grad_entropy"], n, h.device)
+            validate.per_token("zmean", a["zmean"], n, h.device)
+    return a, opts, group
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@no_autocast
+def _forward_kernel(*args):
+    a, opts, group = _check(FORWARD, args)
+    lp, ent, lse, zmean = driver.logprobs_forward(a["hidden"], a["weight"], a["labels"], a["bias"], opts, group)
+    return lp, empty_like(lp) if ent is None else ent, lse, empty_like(lp) if zmean is None else zmean
+
+
+@no_autocast
+def _backward_kernel(*args):
+    a, opts, group = _check(BACKWARD, args)
+    dh, dw, db = driver.logprobs_backward(a["grad_logprob"], a["grad_entropy"], a["hidden"], a["weight"],
+                                          a["labels"], a["bias"], a["lse"], a["zmean"], opts, group, a["grad_mask"])
+    h, w = a["hidden"], a["weight"]
+    return (empty_like(h) if dh is None else dh, empty_like(w) if dw is None else dw,
+            empty_like(w) if db is None else db)
+
+
+def _forward_fake(*args):
+    a, opts, _group = _check(FORWARD, args)
+    n = a["labels"].shape[0]
+    f = lambda k: a["hidden"].new_empty(k, dtype=torch.float32)  # noqa: E731
+    return f(n), f(n if opts.entropy else 0), f(n), f(n if opts.entropy else 0)
+
+
+def _backward_fake(*args):
+    a, _opts, _group = _check(BACKWARD, args)
+    h, w, b = a["hidden"], a["weight"], a["bias"]
+    mask = driver.normalise_mask(a["grad_mask"], b)
+    return (torch.empty_like(h) if mask[0] else empty_like(h), torch.empty_like(w) if mask[1] else empty_like(w),
+            torch.empty_like(b) if mask[2] else empty_like(w))
+
+
+_lib.impl("logprobs", _forward_kernel, "CompositeExplicitAutograd")
+_lib.impl("logprobs_backward", _backward_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake("fused_lce::logprobs", _forward_fake, lib=_lib)
+torch.library.register_fake("fused_lce::logprobs_backward", _backward_fake, lib=_lib)
+
+
+# ------------------------------------------------------------------------------------------------ autograd
+DOUBLE_BACKWARD = ("fused_lce: double backward (create_graph=True) and forward-mode derivatives through "
+                   "linear_logprobs are not supported; its gradients are computed by fused kernels, not by "
+                   "differentiable ops")
+
+
+def _setup_context(ctx, inputs, output):
+    a = FORWARD.bind(inputs)
+    ctx.opts = tuple(a[f] for f in FORWARD.option_names)
+    ctx.entropy = bool(a["entropy"])
+    _lp, _ent, lse, zmean = output
+    ctx.mark_non_differentiable(lse, zmean)
+    ctx.set_materialize_grads(False)  # an unused output gets no zero-filled gradient
+    ctx.save_for_backward(a["hidden"], a["weight"], a["labels"], a["bias"], lse, zmean)
+
+
+def _backward(ctx, g_lp, g_ent, *_unused):
+    n_inputs = len(FORWARD.arg_names)
+    if not ctx.entropy:
+        g_ent = None
+    if g_lp is None and g_ent is None:
+        return (None,) * n_inputs
+    if torch.is_grad_enabled():
+        raise RuntimeError(DOUBLE_BACKWARD)
+    hidden, weight, labels, bias, lse, zmean = ctx.saved_tensors
+    want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]]
+    if not any(want):
+        return (None,) * n_inputs
+    dh, dw, db = torch.ops.fused_lce.logprobs_backward(hidden, weight, labels, bias, lse, zmean, g_lp, g_ent,
+                                                       *ctx.opts, want)
+    return ((dh if want[0] else None, dw if want[1] else None, None, db if want[2] else None)
+            + (None,) * (n_inputs - 4))
+
+
+torch.library.register_autograd("fused_lce::logprobs", _backward, setup_context=_setup_context, lib=_lib)
