@@ -1,11 +1,13 @@
 """fused_lce: LM-head projection and cross-entropy computed together, tile by tile, never materialising the
 ``[tokens x vocab]`` logits. See ``linear_cross_entropy`` (the loss) and ``linear_logprobs`` (per-token log-probs
 and entropy, for policy-gradient losses)."""
-from .api import LCEOutput, LinearCrossEntropy, backend_info, label_errors, linear_cross_entropy, linear_logprobs
+from .api import (LCEOutput, LinearCrossEntropy, LogprobsOutput, backend_info, label_errors, linear_cross_entropy,
+                  linear_logprobs)
 from .core.distributed import gather_sequence_parallel
 
 __version__ = "0.1.0"
-__all__ = ["linear_cross_entropy", "linear_logprobs", "LinearCrossEntropy", "LCEOutput", "backend_info",
+__all__ = ["linear_cross_entropy", "linear_logprobs", "LinearCrossEntropy", "LCEOutput", "LogprobsOutput",
+           "backend_info",
            "label_errors", "gather_sequence_parallel", "__version__"]
 
 

@@ -18,6 +18,22 @@ from .core import validate as check
 from .core.validate import LABEL_DTYPES
 
 
+class LogprobsOutput(NamedTuple):
+    """What ``linear_logprobs(..., extra_outputs=...)`` returns: per token, of ``labels``' shape; ``entropy`` and each
+    extra are None unless asked. The extras are metrics (not differentiable): ``mean_logit = sum_j z_j / V``,
+    ``is_top1`` (bool: the label is the first argmax) and ``log_sum_sq_probs = log sum_j p_j^2`` (WPO's weights;
+    a second statistics pass). 0 / False where the label is ignored."""
+
+    logprobs: torch.Tensor
+    entropy: Optional[torch.Tensor] = None
+    mean_logit: Optional[torch.Tensor] = None
+    is_top1: Optional[torch.Tensor] = None
+    log_sum_sq_probs: Optional[torch.Tensor] = None
+
+
+EXTRA_OUTPUTS = ("mean_logit", "is_top1", "log_sum_sq_probs")
+
+
 class LCEOutput(NamedTuple):
     """What ``return_stats=True`` returns. ``lse`` (float32, per token, detached) and ``token_accuracy``
     (fraction of valid tokens whose first argmax logit is the label) are statistics, not differentiable."""
@@ -149,12 +165,13 @@ def linear_logprobs(
     temperature: float = 1.0,
     softcap: Optional[float] = None,
     return_entropy: bool = False,
+    extra_outputs: tuple = (),
     ignore_index: int = -100,
     process_group=None,
     backend: str = "auto",
     validate: bool = True,
     tile_budget_mb: Optional[float] = None,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor], LogprobsOutput]:
     """Per-token ``log p(label)`` (and optionally the entropy of ``p``) of ``hidden @ weight.T (+ bias)``, without
     materialising the logits: the log-prob head of GRPO / PPO / DPO.
 
@@ -177,6 +194,8 @@ def linear_logprobs(
         temperature: > 0 (and ``1 / temperature`` finite); the logits are divided by it (after the softcap).
         softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
         return_entropy: also return the per-token entropy of ``softmax(z)``.
+        extra_outputs: per-token metrics to return as well, any of ``"mean_logit"``, ``"is_top1"``,
+            ``"log_sum_sq_probs"`` (TRL's fused-head outputs); non-empty, the result is a ``LogprobsOutput``.
         ignore_index: label value whose log-prob and entropy are 0 (and get no gradient).
         process_group: vocab-parallel group; every rank gets the log-probs / entropy of the unsharded problem,
             the full dX and its own dW / db shard.
@@ -187,18 +206,33 @@ def linear_logprobs(
             the backend's default).
 
     Returns:
-        float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``.
+        float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``, or a
+        ``LogprobsOutput`` when ``extra_outputs`` is non-empty.
     """
     _reject_forward_ad(hidden, weight, bias)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
                     process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
                     tile_budget_mb=tile_budget_mb)
+    extras = _extras(extra_outputs)
     opts = dict(call.opts, temperature=check.number("temperature", temperature),
-                entropy=check.flag("return_entropy", return_entropy))
-    lp, ent, _lse, _zmean = torch.ops.fused_lce.logprobs(*ops.logprobs.FORWARD.args(
+                entropy=check.flag("return_entropy", return_entropy), mean_logit="mean_logit" in extras,
+                sum_sq="log_sum_sq_probs" in extras)
+    lp, ent, _lse, _zmean, mean, top1, sq = torch.ops.fused_lce.logprobs(*ops.logprobs.FORWARD.args(
         hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias, **opts))
-    lp = lp.reshape(call.labels_shape)
-    return (lp, ent.reshape(call.labels_shape)) if return_entropy else lp
+    shaped = lambda x, on=True: x.reshape(call.labels_shape) if on else None  # noqa: E731
+    if extras:
+        return LogprobsOutput(shaped(lp), shaped(ent, return_entropy), shaped(mean, "mean_logit" in extras),
+                              shaped(top1, "is_top1" in extras), shaped(sq, "log_sum_sq_probs" in extras))
+    return (shaped(lp), shaped(ent)) if return_entropy else shaped(lp)
+
+
+def _extras(names) -> tuple:
+    if isinstance(names, str) or not isinstance(names, (tuple, list, set, frozenset)):
+        raise TypeError(f"extra_outputs: expected a tuple of names, got {type(names).__name__}")
+    unknown = [n for n in names if n not in EXTRA_OUTPUTS]
+    if unknown:
+        raise ValueError(f"extra_outputs: expected names among {EXTRA_OUTPUTS}, got {unknown}")
+    return tuple(names)
 
 
 class _Call(NamedTuple):

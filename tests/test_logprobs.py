@@ -14,6 +14,7 @@ import torch
 
 import fused_lce
 from fused_lce.core import Coefs, Options, Problem, registry
+from fused_lce.core.formulas import reference_logprob_extras
 from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
@@ -216,14 +217,44 @@ def test_matches_the_loss(bd, seed):
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_extra_outputs(bd, seed):
+    """TRL's fused-head metrics: mean logit, is_top1 and log sum p^2, against float64, with softcap, temperature,
+    bias, ignored labels and a tile budget that splits the vocabulary; asked for one at a time or together."""
+    backend, device = bd
+    h, w, y, b = make((23, 16), 211, torch.float32, device, bias=True, ignore_frac=0.25)
+    kw = dict(temperature=0.7, softcap=4.0)
+    refs = [t.detach().cpu().double() for t in (h, w, b)]
+    mean, top1, sq = reference_logprob_extras(refs[0], refs[1], y.cpu(), refs[2], **kw)
+    lp_ref, ent_ref = reference(refs[0], refs[1], y.cpu(), refs[2], **kw)
+    zmag = logit_magnitude(*refs, **kw)
+    for tile in (None, TINY):
+        out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, backend=backend, tile_budget_mb=tile,
+                                        extra_outputs=("mean_logit", "is_top1", "log_sum_sq_probs"), **kw)
+        assert isinstance(out, fused_lce.LogprobsOutput)
+        close(out.logprobs, lp_ref, torch.float32, "logprob", zmag)
+        close(out.entropy, ent_ref, torch.float32, "entropy", zmag)
+        close(out.mean_logit, mean, torch.float32, "mean_logit", zmag)
+        close(out.log_sum_sq_probs, sq, torch.float32, "log_sum_sq_probs", zmag)
+        assert out.is_top1.dtype == torch.bool and torch.equal(out.is_top1.cpu(), top1)
+        assert not out.mean_logit.requires_grad and not out.log_sum_sq_probs.requires_grad
+    only = fused_lce.linear_logprobs(h, w, y, b, backend=backend, extra_outputs=("is_top1",), **kw)
+    assert only.entropy is None and only.mean_logit is None and only.log_sum_sq_probs is None
+    assert torch.equal(only.is_top1.cpu(), top1)
+    with pytest.raises(ValueError, match="extra_outputs"):
+        fused_lce.linear_logprobs(h, w, y, extra_outputs=("logits",))
+    with pytest.raises(TypeError, match="extra_outputs"):
+        fused_lce.linear_logprobs(h, w, y, extra_outputs="is_top1")
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
 def test_opcheck(bd, seed):
     backend, device = bd
     h, w, y, b = make((11, 8), 37, torch.float32, device, bias=True, ignore_frac=0.2)
     h, w, b = h.detach(), w.detach(), b.detach()
-    opts = [-100, 3.0, backend, "", 0, 0, 0, 0.7, True]
+    opts = [-100, 3.0, backend, "", 0, 0, 0, 0.7, True, True, True]
     torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, b, *opts))
-    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *opts[:-1], False))
-    _lp, _ent, lse, zmean = torch.ops.fused_lce.logprobs(h, w, y, b, *opts)
+    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *opts[:-3], False, False, False))
+    _lp, _ent, lse, zmean, *_ = torch.ops.fused_lce.logprobs(h, w, y, b, *opts)
     g1, g2 = torch.randn(11, device=device), torch.randn(11, device=device)
     torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, g2, *opts,
                                                                   [True, True, True]))
@@ -286,12 +317,12 @@ def test_errors():
     with pytest.raises(ValueError, match="tile_budget_mb"):
         fused_lce.linear_logprobs(h, w, y, tile_budget_mb=0)
     # the ops check their own inputs
-    opts = [-100, 0.0, "auto", "", 0, 0, 0, 1.0, False]
+    opts = [-100, 0.0, "auto", "", 0, 0, 0, 1.0, False, False, False]
     with pytest.raises(ValueError, match="temperature"):
-        torch.ops.fused_lce.logprobs(h, w, y, None, *opts[:-2], -2.0, False)
+        torch.ops.fused_lce.logprobs(h, w, y, None, *opts[:-4], -2.0, False, False, False)
     with pytest.raises(ValueError, match="labels"):
         torch.ops.fused_lce.logprobs(h, w, y[:2], None, *opts)
-    lp, _, lse, zmean = torch.ops.fused_lce.logprobs(h, w, y, None, *opts)
+    lp, _, lse, zmean, *_ = torch.ops.fused_lce.logprobs(h, w, y, None, *opts)
     with pytest.raises(ValueError, match="grad_entropy"):
         torch.ops.fused_lce.logprobs_backward(h, w, y, None, lse, zmean, None, torch.ones(4), *opts,
                                               [True, True, False])

@@ -265,7 +265,7 @@ class AscendCProvider(WholeRowsProvider):
                   torch.zeros(n, device=dev, dtype=torch.int64))
             return (EntropyStats(*st, zeros.clone()) if opts.entropy else Stats(*st)), None
         args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
-                opts.label_smoothing > 0, opts.temperature, opts.entropy)
+                opts.wants_zsum, opts.temperature, opts.entropy)
         cache = None
         if keep and self._one_pass():
             r = self.kernels.stats(*args, keep_z=True)

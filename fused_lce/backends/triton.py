@@ -499,7 +499,7 @@ def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=Fals
         float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap or 1.0), 1.0 / temp,
         STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss), HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
-        SMOOTH=bool(opts.label_smoothing), ZLOSS=bool(opts.z_loss), ENTROPY=ez is not None,
+        SMOOTH=opts.wants_zsum, ZLOSS=bool(opts.z_loss), ENTROPY=ez is not None,
         HAS_B=cb is not None, HAS_U=bool(opts.label_smoothing) if loss else u is not None,
         COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
         BLOCK=BLOCK, num_warps=NUM_WARPS,
@@ -575,7 +575,7 @@ class TritonProvider(Provider):
         if not gemm:
             return 4 * _pad(v, 32)
         tiles = kgemm.num_tiles_n(v, cls._cfg(d))
-        return elt * _pad(v, 64) + tiles * (16 if opts.label_smoothing else 12)
+        return elt * _pad(v, 64) + tiles * (16 if opts.wants_zsum else 12)
 
     def token_block(self, p: Problem, keep: bool) -> int:
         if compact_mode():
@@ -645,12 +645,12 @@ class TritonProvider(Provider):
         if gemm:
             cfg = self._cfg(h.shape[1])
             ntiles = kgemm.num_tiles_n(v, cfg)
-            tiles = kgemm.TileStats.new(nc, ntiles, h.device, bool(opts.label_smoothing))
+            tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum)
             e = None
             if keep:
                 e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
             kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
-                           tiles=tiles, smooth=bool(opts.label_smoothing))
+                           tiles=tiles, smooth=opts.wants_zsum)
             krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target)
             krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start)
             return raw, (_ExpCache((e, tiles.m)) if keep else None)
@@ -707,7 +707,7 @@ class TritonProvider(Provider):
             vp = _pad(v, 64)
             ntiles = kgemm.num_tiles_n(v, cfg)
             buf = torch.empty(nb * vp, device=h.device, dtype=h.dtype)
-            tiles = kgemm.TileStats.new(nb, ntiles, h.device, bool(opts.label_smoothing))
+            tiles = kgemm.TileStats.new(nb, ntiles, h.device, opts.wants_zsum)
             lse = torch.empty(n, device=h.device, dtype=torch.float32)
         else:
             vp = _pad(v, 32)
@@ -721,7 +721,7 @@ class TritonProvider(Provider):
                 tl_ = tiles.rows(nc)
                 hc, yc = h[rows], t.labels[rows]
                 kgemm.lce_gemm(kgemm.MODE_EXP, hc, w, z, cfg, bias=t.bias, tiles=tl_,
-                               smooth=bool(opts.label_smoothing))
+                               smooth=opts.wants_zsum)
                 krows.target_logit(hc, w, t.bias, yc, opts.vocab_start, raw.target[rows])
                 krows.combine(tl_, ntiles, raw.m[rows], raw.s[rows], raw.zsum[rows], raw.argmax[rows],
                               col_off=opts.vocab_start, lse=lse[rows])
@@ -778,12 +778,12 @@ class TritonProvider(Provider):
         cfg = self._cfg(h.shape[1])
         cols = self._compact_cols(t, n, (True, True, False), opts, True)
         ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
-        tiles = kgemm.TileStats.new(n, ntiles, h.device, bool(opts.label_smoothing))
+        tiles = kgemm.TileStats.new(n, ntiles, h.device, opts.wants_zsum)
         for v0 in range(0, v, cols):
             v1 = min(v0 + cols, v)
             kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
                            bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
-                           smooth=bool(opts.label_smoothing))
+                           smooth=opts.wants_zsum)
             krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
                           col_off=opts.vocab_start + v0, merge=v0 > 0)
         krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target)

@@ -20,6 +20,7 @@ once per op call (by ``fused_lce.core.validate``) and passed down as an object.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -207,13 +208,19 @@ def backward(grad_loss, hidden, weight, labels, bias, lse, num_items, reduction:
 
 # ------------------------------------------------------------------------------------------- log-prob kernels
 def logprobs_forward(hidden, weight, labels, bias, opts: Options, group):
-    """Kernel of ``fused_lce::logprobs``: per token (logprob, entropy | None, lse, E_p[z] | None) of
-    ``p = softmax(z)``, ``z = softcap(hidden @ weight.T + bias) / T``; 0 where the label is ignored, NaN where it
-    is out of range."""
+    """Kernel of ``fused_lce::logprobs``: the per-token outputs of ``formulas.logprobs_from_stats`` for
+    ``p = softmax(z)``, ``z = softcap(hidden @ weight.T + bias) / T``. ``opts.sum_sq`` costs a second statistics
+    pass at temperature ``T / 2`` (whose lse is ``lse(2 z)``); every provider with temperature support serves it."""
     t = _tensors(hidden, weight, labels, bias)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, op=LOGPROBS))
     st, _ = run_forward(provider, t, opts, None, None, (False, False, False), group, LOGPROBS)
-    return logprobs_from_stats(st, labels, opts, weight.shape[0])
+    lse_half = None
+    if opts.sum_sq:
+        half = dataclasses.replace(opts, temperature=opts.temperature / 2, entropy=False, mean_logit=False,
+                                   sum_sq=False)
+        sth, _ = run_forward(provider, t, half, None, None, (False, False, False), group, LOGPROBS)
+        lse_half = lse_of(sth.m, sth.s)
+    return logprobs_from_stats(st, labels, opts, weight.shape[0], lse_half)
 
 
 def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean, opts: Options, group,

@@ -71,16 +71,23 @@ def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) 
     return Coefs(a=g * (k.a0 + k.a1 * lse), t=g * k.t0, u=g * k.u0 if k.u0 else None)
 
 
-def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int):
-    """Per-token (logprob, entropy | None, lse, E_p[z] | None) of ``p = softmax(z)``: ``logprob = z_y - lse``,
-    ``entropy = log s - ez / s = lse - E_p[z]``; 0 where ignored, NaN for a bad label."""
+def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int, lse_half=None):
+    """Per-token outputs of ``p = softmax(z)`` from the statistics: (logprob, entropy | None, lse, E_p[z] | None,
+    mean_logit | None, is_top1, log_sum_sq | None) with ``logprob = z_y - lse``, ``entropy = log s - ez / s =
+    lse - E_p[z]``, ``mean_logit = sum z / V``, ``is_top1``: the label is the first argmax, and ``log sum p^2 =
+    lse(2 z) - 2 lse(z)`` (``lse_half``: the lse of the logits at half the temperature, i.e. of ``2 z``). 0 (False)
+    where ignored, NaN for a bad label."""
     valid, bad = label_classes(labels, opts, v_local)
     lse = lse_of(st.m, st.s)
     logprob = per_token(st.target - lse, valid, bad)
-    if not opts.entropy:
-        return logprob, None, lse, None
-    q = st.ez / st.s  # E_p[z] - m
-    return logprob, per_token(torch.log(st.s) - q, valid, bad), lse, st.m + q
+    entropy = zmean = None
+    if opts.entropy:
+        q = st.ez / st.s  # E_p[z] - m
+        entropy, zmean = per_token(torch.log(st.s) - q, valid, bad), st.m + q
+    mean_logit = per_token(st.zsum / max(opts.vocab(v_local), 1), valid, bad) if opts.mean_logit else None
+    log_sum_sq = per_token(lse_half - 2.0 * lse, valid, bad) if lse_half is not None else None
+    is_top1 = valid & ~bad & (st.argmax == labels.long())
+    return logprob, entropy, lse, zmean, mean_logit, is_top1, log_sum_sq
 
 
 def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], zmean: Optional[torch.Tensor],
@@ -174,6 +181,19 @@ def reference_logprobs(hidden, weight, labels, bias=None, *, temperature=1.0, so
     ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
     zero = torch.zeros_like(lp)
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
+
+
+def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
+                             dtype=torch.float64):
+    """Per-token (mean logit, is_top1, log sum p^2) in ``dtype`` (0 / False at ignored positions)."""
+    z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
+    y = labels.long()
+    valid = y != ignore_index
+    zero = torch.zeros(y.shape, dtype=dtype)
+    mean = torch.where(valid, z.mean(-1), zero)
+    top1 = valid & (z.argmax(-1) == y)
+    sq = torch.where(valid, torch.logsumexp(2 * torch.log_softmax(z, -1), -1), zero)
+    return mean, top1, sq
 
 
 def reference_mean_loss_grads(h, w, y, dtype=torch.float64, chunk_elems: int = 2**26, ignore_index=-100):

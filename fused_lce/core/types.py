@@ -56,14 +56,16 @@ class Options:
                                  expect="a value in [2**-126, 3.4e38] (a normal float32, so 1 / temperature is "
                                         "finite in float32)")
     entropy: bool = _option(False, ops=(LOGPROBS,))  # stats returns EntropyStats
+    mean_logit: bool = _option(False, ops=(LOGPROBS,))  # the op also returns sum_j z_j / V (stats need zsum)
+    sum_sq: bool = _option(False, ops=(LOGPROBS,))  # the op also returns log sum_j p_j^2 (a second pass at T / 2)
 
     def vocab(self, v_local: int) -> int:
         return self.vocab_total or v_local
 
     @property
     def wants_zsum(self) -> bool:
-        """Whether the statistics need the sum of logits (label smoothing's term of the loss)."""
-        return self.label_smoothing != 0
+        """Whether the statistics need the sum of logits (label smoothing's term of the loss, the mean logit)."""
+        return self.label_smoothing != 0 or self.mean_logit
 
 
 def op_fields(op: str) -> tuple[str, ...]:

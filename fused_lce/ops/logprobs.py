@@ -5,7 +5,8 @@ Schemas (2-D problems; ``linear_logprobs`` flattens and validates labels first):
 
     fused_lce::logprobs(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, int ignore_index,
         float softcap, str backend, str group_name, int vocab_start, int vocab_total, int tile_bytes,
-        float temperature, bool entropy) -> (Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean)
+        float temperature, bool entropy, bool mean_logit, bool sum_sq) -> (Tensor logprob, Tensor entropy,
+        Tensor lse, Tensor zmean, Tensor mean_logit, Tensor is_top1, Tensor log_sum_sq)
 
     fused_lce::logprobs_backward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse,
         Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy, <the same options block>, bool[3] grad_mask)
@@ -15,7 +16,9 @@ The options block is the log-prob family of ``fused_lce.core.Options``. ``logpro
 ``logprob = z[label] - lse`` and (with ``entropy``, else empty) ``entropy = lse - E_p[z]`` of ``p = softmax(z)``,
 ``z = softcap(hidden @ weight.T + bias) / temperature``, both 0 where the label is ``ignore_index`` and NaN where it
 is outside ``[0, vocab_total)``; plus the per-token ``lse`` and (with ``entropy``) ``zmean = E_p[z]`` that the
-backward needs (non-differentiable). ``logprobs_backward`` recomputes the logits tile by tile and returns the
+backward needs (non-differentiable). Per-token metrics, also non-differentiable: ``is_top1`` (bool, the label is the
+first argmax), and when asked ``mean_logit = sum_j z_j / V`` and ``log_sum_sq = log sum_j p_j^2`` (else empty; the
+latter costs a second statistics pass). ``logprobs_backward`` recomputes the logits tile by tile and returns the
 gradients of ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (a missing one counts as 0). Their
 kernels are ``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``.
 """
@@ -29,7 +32,8 @@ from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
 FORWARD = OpSchema(_lib, "logprobs", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias", LOGPROBS, "",
-                   "(Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean)")
+                   "(Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean, Tensor mean_logit, Tensor is_top1, "
+                   "Tensor log_sum_sq)")
 BACKWARD = OpSchema(_lib, "logprobs_backward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, "
                     "Tensor lse, Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy", LOGPROBS,
                     "bool[3] grad_mask", "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
@@ -60,8 +64,8 @@ def _check(schema: OpSchema, args):
 @no_autocast
 def _forward_kernel(*args):
     a, opts, group = _check(FORWARD, args)
-    lp, ent, lse, zmean = driver.logprobs_forward(a["hidden"], a["weight"], a["labels"], a["bias"], opts, group)
-    return lp, empty_like(lp) if ent is None else ent, lse, empty_like(lp) if zmean is None else zmean
+    out = driver.logprobs_forward(a["hidden"], a["weight"], a["labels"], a["bias"], opts, group)
+    return tuple(empty_like(out[0]) if x is None else x for x in out)
 
 
 @no_autocast
@@ -78,7 +82,8 @@ def _forward_fake(*args):
     a, opts, _group = _check(FORWARD, args)
     n = a["labels"].shape[0]
     f = lambda k: a["hidden"].new_empty(k, dtype=torch.float32)  # noqa: E731
-    return f(n), f(n if opts.entropy else 0), f(n), f(n if opts.entropy else 0)
+    return (f(n), f(n if opts.entropy else 0), f(n), f(n if opts.entropy else 0), f(n if opts.mean_logit else 0),
+            a["hidden"].new_empty(n, dtype=torch.bool), f(n if opts.sum_sq else 0))
 
 
 def _backward_fake(*args):
@@ -105,8 +110,9 @@ def _setup_context(ctx, inputs, output):
     a = FORWARD.bind(inputs)
     ctx.opts = tuple(a[f] for f in FORWARD.option_names)
     ctx.entropy = bool(a["entropy"])
-    _lp, _ent, lse, zmean = output
-    ctx.mark_non_differentiable(lse, zmean)
+    _lp, _ent, *stats = output
+    ctx.mark_non_differentiable(*stats)
+    lse, zmean = stats[:2]
     ctx.set_materialize_grads(False)  # an unused output gets no zero-filled gradient
     ctx.save_for_backward(a["hidden"], a["weight"], a["labels"], a["bias"], lse, zmean)
 
