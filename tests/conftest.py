@@ -187,7 +187,7 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
             c = (g.abs() * inv).expand(n)
             loss_scale = per.sum() * inv
         c = torch.where(valid, c, zeros)
-        p = torch.softmax(z, -1) if v else z
+        p = torch.softmax(z, -1).nan_to_num(0.0) if v else z  # a row of -inf logits has no p: 0 (not NaN)
         onehot = torch.zeros_like(z)
         if v:
             onehot[torch.arange(n), safe] = 1.0
