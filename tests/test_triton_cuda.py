@@ -382,7 +382,7 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     log-probs at temperature 1 without entropy; both schedules."""
     from fused_lce.core import Options
 
-    from .test_logprobs import check
+    from .ops.test_logprobs import check
 
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")

@@ -18,7 +18,7 @@ from fused_lce.core import registry
 from fused_lce.core import Options, Problem
 from fused_lce.core.formulas import reference_loss
 
-from .conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
+from ..conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
 
 TINY = 0.002  # MiB: forces many token blocks and vocabulary tiles
 OPTION_SETS = {
@@ -327,7 +327,7 @@ def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
 def test_tolerance_rejects_small_errors(dtype, seed):
     """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so a
     gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative fails."""
-    from .conftest import GRAD_TOL, grad_close
+    from ..conftest import GRAD_TOL, grad_close
 
     h, w, y, b = make_problem((29, 24), 53, dtype, "cpu", bias=True, ignore_frac=0.2)
     ref = fp64_reference(h, w, y, b, label_smoothing=0.1, z_loss=0.01)

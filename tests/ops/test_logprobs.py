@@ -18,7 +18,7 @@ from fused_lce.core.formulas import reference_logprob_extras
 from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
-from .conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
+from ..conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
 
 TINY = 0.002  # MiB: many token blocks and vocabulary tiles
 
@@ -403,7 +403,7 @@ def test_grpo_example_runs():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_qwen.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "grpo_qwen.py")
     spec = importlib.util.spec_from_file_location("grpo_qwen", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
