@@ -201,7 +201,8 @@ def run_method(fn, env, h, w, y, ref, warmup, reps):
 
 
 # ---------------------------------------------------------------------------------------------- probe
-PROBE_CONFIGS = [  # bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation
+# bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS: ";"-list)
+PROBE_CONFIGS = [c for c in os.environ.get("FUSED_LCE_PROBE_CONFIGS", "").split(";") if c] or [
     "128,256,64,3,8,8,2,1,0", "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1", "128,128,64,4,8,8,1,1,1",
     "128,256,64,3,8,8,1,1,1", "128,128,64,4,4,8,1,2,0",
 ]

@@ -17,11 +17,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 for stage in "$@"; do
     t0=$(date +%s)
     case $stage in
-        tests) timeout 240 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/test_triton_cuda.py \
+        tests) timeout 150 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/test_triton_cuda.py \
                    > "$OUT/gpu_cuda_tests.log" 2>&1; tail -3 "$OUT/gpu_cuda_tests.log" ;;
-        alltests) timeout 420 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/ \
+        alltests) timeout 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/ \
                    > "$OUT/gpu_cuda_tests.log" 2>&1; tail -3 "$OUT/gpu_cuda_tests.log" ;;
-        probe) timeout 200 python3 benchmarks/gpu.py --out "$OUT/probe" --probe --shapes 0 \
+        probe) timeout 130 python3 benchmarks/gpu.py --out "$OUT/probe" --probe --shapes 0 \
                    --methods fused_lce,fused_lce_all_rows,cce_torch_compile --profile > "$OUT/probe.log" 2>&1
                grep -E "PROBE|fused_lce|cce" "$OUT/probe.log" | cut -c1-220 ;;
         ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile ${CE_ARGS:-} \
