@@ -536,9 +536,11 @@ def _step(h, w, y, b, **opts):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_cuda_graph_capture(mode, monkeypatch, seed):
     """Forward + backward captured in a CUDA graph (validate=False): no host synchronisation anywhere; replays
-    on new inputs match eager."""
+    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does: gathering
+    the live rows reads their count on the host)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
     opts = dict(label_smoothing=0.1, z_loss=0.01, softcap=20.0, tile_budget_mb=1.0)  # several chunks
     h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed)
     s = torch.cuda.Stream()
@@ -561,6 +563,26 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
     eager = _step(h2, w2, y2, b2, **opts)
     for a, e in zip(static, eager):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
+    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0): the
+    same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against float64."""
+    h, w, y, b = _problem(1500, 64, 3001, torch.bfloat16, bias=True, ignore=0.4, seed=seed)
+    y[-7:] = -100
+    res = {}
+    for skip in ("1", "0"):
+        monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", skip)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction, return_stats=True,
+                                             label_smoothing=0.1)
+        up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
+        _compare(h, w, y, b, out, {"label_smoothing": 0.1}, reduction, up, torch.bfloat16)
+        res[skip] = out
+    torch.testing.assert_close(res["1"].loss, res["0"].loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(res["1"].lse, res["0"].lse, rtol=0, atol=1e-6)
 
 
 @cuda
