@@ -208,7 +208,8 @@ PROBE_CONFIGS = [c for c in os.environ.get("FUSED_LCE_PROBE_CONFIGS", "").split(
 ]
 
 
-PROBE_SHAPES = ((8192, 4096, 151936), (4096, 2048, 151936))
+PROBE_SHAPES = tuple(tuple(int(x) for x in sh.split("x")) for sh in os.environ.get(
+    "FUSED_LCE_PROBE_SHAPES", "8192x4096x151936,4096x2048x151936").split(","))
 
 
 def _warm_config(text):
@@ -429,7 +430,8 @@ def write_outputs(result, out_dir, show=True):
              "Cells: median ms (x floor) / peak extra GiB. `fused_lce` = the triton provider's default (fused-GEMM "
              "path), `_cublas` = its cuBLAS path, `_compact` = FUSED_LCE_COMPACT=1, `_torch` = the pure-PyTorch "
              "provider.", "",
-             "Versions / not measured: " + "; ".join(f"{k}: {v}" for k, v in meta["versions"].items()), ""]
+             "Versions / not measured: " + "; ".join(f"{k}: {v}" for k, v in meta["versions"].items()),
+             f"Knobs: {meta.get('knobs')}", ""]
     lines.append("| N x D x V dtype | floor ms | min GiB (dX+dW) | " + " | ".join(methods) + " |")
     lines.append("|---" * (3 + len(methods)) + "|")
     for s in result["shapes"]:
@@ -536,6 +538,7 @@ def main(argv=None):
     env = environment("cuda")
     env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")  # the device copy has no .git
     meta = {"environment": env, "gemm_tflops": rate, "copy_tb_s": bw, "versions": versions,
+            "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")},
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     print(json.dumps(meta), flush=True)
     result = {"meta": meta, "methods": list(methods), "shapes": [], "profile": {}}
@@ -545,6 +548,7 @@ def main(argv=None):
         except Exception:  # noqa: BLE001
             traceback.print_exc()
         torch.cuda.empty_cache()
+        write_outputs(result, args.out, show=False)
     for n, d, v, dt in shapes:
         if time.time() - t_start > args.time_budget:
             print(f"time budget reached; skipping {n}x{d}x{v} {dt}", flush=True)

@@ -299,7 +299,8 @@ def gpu_main(args) -> int:
             versions[dist] = f"not installed: {e}"
     methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
     shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else GPU_SHAPES
-    report = {"environment": env, "args": vars(args), "gemm_tflops": rate, "versions": versions, "results": []}
+    report = {"environment": env, "args": vars(args), "gemm_tflops": rate, "versions": versions, "results": [],
+              "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}
     t0 = time.time()
     for shape in shapes:
         if time.time() - t0 > args.time_budget:
@@ -370,21 +371,28 @@ def gpu_main(args) -> int:
                     r["dx_rel_diff_vs_trl"] = rel_err(dx[r["method"]], dx[base])
         del h, w, y, dx
         torch.cuda.empty_cache()
+        _write_gpu(report, args)  # keep partial results if a later shape dies
+    print(_write_gpu(report, args))
+    return 0
+
+
+def _write_gpu(report, args) -> str:
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.name or "logprobs_cuda")
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
+    text = render_gpu(report)
     with open(stem + ".md", "w") as f:
-        f.write(render_gpu(report))
-    print(render_gpu(report))
-    return 0
+        f.write(text)
+    return text
 
 
 def render_gpu(report) -> str:
     env = report["environment"]
     out = [f"# linear_logprobs vs TRL's chunked log-prob on {env.get('gpu')} ({report['args']['dtype']}, temperature "
            f"{report['args']['temperature']})", "",
-           f"torch {env['torch']}, versions {report['versions']}, commit {env.get('commit')}, {env['date']}. bf16 GEMM "
+           f"torch {env['torch']}, versions {report['versions']}, knobs {report.get('knobs')}, commit "
+           f"{env.get('commit')}, {env['date']}. bf16 GEMM "
            f"rate in this run (8192^3): {report['gemm_tflops']:.0f} TFLOP/s. 15% of labels ignored. fwd+bwd: random "
            "upstream gradients on the log-probs (and the entropy), floor 8 N D V FLOPs; `_nograd`: forward under "
            "torch.no_grad(), floor 2 N D V. Median of the timed runs. `trl`: ChunkedLogProbFunction on every token "

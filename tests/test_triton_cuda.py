@@ -427,10 +427,11 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
 
 @cuda
 @needs_triton_cuda
-@pytest.mark.parametrize("cfg", ["128,256,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0"])
+@pytest.mark.parametrize("cfg", ["128,256,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0",
+                                 "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1"])
 def test_gemm_tile_configurations(cfg, monkeypatch, seed):
-    """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store) against the
-    reference: rows and columns not multiples of the tiles, several token chunks."""
+    """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store, warp
+    specialisation) against the reference: rows and columns not multiples of the tiles, several token chunks."""
     monkeypatch.setenv("FUSED_LCE_GEMM_CONFIG", cfg)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     h, w, y, b = _problem(1000, 64, 3001, torch.bfloat16, bias=True, seed=seed)
