@@ -194,7 +194,7 @@ if triton is not None:
             ref = tl.where(m == float("-inf"), 0.0, m)
             f_v = tl.exp(m_v - ref)
             s = tl.sum(s_v * f_v, axis=0)
-            ez = 0.0
+            ez = tl.sum(ez_v, axis=0)  # 0 without ENTROPY
             if ENTROPY:  # each lane's sum moved to the row max like s: e^(m_l - m) (ez_l + (m_l - m) s_l)
                 ez = tl.sum(f_v * (ez_v + tl.maximum(m_v - ref, -104.0) * s_v), axis=0)
             am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
@@ -209,21 +209,8 @@ if triton is not None:
                 zt = zt * inv_temp
             zt = tl.where(inside, zt, 0.0)
             am += label_off  # global id
-            if MERGE:  # fold in the statistics of the chunks to the left (lower ids win argmax ties)
-                m0 = tl.load(m_ptr + row)
-                s0 = tl.load(s_ptr + row)
-                new_m = tl.maximum(m0, m)
-                ref = tl.where(new_m == float("-inf"), 0.0, new_m)
-                d0 = m0 - ref
-                d1 = m - ref
-                f0 = tl.exp(d0)
-                f1 = tl.exp(d1)
-                if ENTROPY:
-                    ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
-                          + f1 * (ez + tl.maximum(d1, -104.0) * s))
-                s = s0 * f0 + s * f1
-                am = tl.where(m > m0, am, tl.load(am_ptr + row))
-                m = new_m
+            if MERGE:  # fold in the statistics of the chunks to the left
+                m, s, am, ez = krows.merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
                 zt += tl.load(zt_ptr + row)
                 zs += tl.load(zs_ptr + row)
             tl.store(m_ptr + row, m)

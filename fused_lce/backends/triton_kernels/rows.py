@@ -12,6 +12,25 @@ from .gemm import TileStats
 
 
 # ---------------------------------------------------------------------------------------------- statistics
+@triton.jit
+def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.constexpr):
+    """The row's stored statistics (max, sum-exp, first argmax, entropy sum ``ez``: columns to the left) merged with
+    ``(m, s, am, ez)`` of the columns to its right (lower ids win argmax ties); sums moved to the common max, their
+    ``z - m`` factors floored where the exp underflows (a -inf logit adds 0)."""
+    m0 = tl.load(m_ptr + row)
+    s0 = tl.load(s_ptr + row)
+    new_m = tl.maximum(m0, m)
+    ref = tl.where(new_m == float("-inf"), 0.0, new_m)
+    d0 = m0 - ref
+    d1 = m - ref
+    f0 = tl.exp(d0)
+    f1 = tl.exp(d1)
+    if ENTROPY:
+        ez = f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0) + f1 * (ez + tl.maximum(d1, -104.0) * s)
+    am = tl.where(m > m0, am, tl.load(am_ptr + row))
+    return new_m, s0 * f0 + s * f1, am, ez
+
+
 @triton.jit(do_not_specialize=["stride_t", "ntiles", "col_off"])
 def _combine_kernel(
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, ntiles,
@@ -51,21 +70,8 @@ def _combine_kernel(
     am = tl.min(a_v, axis=0)
     am = tl.where(am == 2147483647, 0, am).to(tl.int64) + col_off  # global id
     zs = tl.sum(z_v, axis=0)
-    if MERGE:  # fold into the statistics of the vocabulary chunks to the left (lower ids win argmax ties)
-        m0 = tl.load(m_ptr + row)
-        s0 = tl.load(s_ptr + row)
-        new_m = tl.maximum(m0, m)
-        r2 = tl.where(new_m == float("-inf"), 0.0, new_m)
-        d0 = m0 - r2
-        d1 = m - r2
-        f0 = tl.exp(d0)
-        f1 = tl.exp(d1)
-        if ENTROPY:
-            ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
-                  + f1 * (ez + tl.maximum(d1, -104.0) * s))
-        s = s0 * f0 + s * f1
-        am = tl.where(m > m0, am, tl.load(am_ptr + row))
-        m = new_m
+    if MERGE:  # fold into the statistics of the vocabulary chunks to the left
+        m, s, am, ez = merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
         zs += tl.load(zs_ptr + row)
     tl.store(m_ptr + row, m)
     tl.store(s_ptr + row, s)
