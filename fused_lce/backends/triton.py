@@ -9,7 +9,7 @@ Default mode, bf16 / fp16 inputs on Hopper (the "gemm" path; token chunks, 3 GEM
    logit, and the buffer costs 2 bytes a logit;
 2. the tile statistics become row statistics and the lse (one small kernel); the label's logit is one float32
    dot product per token;
-3. ``dz = g (1 + 2 z_loss lse) exp(m_t - lse) e - ...`` in place over ``e`` (the mean's 1/n folded in for bf16);
+3. ``dz = g (a0 + a1 lse) exp(m_t - lse) e - ...`` in place over ``e`` (the mean's 1/n folded in for bf16);
 4. ``dX_c = dz @ W`` (cuBLAS, straight into dX) and ``dW (+)= dz.T @ h_c`` (cuBLAS): written once in the weight
    dtype when one chunk covers every token, else accumulated in float32 and cast at the end.
 
@@ -25,16 +25,20 @@ chunks (the gemm path stores nothing but tile statistics), then per chunk ``dz``
 writes ``dz`` directly), ``dW_c = dz.T @ h`` written once in the weight dtype and ``dX += dz @ W_c`` into a float32
 (N, D) accumulator. No (V, D) float32 buffer.
 
-``linear_logprobs`` (``supports_logprobs``): temperature and the entropy statistic live in the row kernel, so those
-problems (temperature != 1 or entropy) take the cuBLAS path; a temperature-1 log-prob without entropy can take the
-fused-GEMM path (its STATS / DZ epilogues are the loss's). Outside the one-pass loss (``fused``, which forms the
-loss's coefficients in its kernels) every gradient kernel takes the driver's per-row coefficients ``Coefs(a, t, b,
-u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
+``linear_logprobs`` (``supports_logprobs``) takes either path: the GEMM epilogues divide by the temperature and
+write the entropy's tile sums, the DZ epilogue has the entropy's term. Outside the one-pass loss (``fused``, which
+forms the loss's coefficients in its kernels from ``base.loss_terms``) every gradient kernel takes the driver's
+per-row coefficients ``Coefs(a, t, b, u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
+
+Live rows: on the fused-GEMM path the one-pass loss and the recompute backward gather the tokens that have a
+gradient (coefficients not all 0) to the front and run dz, dX and dW over them only; ignored tokens get only the
+statistics their lse needs. The count is read on the host (``_live_order``), the one host synchronisation, skipped
+while a CUDA graph is captured.
 
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the
-gradient kernels, and dX is returned in float32. Nothing here reads a device value on the host, so forward and
-backward are CUDA-graph capturable.
+gradient kernels, and dX is returned in float32. Under CUDA-graph capture nothing here reads a device value on the
+host, so forward and backward are capturable.
 """
 from __future__ import annotations
 
