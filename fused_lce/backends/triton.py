@@ -9,7 +9,7 @@ Default mode, bf16 / fp16 inputs on Hopper (the "gemm" path; token chunks, 3 GEM
    logit, and the buffer costs 2 bytes a logit;
 2. the tile statistics become row statistics and the lse (one small kernel); the label's logit is one float32
    dot product per token;
-3. ``dz = g (1 + 2 z_loss lse) exp(m_t - lse) e - ...`` in place over ``e`` (the mean's 1/n folded in for bf16);
+3. ``dz = g (a0 + a1 lse) exp(m_t - lse) e - ...`` in place over ``e`` (the mean's 1/n folded in for bf16);
 4. ``dX_c = dz @ W`` (cuBLAS, straight into dX) and ``dW (+)= dz.T @ h_c`` (cuBLAS): written once in the weight
    dtype when one chunk covers every token, else accumulated in float32 and cast at the end.
 
@@ -25,16 +25,20 @@ chunks (the gemm path stores nothing but tile statistics), then per chunk ``dz``
 writes ``dz`` directly), ``dW_c = dz.T @ h`` written once in the weight dtype and ``dX += dz @ W_c`` into a float32
 (N, D) accumulator. No (V, D) float32 buffer.
 
-``linear_logprobs`` (``supports_logprobs``): temperature and the entropy statistic live in the row kernel, so those
-problems (temperature != 1 or entropy) take the cuBLAS path; a temperature-1 log-prob without entropy can take the
-fused-GEMM path (its STATS / DZ epilogues are the loss's). Outside the one-pass loss (``fused``, which forms the
-loss's coefficients in its kernels) every gradient kernel takes the driver's per-row coefficients ``Coefs(a, t, b,
-u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
+``linear_logprobs`` (``supports_logprobs``) takes either path: the GEMM epilogues divide by the temperature and
+write the entropy's tile sums, the DZ epilogue has the entropy's term. Outside the one-pass loss (``fused``, whose
+kernels form the loss's coefficients from the driver's four ``LossTerms``) every gradient kernel takes the driver's
+per-row coefficients ``Coefs(a, t, b, u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
+
+Live rows: on the fused-GEMM path the one-pass loss and the recompute backward gather the tokens that have a
+gradient (coefficients not all 0) to the front and run dz, dX and dW over them only; ignored tokens get only the
+statistics their lse needs. The count is read on the host (``_live_order``), the one host synchronisation, skipped
+while a CUDA graph is captured.
 
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the
-gradient kernels, and dX is returned in float32. Nothing here reads a device value on the host, so forward and
-backward are CUDA-graph capturable.
+gradient kernels, and dX is returned in float32. Under CUDA-graph capture nothing here reads a device value on the
+host, so forward and backward are capturable.
 """
 from __future__ import annotations
 
@@ -66,7 +70,7 @@ if triton is not None:
 else:  # pragma: no cover
     kgemm = krows = None
 
-from ..core import Coefs, EntropyStats, Grads, Options, Problem, Provider, Stats, Tensors
+from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
 
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
@@ -94,8 +98,6 @@ def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Opt
         return "FUSED_LCE_TRITON_GEMM=0"
     if kgemm is None:
         return f"the GEMM kernels do not import ({_KERNELS_ERROR})"
-    if opts.temperature != 1.0 or opts.entropy:
-        return "temperature / entropy (linear_logprobs): the row kernel implements them"
     if dtype not in (torch.bfloat16, torch.float16):
         return "float32 inputs keep cuBLAS float32 products"
     if opts.softcap:
@@ -135,15 +137,16 @@ if triton is not None:
         y_ptr,  # labels of these rows (global ids, int32/int64)
         # GRAD: per-row float32 coefficients of dz = p (a + b z) - t onehot - u (b: HAS_B, u: HAS_U), formed by
         # the driver; LOSS (the one-pass loss only): a_ptr holds the token weight g and the loss's coefficients
-        # are formed here from the row's own lse (0 ignored, NaN bad label either way)
+        # a = g (a0 + a1 lse), t = g t0, u = g u0 (the driver's LossTerms) are formed here from the row's own lse
+        # (0 ignored, NaN bad label either way)
         a_ptr, t_ptr, b_ptr, u_ptr,
         scale_ptr,  # 0-dim float32 factor of every gradient (HAS_SCALE)
         lse_ptr,  # STATS == 0 and GRAD: the row's global lse (read)
         m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr, ez_ptr,  # STATS: raw statistics (read first when MERGE); ez: ENTROPY
-        ncols, label_off, vocab_total, eps, zloss, cap, inv_temp,
+        ncols, label_off, a0, a1, t0, u0, cap, inv_temp,
         STATS: tl.constexpr, MERGE: tl.constexpr, GRAD: tl.constexpr, LOSS: tl.constexpr, HAS_SCALE: tl.constexpr,
         HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
-        ZLOSS: tl.constexpr, ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr,
+        HAS_A1: tl.constexpr, ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr,
         COMPACT: tl.constexpr, BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: rows * columns exceeds 2**31 on real shapes
@@ -195,7 +198,7 @@ if triton is not None:
             ref = tl.where(m == float("-inf"), 0.0, m)
             f_v = tl.exp(m_v - ref)
             s = tl.sum(s_v * f_v, axis=0)
-            ez = 0.0
+            ez = tl.sum(ez_v, axis=0)  # 0 without ENTROPY
             if ENTROPY:  # each lane's sum moved to the row max like s: e^(m_l - m) (ez_l + (m_l - m) s_l)
                 ez = tl.sum(f_v * (ez_v + tl.maximum(m_v - ref, -104.0) * s_v), axis=0)
             am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
@@ -210,21 +213,8 @@ if triton is not None:
                 zt = zt * inv_temp
             zt = tl.where(inside, zt, 0.0)
             am += label_off  # global id
-            if MERGE:  # fold in the statistics of the chunks to the left (lower ids win argmax ties)
-                m0 = tl.load(m_ptr + row)
-                s0 = tl.load(s_ptr + row)
-                new_m = tl.maximum(m0, m)
-                ref = tl.where(new_m == float("-inf"), 0.0, new_m)
-                d0 = m0 - ref
-                d1 = m - ref
-                f0 = tl.exp(d0)
-                f1 = tl.exp(d1)
-                if ENTROPY:
-                    ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
-                          + f1 * (ez + tl.maximum(d1, -104.0) * s))
-                s = s0 * f0 + s * f1
-                am = tl.where(m > m0, am, tl.load(am_ptr + row))
-                m = new_m
+            if MERGE:  # fold in the statistics of the chunks to the left
+                m, s, am, ez = krows.merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
                 zt += tl.load(zt_ptr + row)
                 zs += tl.load(zs_ptr + row)
             tl.store(m_ptr + row, m)
@@ -243,11 +233,11 @@ if triton is not None:
                 g = tl.load(a_ptr + row).to(tl.float32)
                 if HAS_SCALE:
                     g = g * tl.load(scale_ptr)
-                a = g  # coefficient of softmax
-                if ZLOSS:
-                    a = g * (1.0 + 2.0 * zloss * lse)
-                t = g * (1.0 - eps)  # coefficient of the one-hot target
-                u = g * eps / vocab_total  # coefficient of the uniform smoothing target
+                a = g * a0  # coefficient of softmax
+                if HAS_A1:
+                    a = g * (a0 + a1 * lse)
+                t = g * t0  # coefficient of the one-hot target
+                u = g * u0  # coefficient of the uniform smoothing target
                 cb = 0.0
                 dead = g == 0
             else:
@@ -469,9 +459,31 @@ def plan_vocab_chunk(n: int, v: int, d: int, elt: int, mask, tile_bytes: int, bu
     return int(min(v, cols))
 
 
+def skip_dead_rows() -> bool:
+    """False when FUSED_LCE_SKIP_IGNORED=0 keeps ignored tokens in the gradient products (for comparisons)."""
+    return os.environ.get("FUSED_LCE_SKIP_IGNORED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
+    """``(order, count)``: the rows where ``live`` holds first (stable) and how many there are; None when every row
+    is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.
+
+    The gradient products then run over ``count`` rows instead of all: a token without gradient (an ignored
+    label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there: the one
+    host synchronisation of these kernels. It comes before their first large launch, so the device waits only for
+    the host's launch latency after it (the caller queues nothing large before it)."""
+    n = live.shape[0]
+    if n == 0 or not skip_dead_rows() or (live.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    order = torch.argsort(live.logical_not().to(torch.uint8), stable=True)
+    count = int(live.sum())
+    return None if count == n else (order, count)
+
+
 # ---------------------------------------------------------------------------------------------- launches
 def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False, grad=False, dz=None, g=None,
-            coef: Optional[Coefs] = None, scale=None, lse=None, v0=0, v1=None):
+            terms: LossTerms = LossTerms(1.0, 0.0, 1.0, 0.0), coef: Optional[Coefs] = None, scale=None, lse=None,
+            v0=0, v1=None):
     """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard). ``stats``: a
     ``Stats`` / ``EntropyStats`` to write (and merge into). Gradients: from the driver's per-row ``coef`` or, for
     the one-pass loss only (``stats`` and ``grad``), from the token weight ``g`` (the loss formula in the kernel)."""
@@ -490,17 +502,17 @@ def _launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=Fals
     if grad and loss and g is None:
         raise RuntimeError("fused_lce triton: the row kernel's gradient needs coefficients")
     a, tc, cb, u = (g, None, None, None) if loss else (coef if grad else (None,) * 4)
+    k = terms
     temp = float(opts.temperature)
     _rows_kernel[(nrows,)](
         z, z.stride(0),
         arg(dz), dz.stride(0) if dz is not None else 0,
         arg(bias), t.labels[rows], arg(a), arg(tc), arg(cb), arg(u), arg(scale), arg(lse), *raw, arg(ez),
-        v1 - v0, int(opts.vocab_start + v0), int(opts.vocab(t.weight.shape[0])),
-        float(opts.label_smoothing), float(opts.z_loss), float(opts.softcap or 1.0), 1.0 / temp,
+        v1 - v0, int(opts.vocab_start + v0), k.a0, k.a1, k.t0, k.u0, float(opts.softcap or 1.0), 1.0 / temp,
         STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss), HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
-        SMOOTH=opts.wants_zsum, ZLOSS=bool(opts.z_loss), ENTROPY=ez is not None,
-        HAS_B=cb is not None, HAS_U=bool(opts.label_smoothing) if loss else u is not None,
+        SMOOTH=opts.wants_zsum, HAS_A1=bool(k.a1), ENTROPY=ez is not None,
+        HAS_B=cb is not None, HAS_U=bool(k.u0) if loss else u is not None,
         COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
         BLOCK=BLOCK, num_warps=NUM_WARPS,
     )
@@ -575,7 +587,7 @@ class TritonProvider(Provider):
         if not gemm:
             return 4 * _pad(v, 32)
         tiles = kgemm.num_tiles_n(v, cls._cfg(d))
-        return elt * _pad(v, 64) + tiles * (16 if opts.wants_zsum else 12)
+        return elt * _pad(v, 64) + tiles * (12 + 4 * opts.wants_zsum + 4 * bool(opts.entropy))
 
     def token_block(self, p: Problem, keep: bool) -> int:
         if compact_mode():
@@ -623,7 +635,7 @@ class TritonProvider(Provider):
         nc = h.shape[0]
         v = t.weight.shape[0]
         raw = _new_stats(nc, h.device, opts.entropy)
-        gemm = self.path_reason(t, opts) is None  # never with temperature / entropy (the row kernel does them)
+        gemm = self.path_reason(t, opts) is None
         if v == 0:
             raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
             if opts.entropy:
@@ -645,14 +657,17 @@ class TritonProvider(Provider):
         if gemm:
             cfg = self._cfg(h.shape[1])
             ntiles = kgemm.num_tiles_n(v, cfg)
-            tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum)
+            tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum, opts.entropy)
+            keep = keep and not opts.entropy  # the entropy's gradient term needs z itself: recomputed (DZ)
             e = None
             if keep:
                 e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
+            inv_t = 1.0 / opts.temperature
             kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
-                           tiles=tiles, smooth=opts.wants_zsum)
-            krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target)
-            krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start)
+                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t)
+            krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
+            krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start,
+                          ez=raw.ez if opts.entropy else None)
             return raw, (_ExpCache((e, tiles.m)) if keep else None)
         z = torch.empty(nc, _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
         _logits32(h, t.weight, z)
@@ -669,16 +684,36 @@ class TritonProvider(Provider):
         if compact_mode():
             self._compact_grads(t, rows, lse, coef, kscale, scale, opts, out)
             return
-        if self.path_reason(t, opts) is None:  # b is None here: entropy problems take the cuBLAS path
+        whole = rows.start == 0 and rows.stop == t.hidden.shape[0]
+        dh = None if out.dh is None else out.dh[rows]
+        if self.path_reason(t, opts) is None:
             cfg = self._cfg(h.shape[1])
             if isinstance(cache, _ExpCache):
                 dz, tile_m = cache
                 krows.dz_from_exp(dz, tile_m, cfg.bn, lse, (coef.a, coef.t, coef.u), kscale, t.labels[rows],
                                   opts.vocab_start)
-            else:
+                self._token_gemms(t, h, dz, out, whole, dh)
+                return
+            # recompute: the DZ epilogue over the live rows only (a token whose coefficients are all 0 has no
+            # gradient), gathered to the front
+            live = (coef.a != 0) | (coef.t != 0)  # a NaN coefficient is not 0: its row stays (it poisons)
+            for x in (coef.b, coef.u):
+                if x is not None:
+                    live |= x != 0
+            y = t.labels[rows]
+            idx = None
+            perm = _live_order(live)
+            if perm is not None:
+                order, count = perm
+                idx = order[:count]
+                h, y, lse = h.index_select(0, idx), y.index_select(0, idx), lse.index_select(0, idx)
+                coef = Coefs(*(None if x is None else x.index_select(0, idx) for x in coef))
+                if dh is not None:
+                    dh.zero_()  # the rows of dead tokens
+            if h.shape[0]:
                 dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
-                self._dz_gemm(t, h, t.weight, t.bias, dz, rows, lse, coef, kscale, opts, 0)
-            self._token_gemms(t, rows, dz, out)
+                self._dz_gemm(h, t.weight, t.bias, dz, y, lse, coef, kscale, opts, 0)
+                self._token_gemms(t, h, dz, out, whole, dh, idx)
             return
         z = cache
         if z is None:
@@ -686,75 +721,110 @@ class TritonProvider(Provider):
             _logits32(h, t.weight, z)
         dz = _dz_view(z, h.dtype)
         _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse)
-        self._token_gemms(t, rows, dz, out)
+        self._token_gemms(t, h, dz, out, whole, dh)
 
-    def fused(self, t: Tensors, g, terms, scale, opts: Options, out: Grads) -> Stats:
+    def fused(self, t: Tensors, g, terms: LossTerms, scale, opts: Options, out: Grads) -> Stats:
         st, want_dw = out.extra
         h, w = t.hidden, t.weight
         n, v = h.shape[0], w.shape[0]
         gemm = self.path_reason(t, opts) is None
         kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
+        raw = _new_stats(n, h.device)
+        if gemm:
+            if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
+                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+                return raw
+            self._fused_gemm(t, g, terms, kscale, opts, out, raw)
+            return raw
         nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
-                                                                          gemm))
-        raw = _new_stats(n, h.device)
-        nb = min(nrows, n)
-        if gemm and v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
-            raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
-            return raw
-        if gemm:
-            cfg = self._cfg(h.shape[1])
-            vp = _pad(v, 64)
-            ntiles = kgemm.num_tiles_n(v, cfg)
-            buf = torch.empty(nb * vp, device=h.device, dtype=h.dtype)
-            tiles = kgemm.TileStats.new(nb, ntiles, h.device, opts.wants_zsum)
-            lse = torch.empty(n, device=h.device, dtype=torch.float32)
-        else:
-            vp = _pad(v, 32)
-            buf = torch.empty(nb * vp, device=h.device, dtype=torch.float32)
+                                                                          False))
+        vp = _pad(v, 32)
+        buf = torch.empty(min(nrows, n) * vp, device=h.device, dtype=torch.float32)
         z = dz = None  # no tokens: no chunk
         for i0 in range(0, n, nrows):
             rows = slice(i0, min(i0 + nrows, n))
             nc = rows.stop - rows.start
             z = buf[: nc * vp].view(nc, vp)[:, :v]
-            if gemm:
-                tl_ = tiles.rows(nc)
-                hc, yc = h[rows], t.labels[rows]
-                kgemm.lce_gemm(kgemm.MODE_EXP, hc, w, z, cfg, bias=t.bias, tiles=tl_,
-                               smooth=opts.wants_zsum)
-                krows.target_logit(hc, w, t.bias, yc, opts.vocab_start, raw.target[rows])
-                krows.combine(tl_, ntiles, raw.m[rows], raw.s[rows], raw.zsum[rows], raw.argmax[rows],
-                              col_off=opts.vocab_start, lse=lse[rows])
-                krows.dz_from_exp(z, tl_.m, cfg.bn, lse[rows], g[rows], kscale, yc, opts.vocab_start,
-                                  zloss=opts.z_loss, eps=opts.label_smoothing, vocab_total=opts.vocab(v))
-                dz = z
-            else:
-                _logits32(h[rows], w, z)
-                dz = _dz_view(z, h.dtype)
-                _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
-                        scale=kscale)
-            self._token_gemms(t, rows, dz, out)
+            _logits32(h[rows], w, z)
+            dz = _dz_view(z, h.dtype)
+            _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
+                    terms=terms, scale=kscale)
+            self._token_gemms(t, h[rows], dz, out, nc == n, None if out.dh is None else out.dh[rows])
         del buf, z, dz  # free the logits buffer before the final dW is allocated (finish)
         return raw
 
-    # -- GEMMs ------------------------------------------------------------------------------------------------
-    def _dz_gemm(self, t: Tensors, h, w, bias, dz, rows: slice, lse, coef: Coefs, kscale, opts: Options,
-                 v0: int) -> None:
-        """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
-        if coef.b is not None:
-            raise RuntimeError("fused_lce triton: the GEMM epilogue has no entropy term (cuBLAS path expected)")
-        kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=t.labels[rows],
-                       label_off=opts.vocab_start + v0, lse=lse, a=coef.a, t=coef.t, u=coef.u, scale=kscale)
-
-    def _token_gemms(self, t: Tensors, rows: slice, dz, out: Grads) -> None:
-        """Gradients of one token chunk: dX rows complete, dW (and db) accumulated."""
+    def _fused_gemm(self, t: Tensors, g, terms: LossTerms, kscale, opts: Options, out: Grads, raw: Stats) -> None:
+        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (weight g != 0) are gathered to the
+        front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks; the ignored
+        ones only through the STATS epilogue (their statistics, for lse and accuracy)."""
         st, want_dw = out.extra
-        h_c = t.hidden[rows]
-        if out.dh is not None:
-            _dx_into(dz, t.weight, out.dh[rows])
+        h, w, y = t.hidden, t.weight, t.labels
+        (n, d), v = h.shape, w.shape[0]
+        cfg = self._cfg(d)
+        smooth = opts.wants_zsum
+        ntiles = kgemm.num_tiles_n(v, cfg)
+        krows.target_logit(h, w, t.bias, y, opts.vocab_start, raw.target)
+        perm = _live_order(g != 0)  # NaN != 0: a bad label's token keeps its (poisoned) gradient
+        order, count, sp = None, n, raw
+        if perm is not None:
+            order, count = perm
+            h, y, g = h.index_select(0, order), y.index_select(0, order), g.index_select(0, order)
+            sp = _new_stats(n, h.device)  # statistics in the gathered order
+            if out.dh is not None:
+                out.dh.zero_()  # the rows of ignored tokens
+        nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+                                    _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
+        # ignored tokens: statistics only, in chunks whose tile statistics fit the slack
+        dead_rows = max(1, min(n - count, max(nrows, SLACK // max(1, 16 * ntiles))))
+        vp = _pad(v, 64)
+        buf = torch.empty(min(nrows, count) * vp, device=h.device, dtype=h.dtype)
+        tiles = kgemm.TileStats.new(max(min(nrows, count), min(dead_rows, n - count)), ntiles, h.device, smooth)
+        lse = torch.empty(count, device=h.device, dtype=torch.float32)
+        z = None
+        for i0 in range(0, count, nrows):
+            r = slice(i0, min(i0 + nrows, count))
+            nc = r.stop - r.start
+            z = buf[: nc * vp].view(nc, vp)[:, :v]
+            tl_ = tiles.rows(nc)
+            kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start,
+                          lse=lse[r])
+            krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
+            dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
+            self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
+        del buf, z  # free the logits buffer before the final dW is allocated (finish)
+        for i0 in range(count, n, dead_rows):
+            r = slice(i0, min(i0 + dead_rows, n))
+            tl_ = tiles.rows(r.stop - r.start)
+            kgemm.lce_gemm(kgemm.MODE_STATS, h[r], w, None, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start)
+        if order is not None:  # back to token order (the label logits were computed in it)
+            for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
+                dst.index_copy_(0, order, src)
+
+    # -- GEMMs ------------------------------------------------------------------------------------------------
+    def _dz_gemm(self, h, w, bias, dz, labels, lse, coef: Coefs, kscale, opts: Options, v0: int) -> None:
+        """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
+        kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=labels,
+                       label_off=opts.vocab_start + v0, lse=lse, a=coef.a, t=coef.t, b=coef.b, u=coef.u,
+                       scale=kscale, inv_temp=1.0 / opts.temperature)
+
+    def _token_gemms(self, t: Tensors, h_c, dz, out: Grads, whole: bool, dh, dh_index=None) -> None:
+        """Gradients of one token chunk (hidden rows ``h_c``, logits gradient ``dz``): dX rows into ``dh`` (rows
+        ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated. ``whole``:
+        this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
+        st, want_dw = out.extra
+        if dh is not None:
+            if dh_index is None:
+                _dx_into(dz, t.weight, dh)
+            else:
+                tmp = torch.empty(h_c.shape, device=h_c.device, dtype=dh.dtype)
+                _dx_into(dz, t.weight, tmp)
+                dh.index_copy_(0, dh_index, tmp)
         if want_dw:
             if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
-                st.dw_acc = not (rows.start == 0 and rows.stop == t.hidden.shape[0]) or st.post_scale
+                st.dw_acc = not whole or st.post_scale
                 dtype = torch.float32 if st.dw_acc else t.weight.dtype
                 out.dw = torch.empty(t.weight.shape, device=t.weight.device, dtype=dtype)
                 _dw_into(dz, h_c, out.dw, accumulate=False)
@@ -778,15 +848,16 @@ class TritonProvider(Provider):
         cfg = self._cfg(h.shape[1])
         cols = self._compact_cols(t, n, (True, True, False), opts, True)
         ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
-        tiles = kgemm.TileStats.new(n, ntiles, h.device, opts.wants_zsum)
+        tiles = kgemm.TileStats.new(n, ntiles, h.device, opts.wants_zsum, opts.entropy)
+        inv_t = 1.0 / opts.temperature
         for v0 in range(0, v, cols):
             v1 = min(v0 + cols, v)
             kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
                            bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
-                           smooth=opts.wants_zsum)
+                           smooth=opts.wants_zsum, inv_temp=inv_t)
             krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
-                          col_off=opts.vocab_start + v0, merge=v0 > 0)
-        krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target)
+                          col_off=opts.vocab_start + v0, merge=v0 > 0, ez=raw.ez if opts.entropy else None)
+        krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
 
     def _compact_grads(self, t: Tensors, rows: slice, lse, coef: Coefs, kscale, scale, opts: Options,
                        out: Grads) -> None:
@@ -811,8 +882,8 @@ class TritonProvider(Provider):
             if gemm:
                 vp = _pad(v1 - v0, 64)
                 dz = buf[: n * vp].view(n, vp)[:, : v1 - v0]
-                self._dz_gemm(t, h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, rows, lse, coef,
-                              kscale, opts, v0)
+                self._dz_gemm(h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, t.labels[rows], lse,
+                              coef, kscale, opts, v0)
             else:
                 vp = _pad(v1 - v0, 32)
                 z = buf[: n * vp].view(n, vp)[:, : v1 - v0]
