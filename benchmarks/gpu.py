@@ -216,7 +216,7 @@ PROBE_SHAPES = tuple(tuple(int(x) for x in sh.split("x")) for sh in os.environ.g
 def _warm_config(text):
     """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the cache."""
     from fused_lce.backends import triton as tb
-    from fused_lce.backends.triton_kernels import gemm as kg
+    from fused_lce.backends.triton.kernels import gemm as kg
 
     cfg = kg.GemmConfig.parse(text)
     for n, d, v in PROBE_SHAPES:
@@ -238,8 +238,8 @@ def probe(rate, bw):
     """Each building block in isolation (ms): the fused logits GEMM per tile configuration against cuBLAS, the
     small kernels, and cuBLAS on padded vs unpadded rows of an odd vocabulary."""
     from fused_lce.backends import triton as tb
-    from fused_lce.backends.triton_kernels import gemm as kg
-    from fused_lce.backends.triton_kernels import rows as kr
+    from fused_lce.backends.triton.kernels import gemm as kg
+    from fused_lce.backends.triton.kernels import rows as kr
 
     out = {"gemm": [], "rate_tflops": rate, "copy_tb_s": bw}
     import subprocess

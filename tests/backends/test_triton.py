@@ -17,9 +17,9 @@ import torch
 
 import fused_lce
 
-from .conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
+from ..conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TRITON = True
 try:
     import triton  # noqa: F401
@@ -409,7 +409,7 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
     from fused_lce.core import Options
 
-    from .ops.test_logprobs import check
+    from ..ops.test_logprobs import check
 
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
@@ -446,7 +446,7 @@ def test_gemm_tile_configurations(cfg, monkeypatch, seed):
 def test_upstream_scale_kernel(seed):
     """The in-place upstream scale of the forward-computed gradients: untouched bytes when g == 1 (a buffer of
     NaN-free junk stays bit-identical), x * g otherwise; and through autograd with a non-unit upstream."""
-    from fused_lce.backends.triton_kernels import rows as kr
+    from fused_lce.backends.triton.kernels import rows as kr
 
     x = torch.randn(3, 100001, device="cuda", dtype=torch.bfloat16)
     keep = x.clone()
