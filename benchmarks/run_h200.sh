@@ -20,7 +20,7 @@ for stage in "$@"; do
     t0=$(date +%s)
     case $stage in
         tests) timeout ${TEST_LIMIT:-150} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider \
-                   tests/test_triton_cuda.py > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
+                   tests/backends/test_triton.py > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
         alltests) timeout ${TEST_LIMIT:-200} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/ \
                    > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
         probe) timeout ${PROBE_LIMIT:-130} python3 benchmarks/gpu.py --out "$OUT/probe" --probe --shapes 0 \
