@@ -29,6 +29,10 @@ constexpr uint64_t kMixStatPlanes = 6;  // m, s, target, zsum, argmax (float), e
 constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel as exact floats (< 2^24)
 constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
 constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
+// dz kept (FusedLceGradMix keepDz): the whole-K GEMMs read Dz at row stride V_local through the Matmul library's
+// looped GM -> L1 copy (intrinsicsCheck), whose source offset is an int32 V_local x row for rows of one load (at most
+// 256): V_local below 2^23 keeps it in range (asc-devkit stage/copy_cube_in/copy_tile_to_cube/data_copy_wrapper_nd.h)
+constexpr uint64_t kMaxKeptVocab = 1ull << 23;
 
 struct MixPlan {
     ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)

@@ -41,13 +41,11 @@ def ignore_rows(y, c):
 
 
 def cube_flops(ops) -> int:
-    r = ops._twin_counters()
-    return sum(r[i + 6] for i in range(0, len(r), 7))
+    return sum(r["cube_flops"] for r in twin_build.counters())
 
 
 def vector_instr(ops) -> int:
-    r = ops._twin_counters()
-    return sum(r[i + 1] for i in range(0, len(r), 7) if r[i] == 0)
+    return sum(r["v_instr"] for r in twin_build.counters() if not r["aic"])
 
 
 @pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
@@ -158,8 +156,7 @@ def test_onepass_kept_dz_writes_each_output_once(ops, part, seed):
 
     def cube_written(keep):
         grads(ops, h, w, bias, y, lse, c, 0.0, 1.0, zc=zc, keep_dz=keep)
-        r = ops._twin_counters()
-        return sum(r[i + 5] for i in range(0, len(r), 7) if r[i] == 1)
+        return sum(r["gm_wr"] for r in twin_build.counters() if r["aic"])
 
     assert cube_written(False) == (nb * n + mb * v) * d * 4
     assert cube_written(True) == (n + v) * d * 4

@@ -6,8 +6,8 @@
 //   aclnnFusedLceGradMix(workspace, workspaceSize, executor, stream)
 // coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
 // t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
-// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (its null GM address is
-// the switch). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
+// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (the tiling's hasZCache,
+// from the optional input's presence here: never from its GM address). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
 // phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
 // The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
 // blocks' sum (the cube adds into them through the fixpipe, each element by one core in a fixed order; with keep_dz
@@ -84,6 +84,11 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     td->hasB = b.present ? 1u : 0u;
     td->hasU = u.present ? 1u : 0u;
     td->keepDz = keepDz ? 1u : 0u;
+    td->hasZCache = zc.present ? 1u : 0u;
+    if (keepDz && v >= fm::kMaxKeptVocab)
+        return fh::fail(ctx, "FusedLceGradMix: keep_dz needs V_local < 2^23 (the kept dz is read at row stride "
+                        "V_local by the looped GM -> L1 copy, whose int32 offset V_local x row must fit), got %llu",
+                        static_cast<unsigned long long>(v));
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;

@@ -57,6 +57,12 @@ namespace {
 constexpr uint16_t kFlagFull = 5, kFlagFree = 6;      // z ring (AIC -> AIVs, AIVs -> AIC, ids 6 / 7)
 constexpr uint16_t kFlagDzReady = 8, kFlagDzFree = 9;  // dz ring (AIVs -> AIC, AIC -> AIVs, ids 9 / 10)
 enum GradSlot : uint32_t { kA = 0, kT, kB, kU, kLse, kLseFloor, kLab, kSlotsUsed };
+// The dX / dW GEMMs read the kept Dz (dz kept: row stride V_local, >= 65535 at every real vocabulary). On dav-2201
+// the GM -> L1 ND2NZ copy puts an operand's row stride into Nd2NzParams::srcDValue, 16 bits: only a config with
+// intrinsicsCheck copies such rows one by one (asc-devkit stage/copy_cube_in/copy_tile_to_cube/
+// data_copy_wrapper_nd.h CopyND2NZ; MatmulConfig.md). Below 65535 it takes the single-copy path, as the default
+// config would.
+constexpr MatmulConfig kWideRowsCfg = GetNormalConfig(true);
 static_assert(kSlotsUsed <= fm::kMixSlots, "row slots");
 }  // namespace
 
@@ -77,17 +83,19 @@ public:
         td_ = td;
         mp_ = &td->plan;
         p_ = &td->plan.base;
+        // presence by tiling (hasB / hasU / hasZCache / gradMask): an absent optional's address need not be null
+        const bool coefGiven[4] = {true, true, td->hasB != 0, td->hasU != 0};
         for (int k = 0; k < 4; ++k)
-            if (in[k] != nullptr) coef_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[k]));  // a, t, b, u
+            if (coefGiven[k]) coef_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[k]));  // a, t, b, u
         hGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[4]));
         wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[5]));
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[6]));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(in[7]));
         lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[8]));
-        zc_ = in[9] != nullptr;
+        zc_ = td->hasZCache != 0;
         if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[9]));
-        for (int k = 0; k < 3; ++k)
-            if (out[k] != nullptr) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));  // dx, dw, db
+        for (int k = 0; k < 3; ++k)  // dx, dw, db: the outputs gradMask selects
+            if (td->gradMask & (1u << k)) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));
         ring_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         dzRing_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_ring));
         dbPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_ring + mp_->ws_dz));
@@ -124,8 +132,10 @@ public:
     // ---- cube core --------------------------------------------------------------------------------------------
     __aicore__ inline void ProcessCube(TPipe* pipe) {
         matmul::MatmulImpl<AType, BTransType, CType> mmZ;
-        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D); keepDz: K = V
-        matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
+        // dz (rows x cols) @ W[nb] (cols x D); keepDz: K = V
+        matmul::MatmulImpl<AType, AType, CType, CType, kWideRowsCfg> mmDx;
+        // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
+        matmul::MatmulImpl<ATransType, AType, CType, CType, kWideRowsCfg> mmDw;
         const bool recompute = !zc_ && vecTiles_ > 0;
         if (recompute) mmZ.Init(&td_->mmZ, pipe);
         if (tasksX_ > 0 && (td_->gradMask & 1u)) mmDx.Init(keep_ ? &td_->mmDxAll : &td_->mmDx, pipe);
@@ -235,13 +245,7 @@ public:
             Order<HardEvent::MTE3_MTE2>();  // the previous dz (fp32: z itself) has left for GM
             if (rows > 0) {
                 if (zc_) {  // rows of the cached tile at row stride V_local -> UB rows at base_n
-                    const uint32_t rowBytes = cols * sizeof(float);
-                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
-                                               static_cast<uint32_t>((p_->v - cols) * sizeof(float)),
-                                               static_cast<uint32_t>((p_->base_n * sizeof(float) -
-                                                                      ft::align_up(rowBytes, 32)) / 32),
-                                               0};
-                    DataCopyPad(z_, zcGm_[row0 * p_->v + c0], cp, {false, 0, 0, 0});
+                    CopyRows(z_, zcGm_[row0 * p_->v + c0], rows, cols, p_->v, p_->base_n);
                 } else {
                     DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
                              rows * p_->base_n);
@@ -269,14 +273,8 @@ public:
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
                 const LocalTensor<T>& src = DzOut();
-                if (keep_) {  // rows of base_n in UB -> Dz rows at stride V_local (DataCopyPad(UB->GM).md: UB
-                              // gap in 32-byte blocks, GM gap in bytes)
-                    const uint32_t rowBytes = cols * sizeof(T);
-                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
-                                               static_cast<uint32_t>((p_->base_n * sizeof(T) -
-                                                                      ft::align_up(rowBytes, 32)) / 32),
-                                               static_cast<uint32_t>((p_->v - cols) * sizeof(T)), 0};
-                    DataCopyPad(DzKept(a)[r0 * p_->v], src, cp);
+                if (keep_) {  // rows of base_n in UB -> Dz rows at stride V_local
+                    StoreRows(DzKept(a)[r0 * p_->v], src, rows, cols, p_->base_n, p_->v);
                 } else {
                     DataCopy(dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
                              rows * p_->base_n);
@@ -285,7 +283,7 @@ public:
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagDzReady);
             if (dbEnd) {
                 Order<HardEvent::V_MTE3>();
-                const DataCopyExtParams cp{1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0};
+                const DataCopyExtParams cp(1, cols * sizeof(float), 0, 0, 0);
                 if (keep_) {
                     DataCopyPad(dbKeep_[(a.m * GetTaskRation() + sub) * p_->v + c0], colsum_, cp);
                 } else {
@@ -315,14 +313,13 @@ private:
 
     // Coefficients, lse and labels of the tile's rows; the bias block.
     __aicore__ inline void LoadRowData(uint64_t row0, uint32_t rows, uint32_t cols, uint64_t c0) {
-        const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
-        DataCopyPad(S(kA), coef_[0][row0], cp, {false, 0, 0, 0});
-        DataCopyPad(S(kT), coef_[1][row0], cp, {false, 0, 0, 0});
-        if (td_->hasB) DataCopyPad(S(kB), coef_[2][row0], cp, {false, 0, 0, 0});
-        if (td_->hasU) DataCopyPad(S(kU), coef_[3][row0], cp, {false, 0, 0, 0});
-        DataCopyPad(S(kLse), lseGm_[row0], cp, {false, 0, 0, 0});
-        if (td_->hasBias)
-            DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
+        const DataCopyExtParams cp(1, rows * sizeof(float), 0, 0, 0);
+        DataCopyPad(S(kA), coef_[0][row0], cp, NoPad<float>());
+        DataCopyPad(S(kT), coef_[1][row0], cp, NoPad<float>());
+        if (td_->hasB) DataCopyPad(S(kB), coef_[2][row0], cp, NoPad<float>());
+        if (td_->hasU) DataCopyPad(S(kU), coef_[3][row0], cp, NoPad<float>());
+        DataCopyPad(S(kLse), lseGm_[row0], cp, NoPad<float>());
+        if (td_->hasBias) DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0), NoPad<T>());
         Order<HardEvent::V_S>();  // the slots' vector initialisation is done before the scalar unit writes
         LocalTensor<int32_t> lab = S(kLab).template ReinterpretCast<int32_t>();
         const int64_t v = static_cast<int64_t>(p_->v);
@@ -335,7 +332,7 @@ private:
     // dz of the tile in place in z_ (fp32), and its operand-dtype copy in cast_ (bf16 / fp16).
     __aicore__ inline void Dz(uint32_t rows, uint32_t cols, int32_t c0) {
         const uint32_t bn = p_->base_n, count = rows * bn, st = st_;
-        const uint8_t brcbRep = static_cast<uint8_t>(ft::ceil_div(rows, 8));
+        const uint64_t brcbRep = ft::ceil_div(rows, 8);
         if (td_->hasBias) {
             if constexpr (!IsSameType<T, float>::value) {
                 Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
@@ -356,31 +353,31 @@ private:
             PipeBarrier<PIPE_V>();
         }
         // p = exp(z - lse)
-        Brcb(bc_, S(kLse), brcbRep, {1, 8});
+        Brcb(bc_, S(kLse), brcbRep, BrcbRepeatParams(1, 8));
         Adds(S(kLseFloor), S(kLse), kExpFloor, st);
         PipeBarrier<PIPE_V>();
         RowBroadcast(RowOp::kSub, w_, z_, bc_, true, rows, cols, bn);
-        if (td_->hasB) Brcb(bc2_, S(kLseFloor), brcbRep, {1, 8});
+        if (td_->hasB) Brcb(bc2_, S(kLseFloor), brcbRep, BrcbRepeatParams(1, 8));
         PipeBarrier<PIPE_V>();
         Exp(w_, w_, count);
         if (td_->hasB) {  // coefficient a + b max(z, lse - 104): a p_j = 0 never meets a -inf logit
             RowBroadcast(RowOp::kMax, z_, z_, bc2_, true, rows, cols, bn);
-            Brcb(bc_, S(kB), brcbRep, {1, 8});
+            Brcb(bc_, S(kB), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kMul, z_, z_, bc_, true, rows, cols, bn);
-            Brcb(bc2_, S(kA), brcbRep, {1, 8});
+            Brcb(bc2_, S(kA), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kAdd, z_, z_, bc2_, true, rows, cols, bn);
             PipeBarrier<PIPE_V>();
             Mul(z_, z_, w_, count);
         } else {
-            Brcb(bc_, S(kA), brcbRep, {1, 8});
+            Brcb(bc_, S(kA), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kMul, z_, w_, bc_, true, rows, cols, bn);
         }
         PipeBarrier<PIPE_V>();
         if (td_->hasU) {
-            Brcb(bc_, S(kU), brcbRep, {1, 8});
+            Brcb(bc_, S(kU), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kSub, z_, z_, bc_, true, rows, cols, bn);
             PipeBarrier<PIPE_V>();
@@ -423,13 +420,13 @@ private:
         const uint64_t parts = keep_ ? p_->m_blocks * GetTaskRation() : 2;
         for (uint64_t c = j0; c < j1; c += chunk) {
             const uint32_t cnt = static_cast<uint32_t>(j1 - c < chunk ? j1 - c : chunk);
-            const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
+            const DataCopyExtParams cp(1, cnt * sizeof(float), 0, 0, 0);
             Order<HardEvent::MTE3_MTE2>();
             Order<HardEvent::V_MTE2>();
-            DataCopyPad(z_, part[c], cp, {false, 0, 0, 0});
+            DataCopyPad(z_, part[c], cp, NoPad<float>());
             for (uint64_t q = 1; q < parts; ++q) {
                 if (q > 1) Order<HardEvent::V_MTE2>();  // the previous Add has read w_
-                DataCopyPad(w_, part[q * v + c], cp, {false, 0, 0, 0});
+                DataCopyPad(w_, part[q * v + c], cp, NoPad<float>());
                 Order<HardEvent::MTE2_V>();
                 Add(z_, z_, w_, cnt);
                 PipeBarrier<PIPE_V>();
