@@ -63,9 +63,7 @@ DEFAULT_TILE_BYTES = 2 << 30
 KERNELS_ENV = "FUSED_LCE_NPU_KERNELS"
 KERNEL_CHOICES = ("old", "mix")
 DEFAULT_KERNELS = "mix"
-# the MIX route keeps dz (read at row stride V_local by the looped GM -> L1 copy, int32 offsets: V_local < 2^23;
-# fused_lce_mix_tiling.h kMaxKeptVocab)
-MIX_MAX_IDS = 1 << 23
+MIX_MAX_IDS = 1 << 24  # the MIX planner carries vocabulary ids and row offsets as exact floats
 # every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
 # (Nd2NzParams::srcDValue; fused_lce_tiling.h kMaxOperandStride)
 MAX_HIDDEN = 65534
@@ -260,8 +258,8 @@ class AscendCProvider(WholeRowsProvider):
             return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
                     f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
         if reason is None and p.v >= MIX_MAX_IDS and getattr(self.kernels, "kind", None) == "mix":
-            return (f"the MIX kernels need fewer than 2^23 vocabulary rows per rank, got {p.v}: the kept dz is "
-                    f"read with int32 offsets V_local x row ({KERNELS_ENV}=old runs the old kernels)")
+            return (f"the MIX kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
+                    f"({KERNELS_ENV}=old runs the old kernels)")
         return reason
 
     # -- kernels: one driver block covers every row (the kernels tile tokens across cores) ----------------------

@@ -1,8 +1,8 @@
 """The npu provider's default route at real vocabulary sizes on the twin: V_local >= 65536 (70 000) and Qwen's
-151 936, tiny N and D, against float64, forward and backward, for both kernel pairs. At these sizes the MIX
-backward's whole-K GEMMs read the kept dz at a row stride of V_local, beyond the 16 bits of the GM -> L1 copy's
-Nd2NzParams::srcDValue: the twin's Matmul model reports such a copy unless the Matmul config sets intrinsicsCheck
-(docs/npu-twin-rules.md), so these tests fail if FusedLceGradMix's dX / dW objects lose that config."""
+151 936, tiny N and D, against float64, forward and backward, for both kernel pairs. At these sizes a cube operand
+read at a row stride of V_local would exceed the 16 bits of the GM -> L1 copy's Nd2NzParams::srcDValue, which the
+twin's Matmul model reports (docs/npu-twin-rules.md): the MIX backward keeps dz in column chunks narrower than
+65535 (plan.keep_cols), and these tests fail if it goes back to one N x V_local matrix."""
 import pytest
 import torch
 

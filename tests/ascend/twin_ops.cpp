@@ -413,7 +413,6 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         td.hasU = has_u ? 1u : 0u;
         td.keepDz = keep_dz ? 1u : 0u;
         td.hasZCache = has_zc ? 1u : 0u;
-        TORCH_CHECK(!keep_dz || p.v < fm::kMaxKeptVocab, "fused_lce twin: keep_dz needs V_local < 2^23");
         Tensor zc = has_zc ? zcache->contiguous() : Tensor();
         const ft::HwSpec& hw = state().hw;
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -421,7 +420,7 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         td.mmDx = gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
         if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)
-            td.mmDxAll = gemm(bm, p.d, p.v, bm, p.base_d, bn, p.elt_bytes, hw);
+            td.mmDxAll = gemm(bm, p.d, mp.keep_cols, bm, p.base_d, bn, p.elt_bytes, hw);
             td.mmDwAll = gemm(bn, p.d, p.n, bn, p.base_d, bm, p.elt_bytes, hw);
         }
         const uint64_t ws_bytes = keep_dz ? mp.ws_total_keep : mp.ws_total;

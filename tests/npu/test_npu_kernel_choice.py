@@ -179,19 +179,19 @@ def test_mix_choice_equals_the_twin_provider_mix_path(twin_ops, monkeypatch, see
 
 
 @pytest.mark.parametrize("kind", ["old", "mix"])
-def test_mix_pair_declines_vocabularies_past_its_kept_dz_offsets(kind):
-    """The MIX route keeps dz and reads it through the looped GM -> L1 copy with int32 offsets V_local x row: with
-    the MIX pair (the default) the provider declines V_local >= 2^23 with a reason naming the way out, so auto falls
-    back instead of failing in the kernel; the old pair takes it."""
+def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
+    """The MIX planner carries ids as exact floats: with the MIX pair (the default) the provider declines
+    V_local >= 2^24 with a reason naming the way out, so auto falls back instead of failing in the kernel; the old
+    pair takes it."""
     from fused_lce.backends.base import Options, Problem
 
     prov = npu_ascendc.AscendCProvider("npu_choice", kernels=npu_ascendc._AdapterKernels(kind), device_types=("cpu",))
-    big = Problem(8, 8, 1 << 23, torch.bfloat16, torch.device("cpu"), False, Options())
-    ok = Problem(8, 8, (1 << 23) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
+    big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())
+    ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
     reason = prov.supports(big)
     if kind == "mix":
-        assert reason is not None and "2^23" in reason and "FUSED_LCE_NPU_KERNELS=old" in reason, reason
+        assert reason is not None and "2^24" in reason and "FUSED_LCE_NPU_KERNELS=old" in reason, reason
     else:
         assert reason is None
 

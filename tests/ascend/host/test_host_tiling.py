@@ -346,7 +346,9 @@ def mix_problems(line: str, r: dict) -> list[str]:
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
-        whole = {"mmDxAll": (bm, d, b["v"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
+        # Dz kept in column chunks of keep_cols (< 65535: the GM -> L1 copy's 16-bit row stride), dX one GEMM per chunk
+        want(e["keep_cols"] < 65535 and e["keep_cols"] % bn == 0 or e["keep_cols"] == b["v"], f"keep_cols {e}")
+        whole = {"mmDxAll": (bm, d, e["keep_cols"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
         if keep:  # the whole-K GEMMs from the kept Dz (N x V)
             gemms.update(whole)
         else:

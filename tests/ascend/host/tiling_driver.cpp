@@ -205,7 +205,8 @@ std::string mix_plan_json(const MP& m) {
 
 std::string mix_plan_json(const fm::MixGradPlan& m) {  // plus the kept-dz workspace of the one-pass modes
     std::ostringstream o;
-    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep;
+    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep
+      << ",\"keep_cols\":" << m.keep_cols;
     return o.str();
 }
 

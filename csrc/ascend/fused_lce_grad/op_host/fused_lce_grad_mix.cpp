@@ -85,10 +85,6 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     td->hasU = u.present ? 1u : 0u;
     td->keepDz = keepDz ? 1u : 0u;
     td->hasZCache = zc.present ? 1u : 0u;
-    if (keepDz && v >= fm::kMaxKeptVocab)
-        return fh::fail(ctx, "FusedLceGradMix: keep_dz needs V_local < 2^23 (the kept dz is read at row stride "
-                        "V_local by the looped GM -> L1 copy, whose int32 offset V_local x row must fit), got %llu",
-                        static_cast<unsigned long long>(v));
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -101,9 +97,10 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
         // C2, phase W: dW[nb] (base_n x D) += dz.T (base_n x base_m) @ h[m] (base_m x D)
         ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, bm, bn,
                                    p.base_d, td->mmDw);
-        if (keepDz) {  // after SyncAll, from the kept Dz (N x V): dX[m] = Dz[m rows, :] @ W (K = V) ...
-            ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d, v, bm,
-                                       p.base_d, td->mmDxAll);
+        if (keepDz) {  // after SyncAll, from the kept Dz (N x V in column chunks): dX[m] = sum over chunks of
+                       // Dz_c[m rows, :] @ W[c] (K = the chunk's width) ...
+            ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d,
+                                       plan.keep_cols, bm, p.base_d, td->mmDxAll);
             // ... and dW[nb] += Dz[:, nb cols].T @ h (K = N)
             ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, n, bn,
                                        p.base_d, td->mmDwAll);

@@ -23,24 +23,29 @@
 // fp32 dW memory: the fp32 output itself (V x D x 4 bytes, the adapter's contract); no other dW workspace.
 //
 // Two optional modes cut the GEMMs (both keep the ownership split above, so both stay deterministic):
-//   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major, nullptr = recompute): the forward's
+//   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major; tiling hasZCache): the forward's
 //     FusedLceStatsMix wrote the cube's raw tiles h W^T there (before bias / softcap / temperature, so the vector
 //     work below is unchanged and the result is bitwise that of recomputing); V1 reads its rows of the tile from it
 //     (DataCopyPad at row stride V_local) and no C1 runs in either phase.
 //   * dz kept (tiling keepDz = 1, workspace plan.ws_total_keep): phase X's V1 writes every dz tile (operand dtype)
-//     into one row-major matrix Dz (N x V_local, leading dimension V_local: tile (m, nb) at m base_m V + nb base_n,
-//     DataCopyPad at GM row stride V_local) instead of the dz ring, and db's fp32 column sums per (token block,
-//     vector core) to partials; phase X's cube runs only C1 (or nothing, with the z cache). SyncAll<false> (all cube
-//     and vector cores; asc-devkit impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only
-//     path) makes the whole Dz visible, then the cube runs whole-K GEMMs from it, one per output block:
-//     dX[m] = Dz[m rows, :] @ W (K = V_local; token blocks as in phase X) and dW[nb] += Dz[:, nb cols]^T @ h
-//     (K = N; vocabulary blocks as in phase W). A is a sub-matrix of Dz: SetOrgShape gives its leading dimension
-//     (orgKa = V_local untransposed, orgM = V_local transposed; asc-devkit docs Matmul-Kernel侧接口/SetOrgShape.md,
-//     impl/adv_api/detail/matmul/stage/copy_cube_in/base/copy_cube_in_params_base.h GetOrgWidth), and K
-//     accumulates in L0C, so every output tile leaves the fixpipe once (per tile GEMMs read-modify-write each
-//     output block n_blocks / m_blocks times through L2). dX is written (keepDz: the caller's zero fill is not
-//     read), dW added (atomic add: the caller may pass the earlier driver blocks' sum). db = the partials summed in
-//     (token block, vector core) order, from fp32 dz (not the rounded operand-dtype copy).
+//     into Dz (N x V_local) instead of the dz ring, and db's fp32 column sums per (token block, vector core) to
+//     partials; phase X's cube runs only C1 (or nothing, with the z cache). Dz is kept in column chunks of
+//     plan.keep_cols columns (a multiple of base_n below 65535), chunk c an N x width row-major matrix at
+//     c N keep_cols: the GM -> L1 copy of the Matmul library puts an operand's row stride into
+//     Nd2NzParams::srcDValue, 16 bits on dav-2201 (asc-devkit stage/copy_cube_in/copy_tile_to_cube/
+//     data_copy_wrapper_nd.h CopyND2NZ), so one N x V_local matrix (row stride V_local, >= 65535 at every real
+//     vocabulary) would be read from wrong rows by the default config. SyncAll<false> (all cube and vector cores;
+//     asc-devkit impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only path) makes the
+//     whole Dz visible, then the cube runs whole-K GEMMs from it: dX[m] = sum over chunks c of Dz_c[m rows, :] @
+//     W[c] (K = the chunk's width; the first chunk writes dX, the others add; token blocks as in phase X) and
+//     dW[nb] += Dz_c[:, nb's columns]^T @ h (K = N; vocabulary blocks as in phase W). A is a sub-matrix of a chunk:
+//     SetOrgShape gives its leading dimension (orgKa = width untransposed, orgM = width transposed; asc-devkit docs
+//     Matmul-Kernel侧接口/SetOrgShape.md, impl/adv_api/detail/matmul/stage/copy_cube_in/base/
+//     copy_cube_in_params_base.h GetOrgWidth), and K accumulates in L0C, so every output tile leaves the fixpipe
+//     once per chunk (per tile GEMMs read-modify-write each output block n_blocks / m_blocks times through L2). dX
+//     is written (keepDz: the caller's zero fill is not read), dW added (atomic add: the caller may pass the
+//     earlier driver blocks' sum). db = the partials summed in (token block, vector core) order, from fp32 dz (not
+//     the rounded operand-dtype copy).
 //   With both: fwd + bwd = 3 GEMMs of 2 N D V (z, dX, dW) instead of 5.
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
@@ -57,12 +62,6 @@ namespace {
 constexpr uint16_t kFlagFull = 5, kFlagFree = 6;      // z ring (AIC -> AIVs, AIVs -> AIC, ids 6 / 7)
 constexpr uint16_t kFlagDzReady = 8, kFlagDzFree = 9;  // dz ring (AIVs -> AIC, AIC -> AIVs, ids 9 / 10)
 enum GradSlot : uint32_t { kA = 0, kT, kB, kU, kLse, kLseFloor, kLab, kSlotsUsed };
-// The dX / dW GEMMs read the kept Dz (dz kept: row stride V_local, >= 65535 at every real vocabulary). On dav-2201
-// the GM -> L1 ND2NZ copy puts an operand's row stride into Nd2NzParams::srcDValue, 16 bits: only a config with
-// intrinsicsCheck copies such rows one by one (asc-devkit stage/copy_cube_in/copy_tile_to_cube/
-// data_copy_wrapper_nd.h CopyND2NZ; MatmulConfig.md). Below 65535 it takes the single-copy path, as the default
-// config would.
-constexpr MatmulConfig kWideRowsCfg = GetNormalConfig(true);
 static_assert(kSlotsUsed <= fm::kMixSlots, "row slots");
 }  // namespace
 
@@ -117,9 +116,13 @@ public:
         vecTiles_ = keep_ ? tasksX_ * p_->n_blocks : total_;  // tiles with V1 (and C1 without the z cache)
     }
 
-    // origin of dz tile (m, nb) in the kept row-major Dz (N x V_local)
-    __aicore__ inline GlobalTensor<T> DzKept(const TileAt& a) const {
-        return dzKeep_[a.m * p_->base_m * p_->v + a.nb * p_->base_n];
+    // The kept Dz's column chunk holding shard-local column c0: its origin, its width (its row stride) and c0's
+    // column in it.
+    __aicore__ inline void DzChunk(uint64_t c0, GlobalTensor<T>* chunk, uint64_t* width, uint64_t* col) const {
+        const uint64_t kc = mp_->keep_cols, c = c0 / kc, start = c * kc;
+        *chunk = dzKeep_[start * p_->n];
+        *width = p_->v - start < kc ? p_->v - start : kc;
+        *col = c0 - start;
     }
 
     __aicore__ inline TileAt At(uint64_t k) const {
@@ -132,10 +135,8 @@ public:
     // ---- cube core --------------------------------------------------------------------------------------------
     __aicore__ inline void ProcessCube(TPipe* pipe) {
         matmul::MatmulImpl<AType, BTransType, CType> mmZ;
-        // dz (rows x cols) @ W[nb] (cols x D); keepDz: K = V
-        matmul::MatmulImpl<AType, AType, CType, CType, kWideRowsCfg> mmDx;
-        // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
-        matmul::MatmulImpl<ATransType, AType, CType, CType, kWideRowsCfg> mmDw;
+        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D); keepDz: per chunk
+        matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
         const bool recompute = !zc_ && vecTiles_ > 0;
         if (recompute) mmZ.Init(&td_->mmZ, pipe);
         if (tasksX_ > 0 && (td_->gradMask & 1u)) mmDx.Init(keep_ ? &td_->mmDxAll : &td_->mmDx, pipe);
@@ -169,26 +170,32 @@ public:
         if (!keep_) return;
         // the whole Dz (every core's tiles) and the db partials are in the workspace
         SyncAll<false>();
-        const int d = static_cast<int>(p_->d), v = static_cast<int>(p_->v), n = static_cast<int>(p_->n);
+        const uint64_t d = p_->d, n = p_->n;
+        GlobalTensor<T> chunk;
+        uint64_t width, col;
         if (td_->gradMask & 1u) {
-            for (uint64_t i = 0; i < tasksX_; ++i) {  // dX[m] = Dz[m rows, :] @ W, K = V
+            for (uint64_t i = 0; i < tasksX_; ++i) {  // dX[m] = sum over chunks of Dz_c[m rows, :] @ W[c], K = width
                 const uint64_t m = core_ + i * cores_;
-                mmDx.SetOrgShape(n, d, v, v, d);  // A rows at stride V; B = W (V x D), C rows at stride D
-                mmDx.SetTensorA(dzKeep_[m * p_->base_m * p_->v]);
-                mmDx.SetTensorB(wGm_);
-                mmDx.SetTail(static_cast<int>(ft::block_rows(*p_, m)), d, v);
-                mmDx.IterateAll(out_[0][m * p_->base_m * p_->d], 0);
-                mmDx.End();
+                for (uint64_t c0 = 0; c0 < p_->v; c0 += mp_->keep_cols) {
+                    DzChunk(c0, &chunk, &width, &col);
+                    mmDx.SetOrgShape(n, d, width, width, d);  // A rows at stride width; B = W[c] (width x D)
+                    mmDx.SetTensorA(chunk[m * p_->base_m * width]);
+                    mmDx.SetTensorB(wGm_[c0 * d]);
+                    mmDx.SetTail(ft::block_rows(*p_, m), d, width);
+                    mmDx.IterateAll(out_[0][m * p_->base_m * d], c0 == 0 ? 0 : 1);  // the first chunk writes
+                    mmDx.End();
+                }
             }
         }
         if (td_->gradMask & 2u) {
-            for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz[:, nb cols]^T @ h, K = N
+            for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz_c[:, nb's columns]^T @ h, K = N
                 const uint64_t nb = core_ + i * cores_;
-                mmDw.SetOrgShape(v, d, n, n, d);  // A^T stored N x V (stride V); B = h (N x D)
-                mmDw.SetTensorA(dzKeep_[nb * p_->base_n], true);
+                DzChunk(nb * p_->base_n, &chunk, &width, &col);
+                mmDw.SetOrgShape(width, d, n, n, d);  // A^T stored N x width; B = h (N x D)
+                mmDw.SetTensorA(chunk[col], true);
                 mmDw.SetTensorB(hGm_);
-                mmDw.SetTail(static_cast<int>(ft::block_cols(*p_, nb)), d, n);
-                mmDw.IterateAll(out_[1][nb * p_->base_n * p_->d], 1);
+                mmDw.SetTail(ft::block_cols(*p_, nb), d, n);
+                mmDw.IterateAll(out_[1][nb * p_->base_n * d], 1);
                 mmDw.End();
             }
         }
@@ -273,8 +280,11 @@ public:
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
                 const LocalTensor<T>& src = DzOut();
-                if (keep_) {  // rows of base_n in UB -> Dz rows at stride V_local
-                    StoreRows(DzKept(a)[r0 * p_->v], src, rows, cols, p_->base_n, p_->v);
+                if (keep_) {  // rows of base_n in UB -> the Dz chunk's rows at stride its width
+                    GlobalTensor<T> chunk;
+                    uint64_t width, col;
+                    DzChunk(c0, &chunk, &width, &col);
+                    StoreRows(chunk[row0 * width + col], src, rows, cols, p_->base_n, width);
                 } else {
                     DataCopy(dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
                              rows * p_->base_n);
