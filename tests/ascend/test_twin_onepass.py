@@ -169,10 +169,12 @@ def test_onepass_workspace_formula(ops, part):
     al = lambda x: -(-x // 512) * 512  # noqa: E731
     for n, d, v, elt in [(8192, 4096, 151936, 2), (1000, 256, 5003, 4), (37, 45, 301, 2)]:
         for flags in (0, 1):
-            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb = ops._twin_plan_grad(n, d, v, elt, flags)
+            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad(n, d, v, elt, flags)
             assert st == 0
             assert mb == -(-n // bm) and nb == -(-v // bn)
             assert ws_keep == ws + al(n * v * elt) + (al(2 * mb * v * 4) if flags else 0)
+            # Dz kept in column chunks whose row stride fits the GM -> L1 copy's 16-bit srcDValue
+            assert keep_cols == min(v, 65534 // bn * bn) and keep_cols % bn == 0 or keep_cols == v
 
 
 @pytest.fixture

@@ -337,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mi
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasZCache = keep_z ? 1u : 0u;
         td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
-        fm::keep_a_resident(mp, state().hw.l1_bytes, &td.mmLogits);  // as op_host
+        fm::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes);  // as op_host
         vary_tiling(td.mmLogits, p.elt_bytes);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
         const GmKernel13 k = pick_mix(h.scalar_type(), y.scalar_type());
@@ -417,8 +417,12 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         const ft::HwSpec& hw = state().hw;
         const uint32_t bm = p.base_m, bn = p.base_n;
         td.mmZ = gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
-        td.mmDx = gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
-        td.mmDw = gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
+        td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
+        td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
+        fm::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);  // as op_host
+        fm::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);
+        vary_tiling(td.mmDx, p.elt_bytes);
+        vary_tiling(td.mmDw, p.elt_bytes);
         if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)
             td.mmDxAll = gemm(bm, p.d, mp.keep_cols, bm, p.base_d, bn, p.elt_bytes, hw);
             td.mmDwAll = gemm(bn, p.d, p.n, bn, p.base_d, bm, p.elt_bytes, hw);
@@ -546,7 +550,7 @@ std::vector<int64_t> twin_plan_grad(int64_t n, int64_t d, int64_t v, int64_t elt
     return {m.status, m.base.base_m, m.base.base_n, m.base.base_d, m.base.used_cores,
             static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes),
             static_cast<int64_t>(m.ws_total_keep), static_cast<int64_t>(m.base.m_blocks),
-            static_cast<int64_t>(m.base.n_blocks)};
+            static_cast<int64_t>(m.base.n_blocks), static_cast<int64_t>(m.keep_cols)};
 }
 
 }  // namespace

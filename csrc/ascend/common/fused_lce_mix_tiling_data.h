@@ -56,23 +56,25 @@ struct FusedLceGradMixTilingData {
 
 namespace fused_lce {
 namespace mix {
-// FusedLceStatsMix's cube runs one Iterate sequence per task (a token block against its vocabulary segment). With
-// the Norm template, ORDER_M and one M tile, A (the block's hidden rows) stays in L1 for a group of stepN tiles when
-// its buffer holds the whole K (depthA1 >= kIter * stepM: the "k full load" of asc-devkit
-// resource/cube_in_buffer/cube_in_buffer_normal.h; A is reset after each N group, scheduler_norm_base.h
-// MoveOnIterateOrderM). Where A (base_m x K) and B's double buffer fit L1, this sets depthA1 = kIter and stepN = the
-// segment's tiles, so h is copied in once per task instead of once per tile; otherwise the tiling is left as
-// GetTiling returned it. (ops-nn sets tiling fields after GetTiling the same way, e.g. weight_quant_batch_matmul_v2's
-// stepN / depthB1.) The kernel is correct for any legal values: the tests run it under a grid of them.
-inline void keep_a_resident(const MixPlan& plan, uint64_t l1_bytes, AscendC::tiling::TCubeTiling* t) {
-    const ft::Plan& p = plan.base;
-    if (t->baseK <= 0 || t->baseM <= 0 || t->baseN <= 0) return;
-    const uint64_t bk = static_cast<uint64_t>(t->baseK), kiter = ft::ceil_div(p.d, bk);
-    const uint64_t need = (static_cast<uint64_t>(t->baseM) * kiter + 2ull * t->baseN) * bk * p.elt_bytes;
-    if (need > l1_bytes || p.seg_blocks > 0x7fffffffull) return;
+// Keeps a GEMM's A in L1 across its N tiles. With the Norm template, ORDER_M and one M tile, A stays in L1 for a
+// group of stepN N tiles when its buffer holds the whole K (depthA1 >= kIter * stepM: the "k full load" of asc-devkit
+// resource/cube_in_buffer/cube_in_buffer_normal.h; A is reset after each N group, scheduler/base/
+// scheduler_norm_base.h MoveOnIterateOrderM). Where A (baseM x K) and B's double buffer fit L1, this sets
+// depthA1 = kIter and stepN = n_tiles, so A is copied in once instead of once per N tile; otherwise the tiling is left
+// as GetTiling returned it. (ops-nn sets tiling fields after GetTiling the same way, e.g. weight_quant_batch_matmul_v2's
+// stepN / depthB1.) The kernels are correct for any legal values: the tests run them under a grid of them. Used for
+//   * FusedLceStatsMix's mmLogits: one Iterate sequence per task, A = the token block's hidden rows, the N tiles the
+//     segment's vocabulary blocks (A fits L1 for D up to about 1.5 K at base_m 128, bf16);
+//   * FusedLceGradMix's per-tile mmDx / mmDw: A = the dz tile (K = base_n or base_m), the N tiles D's columns.
+inline void keep_a_resident(AscendC::tiling::TCubeTiling* t, uint64_t k, uint64_t n_tiles, uint32_t elt,
+                            uint64_t l1_bytes) {
+    if (t->baseK <= 0 || t->baseM <= 0 || t->baseN <= 0 || n_tiles == 0 || n_tiles > 0x7fffffffull) return;
+    const uint64_t bk = static_cast<uint64_t>(t->baseK), kiter = ft::ceil_div(k, bk);
+    const uint64_t need = (static_cast<uint64_t>(t->baseM) * kiter + 2ull * t->baseN) * bk * elt;
+    if (need > l1_bytes || kiter > 0x7fffffffull) return;
     t->stepM = 1;
     t->depthA1 = static_cast<int32_t>(kiter);
-    t->stepN = static_cast<int32_t>(p.seg_blocks);
+    t->stepN = static_cast<int32_t>(n_tiles);
     t->depthB1 = 2;
     t->iterateOrder = 0;
     t->shareL1Size = static_cast<int32_t>(need);

@@ -301,6 +301,16 @@ def mix_grid(op: str, count: int, rng: random.Random) -> list[str]:
     return out
 
 
+def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
+    """(ok, message): a GEMM's A is kept in L1 over its n_tiles N tiles (depthA1 = kIter, stepN = n_tiles) where A's
+    whole K and B's double buffer fit L1, and the tiling is left alone (A not resident) otherwise."""
+    kiter = -(-k // t["baseK"])
+    fits = (t["baseM"] * kiter + 2 * t["baseN"]) * t["baseK"] * elt <= l1
+    kept = (t["depthA1"], t["stepN"], t["depthB1"], t["stepM"], t["iterateOrder"])
+    ok = kept == (kiter, n_tiles, 2, 1, 0) if fits else t["depthA1"] < kiter * t["stepM"]
+    return ok, f"{name} L1 residency {kept}, fits={fits}"
+
+
 def mix_problems(line: str, r: dict) -> list[str]:
     """Every way the MIX tiling's result disagrees with the planner of fused_lce_mix_tiling.h (what the twin kernels
     run with) and what the kernels and the runtime need."""
@@ -343,6 +353,10 @@ def mix_problems(line: str, r: dict) -> list[str]:
         want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
         want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
+        if b["n"] > 0:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
+            dcols = -(-d // b["base_d"])
+            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx"))
+            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw"))
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
@@ -359,13 +373,8 @@ def mix_problems(line: str, r: dict) -> list[str]:
         want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']}")
         want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
-        t = r["mmLogits"]
-        if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment where A's whole K and B's double buffer fit
-            kiter = -(-d // t["baseK"])
-            fits = (t["baseM"] * kiter + 2 * t["baseN"]) * t["baseK"] * b["elt_bytes"] <= r["l1_bytes"]
-            kept = (t["depthA1"], t["stepN"], t["depthB1"], t["stepM"], t["iterateOrder"])
-            want(kept == (kiter, b["seg_blocks"], 2, 1, 0) if fits else t["depthA1"] < kiter,
-                 f"mmLogits L1 residency {kept}, fits={fits}")
+        if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment
+            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits"))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
             want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
     for name, (m_, n_, k_, tbm, tbn) in gemms.items():

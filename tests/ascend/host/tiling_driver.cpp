@@ -230,7 +230,7 @@ void run_mix_case(const Case& c) {
         if (grad) {
             const fm::MixGradPlan e = fm::plan_grad(n, d, v, elt, flags, expected_hw(c.part));
             o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_dz\":" << e.ws_dz
-              << ",\"ws_db\":" << e.ws_db << "}";
+              << ",\"ws_db\":" << e.ws_db << "},\"l1_bytes\":" << expected_hw(c.part).l1_bytes;
             if (ok) {
                 FusedLceGradMixTilingData td;
                 std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);

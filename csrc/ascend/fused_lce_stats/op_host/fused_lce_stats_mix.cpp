@@ -73,7 +73,7 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
     if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
         return fh::fail(ctx, "FusedLceStatsMix: the Matmul API found no tiling");
-    if (p.n > 0) fm::keep_a_resident(plan, fh::hw_spec(plat).l1_bytes, &td->mmLogits);
+    if (p.n > 0) fm::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
 }
 
