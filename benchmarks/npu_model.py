@@ -1,12 +1,14 @@
 """Performance model of the AscendC kernels on an Atlas A2 (910B), from work counted on the CPU twin.
 
 Nothing here ran on an NPU. The twin (csrc/ascend/twin) counts, per core and launch, vector instructions and the UB
-bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes and cube FLOPs (fused_lce::_twin_counters).
-Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile vector work is counted on
-small shapes with the same tile as the 910B plan of the big shape (one AI core, one token block, two and four
-vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the big shape's
-tile count per core; cube FLOPs and operand / workspace bytes per tile are analytic (the twin's counts at the small
-shape are checked against the same formulas). Time per kernel:
+bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes, cube FLOPs and the cube's GM -> L1
+operand bytes (fused_lce::_twin_counters; which operand tiles stay in L1 as the Matmul library's buffers allow,
+docs/npu-twin-rules.md). Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile work
+is counted on small shapes with the same tile and D as the 910B plan of the big shape (one AI core, one token block,
+two and four vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the
+big shape's tile count; cube FLOPs and ring / workspace bytes per tile are analytic (the twin's FLOPs at the small
+shape are checked against the same formula). The cube's operand bytes go through L2 and bound every pass below with
+the other L2 traffic. Time per kernel:
   * old (FusedLceStats / FusedLceGrad): each vector core drives a synchronous Matmul client, so cube and vector time
     add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks being accumulated
     by the 24 cores fit its 192 MB; atomic contention is not modelled);
@@ -40,7 +42,7 @@ A2's 2.5 PFLOPS for 8 NPUs gives 313, i.e. a lower sustained clock or fewer core
 figures only a 910B can confirm, and every ratio below is to a floor at the same peak.)
 Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
 of issue / barrier overhead per vector instruction, SCALAR_CYCLES per scalar operation, fp32 cube at 1/4 of the bf16
-rate, no other stalls.
+rate, the cube's operand copies at L2's aggregate bandwidth (no per-core MTE2 limit), no other stalls.
 
 Run: python benchmarks/npu_model.py  (writes benchmarks/results/npu_model.json and .md)
 """

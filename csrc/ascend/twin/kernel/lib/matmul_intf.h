@@ -20,7 +20,11 @@
 //     orgM when transposed; B is (Kb, N) with stride orgN, or (N, Kb) with stride orgKb when transposed;
 //   * scheduler_norm_base.h: iterateOrder 0 (ORDER_M) walks N inside M.
 // The cube computes in float32: products of bf16 / fp16 operands are exact, sums run in K order (the hardware's
-// order inside a fractal is not modelled). Capacities of L0A / L0B / L0C / L1 are checked against the tiling.
+// order inside a fractal is not modelled). Also modelled, each rule with its probe (docs/npu-twin-rules.md): the
+// MatmulConfig field set (Norm / MDL, intrinsicsCheck); every operand copy's Nd2NzParams and every output copy's
+// fixpipe params as the library builds them, checked against their field widths; the tiling checks of CheckTiling;
+// the real iterate order; the overlay of a cube core's objects in L1 / L0C (End() between two objects' use); which
+// operand tiles stay in L1, and the cube's GM -> L1 bytes (a counter of the performance model).
 #ifndef FUSED_LCE_TWIN_MATMUL_INTF_H_
 #define FUSED_LCE_TWIN_MATMUL_INTF_H_
 

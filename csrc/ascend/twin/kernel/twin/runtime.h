@@ -16,7 +16,9 @@
 //       - GM: out-of-allocation accesses, writes to inputs, same-core ordering between pipes, cross-core races (an
 //         access conflicting with another core's access that no SyncAll / cross-core flag orders before it, float
 //         atomic adds commute), deadlocks and cross-core flags left unmatched at the end;
-//       - API contracts: 32-byte alignment, lengths against LocalTensor::GetSize(), capacities, round modes.
+//       - API contracts: 32-byte alignment, lengths against LocalTensor::GetSize(), capacities, round modes;
+//       - field widths: every parameter struct field keeps the full value assigned (twin::Field) and the call
+//         checks it against CANN's type and documented range (field_value; docs/npu-twin-rules.md).
 #ifndef FUSED_LCE_TWIN_RUNTIME_H_
 #define FUSED_LCE_TWIN_RUNTIME_H_
 
