@@ -587,6 +587,12 @@ using MmB = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
 using MmC = MatmulType<TPosition::VECIN, CubeFormat::ND, float>;
 
 // ---- field widths and the Matmul model's rules (docs/npu-twin-rules.md) ------------------------------------------
+// Declares the MIX kernel type and says whether this is the cube core (the cube probes run there only).
+bool on_cube() {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    return ASCEND_IS_AIC;
+}
+
 // A GM buffer of its own for the probes that need a wide operand: kWideLd floats per row of A.
 constexpr int kWideLd = 70000, kWideFloats = 80000;
 GM_ADDR g_wide = nullptr;
@@ -602,12 +608,9 @@ constexpr MatmulConfig kProbeLoopedCfg = GetNormalConfig(true);
 constexpr int kWideB = kWideLd + 2 * kT;
 template <const MatmulConfig& CFG>
 void mm_wide_stride(int ld) {
-    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    if ASCEND_IS_AIV return;
+    if (!on_cube()) return;
     TPipe pipe;
-    using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-    using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
-    MatmulImpl<A, BT, A, A, CFG> mm;
+    MatmulImpl<MmA, MmB, MmA, MmA, CFG> mm;
     tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
     mm.Init(&t, &pipe);
     mm.SetOrgShape(2, kT, ld, kT, kT);
@@ -629,12 +632,9 @@ void mm_wide_stride(int ld) {
 // sum, more than L1; the largest fits) used one after the other with End() between: clean. bug 1: the second object
 // is used while the first has not called End().
 void mm_overlay(int bug) {
-    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    if ASCEND_IS_AIV return;
+    if (!on_cube()) return;
     TPipe pipe;
-    using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-    using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
-    MatmulImpl<A, BT, A> mm[3];
+    MatmulImpl<MmA, MmB, MmA> mm[3];
     tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
     t.depthA1 = t.depthB1 = 256;  // (256 * 16 * 8 + 256 * 16 * 8) * 4 bytes = 256 KiB
     for (auto& m : mm) m.Init(&t, &pipe);
@@ -651,13 +651,10 @@ void mm_overlay(int bug) {
 // SetTensorA per tile, or a depthA1 below kIter, copies it for every tile (copy_cube_in_norm.h SetInput resets the
 // A buffer; cube_in_buffer_normal.h "k full load").
 void mm_l1_reuse() {
-    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    if ASCEND_IS_AIV return;
+    if (!on_cube()) return;
     TPipe pipe;
-    using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-    using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
     constexpr int kK64 = 64, kTiles = 4, kTileBytes = kT * kK64 * 4;
-    MatmulImpl<A, BT, A> mm;
+    MatmulImpl<MmA, MmB, MmA> mm;
     tiling::TCubeTiling t = mm_tiling(kT, kT, kK64, kT, kT, 8);
     t.depthA1 = kK64 / 8, t.depthB1 = 2, t.stepN = kTiles;
     mm.Init(&t, &pipe);
@@ -700,12 +697,9 @@ void absent_by_address(GM_ADDR optional) {
 // tiles; scheduler_norm_base.h MoveOnIterateOrderM). 2 x 2 tiles of 16 x 16, stepN 1: (0,0) (1,0) (0,1) (1,1); each
 // tile goes to its own GM slot with sequential write and carries its (m, n) in a marker column of A / B.
 void mm_iterate_order() {
-    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    if ASCEND_IS_AIV return;
+    if (!on_cube()) return;
     TPipe pipe;
-    using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-    using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
-    MatmulImpl<A, BT, A> mm;
+    MatmulImpl<MmA, MmB, MmA> mm;
     tiling::TCubeTiling t = mm_tiling(2 * kT, 2 * kT, 8, kT, kT, 8);
     mm.Init(&t, &pipe);
     mm.SetTensorA(gwide());  // 32 x 8 at stride 8
@@ -778,32 +772,26 @@ void field_probes(std::map<std::string, Probe>& p) {
         ReduceRepeat<ReduceType::SUM, float, float>(t, t, 64, 1, 1, 1, 70000);
     }};
     p["cube_shape_arg_int32"] = {1, 2, [](auto&, auto&) {  // SetTail takes int: 2^31 does not fit
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        MatmulImpl<A, A, A> mm;
+        MatmulImpl<MmA, MmA, MmA> mm;
         tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
         mm.Init(&t, &pipe);
         const uint64_t k = 1ull << 31;
         mm.SetTail(kT, kT, k);
     }};
     p["cube_tiling_depth_zero"] = {1, 2, [](auto&, auto&) {  // matmul_shape_tiling.h NumericalValidCheck
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        MatmulImpl<A, A, A> mm;
+        MatmulImpl<MmA, MmA, MmA> mm;
         tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
         t.depthA1 = 0;
         mm.Init(&t, &pipe);
     }};
     p["cube_tiling_l0_double_buffer"] = {1, 2, [](auto&, auto&) {  // ShapeValidCheck: dbL0A = dbL0B = 2 doubles L0A
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        MatmulImpl<A, A, A> mm;
+        MatmulImpl<MmA, MmA, MmA> mm;
         tiling::TCubeTiling t = mm_tiling(128, 128, 128, 128, 128, 128);  // 64 KiB of L0A once, 128 KiB twice
         t.dbL0A = t.dbL0B = 2;
         mm.Init(&t, &pipe);
@@ -811,12 +799,9 @@ void field_probes(std::map<std::string, Probe>& p) {
     // the fixpipe's nSize (the C tile's width) is 12 bits: a 4112-wide tile, only possible on a part with 4x the
     // 910B's L0B / L0C (the 910B's L0C bounds baseM x baseN first)
     p["cube_fixpipe_nsize"] = {1, 2, [](auto&, auto&) {
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
-        MatmulImpl<A, BT, A> mm;
+        MatmulImpl<MmA, MmB, MmA> mm;
         tiling::TCubeTiling t = mm_tiling(kT, 4112, 8, kT, 4112, 8);
         mm.Init(&t, &pipe);
         mm.SetTensorA(gwide());
@@ -838,12 +823,9 @@ void field_probes(std::map<std::string, Probe>& p) {
                     DataCopyPadExtParams<float>(true, left, 0, 0.0f));
     }};
     p["cube_looped_copy_offset"] = {1, 2, [](auto&, auto&) {  // intrinsicsCheck's loop: int32 offset gCol * row
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        using BT = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
-        MatmulImpl<A, BT, A, A, kProbeLoopedCfg> mm;
+        MatmulImpl<MmA, MmB, MmA, MmA, kProbeLoopedCfg> mm;
         tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
         mm.Init(&t, &pipe);
         mm.SetOrgShape(kT, kT, 1 << 28, kT, kT);  // 15 rows of 2^28 elements: offsets past 2^31
@@ -852,11 +834,9 @@ void field_probes(std::map<std::string, Probe>& p) {
         mm.IterateAll(gout());
     }};
     p["cube_mdl_depth_not_a_step_multiple"] = {1, 2, [](auto&, auto&) {  // DepthCheck (MDL)
-        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-        if ASCEND_IS_AIV return;
+        if (!on_cube()) return;
         TPipe pipe;
-        using A = MatmulType<TPosition::GM, CubeFormat::ND, float>;
-        MatmulImpl<A, A, A, A, CFG_MDL> mm;
+        MatmulImpl<MmA, MmA, MmA, MmA, CFG_MDL> mm;
         tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
         t.stepKa = 2, t.depthA1 = 3;
         mm.Init(&t, &pipe);
