@@ -22,6 +22,7 @@
 #ifndef FUSED_LCE_TWIN_RUNTIME_H_
 #define FUSED_LCE_TWIN_RUNTIME_H_
 
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -108,10 +109,16 @@ inline int64_t field_value(const Loc& loc, const char* api, const char* name, co
 
 // The GM address the twin's launchers pass for an absent optional argument: never null (CANN does not promise null
 // for an absent optional; ops-nn switches optional outputs by attribute / tiling) and never registered, so a kernel
-// that took a non-null address for presence and accessed it is reported.
+// that took a non-null address for presence and accessed it is reported. It starts a reserved, inaccessible span of
+// address space, so that an access at any offset from it is recognised as such.
+constexpr uint64_t kAbsentSpan = 1ull << 36;
 inline uint8_t* absent_placeholder() {
-    alignas(64) static uint8_t slot[64];
-    return slot;
+    static uint8_t* base = [] {
+        void* p = mmap(nullptr, kAbsentSpan, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        alignas(64) static uint8_t fallback[64];
+        return p == MAP_FAILED ? fallback : static_cast<uint8_t*>(p);
+    }();
+    return base;
 }
 
 // ---- pipes and call-site table ---------------------------------------------------------------------------------
@@ -520,9 +527,10 @@ inline Region* find_region(uintptr_t a) {
 }
 inline std::string gm_describe(uintptr_t a) {
     const uintptr_t ph = reinterpret_cast<uintptr_t>(absent_placeholder());
-    if (a >= ph && a < ph + 64)
-        return "the placeholder address of an absent optional argument (presence must come from the tiling, not "
-               "from a null address)";
+    if (a >= ph && a < ph + kAbsentSpan)
+        return format("the placeholder address of an absent optional argument + %llu (presence must come from the "
+                      "tiling, not from a null address)",
+                      static_cast<unsigned long long>(a - ph));
     Region* g = find_region(a);
     if (g) return format("%s+%llu", g->name.c_str(), static_cast<unsigned long long>(a - g->start));
     // nearest region below, to explain overruns
