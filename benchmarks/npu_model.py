@@ -60,7 +60,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "ascend"))
 import twin_build  # noqa: E402
 
-from fused_lce.backends import npu as npu_provider  # noqa: E402
+from fused_lce.backends.npu import provider as npu_provider  # noqa: E402
 from fused_lce.tools.bench import environment  # noqa: E402
 
 # ---- 910B figures (see the module docstring for sources) --------------------------------------------------------

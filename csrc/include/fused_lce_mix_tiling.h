@@ -168,7 +168,7 @@ struct MixGradPlan {
 
 // Workspace bytes of the dz-kept mode beyond plan_grad's ws_total (the formula plan_grad fills in):
 //   align512(n x v x elt) + (bias ? align512(2 ceil(n / base_m) v 4) : 0)
-// (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu.py). Dz's column chunks
+// (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu/provider.py). Dz's column chunks
 // (keep_cols) tile the same n x v elements.
 inline void plan_keep_dz(MixGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, bool bias) {
     const ft::Plan& p = m->base;

@@ -8,7 +8,7 @@
 //                             driver's per-token coefficients, (4, N) float32)
 //   fused_lce::_npu_stats_mix -> aclnnFusedLceStatsMix, fused_lce::_npu_grads_mix -> aclnnFusedLceGradMix: the
 //                             cube-driven MIX kernels (deterministic backward), the contracts of the twin's
-//                             _twin_stats_mix / _twin_grads_mix; fused_lce/backends/npu.py picks old or mix
+//                             _twin_stats_mix / _twin_grads_mix; fused_lce/backends/npu/kernels.py picks old or mix
 //
 // Both are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run

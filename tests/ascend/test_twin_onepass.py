@@ -275,7 +275,7 @@ def test_provider_token_block_bound_and_fallback():
     """token_block: one block without the capability; with it, rows x V x (4 + elt) (keep) or rows x V x elt within
     the tile budget, a multiple of 128 when >= 128 rows fit, at least 1 row; the default budget when 0."""
     from fused_lce.core import Options, Problem
-    from fused_lce.backends.npu import DEFAULT_TILE_BYTES, AscendCProvider
+    from fused_lce.backends.npu.provider import DEFAULT_TILE_BYTES, AscendCProvider
 
     def prob(n, v, dtype, tile_bytes):
         return Problem(n, 64, v, dtype, torch.device("cpu"), False, Options(tile_bytes=tile_bytes))

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from fused_lce.backends import npu as npu_backend
+from fused_lce.backends.npu.kernels import AdapterKernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -60,9 +60,9 @@ def counters() -> list[dict]:
     return [dict(zip(COUNTERS, c[i:i + k])) for i in range(0, len(c), k)]
 
 
-class TwinKernels(npu_backend._AdapterKernels):
-    """The kernels on the twin behind the interface the "npu" backend calls: ``fused_lce.backends.npu``'s
-    ``_AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
+class TwinKernels(AdapterKernels):
+    """The kernels on the twin behind the interface the "npu" backend calls: ``fused_lce.backends.npu.kernels``
+    ``AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
     provider.
 
     ``kernels="mix"`` runs the cube-driven FusedLceStatsMix / FusedLceGradMix with their one-pass modes

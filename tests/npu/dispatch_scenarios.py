@@ -30,8 +30,7 @@ ASSERT_NO_TORCH_NPU_AT_IMPORT = "torch_npu" not in sys.modules
 
 import torch_npu  # noqa: E402  (the fake)
 from fused_lce.core import registry  # noqa: E402
-from fused_lce.backends import npu as npu_ascendc  # noqa: E402
-from fused_lce.backends import npu_cann  # noqa: E402
+from fused_lce.backends.npu import cann as npu_cann, kernels as npu_kernels, provider as npu_provider  # noqa: E402
 from fused_lce.core.formulas import reference_loss  # noqa: E402
 from npu_sim import NpuMode, NpuTensor, cpu  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
@@ -142,7 +141,7 @@ def import_and_backend_info():
     npu = info["npu"]
     assert not npu["available"], npu
     assert "custom OPP package 'fused_lce' not found at ASCEND_CUSTOM_OPP_PATH" in npu["reason"], npu["reason"]
-    assert npu["reason"].endswith(npu_ascendc.STATUS) and "not run on NPU hardware" in npu["reason"], npu
+    assert npu["reason"].endswith(npu_provider.STATUS) and "not run on NPU hardware" in npu["reason"], npu
     assert info["npu_cann"]["available"], info["npu_cann"]
     assert info["auto"]["npu"] == "npu_cann", info["auto"]
 
@@ -233,7 +232,7 @@ def env_override_and_explicit_backends():
 @scenario
 def first_failing_step_is_reported():
     def reasons():
-        npu_ascendc.PROVIDER.reset()
+        npu_provider.PROVIDER.reset()
         info = fused_lce.backend_info()
         return info["npu"]["reason"] or "", info["npu_cann"]["reason"] or ""
 
@@ -261,7 +260,7 @@ def first_failing_step_is_reported():
         del os.environ["FAKE_NPU_DEVICES"]
     # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the MIX kernels
     # (the default, or FUSED_LCE_NPU_KERNELS=mix) their symbols are required too, and a bad value is the reason
-    old, mix = npu_ascendc.ACLNN_SYMBOLS, npu_ascendc.MIX_ACLNN_SYMBOLS
+    old, mix = npu_kernels.ACLNN_SYMBOLS, npu_kernels.MIX_ACLNN_SYMBOLS
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
         for k, (syms, kernels, expect) in enumerate((
@@ -285,7 +284,7 @@ def first_failing_step_is_reported():
             finally:
                 del os.environ["ASCEND_CUSTOM_OPP_PATH"]
                 del os.environ["FUSED_LCE_NPU_KERNELS"]
-    npu_ascendc.PROVIDER.reset()
+    npu_provider.PROVIDER.reset()
 
 
 @scenario
@@ -294,7 +293,7 @@ def own_kernels_first_when_available():
     option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
     kernels = TwinKernelsOnSimulatedNpu()
     counted = kernels.counted
-    registry.register(npu_ascendc.AscendCProvider("npu", kernels=kernels))
+    registry.register(npu_provider.AscendCProvider("npu", kernels=kernels))
     try:
         assert fused_lce.backend_info()["auto"]["npu"] == "npu"
         for dtype, opts, tol in ((torch.bfloat16, dict(label_smoothing=0.1, z_loss=1e-3, softcap=8.0), 1e-2),

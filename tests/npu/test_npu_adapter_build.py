@@ -78,7 +78,7 @@ def _schemas(path: str, prefix: str) -> dict:
 
 def test_mix_adapter_ops_have_the_twin_ops_contracts():
     """_npu_stats_mix / _npu_grads_mix take exactly the arguments of the twin's _twin_stats_mix / _twin_grads_mix,
-    so fused_lce/backends/npu.py calls both alike (the twin provider runs the same Python over the twin ops)."""
+    so fused_lce/backends/npu/kernels.py calls both alike (the twin provider runs the same Python over the twin ops)."""
     adapter = _schemas(os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp"), "_npu_")
     twin = _schemas(os.path.join(ROOT, "tests", "ascend", "twin_ops.cpp"), "_twin_")
     assert {"stats", "grads", "stats_mix", "grads_mix"} <= set(adapter)

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 import fused_lce
-from fused_lce.backends import npu as npu_ascendc
-from fused_lce.backends import npu_cann
+from fused_lce.backends.npu import cann as npu_cann, env as npu_env, provider as npu_provider
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
@@ -45,7 +44,7 @@ def test_this_host_reports_the_first_failing_step():
         pytest.skip("a torch_npu is imported in this process")
     info = fused_lce.backend_info()
     assert info["npu"]["reason"].startswith("torch_npu is not importable")
-    assert info["npu"]["reason"].endswith(npu_ascendc.STATUS)
+    assert info["npu"]["reason"].endswith(npu_provider.STATUS)
     assert info["npu_cann"]["reason"].startswith("torch_npu is not importable")
 
 
@@ -91,7 +90,7 @@ def test_find_custom_opp(tmp_path):
     (lib / "libcust_opapi.so").write_bytes(b"")
     other = tmp_path / "vendors" / "someone_else"
     env = {"ASCEND_CUSTOM_OPP_PATH": f"{other}:{tmp_path / 'vendors' / 'fused_lce'}"}
-    path, _ = npu_ascendc.find_custom_opp(env)
+    path, _ = npu_env.find_custom_opp(env)
     assert path == str(lib / "libcust_opapi.so")
-    assert npu_ascendc.find_custom_opp({"ASCEND_CUSTOM_OPP_PATH": str(other)})[0] is None
-    assert npu_ascendc.find_custom_opp({"ASCEND_OPP_PATH": str(tmp_path)})[0] == path
+    assert npu_env.find_custom_opp({"ASCEND_CUSTOM_OPP_PATH": str(other)})[0] is None
+    assert npu_env.find_custom_opp({"ASCEND_OPP_PATH": str(tmp_path)})[0] == path

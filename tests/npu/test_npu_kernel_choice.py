@@ -1,4 +1,4 @@
-"""The "npu" provider's kernel choice (fused_lce/backends/npu.py ``_AdapterKernels``, env FUSED_LCE_NPU_KERNELS):
+"""The "npu" provider's kernel choice (fused_lce/backends/npu/kernels.py ``AdapterKernels``, env FUSED_LCE_NPU_KERNELS):
 "old" (FusedLceStats / FusedLceGrad) or "mix" (FusedLceStatsMix / FusedLceGradMix). The adapter's ops
 (``_npu_*``) have exactly the twin ops' schemas (tests/npu/test_npu_adapter_build.py), so the twin's ``_twin_*`` ops
 stand behind the adapter's names here: the provider's real Python path -- the kernel selection and, for "mix", the
@@ -15,20 +15,20 @@ import torch
 
 import fused_lce
 from fused_lce.core import registry
-from fused_lce.backends import npu as npu_ascendc
+from fused_lce.backends.npu import kernels as npu_kernels, provider as npu_provider
 from fused_lce.core.formulas import reference_loss
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ascend"))
 
 
 def test_kernel_choice_default_and_env():
-    assert npu_ascendc.DEFAULT_KERNELS == "mix" and npu_ascendc.kernel_choice({}) == "mix"
-    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": " old "}) == "old"
-    assert npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "mix"
+    assert npu_kernels.DEFAULT_KERNELS == "mix" and npu_kernels.kernel_choice({}) == "mix"
+    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": " old "}) == "old"
+    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "mix"
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS: expected one of"):
-        npu_ascendc.kernel_choice({"FUSED_LCE_NPU_KERNELS": "MIX"})
+        npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": "MIX"})
     with pytest.raises(ValueError, match="kind: expected one of"):
-        npu_ascendc._AdapterKernels(kind="cube")
+        npu_kernels.AdapterKernels(kind="cube")
 
 
 class Recorder:
@@ -53,7 +53,7 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     coefs = torch.randn(4, n, generator=g, dtype=torch.float64)
     lse = torch.randn(n, generator=g, dtype=torch.float64)
     rec = Recorder()
-    k = npu_ascendc._AdapterKernels(ops=rec)  # follows the env at every call
+    k = npu_kernels.AdapterKernels(ops=rec)  # follows the env at every call
     for kind in ("old", "mix"):
         monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
         k.stats(h, w, None, y, 3, 2.5, True, 0.75, False)
@@ -72,7 +72,7 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS"):
         k.stats(h, w, None, y, 0, 0.0, False, 1.0, False)
     assert len(rec.calls) == 4  # nothing launched on a bad value
-    fixed = npu_ascendc._AdapterKernels(kind="mix", ops=rec)
+    fixed = npu_kernels.AdapterKernels(kind="mix", ops=rec)
     fixed.stats(h, w, None, y, 0, 0.0, False, 1.0, False)  # a fixed kind ignores the env
     assert rec.calls[-1][0] == "_npu_stats_mix"
 
@@ -117,7 +117,7 @@ def _run(backend, h, w, b, y, **opts):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
 def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_ops, monkeypatch, seed):
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_ascendc.AscendCProvider("npu_adapter_twin", kernels=npu_ascendc._AdapterKernels(ops=shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(ops=shim),
                                                   device_types=("cpu",)))
     monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
     try:
@@ -150,10 +150,10 @@ def test_mix_choice_equals_the_twin_provider_mix_path(twin_ops, monkeypatch, see
     import twin_build
 
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_ascendc.AscendCProvider("npu_adapter_twin", kernels=npu_ascendc._AdapterKernels("mix", shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels("mix", shim),
                                                   device_types=("cpu",)))
     twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3, kernels="mix")
-    registry.register(npu_ascendc.AscendCProvider("npu_twin_mix", kernels=twin, device_types=("cpu",)))
+    registry.register(npu_provider.AscendCProvider("npu_twin_mix", kernels=twin, device_types=("cpu",)))
     try:
         g = torch.Generator().manual_seed(seed)
         n, d, v = 29, 24, 270
@@ -185,7 +185,7 @@ def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
     pair takes it."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_ascendc.AscendCProvider("npu_choice", kernels=npu_ascendc._AdapterKernels(kind), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(kind), device_types=("cpu",))
     big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())
     ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
@@ -202,7 +202,7 @@ def test_both_pairs_decline_a_hidden_size_past_the_copy_stride_field(kind):
     bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_ascendc.AscendCProvider("npu_choice", kernels=npu_ascendc._AdapterKernels(kind), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(kind), device_types=("cpu",))
     assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False, Options())) is None
     reason = prov.supports(Problem(8, 65535, 100, torch.bfloat16, torch.device("cpu"), False, Options()))
     assert reason is not None and "srcDValue" in reason and "65535" in reason, reason

@@ -33,7 +33,7 @@ def _worker(rank, world, port, seed):
 
         from tests.conftest import run_provider, run_provider_backward
 
-        from fused_lce.backends import npu_cann
+        from fused_lce.backends.npu import cann as npu_cann
         from fused_lce.core import Options, Problem
         from fused_lce.backends.npu import AscendCProvider
         from fused_lce.core.formulas import reference_loss
