@@ -1,6 +1,6 @@
 """Performance model of the AscendC kernels on an Atlas A2 (910B), from work counted on the CPU twin.
 
-Nothing here ran on an NPU. The twin (csrc/ascend/twin) counts, per core and launch, vector instructions and the UB
+Nothing here ran on an NPU. The twin (tests/support/ascendc_twin) counts, per core and launch, vector instructions and the UB
 bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes, cube FLOPs and the cube's GM -> L1
 operand bytes (fused_lce::_twin_counters; which operand tiles stay in L1 as the Matmul library's buffers allow,
 docs/npu-twin-rules.md). Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile work
@@ -57,8 +57,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "ascend"))
-import twin_build  # noqa: E402
+sys.path.insert(0, ROOT)  # the twin is a test double: tests/support
+from tests.support.ascendc_twin import build as twin_build  # noqa: E402
 
 from fused_lce.backends.npu import provider as npu_provider  # noqa: E402
 from fused_lce.tools.bench import environment  # noqa: E402

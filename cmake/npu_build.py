@@ -13,7 +13,7 @@ Command line (no CANN needed):
   python cmake/npu_build.py check-adapter TORCH_NPU_DIR OUT_DIR
                                                        compile csrc/npu/fused_lce_npu.cpp with the extension's
                                                        flags and link it (--no-undefined) against that
-                                                       torch_npu: what tests/npu/test_npu_adapter_build.py runs
+                                                       torch_npu: what tests/backends/npu/test_adapter_build.py runs
 Status: the OPP build (1) is written and checked by reading against asc-devkit's custom_op example, not run here (no
 CANN toolkit; the host side of the package is compiled and run against stub CANN headers in CI, tests/ascend/host,
 docs/npu-host-build.md); the adapter compile (2) is checked in CI.

@@ -30,7 +30,7 @@ def _devices():
     return devs
 
 
-TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of the AscendC API (csrc/ascend/twin)"
+TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of the AscendC API (tests/support)"
 
 
 def _register_twin():
@@ -41,12 +41,10 @@ def _register_twin():
     failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
         return
-    import sys
     import warnings
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ascend"))
     try:
-        import twin_build
+        from .support.ascendc_twin import build as twin_build
 
         kernels = twin_build.TwinKernels()  # FUSED_LCE_NPU_KERNELS, default: the MIX pair (as on an NPU)
         old = twin_build.TwinKernels(kernels="old")

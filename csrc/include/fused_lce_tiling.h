@@ -1,7 +1,6 @@
 // Tiling math of the fused linear-cross-entropy AscendC kernels (csrc/ascend/), in plain C++17 with no CANN
 // include, so that the same code runs in the op_host tiling function, in the kernels (index helpers only) and in
-// the g++ unit tests of tests/npu/ and the CPU twin's harness (tests/ascend/). The Python tile emulator mirrors
-// plan()'s tile and grid choices (a test compares them on many shapes); its UB accounting predates the layout below.
+// the g++ unit tests (tests/ascend/tiling_test.cpp) and the CPU twin's harness (tests/support/ascendc_twin).
 //
 // Work decomposition (both kernels):
 //   * cube tile: base_m tokens x base_n vocabulary rows, K = hidden dim in chunks of base_k, fp32 result in L0C;
@@ -101,7 +100,7 @@ struct Plan {
 FUSED_LCE_HD inline uint64_t ceil_div(uint64_t a, uint64_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 FUSED_LCE_HD inline uint64_t align_up(uint64_t a, uint64_t b) { return ceil_div(a, b) * b; }
 
-// ---- index helpers used by the kernels (and mirrored by the emulator) -----------------------------------------
+// ---- index helpers used by the kernels -----------------------------------------------------------------------
 FUSED_LCE_HD inline void task_coords(const Plan& p, uint64_t t, uint64_t* m_idx, uint64_t* s_idx) {
     *m_idx = t / p.segments;
     *s_idx = t % p.segments;

@@ -1,6 +1,6 @@
 // Host adapter of the AscendC kernels (csrc/ascend) for torch_npu: four private kernel ops and nothing else.
 // Status: compiled and linked against the torch-npu wheel's headers and libtorch_npu.so in CI
-// (tests/npu/test_npu_adapter_build.py), never loaded, not run on hardware.
+// (tests/backends/npu/test_adapter_build.py), never loaded, not run on hardware.
 //
 //   fused_lce::_npu_stats  -> aclnnFusedLceStats (per-token local statistics of this rank's vocabulary rows, of
 //                             z = softcap(logits) / temperature; the entropy statistic ez with with_entropy)
@@ -178,7 +178,7 @@ Tensor3 npu_grads(const Tensor& coefs, const Tensor& hidden, const Tensor& weigh
 }
 
 // ---- the cube-driven MIX kernels (FusedLceStatsMix / FusedLceGradMix, issue 13) --------------------------------
-// Same contracts as the twin's fused_lce::_twin_stats_mix / _twin_grads_mix (tests/ascend/twin_ops.cpp), so the
+// Same contracts as the twin's fused_lce::_twin_stats_mix / _twin_grads_mix (tests/support/ascendc_twin/ext/ops.cpp), so the
 // provider calls both the same way. Their planner carries vocabulary ids (and, in the backward, row offsets) as
 // exact floats: V (and N for the backward) must be < 2^24 (fused_lce_mix_tiling.h kMaxLocalVocab).
 constexpr int64_t kMixMaxIds = int64_t(1) << 24;

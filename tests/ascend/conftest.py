@@ -1,19 +1,20 @@
-"""Fixtures of the twin tests: the extension (JIT-built once), the part / scheduler configuration and fresh seeds.
-The float64 references and tolerances are in twin_ref.py (a module of its own: test directories share the module
-name `conftest`)."""
+"""Fixtures of the tests of csrc/ascend: the twin extension (JIT-built once), the part / scheduler configuration,
+fresh seeds, and the planner's C++ unit-test binary. The twin, its float64 references and tolerances are in
+tests/support/ascendc_twin."""
 from __future__ import annotations
 
 import os
-import sys
+import shutil
+import subprocess
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import twin_build  # noqa: E402
+from ..support.ascendc_twin import build as twin_build
+from ..support.ascendc_twin.ref import HW_910B, fresh_seed
 
-from twin_ref import HW_910B, fresh_seed  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,3 +44,17 @@ def part(ops):
         twin_build.configure(hw, sched_seed, switch_prob, hazards, mm_variant)
     yield select
     twin_build.configure(HW_910B, 1, 0.3, True)
+
+
+@pytest.fixture(scope="session")
+def tiling_binary(tmp_path_factory):
+    """tiling_test.cpp compiled against the planner, csrc/include/fused_lce_tiling.h (warnings are errors)."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) on this host")
+    out = str(tmp_path_factory.mktemp("tiling") / "tiling_test")
+    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc", "include"),
+           os.path.join(HERE, "tiling_test.cpp"), "-o", out]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    return out

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fused_lce.core.formulas import reference_loss
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2, twin_loss_grads
+from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2, twin_loss_grads
 
 IGNORE = -100
 

@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, coef_grads64, grads64, logits64, rel_l2, twin_loss_grads
+from ..support.ascendc_twin.ref import (GRAD_RTOL, HW_910B, HW_TINY, coef_grads64, grads64, logits64, rel_l2,
+                                         twin_loss_grads)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (70, 24, 150)]

@@ -5,7 +5,7 @@ masks, both parts, and bitwise determinism across scheduler seeds."""
 import pytest
 import torch
 
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, logits64, rel_l2
+from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, logits64, rel_l2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (130, 33, 257)]

@@ -9,9 +9,9 @@ the npu provider's cache route over several driver blocks."""
 import pytest
 import torch
 
-import twin_build
-from test_twin_grads_mix import coefs, grads64, lse_of, make
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, logits64, rel_l2
+from ..support.ascendc_twin import build as twin_build
+from .test_twin_grads_mix import coefs, grads64, lse_of, make
+from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 OPTIONS = [dict(), dict(bias=True, u=True), dict(bias=True, u=True, b=True, softcap=3.0, temperature=1.3)]

@@ -6,9 +6,9 @@ twin's Matmul model reports (docs/npu-twin-rules.md): the MIX backward keeps dz 
 import pytest
 import torch
 
-import twin_build
+from ..support.ascendc_twin import build as twin_build
 from fused_lce.core.formulas import reference_loss
-from twin_ref import HW_910B, rel_l2
+from ..support.ascendc_twin.ref import HW_910B, rel_l2
 
 SIZES = [(20, 8, 70000), (8, 8, 151936)]  # (N, D, V_local)
 # float32 operands: the kernels' fp32 accumulation against float64 (bf16 / fp16 rounding is covered at small V)

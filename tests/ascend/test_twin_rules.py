@@ -1,4 +1,4 @@
-"""The twin's own rules, each shown by a probe kernel (tests/ascend/twin_probes.cpp): code that follows the AscendC
+"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that follows the AscendC
 contract runs clean with the right values, code that breaks one rule is reported, naming the rule. A twin that let
 these pass would prove nothing about the kernels."""
 import pytest

@@ -4,7 +4,7 @@ finishing phase behind SyncAll), vocabulary shards (vocab_start != 0), the 910B 
 import pytest
 import torch
 
-from twin_ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, ez64, stats64
+from ..support.ascendc_twin.ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, ez64, stats64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (N, D, V): tails in N, D and V; few tokens (segments), many vocabulary blocks on the tiny part

@@ -5,9 +5,9 @@ segments, shards, both label dtypes, the 910B part and a tiny part that forces m
 import pytest
 import torch
 
-import twin_build
+from ..support.ascendc_twin import build as twin_build
 
-from twin_ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, logits64
+from ..support.ascendc_twin.ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, logits64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (100, 24, 1000), (130, 33, 257)]

@@ -1,15 +1,16 @@
 """The kernels do not depend on the Matmul tiling values that the host's GetTiling chooses. op_host fixes only the
 base M / N (SetFixSplit) and the shapes; baseK, the L1 depths, the steps, the L0 double-buffer flags and the iterate
 order are the real algorithm's choice (asc-devkit impl/adv_api/tiling/matmul/matmul_tiling_algorithm.cpp), which the
-twin does not reproduce. Each variant of twin_ops.cpp vary_tiling replaces them with another legal set (the twin's
-Matmul model checks legality: L0A / L0B / L0C with their double-buffer flags, L1, the MDL depth rules); both kernel
+twin does not reproduce. Each variant of the twin extension's vary_tiling (tests/support/ascendc_twin/ext/ops.cpp)
+replaces them with another legal set (the twin's Matmul model checks legality: L0A / L0B / L0C with their
+double-buffer flags, L1, the MDL depth rules); both kernel
 pairs, every mode, must give the same results bit for bit, and match float64."""
 import pytest
 import torch
 
-from test_twin_grads_mix import coefs, grads64, lse_of, make
-from twin_build import MM_VARIANTS, counters
-from twin_ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
+from .test_twin_grads_mix import coefs, grads64, lse_of, make
+from ..support.ascendc_twin.build import MM_VARIANTS, counters
+from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
 SHAPE = (37, 45, 301)
 

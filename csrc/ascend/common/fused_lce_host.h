@@ -4,7 +4,7 @@
 // `-fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -std=c++11 -I${CANN}/include` and nothing else (asc-devkit
 // cmake/asc/fwk_modules/util/compile_ascendc_all_ops_so.py, gen_compile_make_file); the relative include of the
 // tiling data below resolves without any -I.
-// Status: compiled with those flags against the host twin's stub headers (csrc/ascend/twin/host/include) and run
+// Status: compiled with those flags against the host twin's stub headers (tests/support/ascendc_twin/host/include) and run
 // under its runtime in CI (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #ifndef FUSED_LCE_HOST_H_
 #define FUSED_LCE_HOST_H_

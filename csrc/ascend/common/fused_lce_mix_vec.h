@@ -1,5 +1,5 @@
 // Whole-tile vector building blocks of the cube-driven MIX kernels (fused_lce_stats_mix.cpp). Status: compiled and
-// run on CPU against the AscendC API twin (csrc/ascend/twin); not run on NPU hardware.
+// run on CPU against the AscendC API twin (tests/support/ascendc_twin); not run on NPU hardware.
 //
 // A tile is `rows` rows of baseN floats at a row stride of baseN (baseN a multiple of 16, so every row starts on a
 // 32-byte block); the first `cols` columns are data, the others are never read as data. Per-row work is one level-0
@@ -40,7 +40,7 @@ __aicore__ inline void Order() {
 __aicore__ inline uint32_t ChunkMask(uint32_t cols, uint32_t c) { return cols - c < kChunk ? cols - c : kChunk; }
 
 // Parameter structs are built with parentheses from full-width values, never narrowed here: a value too large for
-// CANN's field then reaches the twin's field checks (csrc/ascend/twin, docs/npu-twin-rules.md) instead of being cut
+// CANN's field then reaches the twin's field checks (tests/support/ascendc_twin, docs/npu-twin-rules.md) instead of being cut
 // silently (a braced list would not compile against the real headers, whose fields are 8 / 16 / 32 bits).
 template <typename T>
 __aicore__ inline DataCopyPadExtParams<T> NoPad() {

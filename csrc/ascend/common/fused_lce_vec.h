@@ -1,5 +1,5 @@
 // Vector-core (AIV) building blocks shared by the two kernels. All arithmetic is float32 in the unified buffer
-// (UB). Status: compiled and run on CPU against an AscendC API twin (csrc/ascend/twin); not run on NPU hardware.
+// (UB). Status: compiled and run on CPU against an AscendC API twin (tests/support/ascendc_twin); not run on NPU hardware.
 //
 // Conventions every function here follows (the twin checks each of them, see docs/npu.md):
 //   * a C tile z holds `rows` rows at a stride of baseN floats, of which the first `cols` are logits; the columns

@@ -37,7 +37,7 @@ class AdapterKernels:
     """The compiled kernels through the host adapter's ops: the old pair (``_npu_stats`` / ``_npu_grads``) or the MIX
     pair (``_npu_stats_mix`` / ``_npu_grads_mix``). ``kind`` None follows FUSED_LCE_NPU_KERNELS at every call;
     ``ops`` is the op namespace and ``prefix`` the ops' prefix: the twin's ``_twin_*`` ops have the same contracts
-    (tests/npu/test_npu_adapter_build.py compares the schemas), so tests/ascend/twin_build.py ``TwinKernels`` is this
+    (tests/backends/npu/test_adapter_build.py compares the schemas), so tests/support/ascendc_twin/build.py ``TwinKernels`` is this
     class over them."""
 
     def __init__(self, kind: Optional[str] = None, ops=None, prefix: str = "_npu"):

@@ -1,4 +1,5 @@
-"""Fixtures of the host build check (tests/ascend/host, helpers in host_twin.py). See docs/npu-host-build.md."""
+"""Fixtures of the host build check (tests/ascend/host; helpers in tests/support/ascendc_twin/host_build.py). See
+docs/npu-host-build.md."""
 from __future__ import annotations
 
 import os
@@ -6,7 +7,7 @@ import shutil
 
 import pytest
 
-from host_twin import Driver, build_driver
+from ...support.ascendc_twin.host_build import Driver, build_driver
 
 
 def pytest_configure(config):

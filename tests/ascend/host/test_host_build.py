@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from host_twin import (ASCEND, CMAKE_LIB_FLAGS, OP_HOST_SOURCES, OPBUILD_FLAGS, ROOT, STRICT, STUB_INCLUDE,
-                       build_driver, compile_cmd, run)
+from ...support.ascendc_twin.host_build import (ASCEND, CMAKE_LIB_FLAGS, HERE as TWIN, OP_HOST_SOURCES, OPBUILD_FLAGS,
+                                                ROOT, STRICT, STUB_INCLUDE, build_driver, compile_cmd, run)
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 
@@ -111,7 +111,7 @@ def test_op_host_reaches_only_modelled_cann_headers_and_its_own(src, cxx):
     r = run([cxx, *OPBUILD_FLAGS, "-MM", src])
     assert r.returncode == 0, r.stderr
     deps = [os.path.realpath(d) for d in r.stdout.replace("\\\n", " ").split()[2:]]
-    ours = [d for d in deps if not d.startswith(os.path.realpath(STUB_INCLUDE))]
+    ours = [d for d in deps if not d.startswith(os.path.realpath(TWIN) + os.sep)]  # the stubs reach the twin's own
     assert all(d.startswith(os.path.realpath(os.path.join(ROOT, "csrc")) + os.sep) for d in ours), ours
     assert any(d.endswith("fused_lce_tiling.h") for d in ours) and any(d.endswith("fused_lce_host.h") for d in ours)
     cann = {os.path.relpath(d, os.path.realpath(STUB_INCLUDE)) for d in deps} & set(MODELLED)
@@ -145,12 +145,10 @@ def _tcube_fields(path: str) -> list[str]:
 
 
 def test_host_tcube_tiling_is_the_kernel_twins():
-    """Host and kernel see one AscendC::tiling::TCubeTiling: the host stub forwards to the device twin's header; its
-    fallback copy (for a checkout without the device twin) has the same fields in the same order."""
-    host = os.path.join(STUB_INCLUDE, "kernel_tiling", "kernel_tiling.h")
-    kernel = os.path.join(ASCEND, "twin", "kernel", "kernel_tiling", "kernel_tiling.h")
-    fields = _tcube_fields(host)
+    """Host and kernel see one AscendC::tiling::TCubeTiling, the real field list: the host stub includes the device
+    twin's header."""
+    host = open(os.path.join(STUB_INCLUDE, "kernel_tiling", "kernel_tiling.h")).read()
+    assert '#include "../../../kernel/kernel_tiling/kernel_tiling.h"' in host and "struct TCubeTiling" not in host
+    fields = _tcube_fields(os.path.join(TWIN, "kernel", "kernel_tiling", "kernel_tiling.h"))
     assert fields[:11] == ["usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN", "singleCoreK", "baseM",
                            "baseN", "baseK"] and fields[-2:] == ["BatchNum", "mxTypePara"] and len(fields) == 50
-    if os.path.exists(kernel):
-        assert _tcube_fields(kernel) == fields

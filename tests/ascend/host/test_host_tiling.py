@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from host_twin import ASCEND, ROOT
+from ...support.ascendc_twin.host_build import ASCEND, ROOT
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 

@@ -1,5 +1,5 @@
 // FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
-// AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
+// AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
 // Gradients of the logits gradient dz_j = p_j (a + b z_j) - t [j == label] - u (times the softcap derivative) given
 // the saved lse and the per-token coefficients Coefs(a, t, b, u) that the driver forms (docs/providers.md, "Log-probs

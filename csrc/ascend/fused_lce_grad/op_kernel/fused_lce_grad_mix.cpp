@@ -1,5 +1,5 @@
 // FusedLceGradMix: the deterministic backward driven by the cube (MIX, 1 cube : 2 vector cores), C1 / V1 / C2 per
-// tile. Status: compiled and run on CPU against the AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU
+// tile. Status: compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU
 // hardware.
 //
 // Contract (the driver's Coefs, /work/notes/logprobs_contract.md section 4): per token a, t and optionally b, u and

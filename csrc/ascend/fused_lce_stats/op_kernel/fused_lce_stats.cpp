@@ -1,5 +1,5 @@
 // FusedLceStats: the forward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
-// AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
+// AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
 // For every task (token block m, vocabulary segment s) of the plan, in task order on core t % used_cores, each of
 // the two vector cores takes vec_rows rows of the token block and, for every vocabulary block of the segment in

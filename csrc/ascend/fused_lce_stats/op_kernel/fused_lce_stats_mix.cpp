@@ -1,5 +1,5 @@
 // FusedLceStatsMix: the forward statistics kernel driven by the cube (MIX, 1 cube : 2 vector cores). Status:
-// compiled and run on CPU against the AscendC API twin (csrc/ascend/twin, tests/ascend); not run on NPU hardware.
+// compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
 // Same contract as FusedLceStats (fused_lce_stats.cpp) plus the log-prob options: z = softcap(h W^T + b) / T and the
 // entropy sum ez = sum_j exp(z_j - m) max(z_j - m, -104). Outputs per token of this rank's vocabulary: max, sum

@@ -1,0 +1,285 @@
+// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/ascend/test_tiling.py.
+//   ./tiling_test            run the checks, print "N passed, M failed", exit 1 on any failure
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fused_lce_tiling.h"
+
+using namespace fused_lce::tiling;
+
+static int g_pass = 0, g_fail = 0;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            ++g_pass;                                                           \
+        } else {                                                                \
+            ++g_fail;                                                           \
+            if (g_fail <= 30) {                                                 \
+                std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);   \
+                std::printf(__VA_ARGS__);                                       \
+                std::printf("\n");                                              \
+            }                                                                   \
+        }                                                                       \
+    } while (0)
+
+static std::string tag(const Plan& p) {
+    char b[160];
+    std::snprintf(b, sizeof b, "n=%llu d=%llu v=%llu elt=%u flags=%u", (unsigned long long)p.n,
+                  (unsigned long long)p.d, (unsigned long long)p.v, p.elt_bytes, p.flags);
+    return b;
+}
+
+// Every invariant a valid plan must satisfy on hardware `hw`.
+static void check_plan(const Plan& p, const HwSpec& hw) {
+    const std::string t = tag(p);
+    const char* s = t.c_str();
+    CHECK(p.status == kOk, "%s status=%d", s, p.status);
+    if (p.status != kOk) return;
+    const bool bwd = p.flags & kBackward;
+    // on-chip budgets
+    CHECK(p.ub_used + kUbReserved <= hw.ub_bytes, "%s ub=%llu", s, (unsigned long long)p.ub_used);
+    CHECK(p.ub_used == p.ub_end, "%s", s);
+    CHECK(p.l1_used <= hw.l1_bytes, "%s l1=%llu", s, (unsigned long long)p.l1_used);
+    CHECK(p.l0a_used <= hw.l0a_bytes && p.l0b_used <= hw.l0b_bytes, "%s", s);
+    CHECK(p.l0c_used <= hw.l0c_bytes, "%s l0c=%llu", s, (unsigned long long)p.l0c_used);
+    CHECK(p.l0a_used == 2ull * p.base_m * p.base_k * p.elt_bytes, "%s", s);
+    CHECK((uint64_t)p.base_m * p.base_n * 4 * p.l0c_buffers <= hw.l0c_bytes, "%s", s);
+    // UB regions: exactly the ones the flags need (kUbNone otherwise), each 32-byte aligned, as large as its use,
+    // inside ub_end and disjoint from every other region (issue 12 finding 3: a zero-sized region shared its
+    // offset with the next one)
+    {
+        const uint64_t vr = p.vec_rows, bn = p.base_n, e = p.elt_bytes;
+        const bool bias = p.flags & kBias, softcap = p.flags & kSoftcap;
+        struct Region {
+            const char* name;
+            uint32_t off;
+            bool present;
+            uint64_t need;
+        } regions[] = {
+            {"c", p.ub_c, true, align_up(vr, kMinBase) * bn * 4},
+            {"work", p.ub_work, true, vr * bn * 4},
+            {"work2", p.ub_work2, softcap, vr * bn * 4},
+            {"cast", p.ub_cast, bwd && e == 2, vr * bn * e},
+            {"bias", p.ub_bias, bias, align_up(bn, kMinBase) * e},
+            {"bias_f32", p.ub_bias_f32, bias && e == 2, bn * 4},
+            {"rows", p.ub_rows, true, align_up(vr, 8) * kRowSlots * 4},
+            {"colsum", p.ub_colsum, bwd && bias, bn * 4},
+        };
+        const int nr = sizeof(regions) / sizeof(regions[0]);
+        for (int i = 0; i < nr; ++i) {
+            const Region& r = regions[i];
+            CHECK((r.off != kUbNone) == r.present, "%s region %s present=%d off=%u", s, r.name, r.present, r.off);
+            if (!r.present || r.off == kUbNone) continue;
+            CHECK(r.off % kUbAlign == 0 && r.off + r.need <= p.ub_end, "%s region %s", s, r.name);
+            for (int j = i + 1; j < nr; ++j) {
+                const Region& q = regions[j];
+                if (!q.present || q.off == kUbNone) continue;
+                CHECK(r.off + r.need <= q.off || q.off + q.need <= r.off, "%s regions %s and %s overlap", s, r.name,
+                      q.name);
+            }
+        }
+        CHECK(p.ub_end % kUbAlign == 0, "%s", s);
+        // the forward's finishing phase keeps 12 planes of align8(vec_rows) floats in the work region (6 segment
+        // partials and 6 temporaries, fused_lce_stats.cpp Finish), the grad kernel the b-term tile
+        CHECK(vr * bn >= 12 * align_up(vr, 8), "%s work region too small for the finishing phase", s);
+    }
+    // tile shapes
+    CHECK(p.base_m % kMinBase == 0 && p.base_n % kMinBase == 0 && p.base_k % kMinBase == 0, "%s", s);
+    CHECK((uint64_t)p.vec_rows * hw.vec_per_cube == p.base_m && p.vec_rows % 8 == 0, "%s", s);
+    CHECK(p.depth_k >= 1, "%s", s);
+    if (p.n > 0) CHECK(p.base_m <= align_up(p.n, kMinBase), "%s base_m=%u", s, p.base_m);
+    if (bwd) {
+        CHECK(p.base_d >= kMinBase && p.base_d % kMinBase == 0, "%s", s);
+        uint64_t rows = p.base_m > p.base_n ? p.base_m : p.base_n;
+        CHECK(rows * p.base_d * 4 * 2 <= hw.l0c_bytes, "%s", s);
+    }
+    // tails: blocks tile [0, n) and [0, v) exactly
+    CHECK(p.m_blocks == ceil_div(p.n, p.base_m), "%s", s);
+    CHECK(p.n_blocks == ceil_div(p.v, p.base_n), "%s", s);
+    if (p.n > 0) {
+        CHECK(p.tail_m >= 1 && p.tail_m <= p.base_m, "%s tail_m=%llu", s, (unsigned long long)p.tail_m);
+        CHECK((p.m_blocks - 1) * p.base_m + p.tail_m == p.n, "%s", s);
+        CHECK(block_rows(p, p.m_blocks - 1) == p.tail_m && (p.m_blocks == 1 || block_rows(p, 0) == p.base_m), "%s", s);
+    } else {
+        CHECK(p.m_blocks == 0 && p.tasks == 0 && p.used_cores == 0, "%s", s);
+    }
+    CHECK(p.tail_n >= 1 && p.tail_n <= p.base_n && (p.n_blocks - 1) * p.base_n + p.tail_n == p.v, "%s", s);
+    CHECK(block_cols(p, p.n_blocks - 1) == p.tail_n, "%s", s);
+    // segments: non-empty, contiguous, in order, covering every vocabulary block once
+    CHECK(p.segments >= 1 && p.segments <= p.n_blocks, "%s", s);
+    uint64_t next = 0;
+    bool seg_ok = true;
+    for (uint64_t sg = 0; sg < p.segments; ++sg) {
+        uint64_t b0, b1;
+        segment_blocks(p, sg, &b0, &b1);
+        seg_ok = seg_ok && b0 == next && b1 > b0;
+        next = b1;
+    }
+    CHECK(seg_ok && next == p.n_blocks, "%s segments=%llu", s, (unsigned long long)p.segments);
+    if (p.segments > 1) CHECK(p.m_blocks * p.segments <= (uint64_t)hw.cube_cores, "%s", s);
+    CHECK(p.tasks == p.m_blocks * p.segments, "%s", s);
+    CHECK(p.used_cores <= hw.cube_cores && (p.tasks == 0 || p.used_cores >= 1), "%s", s);
+    if (p.tasks > 0 && p.tasks <= 4096) {
+        std::set<std::pair<uint64_t, uint64_t>> seen;
+        for (uint64_t tk = 0; tk < p.tasks; ++tk) {
+            uint64_t m, sg;
+            task_coords(p, tk, &m, &sg);
+            if (m < p.m_blocks && sg < p.segments) seen.insert({m, sg});
+        }
+        CHECK(seen.size() == p.tasks, "%s task map not a bijection", s);
+    }
+    // vector rows of a token block split over the vector cores without gap or overlap
+    for (uint64_t rows : {static_cast<uint64_t>(p.base_m), p.tail_m}) {
+        uint64_t covered = 0;
+        bool ok = true;
+        for (uint32_t sub = 0; sub < hw.vec_per_cube; ++sub) {
+            uint64_t r0, nr;
+            vec_rows_of(p, rows, sub, &r0, &nr);
+            ok = ok && (nr == 0 || r0 == covered);
+            covered += nr;
+        }
+        CHECK(ok && covered == rows, "%s rows=%llu", s, (unsigned long long)rows);
+    }
+    // workspace / accumulator bytes, exact in 128-bit arithmetic
+    // m, s, zt, zs, argmax per token and segment, and ez with kEntropy (the finishing phase's sixth plane)
+    const uint64_t per_tok = (p.flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
+    unsigned __int128 st = p.segments > 1 ? (unsigned __int128)p.segments * p.n * per_tok : 0;
+    CHECK(p.ws_stats >= st && p.ws_stats < st + kGmAlign && p.ws_stats % kGmAlign == 0, "%s", s);
+    if (bwd) {
+        CHECK((unsigned __int128)p.acc_dx_bytes == (unsigned __int128)p.n * p.d * 4, "%s", s);
+        CHECK((unsigned __int128)p.acc_dw_bytes == (unsigned __int128)p.v * p.d * 4, "%s", s);
+        CHECK(p.acc_db_bytes == ((p.flags & kBias) ? p.v * 4 : 0), "%s", s);
+        uint64_t dz = (uint64_t)p.used_cores * 2 * p.base_m * p.base_n * p.elt_bytes;
+        CHECK(p.ws_dz >= dz && p.ws_dz < dz + kGmAlign, "%s", s);
+    } else {
+        CHECK(p.ws_dz == 0 && p.acc_dx_bytes == 0 && p.acc_dw_bytes == 0, "%s", s);
+    }
+    CHECK(p.ws_total == p.ws_stats + p.ws_dz, "%s", s);
+}
+
+static void test_grid() {
+    const HwSpec hw;
+    const uint64_t ns[] = {0, 1, 5, 16, 17, 100, 127, 128, 129, 1000, 3000, 4096, 8191, 65536, 1u << 20};
+    const uint64_t ds[] = {1, 7, 64, 100, 896, 2048, 3584, 4096, 8192, 65534};
+    const uint64_t vs[] = {1, 100, 128, 255, 1000, 32000, 151936, 152064, 256000};
+    for (uint64_t n : ns)
+        for (uint64_t d : ds)
+            for (uint64_t v : vs)
+                for (uint32_t elt : {2u, 4u})
+                    for (uint32_t flags = 0; flags < 32; flags += (n % 2 ? 3 : 5))  // a spread of flag sets
+                        check_plan(plan(n, d, v, elt, flags, hw), hw);
+    // every flag combination on the Qwen head shapes
+    for (uint32_t flags = 0; flags < 32; ++flags)
+        for (uint32_t elt : {2u, 4u}) {
+            check_plan(plan(8192, 4096, 151936, elt, flags, hw), hw);
+            check_plan(plan(2048, 896, 151936, elt, flags, hw), hw);
+            check_plan(plan(3, 896, 151936, elt, flags, hw), hw);
+        }
+}
+
+static void test_expected_tiles() {
+    // bf16 on a 910B: 128 x 128 cube tiles, K chunks of 128, two L0C buffers
+    Plan p = plan(8192, 4096, 151936, 2, 0);
+    CHECK(p.base_m == 128 && p.base_n == 128 && p.base_k == 128 && p.l0c_buffers == 2, "got %u %u %u %u",
+          p.base_m, p.base_n, p.base_k, p.l0c_buffers);
+    CHECK(p.vec_rows == 64, "vec_rows=%u", p.vec_rows);
+    CHECK(p.a_resident == 0, "128 x 4096 bf16 rows are 1 MiB: cannot stay in a 512 KiB L1");
+    CHECK(p.segments == 1 && p.used_cores == 24 && p.tasks == 64, "segments=%llu", (unsigned long long)p.segments);
+    // Qwen2.5-0.5B head: 128 x 896 bf16 = 224 KiB stays resident in L1
+    Plan q = plan(2048, 896, 151936, 2, 0);
+    CHECK(q.a_resident == 1 && q.l1_used <= 512 * 1024, "a_resident=%u", q.a_resident);
+    // fp32 operands halve the K chunk
+    Plan f = plan(8192, 4096, 151936, 4, 0);
+    CHECK(f.base_k == 64, "fp32 base_k=%u", f.base_k);
+    // V not a multiple of the block
+    Plan t = plan(1000, 64, 151937, 2, kBias);
+    CHECK(t.n_blocks == 1188 && t.tail_n == 151937 - 1187 * 128, "tail_n=%llu", (unsigned long long)t.tail_n);
+    CHECK(t.tail_m == 1000 - 7 * 128, "tail_m=%llu", (unsigned long long)t.tail_m);
+    // few tokens: small token tile, vocabulary split into segments so that all cores work
+    Plan s = plan(5, 896, 151936, 2, 0);
+    CHECK(s.base_m == 16 && s.m_blocks == 1, "base_m=%u", s.base_m);
+    CHECK(s.segments == 24 && s.used_cores == 24, "segments=%llu", (unsigned long long)s.segments);
+    CHECK(s.ws_stats == align_up(24 * 5 * kStatBytes, kGmAlign), "ws_stats=%llu", (unsigned long long)s.ws_stats);
+    // with the entropy statistic: six planes (24 bytes per token and segment), the same tiles and UB layout
+    Plan se = plan(5, 896, 151936, 2, kEntropy);
+    CHECK(se.ws_stats == align_up(24 * 5 * kStatBytesEntropy, kGmAlign) && se.base_n == s.base_n &&
+          se.ub_used == s.ub_used, "ws_stats=%llu", (unsigned long long)se.ws_stats);
+    // more token blocks than cores: one segment, no stats workspace
+    Plan big = plan(1 << 16, 4096, 151936, 2, 0);
+    CHECK(big.segments == 1 && big.ws_stats == 0, "%s", "");
+    // finding 3 of issue 12: the fp32 backward has no cast region, and nothing aliases the row slots or the bias
+    Plan f3 = plan(8192, 4096, 151936, 4, kBackward | kBias | kSmoothing);
+    check_plan(f3, HwSpec());
+    CHECK(f3.ub_cast == kUbNone && f3.ub_bias_f32 == kUbNone && f3.ub_bias != f3.ub_rows, "cast=%u bias=%u rows=%u",
+          f3.ub_cast, f3.ub_bias, f3.ub_rows);
+    // the C tile holds align16(vec_rows) rows (the Matmul tiling's baseM) also when vec_rows is 8
+    Plan small = plan(16, 64, 1000, 2, 0);
+    CHECK(small.vec_rows == 8 && small.ub_work - small.ub_c >= 16ull * small.base_n * 4, "vec_rows=%u", small.vec_rows);
+    // backward: dz staging per core and the fp32 accumulators
+    Plan b = plan(8192, 4096, 151936, 2, kBackward | kBias);
+    CHECK(b.base_d == 128, "base_d=%u", b.base_d);
+    CHECK(b.ws_dz == 24ull * 2 * 128 * 128 * 2, "ws_dz=%llu", (unsigned long long)b.ws_dz);
+    CHECK(b.acc_dw_bytes == 151936ull * 4096 * 4 && b.acc_db_bytes == 151936ull * 4, "%s", "");
+}
+
+static void test_huge_and_errors() {
+    const HwSpec hw;
+    // N beyond 32 bits: counts and byte sizes stay exact in 64 bits
+    const uint64_t n = 3000000000000ull;  // 3e12 tokens
+    Plan p = plan(n, 4096, 151936, 2, kBackward);
+    check_plan(p, hw);
+    CHECK(p.m_blocks == ceil_div(n, 128) && p.acc_dx_bytes == n * 4096 * 4, "m_blocks=%llu",
+          (unsigned long long)p.m_blocks);
+    Plan q = plan((1ull << 32) + 3, 8192, 256000, 4, kSmoothing | kSoftcap);
+    check_plan(q, hw);
+    CHECK(q.tail_m == ((1ull << 32) + 3) % 128, "tail_m=%llu", (unsigned long long)q.tail_m);
+    // the forward needs no N-sized workspace, so even 2^62 tokens plan; the backward's N x D fp32 dX overflows
+    Plan f = plan(1ull << 62, 4096, 151936, 2, 0);
+    CHECK(f.status == kOk && f.ws_total == 0, "status=%d", f.status);
+    CHECK(plan(1ull << 62, 4096, 151936, 2, kBackward).status == kTooLarge, "%s", "");
+    CHECK(plan(10, 64, 100, 3, 0).status == kBadDtype, "%s", "");
+    CHECK(plan(10, 0, 100, 2, 0).status == kEmptyDim && plan(10, 64, 0, 2, 0).status == kEmptyDim, "%s", "");
+    CHECK(plan(10, 1ull << 31, 100, 2, 0).status == kTooLarge, "%s", "");
+    CHECK(plan(10, 64, 1ull << 31, 2, 0).status == kTooLarge, "%s", "");
+    // h and W are read at row stride D by the GM -> L1 copy, whose srcDValue field is 16 bits
+    CHECK(plan(10, 65535, 100, 2, 0).status == kStrideLimit, "%s", "");
+    CHECK(plan(10, 65534, 100, 4, kBackward).status != kStrideLimit, "%s", "");
+    CHECK(std::strstr(status_text(kStrideLimit), "srcDValue") != nullptr, "%s", "");
+    CHECK(std::strlen(status_text(kNoFit)) > 0 && std::strcmp(status_text(kOk), "ok") == 0, "%s", "");
+}
+
+static void test_other_parts() {
+    // a part with a small UB and fewer cores still gets a valid, smaller plan
+    HwSpec small;
+    small.ub_bytes = 64 * 1024;
+    small.cube_cores = 20;
+    for (uint32_t flags = 0; flags < 32; ++flags) {
+        Plan p = plan(4096, 4096, 151936, 2, flags, small);
+        check_plan(p, small);
+        CHECK(p.base_n < 128 || p.base_m < 128, "flags=%u base %u x %u", flags, p.base_m, p.base_n);
+    }
+    // one vector core per cube
+    HwSpec one;
+    one.vec_per_cube = 1;
+    check_plan(plan(300, 512, 5000, 2, kBackward | kSoftcap, one), one);
+    // nothing fits in a UB smaller than the reserve
+    HwSpec tiny;
+    tiny.ub_bytes = 8 * 1024;
+    CHECK(plan(128, 128, 128, 2, 0, tiny).status == kNoFit, "%s", "");
+}
+
+int main() {
+    static_assert(sizeof(Plan) % 8 == 0, "Plan is copied verbatim into the tiling buffer");
+    test_grid();
+    test_expected_tiles();
+    test_huge_and_errors();
+    test_other_parts();
+    std::printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+}

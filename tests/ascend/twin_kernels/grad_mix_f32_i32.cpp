@@ -1,6 +1,0 @@
-// The cube-driven deterministic MIX backward for float operands and int32_t labels, compiled unchanged against the
-// AscendC CPU twin (one entry symbol per variant).
-#define DTYPE_HIDDEN float
-#define DTYPE_LABELS int32_t
-#define fused_lce_grad_mix fused_lce_grad_mix_f32_i32
-#include "../../../csrc/ascend/fused_lce_grad/op_kernel/fused_lce_grad_mix.cpp"

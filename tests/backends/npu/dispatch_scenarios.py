@@ -1,0 +1,331 @@
+"""(d) Dispatch scenarios on the simulated "npu" device, run in a subprocess by test_npu_dispatch.py (renaming
+PrivateUse1 is process-global). Prints one JSON object: {scenario: "ok" | traceback}.
+
+The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor ("npu:0").
+Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend, auto selection on
+device "npu" (own kernels -> CANN trio -> torch), FUSED_LCE_BACKEND and explicit backends, the npu_cann wrapper end
+to end through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index, z_loss, shift,
+return_stats) against the float64 reference, its routing of options the trio lacks, and the "npu" backend's glue
+with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path[:0] = [os.path.join(ROOT, "tests", "support", "fake_torch_npu"), ROOT]
+
+import torch  # noqa: E402
+
+import fused_lce  # noqa: E402
+
+ASSERT_NO_TORCH_NPU_AT_IMPORT = "torch_npu" not in sys.modules
+
+import torch_npu  # noqa: E402  (the fake)
+from fused_lce.core import registry  # noqa: E402
+from fused_lce.backends.npu import cann as npu_cann, kernels as npu_kernels, provider as npu_provider  # noqa: E402
+from fused_lce.core.formulas import reference_loss  # noqa: E402
+from tests.support.npu_sim import NpuMode, NpuTensor, cpu  # noqa: E402
+from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
+
+from tests.support.ascendc_twin import build as twin_build  # noqa: E402
+
+
+class TwinKernelsOnSimulatedNpu:
+    """The AscendC kernel sources on the CPU twin (tests/ascend) as the "npu" provider's kernels, fed the CPU data of
+    simulated-npu tensors and returning simulated-npu tensors: what the compiled kernels would be on a real card."""
+
+    def __init__(self):
+        self.twin = twin_build.TwinKernels()
+        self.counted = {"stats": 0, "grads": 0}
+
+    def _run(self, name, *args):
+        self.counted[name] += 1
+        with _disable_current_modes():  # the twin ops have CPU kernels only
+            out = getattr(self.twin, name)(*(cpu(a) if isinstance(a, torch.Tensor) else a for a in args))
+        return tuple(NpuTensor(o) for o in out)
+
+    def stats(self, *args):
+        return self._run("stats", *args)
+
+    def grads(self, *args):
+        return self._run("grads", *args)
+
+
+def fake_cann_home(symbols) -> str:
+    """An $ASCEND_HOME_PATH whose lib64/libopapi.so exports ``symbols`` (CANN's op-api library, as op-plugin
+    looks it up): the trio's aclnn kernels are "installed" when their names are exported."""
+    home = tempfile.mkdtemp(prefix="fake_cann_")
+    os.makedirs(os.path.join(home, "lib64"))
+    src = os.path.join(home, "opapi.c")
+    with open(src, "w") as f:
+        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or "int unused_symbol(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")], check=True)
+    return home
+
+
+TRIO_SYMBOLS = [n + suffix for n in npu_cann.ACLNN for suffix in ("", "GetWorkspaceSize")]
+os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS)
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def rel(a, b):
+    a, b = cpu(a).double(), cpu(b).double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+def problem(n, d, v, dtype, seed, bias=False, lead=()):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(*lead, n, d, generator=g).to(dtype)
+    w = (torch.randn(v, d, generator=g) * (3.0 / math.sqrt(d))).to(dtype)
+    b = torch.randn(v, generator=g).to(dtype) if bias else None
+    y = torch.randint(0, v, (*lead, n), generator=g)
+    y.view(-1)[::6] = -100
+    return h, w, b, y
+
+
+def run_both(h, w, b, y, upstream=None, **opts):
+    """(loss, grads) through fused_lce on the simulated npu device, and the float64 reference."""
+    with NpuMode():
+        hn = h.to("npu").requires_grad_()
+        wn = w.to("npu").requires_grad_()
+        bn = b.to("npu").requires_grad_() if b is not None else None
+        yn = y.to("npu")
+        out = fused_lce.linear_cross_entropy(hn, wn, yn, bn, **opts)
+        loss = out.loss if opts.get("return_stats") else out
+        assert loss.device.type == "npu" and loss.dtype == torch.float32
+        up = torch.ones_like(loss) if upstream is None else upstream.to("npu")
+        loss.backward(up)
+        got = (loss, hn.grad, wn.grad, bn.grad if bn is not None else None, out)
+    h64 = h.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if b is not None else None
+    ref_opts = {k: opts[k] for k in ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift",
+                                     "num_items") if k in opts}
+    r = reference_loss(h64, w64, y, b64, **ref_opts)
+    r[0].backward(torch.ones_like(r[0]) if upstream is None else upstream.double())
+    return got, (r[0].detach(), h64.grad, w64.grad, b64.grad if b is not None else None, r)
+
+
+def calls():
+    return sum(torch_npu.calls.values())
+
+
+def check(got, ref, loss_tol, grad_tol):
+    assert rel(got[0], ref[0]) < loss_tol, ("loss", rel(got[0], ref[0]))
+    for k, name in ((1, "dX"), (2, "dW"), (3, "db")):
+        if ref[k] is not None:
+            assert got[k] is not None and got[k].device.type == "npu", name
+            assert rel(got[k], ref[k]) < grad_tol, (name, rel(got[k], ref[k]))
+
+
+# ------------------------------------------------------------------------------------------------ scenarios
+@scenario
+def import_and_backend_info():
+    assert ASSERT_NO_TORCH_NPU_AT_IMPORT, "import fused_lce imported torch_npu"
+    info = fused_lce.backend_info()
+    npu = info["npu"]
+    assert not npu["available"], npu
+    assert "custom OPP package 'fused_lce' not found at ASCEND_CUSTOM_OPP_PATH" in npu["reason"], npu["reason"]
+    assert npu["reason"].endswith(npu_provider.STATUS) and "not run on NPU hardware" in npu["reason"], npu
+    assert info["npu_cann"]["available"], info["npu_cann"]
+    assert info["auto"]["npu"] == "npu_cann", info["auto"]
+
+
+@scenario
+def auto_uses_trio_bf16_all_reductions():
+    seed = 11
+    for reduction, num_items, z_loss in (("mean", None, 1e-3), ("sum", None, 0.0), ("mean", 1000, 1e-4),
+                                         ("none", None, 0.05)):
+        h, w, _, y = problem(61, 40, 300, torch.bfloat16, seed)
+        up = torch.rand(61) + 0.5 if reduction == "none" else None
+        before = dict(torch_npu.calls)
+        got, ref = run_both(h, w, None, y, up, reduction=reduction, num_items=num_items, z_loss=z_loss)
+        after = torch_npu.calls
+        assert after[npu_cann.TRIO[0]] > before.get(npu_cann.TRIO[0], 0), reduction
+        # reduction "none" recomputes its gradients through the trio's backward; the others get them in forward
+        assert after[npu_cann.TRIO[2]] > before.get(npu_cann.TRIO[2], 0), reduction
+        assert got[1].dtype == torch.bfloat16 and got[2].dtype == torch.bfloat16
+        check(got, ref, 2e-3, 1.5e-2)  # the trio rounds logits to bf16
+
+
+@scenario
+def trio_shift_3d_and_stats():
+    h, w, _, y = problem(17, 32, 256, torch.float16, 5, lead=(3,))
+    got, ref = run_both(h, w, None, y, shift=True, return_stats=True)
+    check(got, ref, 1e-4, 2e-3)
+    out, r = got[4], ref[4]
+    assert out.lse.shape == (3, 16) and int(cpu(out.n_valid)) == int(r[3])
+    assert abs(float(cpu(out.token_accuracy)) - float(r[2])) <= 3.0 / float(r[3])  # fp16-rounded logits may tie
+
+
+@scenario
+def fp32_and_unsupported_options_route_to_torch():
+    for dtype, opts in ((torch.float32, {}), (torch.bfloat16, {"label_smoothing": 0.1}),
+                        (torch.bfloat16, {"softcap": 5.0})):
+        h, w, _, y = problem(33, 24, 200, dtype, 3)
+        n0 = calls()
+        got, ref = run_both(h, w, None, y, **opts)
+        assert calls() == n0, (dtype, opts)  # the trio was not used
+        check(got, ref, 1e-5, 1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@scenario
+def trio_shape_limits_route_to_torch():
+    """Shapes the trio refuses are declined by npu_cann's supports(): auto takes torch, an explicit request
+    says why."""
+    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"), ((20, 16, 100, False), "128 vocabulary rows")):
+        h, w, b, y = problem(n, d, v, torch.bfloat16, 4, bias=bias)
+        n0 = calls()
+        got, ref = run_both(h, w, b, y)
+        assert calls() == n0, why  # the trio was not used
+        check(got, ref, 1e-5, 1e-2)
+        try:
+            run_both(h, w, b, y, backend="npu_cann")
+        except ValueError as e:
+            assert why in str(e), str(e)
+        else:
+            raise AssertionError(f"backend='npu_cann' ran a problem it cannot run ({why})")
+
+
+@scenario
+def env_override_and_explicit_backends():
+    h, w, _, y = problem(25, 16, 200, torch.bfloat16, 8)
+    try:
+        os.environ["FUSED_LCE_BACKEND"] = "torch"
+        n0 = calls()
+        got, ref = run_both(h, w, None, y)
+        assert calls() == n0
+        check(got, ref, 1e-5, 1e-2)
+        os.environ["FUSED_LCE_BACKEND"] = "npu_cann"
+        run_both(h, w, None, y)
+        assert calls() > n0
+    finally:
+        del os.environ["FUSED_LCE_BACKEND"]
+    for backend, dtype, words in (("npu", torch.bfloat16, ["custom OPP", "not run on NPU hardware"]),
+                                  ("npu_cann", torch.float32, ["bfloat16/float16"]),
+                                  ("npu_cann", torch.bfloat16, None)):
+        h, w, _, y = problem(9, 8, 130, dtype, 2)
+        try:
+            with NpuMode():
+                fused_lce.linear_cross_entropy(h.to("npu"), w.to("npu"), y.to("npu"), backend=backend)
+        except ValueError as e:
+            assert words is not None and all(x in str(e) for x in words), str(e)
+        else:
+            assert words is None, backend
+
+
+@scenario
+def first_failing_step_is_reported():
+    def reasons():
+        npu_provider.PROVIDER.reset()
+        info = fused_lce.backend_info()
+        return info["npu"]["reason"] or "", info["npu_cann"]["reason"] or ""
+
+    home = os.environ["ASCEND_HOME_PATH"]
+    os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS[:2])  # a CANN without the backward kernel
+    try:
+        assert "aclnn kernel(s) aclnnFusedLinearCrossEntropyLossGrad, " in reasons()[1], reasons()[1]
+        h, w, _, y = problem(12, 8, 200, torch.bfloat16, 1)
+        n0 = calls()
+        got, ref = run_both(h, w, None, y)  # auto: trio unavailable -> torch
+        assert calls() == n0
+        check(got, ref, 1e-5, 1e-2)
+    finally:
+        os.environ["ASCEND_HOME_PATH"] = home
+    os.environ["FAKE_NO_TRIO"] = "1"
+    try:
+        assert "has no npu_fused_linear_online_max_sum" in reasons()[1]
+    finally:
+        del os.environ["FAKE_NO_TRIO"]
+    os.environ["FAKE_NPU_DEVICES"] = "0"
+    try:
+        r_npu, r_cann = reasons()
+        assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
+    finally:
+        del os.environ["FAKE_NPU_DEVICES"]
+    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the MIX kernels
+    # (the default, or FUSED_LCE_NPU_KERNELS=mix) their symbols are required too, and a bad value is the reason
+    old, mix = npu_kernels.ACLNN_SYMBOLS, npu_kernels.MIX_ACLNN_SYMBOLS
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "stub.c")
+        for k, (syms, kernels, expect) in enumerate((
+                (old[:2], "", "aclnn symbol(s) aclnnFusedLceGradGetWorkspaceSize"),
+                (old, "", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize"),  # default: mix
+                (old, "old", "host adapter fused_lce._npu_C not built"),
+                (old, "mix", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize, aclnnFusedLceStatsMix, "),
+                (old + mix, "mix", "host adapter fused_lce._npu_C not built"),
+                (old + mix, "cube", "FUSED_LCE_NPU_KERNELS: expected one of ('old', 'mix'), got 'cube'"))):
+            os.environ["FUSED_LCE_NPU_KERNELS"] = kernels
+            vendor = os.path.join(tmp, str(k), "vendors", "fused_lce")  # a new path: dlopen caches by name
+            libdir = os.path.join(vendor, "op_api", "lib")
+            os.makedirs(libdir)
+            with open(src, "w") as f:
+                f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in syms))
+            lib = os.path.join(libdir, "libcust_opapi.so")
+            subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", lib], check=True)
+            os.environ["ASCEND_CUSTOM_OPP_PATH"] = vendor
+            try:
+                assert reasons()[0].startswith(expect), reasons()[0]
+            finally:
+                del os.environ["ASCEND_CUSTOM_OPP_PATH"]
+                del os.environ["FUSED_LCE_NPU_KERNELS"]
+    npu_provider.PROVIDER.reset()
+
+
+@scenario
+def own_kernels_first_when_available():
+    """With the kernels present (the AscendC sources on the CPU twin), auto on device npu picks "npu" for every
+    option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
+    kernels = TwinKernelsOnSimulatedNpu()
+    counted = kernels.counted
+    registry.register(npu_provider.AscendCProvider("npu", kernels=kernels))
+    try:
+        assert fused_lce.backend_info()["auto"]["npu"] == "npu"
+        for dtype, opts, tol in ((torch.bfloat16, dict(label_smoothing=0.1, z_loss=1e-3, softcap=8.0), 1e-2),
+                                 (torch.float32, dict(reduction="sum"), 1e-5),
+                                 (torch.float16, dict(reduction="none"), 4e-3)):
+            h, w, b, y = problem(29, 24, 270, dtype, 21, bias=True)
+            n0, c0 = dict(counted), calls()
+            up = torch.rand(29) if opts.get("reduction") == "none" else None
+            got, ref = run_both(h, w, b, y, up, **opts)
+            assert counted["stats"] > n0["stats"] and counted["grads"] > n0["grads"] and calls() == c0
+            check(got, ref, 1e-6, tol)
+        os.environ["FUSED_LCE_BACKEND"] = "npu_cann"
+        try:
+            h, w, _, y = problem(29, 24, 270, torch.bfloat16, 22)
+            c0 = calls()
+            run_both(h, w, None, y)
+            assert calls() > c0
+        finally:
+            del os.environ["FUSED_LCE_BACKEND"]
+    finally:
+        registry.unregister("npu")
+
+
+def main():
+    results = {}
+    for name, fn in SCENARIOS.items():
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    print("RESULTS " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

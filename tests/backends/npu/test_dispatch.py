@@ -1,0 +1,96 @@
+"""(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons on this
+host. The scenarios run in one subprocess (tests/backends/npu/dispatch_scenarios.py) because renaming PrivateUse1 to "npu"
+is process-global; each scenario is reported as its own test."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fused_lce
+from fused_lce.backends.npu import cann as npu_cann, env as npu_env, provider as npu_provider
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
+             "fp32_and_unsupported_options_route_to_torch", "trio_shape_limits_route_to_torch",
+             "env_override_and_explicit_backends", "first_failing_step_is_reported",
+             "own_kernels_first_when_available"]
+
+
+@pytest.fixture(scope="module")
+def scenario_results():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSED_LCE_", "ASCEND_", "FAKE_"))}
+    r = subprocess.run([sys.executable, os.path.join(HERE, "dispatch_scenarios.py")], capture_output=True,
+                       text=True, env=env, timeout=600)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line is not None, f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return json.loads(line[len("RESULTS "):])
+
+
+def test_every_scenario_ran(scenario_results):
+    assert sorted(scenario_results) == sorted(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario(scenario_results, name):
+    result = scenario_results[name]
+    assert result == "ok", result
+
+
+def test_this_host_reports_the_first_failing_step():
+    # no torch_npu here: both NPU backends stop at the first step; the package still imports and runs on CPU
+    if "torch_npu" in sys.modules:
+        pytest.skip("a torch_npu is imported in this process")
+    info = fused_lce.backend_info()
+    assert info["npu"]["reason"].startswith("torch_npu is not importable")
+    assert info["npu"]["reason"].endswith(npu_provider.STATUS)
+    assert info["npu_cann"]["reason"].startswith("torch_npu is not importable")
+
+
+def test_trio_mask_packing():
+    import torch
+
+    out = torch.tensor([True, False, False, True, False, False, False, False, True, False])
+    packed = npu_cann.pack_out_of_shard(out)
+    assert packed.tolist() == [0b00001001, 0b11111101]  # token 8k+j -> bit j of byte k, padding bits set
+
+
+def test_trio_detected_by_its_kernels_not_a_version(tmp_path):
+    """npu_cann is available when CANN's op-api libraries export the trio's aclnn kernels (ops-nn ships them
+    before CANN 9.0), looked up where op-plugin looks: $ASCEND_HOME_PATH/lib64/libopapi_*.so, libopapi.so, ..."""
+    loaded = {}
+
+    class Lib:
+        def __init__(self, syms):
+            for s in syms:
+                setattr(self, s, object())
+
+    def load(path):
+        if path not in loaded:
+            raise OSError(path)
+        return Lib(loaded[path])
+
+    lib64 = tmp_path / "lib64"
+    lib64.mkdir()
+    (lib64 / "libopapi_nn.so").write_bytes(b"")
+    env = {"ASCEND_HOME_PATH": str(tmp_path)}
+    all_syms = [n + s for n in npu_cann.ACLNN for s in ("", "GetWorkspaceSize")]
+    loaded[str(lib64 / "libopapi_nn.so")] = all_syms
+    assert npu_cann.find_aclnn(env=env, load=load) is None
+    loaded[str(lib64 / "libopapi_nn.so")] = all_syms[:3]
+    assert "aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize" in npu_cann.find_aclnn(env=env, load=load)
+    loaded[str(lib64 / "libopapi.so")] = all_syms[3:]  # split across two libraries is fine
+    assert npu_cann.find_aclnn(env=env, load=load) is None
+
+
+def test_find_custom_opp(tmp_path):
+    lib = tmp_path / "vendors" / "fused_lce" / "op_api" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcust_opapi.so").write_bytes(b"")
+    other = tmp_path / "vendors" / "someone_else"
+    env = {"ASCEND_CUSTOM_OPP_PATH": f"{other}:{tmp_path / 'vendors' / 'fused_lce'}"}
+    path, _ = npu_env.find_custom_opp(env)
+    assert path == str(lib / "libcust_opapi.so")
+    assert npu_env.find_custom_opp({"ASCEND_CUSTOM_OPP_PATH": str(other)})[0] is None
+    assert npu_env.find_custom_opp({"ASCEND_OPP_PATH": str(tmp_path)})[0] == path
