@@ -48,12 +48,12 @@ def part(ops):
 
 @pytest.fixture(scope="session")
 def tiling_binary(tmp_path_factory):
-    """tiling_test.cpp compiled against the planner, csrc/include/fused_lce_tiling.h (warnings are errors)."""
+    """tiling_test.cpp compiled against the planner, csrc/ascend/common/fused_lce_tiling.h (warnings are errors)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++) on this host")
     out = str(tmp_path_factory.mktemp("tiling") / "tiling_test")
-    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc", "include"),
+    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc", "ascend", "common"),
            os.path.join(HERE, "tiling_test.cpp"), "-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"

@@ -1,4 +1,4 @@
-// Unit tests of csrc/include/fused_lce_tiling.h, compiled with g++ by tests/ascend/test_tiling.py.
+// Unit tests of csrc/ascend/common/fused_lce_tiling.h, compiled with g++ by tests/ascend/test_tiling.py.
 //   ./tiling_test            run the checks, print "N passed, M failed", exit 1 on any failure
 #include <cstdio>
 #include <cstdlib>

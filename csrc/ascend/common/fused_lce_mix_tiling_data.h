@@ -1,5 +1,5 @@
 // Tiling data of the cube-driven MIX kernels (FusedLceStatsMix), written by the host, read by op_kernel. Its own
-// struct (not FusedLceTilingData): the plan of csrc/include/fused_lce_mix_tiling.h, the scalar options of the loss
+// struct (not FusedLceTilingData): the plan of csrc/ascend/common/fused_lce_mix_tiling.h, the scalar options of the loss
 // and of the log-prob contract (softcap, temperature, entropy), and the cube core's Matmul tiling.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_MIX_TILING_DATA_H_
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "kernel_tiling/kernel_tiling.h"
-#include "../../include/fused_lce_mix_tiling.h"
+#include "fused_lce_mix_tiling.h"
 
 // FusedLceStatsMix GM arguments: hidden, weight, bias, labels, max, sum_exp, target, zsum, argmax, ez, zCache (optional
 // last output, fp32 [N, V_local] of the raw h W^T tiles, written when hasZCache), workspace, tiling. Presence of an

@@ -1,5 +1,5 @@
 // Tiling data of FusedLceStats / FusedLceGrad, shared by op_host (writes it) and op_kernel (reads it).
-// Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from csrc/include/fused_lce_tiling.h verbatim, the
+// Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from csrc/ascend/common/fused_lce_tiling.h verbatim, the
 // scalar attributes, and the Matmul API tilings of the GEMMs the kernels issue.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_TILING_DATA_H_
@@ -9,7 +9,7 @@
 
 #include "kernel_tiling/kernel_tiling.h"
 // kernel sources define FUSED_LCE_HD as __aicore__ before including this header; host code leaves it empty.
-#include "../../include/fused_lce_tiling.h"  // relative: opbuild compiles op_host with only the CANN includes
+#include "fused_lce_tiling.h"  // beside this header: opbuild compiles op_host with only the CANN includes
 
 struct FusedLceTilingData {
     fused_lce::tiling::Plan plan;

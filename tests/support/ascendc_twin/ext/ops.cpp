@@ -8,7 +8,7 @@
 //                          temperature, grad_mask) -> (dx, dw, db float32)
 //   fused_lce::_twin_config(hw, seed, switch_prob, hazards): the part (HwSpec and memories) and the scheduler seed
 //       used by the next calls; fused_lce::_twin_plan(...) returns the plan fields for the tests.
-// The tiling is what op_host computes: fused_lce::tiling::plan (csrc/include/fused_lce_tiling.h) for the part, and
+// The tiling is what op_host computes: fused_lce::tiling::plan (csrc/ascend/common/fused_lce_tiling.h) for the part, and
 // Matmul tilings with the plan's fixed base tile (fill_gemm below stands in for matmul_tiling::MatmulApiTiling,
 // which needs the CANN host libraries; it sets the fields the Matmul API reads).
 #include <torch/extension.h>
