@@ -1,7 +1,7 @@
 """Performance model of the AscendC kernels on an Atlas A2 (910B), from work counted on the CPU twin.
 
-Nothing here ran on an NPU. The twin (tests/support/ascendc_twin) counts, per core and launch, vector instructions and the UB
-bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes, cube FLOPs and the cube's GM -> L1
+Nothing here ran on an NPU. The twin (tests/support/ascendc_twin) counts, per core and launch, vector instructions and
+the UB bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes, cube FLOPs and the cube's GM -> L1
 operand bytes (fused_lce::_twin_counters; which operand tiles stay in L1 as the Matmul library's buffers allow,
 docs/npu-twin-rules.md). Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile work
 is counted on small shapes with the same tile and D as the 910B plan of the big shape (one AI core, one token block,
@@ -9,25 +9,25 @@ two and four vocabulary blocks: the difference is one tile's work, the rest the 
 big shape's tile count; cube FLOPs and ring / workspace bytes per tile are analytic (the twin's FLOPs at the small
 shape are checked against the same formula). The cube's operand bytes go through L2 and bound every pass below with
 the other L2 traffic. Time per kernel:
-  * old (FusedLceStats / FusedLceGrad): each vector core drives a synchronous Matmul client, so cube and vector time
-    add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks being accumulated
-    by the 24 cores fit its 192 MB; atomic contention is not modelled);
-  * mix (FusedLceStatsMix / FusedLceGradMix): cube and vector overlap through the two-slot rings, per tile
+  * vector (FusedLceStatsVector / FusedLceGradVector): each vector core drives a synchronous Matmul client, so cube
+    and vector time add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks
+    being accumulated by the 24 cores fit its 192 MB; atomic contention is not modelled);
+  * cube (FusedLceStatsCube / FusedLceGradCube): cube and vector overlap through the two-slot rings, per tile
     max(cube, vector); the backward runs phase X (token blocks over cores) then phase W (vocabulary blocks over
     cores), two GEMMs per tile in each, the fp32 accumulation of dX / dW by the owning core read and written in L2;
   * trio (CANN's npu_fused_linear_online_max_sum + ..._backward, hicann/ops-nn matmul/fused_linear_online_max_sum and
     matmul/fused_linear_cross_entropy_loss_grad mem_friendly): the same overlap, logits staged as bf16, its backward
     writes per-core fp32 dX / dW partials and sums them on the vector cores (V2), so its partial traffic is modelled
-    like the old kernel's atomics; its vector work per tile is taken equal to the mix kernel's (not counted: its source
+    like the vector pair's atomics; its vector work per tile is taken equal to the cube pair's (not counted: its source
     is not compiled here);
-  * mix3 / onepass (FusedLceGradMix's 3-GEMM modes; see three_gemm): per launch of at most the tile budget's rows,
+  * dz_kept / onepass (FusedLceGradCube's 3-GEMM modes; see three_gemm): per launch of at most the tile budget's rows,
     phase X forms dz of every tile (from a z GEMM overlapped with the vector work, or, onepass, from the z the
     forward kept) and keeps it in GM, then dX = dz W and dW += dz^T h run as two GEMMs from GM that accumulate their
     whole K in L0C (one write per output tile; dW read back after the first launch).
 Every kernel is also bounded below by HBM bytes / bandwidth and by ring / staging / accumulation bytes / L2
 bandwidth. Tasks (token block, vocabulary segment) are dealt to the 24 cores in waves, so ceil(tasks / 24) waves are
-paid (e.g. 32 token blocks in one segment cost two full waves; the MIX forward's planner splits the vocabulary to
-balance them; the trio deals (m, n) tiles round-robin, CVProcess). The floor is
+paid (e.g. 32 token blocks in one segment cost two full waves; the cube-driven forward's planner splits the
+vocabulary to balance them; the trio deals (m, n) tiles round-robin, CVProcess). The floor is
 6 N D V / cube peak (forward + backward GEMMs once each); every schedule that recomputes the logits in the backward
 does 8 N D V, i.e. >= 1.33x the floor; only onepass does 6 N D V.
 
@@ -116,25 +116,26 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
         w = (torch.randn(v, d, generator=g) / d**0.5).to(dtype)
         y = torch.randint(0, v, (n,), generator=g)
         lse = torch.logsumexp(h.float() @ w.float().t(), dim=1)
-        if kernel == "old_fwd":
-            ops._twin_stats(h, w, None, y, 0, 0.0, False, 1.0, False)
-        elif kernel == "mix_fwd":
-            ops._twin_stats_mix(h, w, None, y, 0, 0.0, 1.0, False, False)
-        elif kernel == "old_bwd":
+        if kernel == "vector_fwd":
+            ops._twin_stats_vector(h, w, None, y, 0, 0.0, False, 1.0, False)
+        elif kernel == "cube_fwd":
+            ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)
+        elif kernel == "vector_bwd":
             one, zero = torch.ones(n), torch.zeros(n)  # the loss's Coefs (a, t, b, u) for g = 1
-            ops._twin_grads(torch.stack([one, one, zero, zero]), h, w, None, y, lse, 0, 0.0, 1.0, [True, True, False])
-        elif kernel in ("mix_bwd", "mix3_bwd", "onepass_bwd"):
-            zc = ops._twin_stats_mix(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
+            ops._twin_grads_vector(torch.stack([one, one, zero, zero]), h, w, None, y, lse, 0, 0.0, 1.0, [True, True, False])
+        elif kernel in ("cube_bwd", "dz_kept_bwd", "onepass_bwd"):
+            zc = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
                 if kernel == "onepass_bwd" else None
-            ops._twin_grads_mix(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
-                                [True, True, False], zc, kernel != "mix_bwd", None)
+            ops._twin_grads_cube(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
+                                [True, True, False], zc, kernel != "cube_bwd", None)
         vec, flops, copied = _counters()
-        gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4, "mix3_bwd": 3, "onepass_bwd": 2}[kernel]
+        gemms = {"vector_fwd": 1, "cube_fwd": 1, "vector_bwd": 3, "cube_bwd": 4, "dz_kept_bwd": 3,
+                 "onepass_bwd": 2}[kernel]
         assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
         out.append(vec)
         l1.append(copied)
     twin_build.configure(twin_build.HW_910B)  # the plans that follow are the 910B's
-    tiles = 2 if kernel == "mix_bwd" else 1  # the MIX backward visits every tile twice (phases X and W)
+    tiles = 2 if kernel == "cube_bwd" else 1  # the cube-driven backward visits every tile twice (phases X and W)
     per_tile = [(b - a) / (2 * tiles) for a, b in zip(out[0], out[1])]
     fixed = [a - 2 * tiles * t for a, t in zip(out[0], per_tile)]
     l1_tile = (l1[1] - l1[0]) / 2  # per (token block, vocabulary block) of the problem
@@ -153,7 +154,7 @@ def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes):
     return parts[bound], bound
 
 
-NAMES = ("old", "mix", "trio", "mix3", "onepass")
+NAMES = ("vector", "cube", "trio", "dz_kept", "onepass")
 NPU_TILE_BUDGET = npu_provider.DEFAULT_TILE_BYTES  # bytes of z / dz kept per launch: the npu provider's default
 
 
@@ -184,12 +185,12 @@ def cube_in(c, tiles, tasks):
 
 
 def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
-    """The 3-GEMM schedules of FusedLceGradMix (modelled per launch of ``launch_rows`` rows, summed over launches):
-      * mix3: the MIX forward; backward phase X computes z tiles (cube) and dz (vector, overlapped), keeps dz in GM,
-        then dX = dz W (K = V, one GEMM per column chunk of the kept dz) and dW += dz^T h (K = rows) as GEMMs from
-        GM: 4 GEMMs with the forward;
-      * onepass: the gradients in the forward pass (the driver's keep / cache route, reduced losses): the MIX forward
-        keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same GEMMs: 3 GEMMs in all.
+    """The 3-GEMM schedules of FusedLceGradCube (modelled per launch of ``launch_rows`` rows, summed over launches):
+      * dz_kept: the cube-driven forward; backward phase X computes z tiles (cube) and dz (vector, overlapped),
+        keeps dz in GM, then dX = dz W (K = V, one GEMM per column chunk of the kept dz) and dW += dz^T h (K = rows)
+        as GEMMs from GM: 4 GEMMs with the forward;
+      * onepass: the gradients in the forward pass (the driver's keep / cache route, reduced losses): the cube-driven
+        forward keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same GEMMs: 3 GEMMs in all.
     dW is accumulated in the fp32 output across launches (read + written by the fixpipe after the first launch); dX
     is read back and written once more per column chunk of dz after the first (plan keep_cols). The cube's operand
     bytes (counted on the twin) bound each pass below through L2."""
@@ -200,9 +201,9 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
     l2_in = [0.0, 0.0]  # cube operand bytes of the forward and the backward
     for r0 in range(0, n, r_max):
         r = min(r_max, n - r0)
-        pm = ops._twin_plan_mix(r, d, v, elt, 0, False)
+        pm = ops._twin_plan_stats_cube(r, d, v, elt, 0, False)
         bm, bn = pm[1], pm[2]
-        cf = counted_for(ops, counted, "mix_fwd", dtype, bm, bn, d)
+        cf = counted_for(ops, counted, "cube_fwd", dtype, bm, bn, d)
         mb, nbk = math.ceil(r / bm), math.ceil(v / bn)
         t_cube = 2 * bm * bn * d / peak_core
         t_fwd_vec = _vec_cycles(cf[0]) / CLOCK_HZ
@@ -213,7 +214,7 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
         f = _time(tiles_core, t_cube, t_fwd_vec, True, v * d * elt * waves + r * d * elt + keep,
                   mb * nbk * bm * bn * 4 * 2 + fin)
         # phase X: dz of every tile; the vector work per tile counted on the twin in this mode
-        pg = ops._twin_plan_grad(r, d, v, elt, 0)
+        pg = ops._twin_plan_grad_cube(r, d, v, elt, 0)
         gbm, gbn = pg[1], pg[2]
         cg = counted_for(ops, counted, f"{name}_bwd", dtype, gbm, gbn, d)
         t_dz = _vec_cycles(cg[0]) / CLOCK_HZ
@@ -257,10 +258,11 @@ def model_rows(ops):
         peak_core = CUBE_PEAK[dname] / CUBE_CORES
         for n, d, v in SHAPES:
             twin_build.configure(twin_build.HW_910B)
-            plans = {"old_fwd": ops._twin_plan(n, d, v, elt, 0), "old_bwd": ops._twin_plan(n, d, v, elt, 8),
-                     "mix_fwd": ops._twin_plan_mix(n, d, v, elt, 0, False)}
-            pg = ops._twin_plan_grad(n, d, v, elt, 0)
-            plans["mix_bwd"] = [pg[0], pg[1], pg[2]]
+            plans = {"vector_fwd": ops._twin_plan_vector(n, d, v, elt, 0),
+                     "vector_bwd": ops._twin_plan_vector(n, d, v, elt, 8),
+                     "cube_fwd": ops._twin_plan_stats_cube(n, d, v, elt, 0, False)}
+            pg = ops._twin_plan_grad_cube(n, d, v, elt, 0)
+            plans["cube_bwd"] = [pg[0], pg[1], pg[2]]
             assert all(p[0] == 0 for p in plans.values()), plans
             cnt = {key: counted_for(ops, counted, key, dtype, p[1], p[2], d) for key, p in plans.items()}
 
@@ -273,8 +275,8 @@ def model_rows(ops):
             res = {}
             # forward: one GEMM per tile; logits staged through GM (L2) once written, once read; the cube's operand
             # bytes through L2 (counted on the twin; the trio sets A for every tile: h and W tiles each time)
-            for name, key, overlap, stage in (("old", "old_fwd", False, 4), ("mix", "mix_fwd", True, 4),
-                                              ("trio", "mix_fwd", True, 2)):
+            for name, key, overlap, stage in (("vector", "vector_fwd", False, 4), ("cube", "cube_fwd", True, 4),
+                                              ("trio", "cube_fwd", True, 2)):
                 bm, bn, mb, nbk, tc, tv = tile_costs(key, 1)
                 p = plans[key]  # tasks = token blocks x segments, each task seg_blocks = ceil(n_blocks / segments)
                 waves = math.ceil(p[8] / CUBE_CORES)
@@ -285,32 +287,32 @@ def model_rows(ops):
                     cin = mb * nbk * (bm + bn) * d * elt
                 res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(waves, 1),
                                            mb * nbk * bm * bn * stage * 2 + cin) + (tc, tv, cin)
-            # backward, old: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
+            # backward, vector: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
             # (read + write per tile, L2-resident working set) and dz staged in GM
-            bm, bn, mb, nbk, tc, tv = tile_costs("old_bwd", 3)
-            cin = cube_in(cnt["old_bwd"], mb * nbk, plans["old_bwd"][8])
+            bm, bn, mb, nbk, tc, tv = tile_costs("vector_bwd", 3)
+            cin = cube_in(cnt["vector_bwd"], mb * nbk, plans["vector_bwd"][8])
             l2 = mb * nbk * (bm * bn * (4 + elt) * 2 + (bm + bn) * d * 4 * 2)
             hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
-            res[("old", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin) + (tc, tv,
+            res[("vector", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin) + (tc, tv,
                                                                                                              cin)
-            # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the old kernel's counted dz work),
+            # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the vector pair's counted dz work),
             # per-core fp32 partials of dX and dW written and read back by V2; its operand bytes per tile (A set for
             # every tile, as its kernel does): z (h and W tiles), dX (dz and W), dW (dz and h)
             cin_trio = mb * nbk * ((bm + bn) * d * 2 + 2 * bm * bn) * elt
             res[("trio", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, hbm,
                                          mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2) + cin_trio) + (
                                              tc, tv, cin_trio)
-            # mix: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile two GEMMs
+            # cube: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile two GEMMs
             # overlapping the vector dz; one owner per output block, fixpipe accumulation read + write in L2
-            bm, bn, mb, nbk, tc, tv = tile_costs("mix_bwd", 2)
-            cin = cube_in(cnt["mix_bwd"], mb * nbk, 0)
+            bm, bn, mb, nbk, tc, tv = tile_costs("cube_bwd", 2)
+            cin = cube_in(cnt["cube_bwd"], mb * nbk, 0)
             tx = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, inputs(math.ceil(mb / CUBE_CORES), 1),
                        mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8) + cin / 2)
             tw = _time(math.ceil(nbk / CUBE_CORES) * mb, tc, tv, True, inputs(1, math.ceil(nbk / CUBE_CORES)),
                        mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8) + cin / 2)
-            res[("mix", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv, cin)
+            res[("cube", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv, cin)
             floor = 6 * n * d * v / CUBE_PEAK[dname]
-            for name in ("mix3", "onepass"):
+            for name in ("dz_kept", "onepass"):
                 res[(name, "fwd")], res[(name, "bwd")], info[name] = three_gemm(
                     ops, name, n, d, v, elt, peak_core, counted, dtype)
             for name in NAMES:
@@ -349,9 +351,9 @@ def main(argv=None) -> int:
             "environment": environment("cpu")}
     with open(os.path.join(out, "npu_model.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu.md)", "",
+    lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu-status.md)", "",
              "| N | D | V | dtype | kernels | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
-             "bound (fwd/bwd; mix bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand L2 TB/s (fwd/bwd) | "
+             "bound (fwd/bwd; cube bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand L2 TB/s (fwd/bwd) | "
              "rows per launch | kept GiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -360,11 +362,11 @@ def main(argv=None) -> int:
                      f"{r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
                      f"{r['fwd_bound']}/{r['bwd_bound']} | {r['cube_in_tbps'][0]}/{r['cube_in_tbps'][1]} | "
                      f"{r['rows_per_launch']} | {kept} |")
-    lines += ["", "kernels: old = FusedLceStats / FusedLceGrad; mix = FusedLceStatsMix / FusedLceGradMix recomputing z "
-              "in both backward phases; trio = CANN's schedule; mix3 = the MIX forward + the 3-GEMM backward (dz kept "
-              "in GM between phase X and the dX / dW GEMMs); onepass = gradients in the forward pass (z kept from the "
-              "forward, 3 GEMMs in all; the driver's route for reduced losses). kept GiB: the z / dz bytes kept per "
-              "launch (the tile budget, "
+    lines += ["", "kernels: vector = FusedLceStatsVector / FusedLceGradVector; cube = FusedLceStatsCube / "
+              "FusedLceGradCube recomputing z in both backward phases; trio = CANN's schedule; dz_kept = the "
+              "cube-driven forward + the 3-GEMM backward (dz kept in GM between phase X and the dX / dW GEMMs); "
+              "onepass = gradients in the forward pass (z kept from the forward, 3 GEMMs in all; the driver's route "
+              "for reduced losses). kept GiB: the z / dz bytes kept per launch (the tile budget, "
               f"{NPU_TILE_BUDGET / 2**30:g} GiB); '-': rings only, independent of N."]
     lines += ["", f"cube operand L2 TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the "
               f"Matmul library's buffers allow) over the pass time; L2 gives about {L2_BPS / 1e12:g} TB/s.", "",

@@ -23,9 +23,9 @@ def test_tiling_headers_compile_as_cplusplus11(tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("g++")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     src = tmp_path / "c11.cpp"
-    src.write_text('#include "fused_lce_tiling_data.h"\n'
-                   "static_assert(sizeof(FusedLceTilingData) <= 2048, \"tiling data too large\");\n"
-                   "int main() { FusedLceTilingData t{}; return static_cast<int>(t.plan.status); }\n")
+    src.write_text('#include "fused_lce_vector_tiling_data.h"\n'
+                   "static_assert(sizeof(FusedLceVectorTilingData) <= 2048, \"tiling data too large\");\n"
+                   "int main() { FusedLceVectorTilingData t{}; return static_cast<int>(t.plan.status); }\n")
     cmd = [cxx, "-std=c++11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=0",
            "-I", os.path.join(root, "csrc", "ascend", "common"),
            "-I", os.path.join(root, "tests", "support", "ascendc_twin", "kernel"), str(src),
@@ -34,8 +34,8 @@ def test_tiling_headers_compile_as_cplusplus11(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def test_mix_tiling_headers_compile_as_cplusplus11(tmp_path):
-    """The MIX ops' op_host includes the MIX planner and tiling structs: C++11 too, and both structs fit the
+def test_cube_tiling_headers_compile_as_cplusplus11(tmp_path):
+    """The cube-driven ops' op_host includes their planner and tiling structs: C++11 too, and both structs fit the
     2048-byte default tiling buffer."""
     import os
     import shutil
@@ -43,10 +43,10 @@ def test_mix_tiling_headers_compile_as_cplusplus11(tmp_path):
     cxx = os.environ.get("CXX") or shutil.which("g++")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     src = tmp_path / "c11.cpp"
-    src.write_text('#include "fused_lce_mix_tiling_data.h"\n'
-                   "static_assert(sizeof(FusedLceMixTilingData) <= 2048, \"tiling data too large\");\n"
-                   "static_assert(sizeof(FusedLceGradMixTilingData) <= 2048, \"tiling data too large\");\n"
-                   "int main() { FusedLceGradMixTilingData t{}; return static_cast<int>(t.plan.status); }\n")
+    src.write_text('#include "fused_lce_cube_tiling_data.h"\n'
+                   "static_assert(sizeof(FusedLceStatsCubeTilingData) <= 2048, \"tiling data too large\");\n"
+                   "static_assert(sizeof(FusedLceGradCubeTilingData) <= 2048, \"tiling data too large\");\n"
+                   "int main() { FusedLceGradCubeTilingData t{}; return static_cast<int>(t.plan.status); }\n")
     cmd = [cxx, "-std=c++11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=0",
            "-I", os.path.join(root, "csrc", "ascend", "common"),
            "-I", os.path.join(root, "tests", "support", "ascendc_twin", "kernel"), str(src),

@@ -1,5 +1,5 @@
-"""The one-pass modes of the MIX kernels on the AscendC CPU twin (hazard checker on): FusedLceStatsMix's zCache
-output (the cube's raw h W^T tiles) and FusedLceGradMix's zCache input (no logit GEMM) and keepDz (dz kept between
+"""The one-pass modes of the cube-driven kernels on the AscendC CPU twin (hazard checker on): FusedLceStatsCube's zCache
+output (the cube's raw h W^T tiles) and FusedLceGradCube's zCache input (no logit GEMM) and keepDz (dz kept between
 the phases in the workspace, phase W without z / vector work). Against float64 (every dtype, bias, softcap,
 temperature, the coefficients u and b, ignored rows, tails, both parts), against the recompute mode (bitwise with
 the z cache alone; within float32 rounding with dz kept: whole-K dX / dW GEMMs from the kept Dz, db partials per
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ..support.ascendc_twin import build as twin_build
-from .test_twin_grads_mix import coefs, grads64, lse_of, make
+from .test_twin_grads_cube import coefs, grads64, lse_of, make
 from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -20,8 +20,8 @@ MODES = {"zc": (True, False), "dz": (False, True), "zc+dz": (True, True)}  # (z 
 
 def zcache_of(ops, h, w, bias, y, softcap, temperature):
     """The forward's z cache, and a check that keeping it leaves the statistics bit for bit unchanged."""
-    kept = ops._twin_stats_mix(h, w, bias, y, 0, softcap, temperature, True, True, True)
-    plain = ops._twin_stats_mix(h, w, bias, y, 0, softcap, temperature, True, True)
+    kept = ops._twin_stats_cube(h, w, bias, y, 0, softcap, temperature, True, True, True)
+    plain = ops._twin_stats_cube(h, w, bias, y, 0, softcap, temperature, True, True)
     for x, x_ in zip(kept[:6], plain[:6]):
         assert torch.equal(x, x_)
     assert plain[6].numel() == 0
@@ -30,7 +30,7 @@ def zcache_of(ops, h, w, bias, y, softcap, temperature):
 
 def grads(ops, h, w, bias, y, lse, c, sc, temp, mask=(True, True, True), zc=None, keep_dz=False):
     a, t, b, u = c
-    return ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, 0, sc, temp, list(mask), zc, keep_dz)
+    return ops._twin_grads_cube(h, w, bias, y, lse, a, t, b, u, 0, sc, temp, list(mask), zc, keep_dz)
 
 
 def ignore_rows(y, c):
@@ -130,7 +130,7 @@ def test_onepass_cube_flops_three_gemms(ops, part, seed):
     lse = lse_of(h, w, bias, 0.0, 1.0)
     c = coefs(n, dict())
     gemm = 2 * n * d * v
-    zc = ops._twin_stats_mix(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
+    zc = ops._twin_stats_cube(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
     assert cube_flops(ops) == gemm
     expect = {(False, False): 4, (False, True): 3, (True, False): 2, (True, True): 2}
     vec = {}
@@ -150,9 +150,9 @@ def test_onepass_kept_dz_writes_each_output_once(ops, part, seed):
     h, w, bias, y = make(n, d, v, torch.bfloat16, dict())
     lse = lse_of(h, w, bias, 0.0, 1.0)
     c = coefs(n, dict())
-    mb, nb = ops._twin_plan_grad(n, d, v, 2, 0)[8:10]
+    mb, nb = ops._twin_plan_grad_cube(n, d, v, 2, 0)[8:10]
     assert mb > 1 and nb > 1
-    zc = ops._twin_stats_mix(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
+    zc = ops._twin_stats_cube(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
 
     def cube_written(keep):
         grads(ops, h, w, bias, y, lse, c, 0.0, 1.0, zc=zc, keep_dz=keep)
@@ -169,7 +169,7 @@ def test_onepass_workspace_formula(ops, part):
     al = lambda x: -(-x // 512) * 512  # noqa: E731
     for n, d, v, elt in [(8192, 4096, 151936, 2), (1000, 256, 5003, 4), (37, 45, 301, 2)]:
         for flags in (0, 1):
-            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad(n, d, v, elt, flags)
+            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad_cube(n, d, v, elt, flags)
             assert st == 0
             assert mb == -(-n // bm) and nb == -(-v // bn)
             assert ws_keep == ws + al(n * v * elt) + (al(2 * mb * v * 4) if flags else 0)
@@ -179,7 +179,7 @@ def test_onepass_workspace_formula(ops, part):
 
 @pytest.fixture
 def onepass_provider(ops):
-    """The npu provider over the MIX kernels on the twin (one-pass modes on), registered for the test only; the
+    """The npu provider over the cube-driven kernels on the twin (one-pass modes on), registered for the test only; the
     kernels object counts the calls that passed a z cache."""
     from fused_lce.core import registry
     from fused_lce.backends.npu import AscendCProvider
@@ -197,7 +197,7 @@ def onepass_provider(ops):
             Spy.in_place += dw_out is not None and r[1] is dw_out
             return r
 
-    k = Spy(kernels="mix")
+    k = Spy(kernels="cube")
     registry.register(AscendCProvider("npu_twin_onepass", kernels=k, device_types=("cpu",)))
     yield Spy
     registry.unregister("npu_twin_onepass")
@@ -244,9 +244,9 @@ def test_onepass_vocab_shard_matches_recompute(ops, part, seed):
     h, w, bias, y = make(n, d, v, torch.float16, opt, vs=vs, vt=1000)
     lse = lse_of(h, w, bias, 0.0, 1.0) + 0.3
     a, t, b, u = coefs(n, opt)
-    zc = ops._twin_stats_mix(h, w, bias, y, vs, 0.0, 1.0, False, False, True)[6]
-    base = ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3)
-    got = ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3, zc, True)
+    zc = ops._twin_stats_cube(h, w, bias, y, vs, 0.0, 1.0, False, False, True)[6]
+    base = ops._twin_grads_cube(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3)
+    got = ops._twin_grads_cube(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0, [True] * 3, zc, True)
     ref = grads64(h, w, bias, y, lse, a, t, b, u, vs, 0.0, 1.0)
     for g, b0 in zip(got, base):  # whole-K GEMMs and per-token-block db partials: another summation order
         assert rel_l2(g, b0) < 1e-5
@@ -254,9 +254,9 @@ def test_onepass_vocab_shard_matches_recompute(ops, part, seed):
         assert rel_l2(g, r) < GRAD_RTOL[torch.float16]
 
 
-class _OldKernels:
-    """An adapter without the one-pass capability (the hardware adapter today): its methods take no keep_z /
-    zcache / keep_dz."""
+class _NoCacheKernels:
+    """Kernels without the one-pass capability (the vector pair's interface): their methods take no keep_z / zcache /
+    keep_dz."""
 
     def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
         n = hidden.shape[0]
@@ -267,7 +267,7 @@ class _OldKernels:
         return (torch.zeros(hidden.shape), torch.zeros(weight.shape), torch.zeros(weight.shape[0]))
 
 
-class _CacheKernels(_OldKernels):
+class _CacheKernels(_NoCacheKernels):
     supports_cache = True
 
 
@@ -280,10 +280,10 @@ def test_provider_token_block_bound_and_fallback():
     def prob(n, v, dtype, tile_bytes):
         return Problem(n, 64, v, dtype, torch.device("cpu"), False, Options(tile_bytes=tile_bytes))
 
-    old = AscendCProvider("x", kernels=_OldKernels(), device_types=("cpu",))
+    plain = AscendCProvider("x", kernels=_NoCacheKernels(), device_types=("cpu",))
     new = AscendCProvider("y", kernels=_CacheKernels(), device_types=("cpu",))
     p = prob(100000, 151936, torch.bfloat16, 1 << 30)
-    assert old.token_block(p, True) == old.token_block(p, False) == 100000
+    assert plain.token_block(p, True) == plain.token_block(p, False) == 100000
     keep, plain = new.token_block(p, True), new.token_block(p, False)
     assert keep % 128 == 0 and keep * 151936 * 6 <= 1 << 30 < (keep + 128) * 151936 * 6
     assert plain % 128 == 0 and plain * 151936 * 2 <= 1 << 30 < (plain + 128) * 151936 * 2
@@ -301,7 +301,7 @@ def test_provider_without_capability_keeps_todays_route():
     from fused_lce.core import Coefs, Options, Tensors
     from fused_lce.backends.npu import AscendCProvider
 
-    prov = AscendCProvider("x", kernels=_OldKernels(), device_types=("cpu",))
+    prov = AscendCProvider("x", kernels=_NoCacheKernels(), device_types=("cpu",))
     n, d, v = 6, 4, 10
     t = Tensors(torch.randn(n, d), torch.randn(v, d), torch.randint(0, v, (n,)), torch.randn(v))
     st, cache = prov.stats(t, slice(0, n), Options(), keep=True)
@@ -323,14 +323,14 @@ def test_onepass_dw_accumulates_in_place(ops, part, seed):
     h, w, bias, y = make(37, 20, 150, torch.bfloat16, opt)
     lse = lse_of(h, w, bias, 0.0, 1.0)
     a, t, b, u = coefs(37, opt)
-    zc = ops._twin_stats_mix(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
+    zc = ops._twin_stats_cube(h, w, bias, y, 0, 0.0, 1.0, False, False, True)[6]
     args = (h, w, bias, y, lse, a, t, b, u, 0, 0.0, 1.0, [True] * 3, zc, True)
-    fresh = ops._twin_grads_mix(*args)
+    fresh = ops._twin_grads_cube(*args)
     acc = torch.zeros(150, 20)
-    got = ops._twin_grads_mix(*args, acc)
+    got = ops._twin_grads_cube(*args, acc)
     assert got[1].numel() == 0 and torch.equal(acc, fresh[1])
     assert torch.equal(got[0], fresh[0]) and torch.equal(got[2], fresh[2])
-    ops._twin_grads_mix(*args, acc)
+    ops._twin_grads_cube(*args, acc)
     assert rel_l2(acc, 2 * fresh[1]) < 1e-6
 
 
@@ -340,7 +340,7 @@ def test_onepass_several_token_blocks_per_core(ops, part, seed):
     part(HW_TINY, sched_seed=seed, switch_prob=0.7)
     n, d, v = 230, 16, 77
     opt = dict(bias=True, u=True, b=True, softcap=3.0, temperature=1.3)
-    assert ops._twin_plan_grad(n, d, v, 2, 1)[8] > ops._twin_plan_grad(n, d, v, 2, 1)[4]
+    assert ops._twin_plan_grad_cube(n, d, v, 2, 1)[8] > ops._twin_plan_grad_cube(n, d, v, 2, 1)[4]
     h, w, bias, y = make(n, d, v, torch.bfloat16, opt)
     lse = lse_of(h, w, bias, 3.0, 1.3)
     y, c = ignore_rows(y, coefs(n, opt))

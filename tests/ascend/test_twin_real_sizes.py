@@ -1,7 +1,7 @@
 """The npu provider's default route at real vocabulary sizes on the twin: V_local >= 65536 (70 000) and Qwen's
 151 936, tiny N and D, against float64, forward and backward, for both kernel pairs. At these sizes a cube operand
 read at a row stride of V_local would exceed the 16 bits of the GM -> L1 copy's Nd2NzParams::srcDValue, which the
-twin's Matmul model reports (docs/npu-twin-rules.md): the MIX backward keeps dz in column chunks narrower than
+twin's Matmul model reports (docs/npu-twin-rules.md): the cube-driven backward keeps dz in column chunks narrower than
 65535 (plan.keep_cols), and these tests fail if it goes back to one N x V_local matrix."""
 import pytest
 import torch
@@ -15,9 +15,9 @@ SIZES = [(20, 8, 70000), (8, 8, 151936)]  # (N, D, V_local)
 RTOL = 5e-5
 
 
-@pytest.fixture(params=["mix", "old"])
+@pytest.fixture(params=["cube", "vector"])
 def provider(request, ops):
-    """The npu provider over one kernel pair on the twin, registered for the test only (mix: the default, with its
+    """The npu provider over one kernel pair on the twin, registered for the test only (cube: the default, with its
     one-pass route: z kept by the forward, dz kept by the backward)."""
     from fused_lce.core import registry
     from fused_lce.backends.npu import AscendCProvider
@@ -58,8 +58,8 @@ def test_default_route_at_real_vocabularies(provider, part, seed, n, d, v):
     h, w, b = (x.clone().requires_grad_() for x in (h0, w0, b0))
     loss = fused_lce.linear_cross_entropy(h, w, y, b, label_smoothing=0.1, z_loss=1e-3, backend=name)
     loss.backward()
-    # the route the provider takes by default: one block; the MIX pair keeps z in the forward and dz in the backward
-    one_pass = pair == "mix"
+    # the route the provider takes by default: one block; the cube pair keeps z in the forward and dz in the backward
+    one_pass = pair == "cube"
     assert calls == [("stats", one_pass), ("grads", one_pass, one_pass)], calls
     loss, ref = float(loss.detach()), float(ref.detach())
     assert abs(loss - ref) <= RTOL * abs(ref), (pair, loss, ref)
@@ -68,8 +68,8 @@ def test_default_route_at_real_vocabularies(provider, part, seed, n, d, v):
 
 
 @pytest.mark.parametrize("keep_dz", [True, False], ids=["dz-kept", "recompute"])
-def test_mix_backward_modes_at_a_wide_vocabulary(ops, part, seed, keep_dz):
-    """The MIX backward's other modes at V_local = 70 000 (no z cache): dz kept (whole-K GEMMs from the N x V
+def test_cube_backward_modes_at_a_wide_vocabulary(ops, part, seed, keep_dz):
+    """The cube-driven backward's other modes at V_local = 70 000 (no z cache): dz kept (whole-K GEMMs from the N x V
     Dz) and the per-tile ring, against float64."""
     part(HW_910B, sched_seed=seed)
     n, d, v = 20, 8, 70000
@@ -81,6 +81,6 @@ def test_mix_backward_modes_at_a_wide_vocabulary(ops, part, seed, keep_dz):
     a, t = torch.rand(n, generator=g), torch.rand(n, generator=g)
     dz = torch.softmax(z, 1) * a.double()[:, None]
     dz[torch.arange(n), y] -= t.double()
-    dx, dw, _ = ops._twin_grads_mix(h, w, None, y, lse.float(), a, t, None, None, 0, 0.0, 1.0, [True, True, False],
+    dx, dw, _ = ops._twin_grads_cube(h, w, None, y, lse.float(), a, t, None, None, 0, 0.0, 1.0, [True, True, False],
                                     None, keep_dz, None)
     assert rel_l2(dx, dz @ w.double()) < RTOL and rel_l2(dw, dz.t() @ h.double()) < RTOL

@@ -111,7 +111,7 @@ def test_kernels_pass_field_values_whole():
 
     root = os.path.join(os.path.dirname(__file__), "..", "..", "csrc", "ascend")
     sources = glob.glob(os.path.join(root, "*", "op_kernel", "*.cpp")) + \
-        glob.glob(os.path.join(root, "common", "fused_lce_*vec.h"))
+        glob.glob(os.path.join(root, "common", "fused_lce_*_aiv.h"))
     assert len(sources) >= 6
     for src in sources:
         code = re.sub(r"//[^\n]*", "", open(src).read())

@@ -8,7 +8,7 @@ pairs, every mode, must give the same results bit for bit, and match float64."""
 import pytest
 import torch
 
-from .test_twin_grads_mix import coefs, grads64, lse_of, make
+from .test_twin_grads_cube import coefs, grads64, lse_of, make
 from ..support.ascendc_twin.build import MM_VARIANTS, counters
 from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
@@ -16,15 +16,15 @@ SHAPE = (37, 45, 301)
 
 
 def run_all(ops, h, w, b, y, lse, c):
-    """Every kernel and mode on one problem: MIX forward (with the z cache), MIX backward recomputing / with the z
-    cache and dz kept, the old pair."""
-    zc = ops._twin_stats_mix(h, w, b, y, 0, 0.0, 1.0, True, True, True)
+    """Every kernel and mode on one problem: the cube-driven forward (with the z cache) and backward (recomputing /
+    with the z cache and dz kept), the vector-driven pair."""
+    zc = ops._twin_stats_cube(h, w, b, y, 0, 0.0, 1.0, True, True, True)
     out = list(zc)
     for cache, keep in ((None, False), (zc[6], True), (None, True)):
-        out += ops._twin_grads_mix(h, w, b, y, lse, *c, 0, 0.0, 1.0, [True, True, True], cache, keep, None)
-    out += ops._twin_stats(h, w, b, y, 0, 0.0, True, 1.0, False)
+        out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 0.0, 1.0, [True, True, True], cache, keep, None)
+    out += ops._twin_stats_vector(h, w, b, y, 0, 0.0, True, 1.0, False)
     planes = torch.stack([x if x is not None else torch.zeros_like(c[0]) for x in c])
-    out += ops._twin_grads(planes, h, w, b, y, lse, 0, 0.0, 1.0, [True, True, True])
+    out += ops._twin_grads_vector(planes, h, w, b, y, lse, 0, 0.0, 1.0, [True, True, True])
     return out
 
 
@@ -43,7 +43,7 @@ def test_results_do_not_depend_on_the_free_tiling_values(ops, part, seed, hw):
         if base is None:
             base = got
             ref = grads64(h, w, b, y, lse, *c, 0, 0.0, 1.0)
-            for x, r in zip(got[7:10], ref):  # the MIX backward against float64
+            for x, r in zip(got[7:10], ref):  # the cube-driven backward against float64
                 assert rel_l2(x, r) < GRAD_RTOL[torch.float32]
             continue
         for i, (x, x0) in enumerate(zip(got, base)):

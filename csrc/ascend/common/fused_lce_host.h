@@ -19,12 +19,12 @@
 #include "tiling/platform/platform_ascendc.h"
 #include "tiling/tiling_api.h"
 
-#include "fused_lce_tiling_data.h"
+#include "fused_lce_vector_tiling_data.h"
 
 namespace fused_lce_host {
 
 // Batch scheduling (TilingContext::SetScheduleMode(1)): the launch starts only when all of its cores are free.
-// FusedLceStats synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without batch
+// FusedLceStatsVector synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without batch
 // mode two such launches on different streams can each hold part of the cores and wait for the other's forever
 // (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Both ops set it on every launch,
 // as ops-nn's FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE):
@@ -182,7 +182,7 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
-// FusedLceGrad(Mix)'s shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
+// FusedLceGradVector's and FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);
     gert::Shape* dw = ctx->GetOutputShape(1);
@@ -201,7 +201,7 @@ inline ge::graphStatus infer_grad_dtypes(gert::InferDataTypeContext* ctx) {
     return ge::GRAPH_SUCCESS;
 }
 
-// ---- OpDef pieces shared by the old ops and their MIX counterparts (one list each, so the pairs cannot drift) ----
+// ---- OpDef pieces shared by the two pairs (one list each, so the pairs cannot drift) -----------------------------
 // (operand dtype, label dtype) combinations, one kernel binary each; every tensor ND.
 struct OpTypes {
     std::vector<ge::DataType> operand{ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
@@ -253,10 +253,10 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
         return fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
     return ge::GRAPH_SUCCESS;
 }
-constexpr size_t kGradAttrs = 4;  // a MIX backward's own attributes come after these
-constexpr size_t kStatsAttrs = 5;  // and a MIX forward's after these
+constexpr size_t kGradAttrs = 4;  // FusedLceGradCube's own attributes come after these
+constexpr size_t kStatsAttrs = 5;  // and FusedLceStatsCube's after these
 
-// FusedLceStats(Mix): the six per-token outputs and the five attributes (read_stats_attrs' order)
+// FusedLceStats{Vector,Cube}: the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("max").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("sum_exp").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
@@ -271,7 +271,7 @@ inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Attr("with_entropy").AttrType(ops::OPTIONAL).Bool(false);
 }
 
-// FusedLceGrad(Mix): the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
+// FusedLceGrad{Vector,Cube}: the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
 inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("grad_hidden").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("grad_weight").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);

@@ -1,10 +1,14 @@
 """The kernels of the "npu" provider: the host adapter's private ops (csrc/npu/fused_lce_npu.cpp), and which kernel
 pair they launch.
 
-FUSED_LCE_NPU_KERNELS picks the pair, read at every kernel call: "mix" (the default: the cube-driven
-FusedLceStatsMix / FusedLceGradMix, with their one-pass modes and a deterministic backward) or "old" (FusedLceStats /
-FusedLceGrad, whose backward accumulates with float32 atomics). Neither has run on hardware; both run every suite
-on the twin in CI. "old" is the fallback to set if the default pair fails the first hardware run (docs/npu-status.md).
+FUSED_LCE_NPU_KERNELS picks the pair, read at every kernel call:
+* "cube" (the default): FusedLceStatsCube / FusedLceGradCube. The cube core drives, its two vector cores follow
+  through rings in GM; every gradient element is accumulated by one core in a fixed order (deterministic), and the
+  one-pass modes (the forward keeps z, the backward keeps dz) cost 3 GEMMs for fwd + bwd.
+* "vector": FusedLceStatsVector / FusedLceGradVector. Each vector core drives the Matmul API for its rows; the
+  backward recomputes the logits and accumulates dX / dW with float32 atomic adds.
+Neither pair has run on hardware; both run every suite on the twin in CI. "vector" is the fallback if the default
+pair fails the first hardware run (docs/npu-status.md).
 """
 from __future__ import annotations
 
@@ -14,13 +18,13 @@ from typing import Optional
 import torch
 
 KERNELS_ENV = "FUSED_LCE_NPU_KERNELS"
-KERNEL_CHOICES = ("old", "mix")
-DEFAULT_KERNELS = "mix"
+KERNEL_CHOICES = ("vector", "cube")
+DEFAULT_KERNELS = "cube"
 # the two-phase aclnn API the CANN build generates for each pair (checked in the OPP's libcust_opapi.so)
-ACLNN_SYMBOLS = ("aclnnFusedLceStatsGetWorkspaceSize", "aclnnFusedLceStats",
-                 "aclnnFusedLceGradGetWorkspaceSize", "aclnnFusedLceGrad")
-MIX_ACLNN_SYMBOLS = ("aclnnFusedLceStatsMixGetWorkspaceSize", "aclnnFusedLceStatsMix",
-                     "aclnnFusedLceGradMixGetWorkspaceSize", "aclnnFusedLceGradMix")
+VECTOR_ACLNN_SYMBOLS = ("aclnnFusedLceStatsVectorGetWorkspaceSize", "aclnnFusedLceStatsVector",
+                        "aclnnFusedLceGradVectorGetWorkspaceSize", "aclnnFusedLceGradVector")
+CUBE_ACLNN_SYMBOLS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube",
+                      "aclnnFusedLceGradCubeGetWorkspaceSize", "aclnnFusedLceGradCube")
 
 
 def kernel_choice(env: Optional[dict] = None) -> str:
@@ -34,11 +38,11 @@ def kernel_choice(env: Optional[dict] = None) -> str:
 
 
 class AdapterKernels:
-    """The compiled kernels through the host adapter's ops: the old pair (``_npu_stats`` / ``_npu_grads``) or the MIX
-    pair (``_npu_stats_mix`` / ``_npu_grads_mix``). ``kind`` None follows FUSED_LCE_NPU_KERNELS at every call;
-    ``ops`` is the op namespace and ``prefix`` the ops' prefix: the twin's ``_twin_*`` ops have the same contracts
-    (tests/backends/npu/test_adapter_build.py compares the schemas), so tests/support/ascendc_twin/build.py ``TwinKernels`` is this
-    class over them."""
+    """The compiled kernels through the host adapter's ops: the vector pair (``_npu_stats_vector`` /
+    ``_npu_grads_vector``) or the cube pair (``_npu_stats_cube`` / ``_npu_grads_cube``). ``kind`` None follows
+    FUSED_LCE_NPU_KERNELS at every call; ``ops`` is the op namespace and ``prefix`` the ops' prefix: the twin's
+    ``_twin_*`` ops have the same schemas (csrc/npu/kernel_ops.h), so the twin's ``TwinKernels``
+    (tests/support/ascendc_twin/build.py) is this class over them."""
 
     def __init__(self, kind: Optional[str] = None, ops=None, prefix: str = "_npu"):
         if kind is not None and kind not in KERNEL_CHOICES:
@@ -53,9 +57,9 @@ class AdapterKernels:
 
     @property
     def supports_cache(self) -> bool:
-        """The MIX kernels' one-pass modes: ``stats(..., keep_z=True)`` also returns the z cache, ``grads`` takes
-        ``zcache`` / ``keep_dz`` / ``dw_out`` (docs/npu.md); AscendCProvider uses them when set."""
-        return self.kind == "mix"
+        """The cube pair's one-pass modes: ``stats(..., keep_z=True)`` also returns the z cache, ``grads`` takes
+        ``zcache`` / ``keep_dz`` / ``dw_out`` (docs/npu-design.md); AscendCProvider uses them when set."""
+        return self.kind == "cube"
 
     def _op(self, name: str):
         return getattr(self.ops, f"{self.prefix}_{name}")
@@ -63,31 +67,31 @@ class AdapterKernels:
     def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy,
               keep_z: bool = False):
         """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h W^T) as a
-        7th item when ``keep_z`` (MIX only)."""
-        if self.kind == "mix":
-            r = self._op("stats_mix")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
-                                      float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z))
+        7th item when ``keep_z`` (cube pair only)."""
+        if self.kind == "cube":
+            r = self._op("stats_cube")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                       float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z))
             return r if keep_z else r[:6]
         if keep_z:
-            raise ValueError("keep_z needs the MIX kernels (FUSED_LCE_NPU_KERNELS=mix)")
-        return self._op("stats")(hidden, weight, bias, labels, int(vocab_start), float(softcap), bool(with_zsum),
-                                 float(temperature), bool(with_entropy))
+            raise ValueError("keep_z needs the cube pair (FUSED_LCE_NPU_KERNELS=cube)")
+        return self._op("stats_vector")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                        bool(with_zsum), float(temperature), bool(with_entropy))
 
     def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
               zcache=None, keep_dz: bool = False, dw_out=None, present=(True, True)):
-        """(dx, dw, db) float32. MIX only: ``zcache``, what ``stats(..., keep_z=True)`` returned for these rows (no
+        """(dx, dw, db) float32. Cube pair only: ``zcache``, what ``stats(..., keep_z=True)`` returned for these rows (no
         logits recomputed); ``keep_dz``, dz kept between the backward's phases; ``dw_out``, a float32 (V, D) tensor
         dW is added to in place (and returned as dw), for sums over driver blocks; ``present``, whether the planes b
         and u are given (an absent one is 0, passed as None so the kernel skips its vector work)."""
         mask = [bool(x) for x in grad_mask]
-        if self.kind == "mix":  # the (4, N) planes a, t, b, u one by one
+        if self.kind == "cube":  # the (4, N) planes a, t, b, u one by one
             c = coefs.float()
             b_, u_ = (c[2] if present[0] else None), (c[3] if present[1] else None)
-            dx, dw, db = self._op("grads_mix")(hidden, weight, bias, labels, lse.float(), c[0], c[1], b_, u_,
-                                               int(vocab_start), float(softcap), float(temperature), mask, zcache,
-                                               bool(keep_dz), dw_out)
+            dx, dw, db = self._op("grads_cube")(hidden, weight, bias, labels, lse.float(), c[0], c[1], b_, u_,
+                                                int(vocab_start), float(softcap), float(temperature), mask, zcache,
+                                                bool(keep_dz), dw_out)
             return dx, (dw_out if dw_out is not None and mask[1] else dw), db
         if zcache is not None or keep_dz or dw_out is not None:
-            raise ValueError("zcache / keep_dz / dw_out need the MIX kernels (FUSED_LCE_NPU_KERNELS=mix)")
-        return self._op("grads")(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
-                                 float(temperature), mask)
+            raise ValueError("zcache / keep_dz / dw_out need the cube pair (FUSED_LCE_NPU_KERNELS=cube)")
+        return self._op("grads_vector")(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
+                                        float(temperature), mask)

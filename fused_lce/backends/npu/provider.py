@@ -12,7 +12,7 @@ import torch
 
 from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
 from .env import OPP_VENDOR, find_custom_opp, usable_torch_npu
-from .kernels import ACLNN_SYMBOLS, KERNELS_ENV, MIX_ACLNN_SYMBOLS, AdapterKernels, kernel_choice
+from .kernels import VECTOR_ACLNN_SYMBOLS, KERNELS_ENV, CUBE_ACLNN_SYMBOLS, AdapterKernels, kernel_choice
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
 ADAPTER_MODULE = "fused_lce._npu_C"
@@ -20,7 +20,7 @@ ADAPTER_MODULE = "fused_lce._npu_C"
 # 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the cube's work in
 # benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of 1.14x)
 DEFAULT_TILE_BYTES = 2 << 30
-MIX_MAX_IDS = 1 << 24  # the MIX planner carries vocabulary ids and row offsets as exact floats
+CUBE_MAX_IDS = 1 << 24  # the cube pair's planner carries vocabulary ids and row offsets as exact floats
 # every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
 # (Nd2NzParams::srcDValue; fused_lce_tiling.h kMaxOperandStride)
 MAX_HIDDEN = 65534
@@ -69,7 +69,7 @@ class AscendCProvider(WholeRowsProvider):
         except OSError as e:
             return f"cannot load {lib} ({e})"
         try:
-            wanted = ACLNN_SYMBOLS + (MIX_ACLNN_SYMBOLS if kernel_choice() == "mix" else ())
+            wanted = VECTOR_ACLNN_SYMBOLS + (CUBE_ACLNN_SYMBOLS if kernel_choice() == "cube" else ())
         except ValueError as e:
             return str(e)
         missing = [s for s in wanted if not hasattr(handle, s)]
@@ -127,9 +127,9 @@ class AscendCProvider(WholeRowsProvider):
         if reason is None and p.d > MAX_HIDDEN:
             return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
                     f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
-        if reason is None and p.v >= MIX_MAX_IDS and getattr(self.kernels, "kind", None) == "mix":
-            return (f"the MIX kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
-                    f"({KERNELS_ENV}=old runs the old kernels)")
+        if reason is None and p.v >= CUBE_MAX_IDS and getattr(self.kernels, "kind", None) == "cube":
+            return (f"the cube-driven kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
+                    f"({KERNELS_ENV}=vector runs the vector-driven kernels)")
         return reason
 
     # -- kernels: one driver block covers every row (the kernels tile tokens across cores) ----------------------

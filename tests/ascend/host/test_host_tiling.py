@@ -1,4 +1,4 @@
-"""The real tiling / inference functions of FusedLceStats and FusedLceGrad, run under the host twin's runtime on a grid
+"""The real tiling / inference functions of FusedLceStatsVector and FusedLceGradVector, run under the host twin's runtime on a grid
 of problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
 status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to
 fused_lce_tiling.h's plan(), attributes read at the right index, inputs read by IR index, bad nodes rejected without
@@ -16,8 +16,8 @@ from ...support.ascendc_twin.host_build import ASCEND, ROOT
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 
-KERNELS = {"FusedLceStats": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats.cpp"),
-           "FusedLceGrad": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad.cpp")}
+KERNELS = {"FusedLceStatsVector": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_vector.cpp"),
+           "FusedLceGradVector": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_vector.cpp")}
 ADAPTER = os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp")
 TILING_CAPACITY = 2048  # OpImplRegisterV2::Tiling's default max_tiling_data_size, which OP_ADD uses
 BATCH_MODE = 1
@@ -33,7 +33,7 @@ def _seed() -> int:
 SEED = _seed()
 
 
-def case(op="stats", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
+def case(op="stats_vector", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
          temperature=1.0, with_zsum=0, entropy=0, mask=7, vocab_start=0, **extra) -> str:
     words = [f"op={op}", f"part={part}", f"n={n}", f"d={d}", f"v={v}", f"dtype={dtype}", f"label={label}",
              f"bias={int(bias)}", f"softcap={softcap}", f"temperature={temperature}", f"with_zsum={int(with_zsum)}",
@@ -76,7 +76,7 @@ def align(a: int, b: int) -> int:
 def problems(line: str, r: dict) -> list[str]:
     """Every way the tiling's result disagrees with what the kernels and the runtime need."""
     c = words(line)
-    grad = c["op"] == "grad"
+    grad = c["op"] == "grad_vector"
     e = r["expected_plan"]
     bad = []
 
@@ -135,7 +135,7 @@ def problems(line: str, r: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("op", ["stats", "grad"])
+@pytest.mark.parametrize("op", ["stats_vector", "grad_vector"])
 def test_tiling_on_a_grid_of_problems(op, driver):
     rng = random.Random(SEED)
     lines = grid(op, 400, rng)
@@ -157,16 +157,16 @@ def test_batch_mode_whenever_the_kernel_syncs_all_cores(driver):
     launches on several streams can deadlock (asc-devkit SyncAll.md, 约束说明). The stats kernel syncs when a token
     block's vocabulary is split in segments (few token blocks); the check follows whichever kernel calls SyncAll."""
     syncing = [op for op in KERNELS if _kernel_syncs_all_cores(op)]
-    assert "FusedLceStats" in syncing
+    assert "FusedLceStatsVector" in syncing
     lines = []
     for part in PARTS:
         for n in (1, 37, 200, 1000):
-            for op in ("stats", "grad"):
+            for op in ("stats_vector", "grad_vector"):
                 lines.append(case(op, part, n, 128, 151936))
     outs = driver(lines)
     checked = 0
     for line, r in zip(lines, outs):
-        op = "FusedLceGrad" if "op=grad" in line else "FusedLceStats"
+        op = "FusedLceGradVector" if "op=grad_vector" in line else "FusedLceStatsVector"
         assert r["status"] == "ok", line
         if op in syncing and r["plan"]["segments"] > 1:
             checked += 1
@@ -176,7 +176,7 @@ def test_batch_mode_whenever_the_kernel_syncs_all_cores(driver):
     assert checked >= 8
 
 
-@pytest.mark.parametrize("op", ["stats", "grad"])
+@pytest.mark.parametrize("op", ["stats_vector", "grad_vector"])
 @pytest.mark.parametrize("bias", [0, 1])
 @pytest.mark.parametrize("label", ["i32", "i64"])
 def test_inputs_after_the_optional_bias_are_read_by_ir_index(op, bias, label, driver):
@@ -188,11 +188,11 @@ def test_inputs_after_the_optional_bias_are_read_by_ir_index(op, bias, label, dr
 
 
 def test_attributes_are_read_at_their_opdef_index(driver):
-    r = driver.one(case("grad", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
+    r = driver.one(case("grad_vector", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
                         vocab_start=3000))
     assert (r["vocabStart"], r["softcap"], r["temperature"], r["gradMask"]) == (3000, 12.5, 0.625, 5)
     for zsum, ent in ((1, 0), (0, 1), (1, 1)):
-        r = driver.one(case("stats", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
+        r = driver.one(case("stats_vector", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
                             with_zsum=zsum, entropy=ent))
         assert (r["vocabStart"], r["softcap"], r["temperature"], r["withZsum"], r["withEntropy"]) == \
             (123, 7.5, 1.25, zsum, ent)
@@ -232,20 +232,20 @@ ALL_BAD = BAD + [("grad: " + w, k) for w, k in BAD + BAD_GRAD]
 
 @pytest.mark.parametrize("what,kw", ALL_BAD, ids=[w for w, _ in ALL_BAD])
 def test_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
-    op = "grad" if what.startswith("grad: ") else "stats"
+    op = "grad_vector" if what.startswith("grad: ") else "stats_vector"
     r = driver.one(case(op, **kw))
     assert r["status"] == "failed", f"{what}: tiling accepted {r}"
     assert r["block_dim_set"] is False and r["workspace_set"] is False  # nothing half-set
 
 
 def test_inferred_shapes_and_dtypes(driver):
-    r = driver.one("infer " + case("stats", n=37, d=45, v=301))
+    r = driver.one("infer " + case("stats_vector", n=37, d=45, v=301))
     assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 6 and r["dtypes"] == [0, 0, 0, 0, 3, 0]
     for bias in (0, 1):
-        r = driver.one("infer " + case("grad", n=37, d=45, v=301, bias=bias))
+        r = driver.one("infer " + case("grad_vector", n=37, d=45, v=301, bias=bias))
         assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
         assert r["dtypes"] == [0, 0, 0]
-    for op, kw in (("stats", dict(shape__hidden="37")), ("grad", dict(shape__weight="301"))):
+    for op, kw in (("stats_vector", dict(shape__hidden="37")), ("grad_vector", dict(shape__weight="301"))):
         assert not driver.one("infer " + case(op, **kw))["shape_ok"]  # rejected, not dereferenced
 
 
@@ -266,7 +266,7 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
     """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
     docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
     calls = _adapter_calls()
-    assert set(calls) == {"FusedLceStats", "FusedLceGrad", "FusedLceStatsMix", "FusedLceGradMix"}
+    assert set(calls) == {"FusedLceStatsVector", "FusedLceGradVector", "FusedLceStatsCube", "FusedLceGradCube"}
     attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
     for op, args in calls.items():
         d = driver.one(f"opdef={op}")
@@ -277,22 +277,22 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
         assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
 
 
-# ---- the cube-driven MIX ops (FusedLceStatsMix / FusedLceGradMix) --------------------------------------------------
-MIX_KERNELS = {"FusedLceStatsMix": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_mix.cpp"),
-               "FusedLceGradMix": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_mix.cpp")}
+# ---- the cube-driven ops (FusedLceStatsCube / FusedLceGradCube) ------------------------------------------------------
+CUBE_KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_cube.cpp"),
+               "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
 
 
 def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def mix_grid(op: str, count: int, rng: random.Random) -> list[str]:
-    """The old ops' grid for the MIX ops, plus their own options (coef_b / coef_u / z_cache present or not,
+def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
+    """The vector-driven ops' grid for the cube-driven ops, plus their own options (coef_b / coef_u / z_cache present or not,
     keep_dz; keep_z for the forward)."""
     out = []
-    for line in grid(op.replace("_mix", ""), count, rng):
-        line = line.replace(f"op={op.replace('_mix', '')} ", f"op={op} ", 1)
-        if op == "grad_mix":
+    for line in grid(op.replace("_cube", "_vector"), count, rng):
+        line = line.replace(f"op={op.replace('_cube', '_vector')} ", f"op={op} ", 1)
+        if op == "grad_cube":
             line += (f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
                      f" keep_dz={int(rng.random() < 0.5)} z_cache={int(rng.random() < 0.5)}")
         else:
@@ -311,11 +311,11 @@ def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
     return ok, f"{name} L1 residency {kept}, fits={fits}"
 
 
-def mix_problems(line: str, r: dict) -> list[str]:
-    """Every way the MIX tiling's result disagrees with the planner of fused_lce_mix_tiling.h (what the twin kernels
+def cube_problems(line: str, r: dict) -> list[str]:
+    """Every way the cube-driven tiling's result disagrees with the planner of fused_lce_cube_tiling.h (what the twin kernels
     run with) and what the kernels and the runtime need."""
     c = words(line)
-    grad = c["op"] == "grad_mix"
+    grad = c["op"] == "grad_cube"
     e = r["expected_plan"]
     bad = []
 
@@ -337,7 +337,7 @@ def mix_problems(line: str, r: dict) -> list[str]:
     want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
     used = e["base"]["used_cores"]
     want(r["block_dim_set"] and r["block_dim"] == max(1, used), f"block dim {r['block_dim']} != used cores {used}")
-    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (the MIX kernel runs one block per AI core)")
+    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (the cube-driven kernel runs one block per AI core)")
     want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
     keep = grad and c.get("keep_dz") == "1"  # the one-pass modes' kept dz: the larger workspace
     ws = e["ws_total_keep"] if keep else e["ws_total"]
@@ -388,63 +388,63 @@ def mix_problems(line: str, r: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("op", ["stats_mix", "grad_mix"])
-def test_mix_tiling_on_a_grid_of_problems(op, driver):
+@pytest.mark.parametrize("op", ["stats_cube", "grad_cube"])
+def test_cube_tiling_on_a_grid_of_problems(op, driver):
     """Odd shapes, every dtype and label dtype, bias / softcap / temperature / sum of logits / entropy / coef_b /
     coef_u / grad masks, four parts: the tiling data is the planner's plan (bytewise), launch values as required."""
     rng = random.Random(SEED + 1)
-    lines = mix_grid(op, 300, rng)
+    lines = cube_grid(op, 300, rng)
     outs = driver(lines)
-    bad = [m for line, r in zip(lines, outs) for m in mix_problems(line, r)]
+    bad = [m for line, r in zip(lines, outs) for m in cube_problems(line, r)]
     assert not bad, f"seed {SEED}: {len(bad)} problems, first ones:\n" + "\n".join(bad[:12])
     ok = [r for r in outs if r["status"] == "ok"]
     assert len(ok) > 0.7 * len(outs)
     assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1 for r in ok)
-    if op == "stats_mix":
+    if op == "stats_cube":
         assert any(r["plan"]["base"]["segments"] > 1 for r in ok)
     # the planner's own refusals (V_local >= 2^24, N >= 2^24 for the backward, D >= 65535: the operands' row stride
     # in the GM -> L1 copy's 16-bit srcDValue) fail the tiling cleanly
     refused = [case(op, n=37, d=16, v=1 << 24), case(op, n=37, d=65535, v=301)]
-    refused += [case(op, n=1 << 24, d=16, v=301)] if op == "grad_mix" else []
+    refused += [case(op, n=1 << 24, d=16, v=301)] if op == "grad_cube" else []
     assert all(r["status"] == "failed" and not r["block_dim_set"] for r in driver(refused))
 
 
-def test_mix_batch_mode_for_the_kernels_that_sync_all_cores(driver):
-    """Both MIX kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode always."""
-    for op, src in MIX_KERNELS.items():
+def test_cube_batch_mode_for_the_kernels_that_sync_all_cores(driver):
+    """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode always."""
+    for op, src in CUBE_KERNELS.items():
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"
         assert "KERNEL_TYPE_MIX_AIC_1_2" in code, f"{op}: the block dim set here assumes a 1:2 MIX kernel"
-    lines = [case(op, part, n, 128, 151936, bias=1) for part in PARTS for n in (1, 200) for op in ("stats_mix",
-                                                                                                   "grad_mix")]
+    lines = [case(op, part, n, 128, 151936, bias=1) for part in PARTS for n in (1, 200) for op in ("stats_cube",
+                                                                                                   "grad_cube")]
     for line, r in zip(lines, driver(lines)):
         assert r["status"] == "ok" and r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, line
 
 
 @pytest.mark.parametrize("absent", ["bias", "coef_b", "coef_u", "coef_b coef_u bias"])
 @pytest.mark.parametrize("label", ["i32", "i64"])
-def test_mix_grad_inputs_after_the_optional_ones_are_read_by_ir_index(absent, label, driver):
+def test_cube_grad_inputs_after_the_optional_ones_are_read_by_ir_index(absent, label, driver):
     kw = {"bias": int("bias" not in absent), "coef_b": int("coef_b" not in absent),
           "coef_u": int("coef_u" not in absent)}
-    r = driver.one(case("grad_mix", n=300, d=256, v=5000, label=label, **kw))
+    r = driver.one(case("grad_cube", n=300, d=256, v=5000, label=label, **kw))
     assert r["status"] == "ok", r
     assert (r["hasBias"], r["hasB"], r["hasU"]) == (kw["bias"], kw["coef_b"], kw["coef_u"])
     # hidden / weight read at their IR index: the plan is that of (300, 256, 5000)
     assert (r["plan"]["base"]["n"], r["plan"]["base"]["d"], r["plan"]["base"]["v"]) == (300, 256, 5000)
 
 
-def test_mix_attributes_are_read_at_their_opdef_index(driver):
-    r = driver.one(case("grad_mix", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
+def test_cube_attributes_are_read_at_their_opdef_index(driver):
+    r = driver.one(case("grad_cube", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
                         vocab_start=3000))
     assert (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["gradMask"]) == (3000, 12.5, f32(1.6), 5)
     for zsum, ent in ((1, 0), (0, 1), (1, 1)):
-        r = driver.one(case("stats_mix", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
+        r = driver.one(case("stats_cube", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
                             with_zsum=zsum, entropy=ent, label="i32"))
         got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"])
         assert got == (123, 7.5, f32(0.8), zsum, ent, 4)
 
 
-BAD_GRAD_MIX = [
+BAD_GRAD_CUBE = [
     ("coef_a length", dict(shape__coef_a="36")),
     ("coef_t 2-D", dict(shape__coef_t="1,37")),
     ("coef_b dtype", dict(dtype__coef_b="bf16")),
@@ -454,33 +454,33 @@ BAD_GRAD_MIX = [
     ("z_cache dtype", dict(z_cache=1, dtype__z_cache="bf16")),
     ("grad_mask > 7", dict(mask=8)),
 ]
-ALL_BAD_MIX = [("stats_mix: " + w, k) for w, k in BAD] + [("grad_mix: " + w, k) for w, k in BAD + BAD_GRAD_MIX]
+ALL_BAD_CUBE = [("stats_cube: " + w, k) for w, k in BAD] + [("grad_cube: " + w, k) for w, k in BAD + BAD_GRAD_CUBE]
 
 
-@pytest.mark.parametrize("what,kw", ALL_BAD_MIX, ids=[w for w, _ in ALL_BAD_MIX])
-def test_mix_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
+@pytest.mark.parametrize("what,kw", ALL_BAD_CUBE, ids=[w for w, _ in ALL_BAD_CUBE])
+def test_cube_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
     r = driver.one(case(what.split(":")[0], **kw))
     assert r["status"] == "failed", f"{what}: tiling accepted {r}"
     assert r["block_dim_set"] is False and r["workspace_set"] is False
 
 
-def test_mix_inferred_shapes_and_dtypes(driver):
-    r = driver.one("infer " + case("stats_mix", n=37, d=45, v=301))
+def test_cube_inferred_shapes_and_dtypes(driver):
+    r = driver.one("infer " + case("stats_cube", n=37, d=45, v=301))
     assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 6 + [[37, 301]]
     assert r["dtypes"] == [0, 0, 0, 0, 3, 0, 0]
     for bias in (0, 1):
-        r = driver.one("infer " + case("grad_mix", n=37, d=45, v=301, bias=bias, coef_b=0))
+        r = driver.one("infer " + case("grad_cube", n=37, d=45, v=301, bias=bias, coef_b=0))
         assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
         assert r["dtypes"] == [0, 0, 0]
-    for op, kw in (("stats_mix", dict(shape__hidden="37")), ("grad_mix", dict(shape__weight="301"))):
+    for op, kw in (("stats_cube", dict(shape__hidden="37")), ("grad_cube", dict(shape__weight="301"))):
         assert not driver.one("infer " + case(op, **kw))["shape_ok"]
 
 
-def test_mix_opdefs_declare_the_kernels_arguments(driver):
+def test_cube_opdefs_declare_the_kernels_arguments(driver):
     """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch passes
-    them so): compare with the extern "C" signature of each MIX kernel, the z-cache slots included (z_cache,
+    them so): compare with the extern "C" signature of each cube-driven kernel, the z-cache slots included (z_cache,
     optional: the last output of the forward, right after lse in the backward)."""
-    for op, src in MIX_KERNELS.items():
+    for op, src in CUBE_KERNELS.items():
         code = open(src).read()
         sig = re.search(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', code).group(1)
         params = [p.split()[-1] for p in sig.split(",")][:-2]  # drop workspace, tiling

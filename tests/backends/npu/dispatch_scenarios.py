@@ -257,18 +257,18 @@ def first_failing_step_is_reported():
         assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
-    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the MIX kernels
-    # (the default, or FUSED_LCE_NPU_KERNELS=mix) their symbols are required too, and a bad value is the reason
-    old, mix = npu_kernels.ACLNN_SYMBOLS, npu_kernels.MIX_ACLNN_SYMBOLS
+    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the cube pair
+    # (the default, or FUSED_LCE_NPU_KERNELS=cube) their symbols are required too, and a bad value is the reason
+    vector, cube = npu_kernels.VECTOR_ACLNN_SYMBOLS, npu_kernels.CUBE_ACLNN_SYMBOLS
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
         for k, (syms, kernels, expect) in enumerate((
-                (old[:2], "", "aclnn symbol(s) aclnnFusedLceGradGetWorkspaceSize"),
-                (old, "", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize"),  # default: mix
-                (old, "old", "host adapter fused_lce._npu_C not built"),
-                (old, "mix", "aclnn symbol(s) aclnnFusedLceStatsMixGetWorkspaceSize, aclnnFusedLceStatsMix, "),
-                (old + mix, "mix", "host adapter fused_lce._npu_C not built"),
-                (old + mix, "cube", "FUSED_LCE_NPU_KERNELS: expected one of ('old', 'mix'), got 'cube'"))):
+                (vector[:2], "", "aclnn symbol(s) aclnnFusedLceGradVectorGetWorkspaceSize"),
+                (vector, "", "aclnn symbol(s) aclnnFusedLceStatsCubeGetWorkspaceSize"),  # default: cube
+                (vector, "vector", "host adapter fused_lce._npu_C not built"),
+                (vector, "cube", "aclnn symbol(s) aclnnFusedLceStatsCubeGetWorkspaceSize, aclnnFusedLceStatsCube, "),
+                (vector + cube, "cube", "host adapter fused_lce._npu_C not built"),
+                (vector + cube, "mix", "FUSED_LCE_NPU_KERNELS: expected one of ('vector', 'cube'), got 'mix'"))):
             os.environ["FUSED_LCE_NPU_KERNELS"] = kernels
             vendor = os.path.join(tmp, str(k), "vendors", "fused_lce")  # a new path: dlopen caches by name
             libdir = os.path.join(vendor, "op_api", "lib")

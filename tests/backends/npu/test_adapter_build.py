@@ -31,15 +31,13 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
     syms = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True).stdout
-    # the four private kernel ops (old and MIX kernels) and nothing else (issue 11: routing and reductions live in
-    # Python)
-    assert "npu_stats" in syms and "npu_grads" in syms and "npu_stats_mix" in syms and "npu_grads_mix" in syms
+    # the four private kernel ops (both pairs) and nothing else (routing and reductions live in Python)
+    assert all(f"npu_{op}" in syms for op in ("stats_vector", "grads_vector", "stats_cube", "grads_cube"))
     assert "forward_npu" not in syms and "backward_npu" not in syms
     blob = open(so, "rb").read()  # schema strings: exactly the four private ops are defined, no routing glue
-    assert b"_npu_stats(Tensor hidden" in blob and b"_npu_grads(Tensor coefs" in blob
-    # the MIX ops have the twin ops' contracts (tests/support/ascendc_twin/ext/ops.cpp)
-    assert b"_npu_stats_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
-    assert b"_npu_grads_mix(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a" in blob
+    assert b"_npu_stats_vector(Tensor hidden" in blob and b"_npu_grads_vector(Tensor coefs" in blob
+    assert b"_npu_stats_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
+    assert b"_npu_grads_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a" in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP
@@ -76,11 +74,11 @@ def _schemas(path: str, prefix: str) -> dict:
     return out
 
 
-def test_mix_adapter_ops_have_the_twin_ops_contracts():
-    """_npu_stats_mix / _npu_grads_mix take exactly the arguments of the twin's _twin_stats_mix / _twin_grads_mix,
+def test_adapter_ops_have_the_twin_ops_contracts():
+    """The adapter's _npu_* ops take exactly the arguments of the twin's _twin_* ops,
     so fused_lce/backends/npu/kernels.py calls both alike (the twin provider runs the same Python over the twin ops)."""
     adapter = _schemas(os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp"), "_npu_")
     twin = _schemas(os.path.join(ROOT, "tests", "support", "ascendc_twin", "ext", "ops.cpp"), "_twin_")
-    assert {"stats", "grads", "stats_mix", "grads_mix"} <= set(adapter)
-    for op in ("stats_mix", "grads_mix"):
+    assert {"stats_vector", "grads_vector", "stats_cube", "grads_cube"} <= set(adapter)
+    for op in ("stats_vector", "grads_vector", "stats_cube", "grads_cube"):
         assert adapter[op] == twin[op], f"_npu_{op}({adapter[op]} != _twin_{op}({twin[op]}"

@@ -1,7 +1,7 @@
 """The "npu" provider's kernel choice (fused_lce/backends/npu/kernels.py ``AdapterKernels``, env FUSED_LCE_NPU_KERNELS):
-"old" (FusedLceStats / FusedLceGrad) or "mix" (FusedLceStatsMix / FusedLceGradMix). The adapter's ops
+"vector" (FusedLceStatsVector / FusedLceGradVector) or "cube" (FusedLceStatsCube / FusedLceGradCube). The adapter's ops
 (``_npu_*``) have exactly the twin ops' schemas (tests/backends/npu/test_adapter_build.py), so the twin's ``_twin_*`` ops
-stand behind the adapter's names here: the provider's real Python path -- the kernel selection and, for "mix", the
+stand behind the adapter's names here: the provider's real Python path -- the kernel selection and, for "cube", the
 coefficient planes a, t, b, u handed over one by one -- runs the kernel sources on the CPU twin, end to end through
 ``fused_lce.linear_cross_entropy`` and autograd, against the float64 reference."""
 from __future__ import annotations
@@ -21,13 +21,13 @@ from ...support.ascendc_twin import build as twin_build
 
 
 def test_kernel_choice_default_and_env():
-    assert npu_kernels.DEFAULT_KERNELS == "mix" and npu_kernels.kernel_choice({}) == "mix"
-    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": " old "}) == "old"
-    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "mix"
+    assert npu_kernels.DEFAULT_KERNELS == "cube" and npu_kernels.kernel_choice({}) == "cube"
+    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": " vector "}) == "vector"
+    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "cube"
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS: expected one of"):
-        npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": "MIX"})
+        npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": "mix"})  # the names before the pairs were named
     with pytest.raises(ValueError, match="kind: expected one of"):
-        npu_kernels.AdapterKernels(kind="cube")
+        npu_kernels.AdapterKernels(kind="mix")
 
 
 class Recorder:
@@ -53,16 +53,16 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     lse = torch.randn(n, generator=g, dtype=torch.float64)
     rec = Recorder()
     k = npu_kernels.AdapterKernels(ops=rec)  # follows the env at every call
-    for kind in ("old", "mix"):
+    for kind in ("vector", "cube"):
         monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
         k.stats(h, w, None, y, 3, 2.5, True, 0.75, False)
         k.grads(coefs, h, w, None, y, lse, 3, 2.5, 0.75, (True, False, True))
     (s_old, a_old), (g_old, b_old), (s_mix, a_mix), (g_mix, b_mix) = rec.calls
-    assert (s_old, g_old, s_mix, g_mix) == ("_npu_stats", "_npu_grads", "_npu_stats_mix", "_npu_grads_mix")
-    assert a_old[4:] == (3, 2.5, True, 0.75, False)  # _npu_stats: with_zsum before temperature
-    assert a_mix[4:] == (3, 2.5, 0.75, True, False, False)  # _npu_stats_mix: the twin's order, keep_z off
+    assert (s_old, g_old, s_mix, g_mix) == ("_npu_stats_vector", "_npu_grads_vector", "_npu_stats_cube", "_npu_grads_cube")
+    assert a_old[4:] == (3, 2.5, True, 0.75, False)  # _npu_stats_vector: with_zsum before temperature
+    assert a_mix[4:] == (3, 2.5, 0.75, True, False, False)  # _npu_stats_cube: the twin's order, keep_z off
     assert b_old[0] is coefs and b_old[6:] == (3, 2.5, 0.75, [True, False, True])
-    # mix: (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes, as TwinKernels(kernels="mix")
+    # cube: (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes, as TwinKernels(kernels="cube")
     assert b_mix[:4] == (h, w, None, y) and b_mix[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
     assert b_mix[4].dtype == torch.float32 and torch.equal(b_mix[4], lse.float())
     for i in range(4):
@@ -71,9 +71,9 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS"):
         k.stats(h, w, None, y, 0, 0.0, False, 1.0, False)
     assert len(rec.calls) == 4  # nothing launched on a bad value
-    fixed = npu_kernels.AdapterKernels(kind="mix", ops=rec)
+    fixed = npu_kernels.AdapterKernels(kind="cube", ops=rec)
     fixed.stats(h, w, None, y, 0, 0.0, False, 1.0, False)  # a fixed kind ignores the env
-    assert rec.calls[-1][0] == "_npu_stats_mix"
+    assert rec.calls[-1][0] == "_npu_stats_cube"
 
 
 class TwinAsAdapterOps:
@@ -110,7 +110,7 @@ def _run(backend, h, w, b, y, **opts):
 
 
 @pytest.mark.twin
-@pytest.mark.parametrize("kind", ["old", "mix"])
+@pytest.mark.parametrize("kind", ["vector", "cube"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
 def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_ops, monkeypatch, seed):
     shim = TwinAsAdapterOps(twin_ops)
@@ -133,22 +133,22 @@ def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_op
         for x, r, what in zip(got, (ref.detach(), h64.grad, w64.grad, b64.grad), ("loss", "dX", "dW", "db")):
             err = float((x.double() - r).norm() / r.norm().clamp_min(1e-30))
             assert err < tol, f"{kind} {dtype} {what}: relative L2 error {err:.2e} (seed {seed})"
-        want = {"old": {"_npu_stats", "_npu_grads"}, "mix": {"_npu_stats_mix", "_npu_grads_mix"}}[kind]
+        want = {"vector": {"_npu_stats_vector", "_npu_grads_vector"}, "cube": {"_npu_stats_cube", "_npu_grads_cube"}}[kind]
         assert set(shim.calls) == want, shim.calls
     finally:
         registry.unregister("npu_adapter_twin")
 
 
 @pytest.mark.twin
-def test_mix_choice_equals_the_twin_provider_mix_path(twin_ops, monkeypatch, seed):
-    """With "mix" the adapter path hands the kernels the same arguments as tests/support/ascendc_twin/build.py
-    TwinKernels(kernels="mix") (the npu_twin provider's mix mode): results are bitwise equal (the MIX backward is
+def test_cube_choice_equals_the_twin_provider_cube_path(twin_ops, monkeypatch, seed):
+    """With "cube" the adapter path hands the kernels the same arguments as tests/support/ascendc_twin/build.py
+    TwinKernels(kernels="cube") (the npu_twin provider's cube mode): results are bitwise equal (the cube-driven backward is
     deterministic), log-prob options included."""
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels("mix", shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels("cube", shim),
                                                   device_types=("cpu",)))
-    twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3, kernels="mix")
-    registry.register(npu_provider.AscendCProvider("npu_twin_mix", kernels=twin, device_types=("cpu",)))
+    twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3, kernels="cube")
+    registry.register(npu_provider.AscendCProvider("npu_twin_cube", kernels=twin, device_types=("cpu",)))
     try:
         g = torch.Generator().manual_seed(seed)
         n, d, v = 29, 24, 270
@@ -156,27 +156,27 @@ def test_mix_choice_equals_the_twin_provider_mix_path(twin_ops, monkeypatch, see
         y = torch.randint(0, v, (n,), generator=g)
         for opts in (dict(label_smoothing=0.1, softcap=5.0), dict(reduction="none")):
             a = _run("npu_adapter_twin", h, w, None, y, **opts)
-            t = _run("npu_twin_mix", h, w, None, y, **opts)
+            t = _run("npu_twin_cube", h, w, None, y, **opts)
             for x, z in zip(a[:3], t[:3]):
                 assert torch.equal(x, z)
         outs = []
-        for backend in ("npu_adapter_twin", "npu_twin_mix"):  # log-probs + entropy: b != 0 in the backward
+        for backend in ("npu_adapter_twin", "npu_twin_cube"):  # log-probs + entropy: b != 0 in the backward
             hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
             lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True, backend=backend)
             (lp.sum() + ent.sum()).backward()
             outs.append((lp.detach(), ent.detach(), hh.grad, ww.grad))
         for x, z in zip(*outs):
             assert torch.equal(x, z)
-        assert shim.calls["_npu_stats_mix"] >= 3 and shim.calls["_npu_grads_mix"] >= 2
+        assert shim.calls["_npu_stats_cube"] >= 3 and shim.calls["_npu_grads_cube"] >= 2
     finally:
         registry.unregister("npu_adapter_twin")
-        registry.unregister("npu_twin_mix")
+        registry.unregister("npu_twin_cube")
 
 
-@pytest.mark.parametrize("kind", ["old", "mix"])
-def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
-    """The MIX planner carries ids as exact floats: with the MIX pair (the default) the provider declines
-    V_local >= 2^24 with a reason naming the way out, so auto falls back instead of failing in the kernel; the old
+@pytest.mark.parametrize("kind", ["vector", "cube"])
+def test_cube_pair_declines_vocabularies_past_its_exact_float_ids(kind):
+    """The cube pair's planner carries ids as exact floats: with the cube pair (the default) the provider declines
+    V_local >= 2^24 with a reason naming the way out, so auto falls back instead of failing in the kernel; the vector
     pair takes it."""
     from fused_lce.core import Options, Problem
 
@@ -185,13 +185,13 @@ def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
     ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
     reason = prov.supports(big)
-    if kind == "mix":
-        assert reason is not None and "2^24" in reason and "FUSED_LCE_NPU_KERNELS=old" in reason, reason
+    if kind == "cube":
+        assert reason is not None and "2^24" in reason and "FUSED_LCE_NPU_KERNELS=vector" in reason, reason
     else:
         assert reason is None
 
 
-@pytest.mark.parametrize("kind", ["old", "mix"])
+@pytest.mark.parametrize("kind", ["vector", "cube"])
 def test_both_pairs_decline_a_hidden_size_past_the_copy_stride_field(kind):
     """Every kernel reads h and W at row stride D through the GM -> L1 copy, whose Nd2NzParams::srcDValue is 16
     bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""

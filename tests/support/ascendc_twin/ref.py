@@ -96,7 +96,7 @@ def coef_grads64(coefs, hidden, weight, bias, labels, lse, vocab_start, softcap,
 def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap,
                     mask):
     """The grad kernel on the twin with the loss's coefficients (what the npu provider sends for the loss)."""
-    return ops._twin_grads(loss_coefs(grad_tok, lse, eps, z_loss, vocab_total), hidden, weight, bias, labels, lse,
+    return ops._twin_grads_vector(loss_coefs(grad_tok, lse, eps, z_loss, vocab_total), hidden, weight, bias, labels, lse,
                            vocab_start, softcap, 1.0, list(mask))
 
 

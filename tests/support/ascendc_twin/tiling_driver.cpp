@@ -1,9 +1,9 @@
-// Runs the real op_host tiling / inference functions of FusedLceStats, FusedLceGrad and the MIX ops FusedLceStatsMix,
-// FusedLceGradMix (linked in, registered by their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for
+// Runs the real op_host tiling / inference functions of FusedLceStatsVector, FusedLceGradVector, FusedLceStatsCube and
+// FusedLceGradCube (linked in, registered by their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for
 // tests/ascend/host/test_host_tiling.py.
 //
 // stdin: one case per line, `key=value` words:
-//   op=stats|grad|stats_mix|grad_mix part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
+//   op=stats_vector|grad_vector|stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
 //   softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1] [coef_u=0|1]
 //   [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
@@ -23,12 +23,12 @@
 
 #include "twin_host_runtime.h"
 
-#include "fused_lce_mix_tiling_data.h"
-#include "fused_lce_tiling_data.h"
+#include "fused_lce_cube_tiling_data.h"
+#include "fused_lce_vector_tiling_data.h"
 
 namespace th = fused_lce_twin_host;
 namespace ft = fused_lce::tiling;
-namespace fm = fused_lce::mix;
+namespace fc = fused_lce::cube;
 
 namespace {
 
@@ -81,11 +81,11 @@ struct Case {
 
 Case build(const std::map<std::string, std::string>& kv) {
     Case c;
-    const std::string kind = get(kv, "op", "stats");
-    const bool grad = kind == "grad" || kind == "grad_mix";
-    const std::map<std::string, std::string> types = {{"stats", "FusedLceStats"}, {"grad", "FusedLceGrad"},
-                                                      {"stats_mix", "FusedLceStatsMix"},
-                                                      {"grad_mix", "FusedLceGradMix"}};
+    const std::string kind = get(kv, "op", "stats_vector");
+    const bool grad = kind == "grad_vector" || kind == "grad_cube";
+    const std::map<std::string, std::string> types = {{"stats_vector", "FusedLceStatsVector"}, {"grad_vector", "FusedLceGradVector"},
+                                                      {"stats_cube", "FusedLceStatsCube"},
+                                                      {"grad_cube", "FusedLceGradCube"}};
     c.type = types.at(kind);
     c.part = th::part(get(kv, "part", "Ascend910B2"));
     const int64_t n = std::stoll(get(kv, "n", "1")), d = std::stoll(get(kv, "d", "1")),
@@ -118,9 +118,9 @@ Case build(const std::map<std::string, std::string>& kv) {
     c.attrs["temperature"] = th::AttrArg::Float(std::stof(get(kv, "temperature", "1")));
     if (grad) {
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
-        if (kind == "grad_mix") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
+        if (kind == "grad_cube") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
     } else {
-        if (kind == "stats_mix" && kv.count("keep_z")) c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
+        if (kind == "stats_cube" && kv.count("keep_z")) c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
@@ -193,28 +193,28 @@ void launch_json(std::ostringstream& o, const Case& c, const th::TilingResult& r
     o << ",\"td_deterministic\":" << same;
 }
 
-// The MIX ops: the tiling data against plan_stats() / plan_grad() of fused_lce_mix_tiling.h on the part's memories
-// (the planner the twin kernels run with), bytewise for the whole MixPlan / MixGradPlan.
+// The cube-driven ops: the tiling data against plan_stats() / plan_grad() of fused_lce_cube_tiling.h on the part's memories
+// (the planner the twin kernels run with), bytewise for the whole CubePlan / CubeGradPlan.
 template <typename MP>
-std::string mix_plan_json(const MP& m) {
+std::string cube_plan_json(const MP& m) {
     std::ostringstream o;
     o << "{\"base\":" << plan_json(m.base) << ",\"slot_stride\":" << m.slot_stride << ",\"ub_end\":" << m.ub_end
       << ",\"ws_total\":" << m.ws_total << ",\"ws_ring\":" << m.ws_ring << ",\"status\":" << m.status;
     return o.str();
 }
 
-std::string mix_plan_json(const fm::MixGradPlan& m) {  // plus the kept-dz workspace of the one-pass modes
+std::string cube_plan_json(const fc::CubeGradPlan& m) {  // plus the kept-dz workspace of the one-pass modes
     std::ostringstream o;
-    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep
+    o << cube_plan_json<fc::CubeGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep
       << ",\"keep_cols\":" << m.keep_cols;
     return o.str();
 }
 
-void run_mix_case(const Case& c) {
+void run_cube_case(const Case& c) {
     const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
     const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
-    const bool grad = c.type == "FusedLceGradMix";
-    const size_t td_size = grad ? sizeof(FusedLceGradMixTilingData) : sizeof(FusedLceMixTilingData);
+    const bool grad = c.type == "FusedLceGradCube";
+    const size_t td_size = grad ? sizeof(FusedLceGradCubeTilingData) : sizeof(FusedLceStatsCubeTilingData);
     std::ostringstream o;
     o << std::boolalpha << std::setprecision(9);  // float32 attributes round-trip exactly
     launch_json(o, c, r, r2, td_size);
@@ -228,13 +228,13 @@ void run_mix_case(const Case& c) {
         const uint32_t elt = h.dtype == ge::DT_FLOAT ? 4u : 2u;
         uint32_t flags = (bias ? ft::kBias : 0u) | (c.attrs.at("softcap").f > 0 ? ft::kSoftcap : 0u);
         if (grad) {
-            const fm::MixGradPlan e = fm::plan_grad(n, d, v, elt, flags, expected_hw(c.part));
-            o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_dz\":" << e.ws_dz
+            const fc::CubeGradPlan e = fc::plan_grad(n, d, v, elt, flags, expected_hw(c.part));
+            o << ",\"expected_plan\":" << cube_plan_json(e) << ",\"ws_dz\":" << e.ws_dz
               << ",\"ws_db\":" << e.ws_db << "},\"l1_bytes\":" << expected_hw(c.part).l1_bytes;
             if (ok) {
-                FusedLceGradMixTilingData td;
+                FusedLceGradCubeTilingData td;
                 std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
-                o << ",\"plan\":" << mix_plan_json(td.plan) << ",\"ws_dz\":" << td.plan.ws_dz
+                o << ",\"plan\":" << cube_plan_json(td.plan) << ",\"ws_dz\":" << td.plan.ws_dz
                   << ",\"ws_db\":" << td.plan.ws_db << "}"
                   << ",\"plan_bytes_equal\":" << (std::memcmp(&td.plan, &e, sizeof(e)) == 0)
                   << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
@@ -248,13 +248,13 @@ void run_mix_case(const Case& c) {
         } else {
             if (c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
             const bool ez = c.attrs.at("with_entropy").b;
-            const fm::MixPlan e = fm::plan_stats(n, d, v, elt, flags, ez, expected_hw(c.part));
-            o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_stats\":" << e.ws_stats
+            const fc::CubePlan e = fc::plan_stats(n, d, v, elt, flags, ez, expected_hw(c.part));
+            o << ",\"expected_plan\":" << cube_plan_json(e) << ",\"ws_stats\":" << e.ws_stats
               << "},\"l1_bytes\":" << expected_hw(c.part).l1_bytes;
             if (ok) {
-                FusedLceMixTilingData td;
+                FusedLceStatsCubeTilingData td;
                 std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
-                o << ",\"plan\":" << mix_plan_json(td.plan) << ",\"ws_stats\":"
+                o << ",\"plan\":" << cube_plan_json(td.plan) << ",\"ws_stats\":"
                   << td.plan.ws_stats << "}"
                   << ",\"plan_bytes_equal\":" << (std::memcmp(&td.plan, &e, sizeof(e)) == 0)
                   << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
@@ -271,18 +271,18 @@ void run_mix_case(const Case& c) {
 
 void run_case(const std::map<std::string, std::string>& kv) {
     const Case c = build(kv);
-    if (c.type == "FusedLceStatsMix" || c.type == "FusedLceGradMix") {
-        run_mix_case(c);
+    if (c.type == "FusedLceStatsCube" || c.type == "FusedLceGradCube") {
+        run_cube_case(c);
         return;
     }
     const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
     const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
-    const size_t td_size = sizeof(FusedLceTilingData);
+    const size_t td_size = sizeof(FusedLceVectorTilingData);
     std::ostringstream o;
     o << std::boolalpha;
     launch_json(o, c, r, r2, td_size);
     // the plan straight from the header, for the same problem and part
-    const bool grad = c.type == "FusedLceGrad";
+    const bool grad = c.type == "FusedLceGradVector";
     const th::TensorArg& h = c.inputs[grad ? 1 : 0];
     const th::TensorArg& w = c.inputs[grad ? 2 : 1];
     const bool bias = c.inputs[grad ? 3 : 2].present;
@@ -300,7 +300,7 @@ void run_case(const std::map<std::string, std::string>& kv) {
         o << ",\"expected_plan\":" << plan_json(expected);
     }
     if (r.status == ge::GRAPH_SUCCESS && r.tiling_data.size() >= td_size) {
-        FusedLceTilingData td;
+        FusedLceVectorTilingData td;
         std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
         o << ",\"plan\":" << plan_json(td.plan) << ",\"plan_bytes_equal\":"
           << (has_expected && std::memcmp(&td.plan, &expected, sizeof(ft::Plan)) == 0)

@@ -116,7 +116,7 @@ void xflag_ring(std::vector<float>& in, int bug) {
 // Mode 0 (all vector cores) and mode 1 (the two vector cores of one AI core) barriers.
 // SyncAll<false> in a MIX kernel orders GM across cube and vector cores (asc-devkit
 // impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the isAIVOnly = false path: the AIVs signal, the
-// AICs meet, then release the AIVs), as FusedLceGradMix's dz-kept mode uses it between its phases: the vector cores
+// AICs meet, then release the AIVs), as FusedLceGradCube's dz-kept mode uses it between its phases: the vector cores
 // of both AI cores write a 16 x 16 tile each (8 rows per AIV), all cores meet, then each cube multiplies the OTHER
 // AI core's tile. bug 1: no SyncAll, a cross-core race the checker must report.
 void syncall_mix(int bug) {
@@ -147,7 +147,7 @@ void syncall_mix(int bug) {
     if (bug == 0) SyncAll<false>();
 }
 
-// SetOrgShape with an A that is a sub-matrix of a wider one (FusedLceGradMix's whole-K GEMMs from the kept Dz):
+// SetOrgShape with an A that is a sub-matrix of a wider one (FusedLceGradCube's whole-K GEMMs from the kept Dz):
 // untransposed, A (M x K) rows at stride orgKa > K; transposed, A stored (K x M) rows at stride orgM > M (asc-devkit
 // docs Matmul-Kernel侧接口/SetOrgShape.md, copy_cube_in_params_base.h GetOrgWidth). Both 16 x 16, K = 24, A at
 // column 8 of a 40-wide matrix at in[0]; B (K x N) at stride N = 16 from in[kLdA * 32]; C at stride 16 into out[0]

@@ -1,13 +1,13 @@
-// FusedLceStatsMix (the cube-driven MIX forward, op_kernel/fused_lce_stats_mix.cpp): operator definition, shape /
+// FusedLceStatsCube (the cube-driven forward, op_kernel/fused_lce_stats_cube.cpp): operator definition, shape /
 // dtype inference and tiling. The CANN build generates the two-phase aclnn API from this definition:
-//   aclnnFusedLceStatsMixGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
+//   aclnnFusedLceStatsCubeGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
 //                                         temperature, withEntropy, keepZ, maxOut, sumExpOut, targetLogitOut,
 //                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
-//   aclnnFusedLceStatsMix(workspace, workspaceSize, executor, stream)
-// Same inputs and attributes as FusedLceStats. Unlike FusedLceStats the kernel writes all six (N,) outputs on every
+//   aclnnFusedLceStatsCube(workspace, workspaceSize, executor, stream)
+// Same inputs and attributes as FusedLceStatsVector. Unlike FusedLceStatsVector the kernel writes all six (N,) outputs on every
 // launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V), optional,
 // the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap / temperature)
-// for FusedLceGradMix's z_cache input. The attribute keep_z (last) says it is given and becomes the tiling's
+// for FusedLceGradCube's z_cache input. The attribute keep_z (last) says it is given and becomes the tiling's
 // hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
 // optional; ops-nn's FusedLinearOnlineMaxSum switches its optional logits output with an attribute the same way).
 // Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
@@ -18,25 +18,25 @@
 // Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
 // (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #include "../../common/fused_lce_host.h"
-#include "../../common/fused_lce_mix_tiling_data.h"
+#include "../../common/fused_lce_cube_tiling_data.h"
 
 namespace optiling {
 
-namespace stats_mix {
+namespace stats_cube {
 // IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
-// attribute index of keep_z (after FusedLceStats' attributes, read by fused_lce_host::read_stats_attrs)
+// attribute index of keep_z (after FusedLceStatsVector' attributes, read by fused_lce_host::read_stats_attrs)
 constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
-}  // namespace stats_mix
+}  // namespace stats_cube
 
-static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
+static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
     namespace ft = fused_lce::tiling;
-    namespace fm = fused_lce::mix;
-    using namespace stats_mix;
-    FusedLceMixTilingData* td = ctx->GetTilingData<FusedLceMixTilingData>();
-    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceMixTilingData (%zu bytes)",
-                                       sizeof(FusedLceMixTilingData));
+    namespace fc = fused_lce::cube;
+    using namespace stats_cube;
+    FusedLceStatsCubeTilingData* td = ctx->GetTilingData<FusedLceStatsCubeTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceStatsCubeTilingData (%zu bytes)",
+                                       sizeof(FusedLceStatsCubeTilingData));
     if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const fh::Input hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight), bias = fh::input(ctx, kBias),
@@ -51,12 +51,12 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
     bool keepZ = false;
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
 
-    // the entropy sum is the planner's own argument (not a Plan flag): the MIX workspace always has six planes
+    // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has six planes
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
                            (softcap > 0.0f ? ft::kSoftcap : 0u);
-    const fm::MixPlan plan = fm::plan_stats(n, d, v, fh::elt_bytes(hidden.dtype), flags, withEntropy,
+    const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(hidden.dtype), flags, withEntropy,
                                             fh::hw_spec(plat));
-    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsMix: %s", ft::status_text(plan.status));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsCube: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
     td->plan = plan;
     td->vocabStart = vocabStart;
@@ -72,8 +72,8 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
     const ft::Plan& p = plan.base;
     if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
-        return fh::fail(ctx, "FusedLceStatsMix: the Matmul API found no tiling");
-    if (p.n > 0) fm::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes);
+        return fh::fail(ctx, "FusedLceStatsCube: the Matmul API found no tiling");
+    if (p.n > 0) fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
 }
 
@@ -81,7 +81,7 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
 
 namespace ge {
 
-static graphStatus FusedLceStatsMixInferShape(gert::InferShapeContext* ctx) {
+static graphStatus FusedLceStatsCubeInferShape(gert::InferShapeContext* ctx) {
     const gert::Shape* h = ctx->GetInputShape(0);
     const gert::Shape* w = ctx->GetInputShape(1);  // weight precedes the optional bias: instance index = IR index
     if (h == nullptr || w == nullptr || h->GetDimNum() != 2 || w->GetDimNum() != 2) return GRAPH_FAILED;
@@ -100,7 +100,7 @@ static graphStatus FusedLceStatsMixInferShape(gert::InferShapeContext* ctx) {
     return GRAPH_SUCCESS;
 }
 
-static graphStatus FusedLceStatsMixInferDataType(gert::InferDataTypeContext* ctx) {
+static graphStatus FusedLceStatsCubeInferDataType(gert::InferDataTypeContext* ctx) {
     for (size_t i = 0; i < 4; ++i) ctx->SetOutputDataType(i, DT_FLOAT);
     ctx->SetOutputDataType(4, DT_INT32);
     ctx->SetOutputDataType(5, DT_FLOAT);
@@ -112,21 +112,21 @@ static graphStatus FusedLceStatsMixInferDataType(gert::InferDataTypeContext* ctx
 
 namespace ops {
 
-class FusedLceStatsMix : public OpDef {
+class FusedLceStatsCube : public OpDef {
 public:
-    explicit FusedLceStatsMix(const char* name) : OpDef(name) {
-        const fused_lce_host::OpTypes t;  // FusedLceStats' inputs, outputs and attributes, then:
+    explicit FusedLceStatsCube(const char* name) : OpDef(name) {
+        const fused_lce_host::OpTypes t;  // FusedLceStatsVector' inputs, outputs and attributes, then:
         fused_lce_host::problem_inputs(*this, t);
         fused_lce_host::stats_outputs_and_attrs(*this, t);
         // last output: the z cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its
         // vocab_parallel_logits_out)
         Output("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
         Attr("keep_z").AttrType(OPTIONAL).Bool(false);  // z_cache is given (the tiling's hasZCache)
-        SetInferShape(ge::FusedLceStatsMixInferShape).SetInferDataType(ge::FusedLceStatsMixInferDataType);
-        AICore().SetTiling(optiling::FusedLceStatsMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+        SetInferShape(ge::FusedLceStatsCubeInferShape).SetInferDataType(ge::FusedLceStatsCubeInferDataType);
+        AICore().SetTiling(optiling::FusedLceStatsCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }
 };
 
-OP_ADD(FusedLceStatsMix);
+OP_ADD(FusedLceStatsCube);
 
 }  // namespace ops

@@ -1,4 +1,4 @@
-// FusedLceStats: the forward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
+// FusedLceStatsVector: the forward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
 // AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
 // For every task (token block m, vocabulary segment s) of the plan, in task order on core t % used_cores, each of
@@ -20,15 +20,15 @@
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
-#include "../../common/fused_lce_tiling_data.h"
-#include "../../common/fused_lce_vec.h"
+#include "../../common/fused_lce_vector_tiling_data.h"
+#include "../../common/fused_lce_vector_aiv.h"
 
 using namespace AscendC;
 using namespace fused_lce_kernel;
 namespace ft = fused_lce::tiling;
 
 template <typename T, typename LabelT>
-class FusedLceStatsKernel {
+class FusedLceStatsVectorKernel {
 public:
     using AType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;
     using BType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;  // W is (V, D): transposed B
@@ -37,7 +37,7 @@ public:
 
     __aicore__ inline void Init(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels, GM_ADDR outMax,
                                 GM_ADDR outSum, GM_ADDR outTarget, GM_ADDR outZsum, GM_ADDR outArgmax,
-                                GM_ADDR outEz, GM_ADDR workspace, const FusedLceTilingData* td, TPipe* pipe) {
+                                GM_ADDR outEz, GM_ADDR workspace, const FusedLceVectorTilingData* td, TPipe* pipe) {
         td_ = td;
         p_ = &td->plan;
         withEz_ = td->withEntropy != 0;
@@ -260,7 +260,7 @@ private:
         }
     }
 
-    const FusedLceTilingData* td_;
+    const FusedLceVectorTilingData* td_;
     const ft::Plan* p_;
     GlobalTensor<T> hGm_, wGm_, bGm_;
     GlobalTensor<LabelT> yGm_;
@@ -274,16 +274,16 @@ private:
     RowView rows_;
 };
 
-extern "C" __global__ __aicore__ void fused_lce_stats(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
+extern "C" __global__ __aicore__ void fused_lce_stats_vector(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
                                                       GM_ADDR outMax, GM_ADDR outSum, GM_ADDR outTarget,
                                                       GM_ADDR outZsum, GM_ADDR outArgmax, GM_ADDR outEz,
                                                       GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    REGISTER_TILING_DEFAULT(FusedLceTilingData);
+    REGISTER_TILING_DEFAULT(FusedLceVectorTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
     TPipe pipe;
-    FusedLceStatsKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
+    FusedLceStatsVectorKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mm, &td.mmLogits);
     op.Init(hidden, weight, bias, labels, outMax, outSum, outTarget, outZsum, outArgmax, outEz, user, &td, &pipe);
     op.Process();

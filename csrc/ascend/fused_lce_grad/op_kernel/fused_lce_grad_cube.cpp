@@ -1,4 +1,4 @@
-// FusedLceGradMix: the deterministic backward driven by the cube (MIX, 1 cube : 2 vector cores), C1 / V1 / C2 per
+// FusedLceGradCube: the deterministic backward driven by the cube (MIX, 1 cube : 2 vector cores), C1 / V1 / C2 per
 // tile. Status: compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU
 // hardware.
 //
@@ -6,7 +6,7 @@
 // the global lse; with z = softcap(h W^T + bias) / T,
 //   dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u,   p_j = exp(z_j - lse),
 //   dz_j *= 1 - (z_j T / c)^2 with a softcap c;  dX += dz W, dW += dz^T h, db += column sums of dz (fp32).
-// Two phases (fused_lce_mix_tiling.h plan_grad): X, token block m on AI core m % cores over every vocabulary block;
+// Two phases (fused_lce_cube_tiling.h plan_grad): X, token block m on AI core m % cores over every vocabulary block;
 // W, vocabulary block nb on core nb % cores over every token block. Per tile:
 //   C1 (AIC)  z tile -> GM ring slot k % 2 (MatmulImpl, fp32), flag kFull;
 //   V1 (AIVs) copy their rows out (flag kFree + slot back to the cube), form dz in fp32 with whole-tile level-0
@@ -24,7 +24,7 @@
 //
 // Two optional modes cut the GEMMs (both keep the ownership split above, so both stay deterministic):
 //   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major; tiling hasZCache): the forward's
-//     FusedLceStatsMix wrote the cube's raw tiles h W^T there (before bias / softcap / temperature, so the vector
+//     FusedLceStatsCube wrote the cube's raw tiles h W^T there (before bias / softcap / temperature, so the vector
 //     work below is unchanged and the result is bitwise that of recomputing); V1 reads its rows of the tile from it
 //     (DataCopyPad at row stride V_local) and no C1 runs in either phase.
 //   * dz kept (tiling keepDz = 1, workspace plan.ws_total_keep): phase X's V1 writes every dz tile (operand dtype)
@@ -50,23 +50,23 @@
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
-#include "../../common/fused_lce_mix_tiling_data.h"
-#include "../../common/fused_lce_mix_vec.h"
+#include "../../common/fused_lce_cube_tiling_data.h"
+#include "../../common/fused_lce_cube_aiv.h"
 
 using namespace AscendC;
-using namespace fused_lce_mix;
+using namespace fused_lce_cube;
 namespace ft = fused_lce::tiling;
-namespace fm = fused_lce::mix;
+namespace fc = fused_lce::cube;
 
 namespace {
 constexpr uint16_t kFlagFull = 5, kFlagFree = 6;      // z ring (AIC -> AIVs, AIVs -> AIC, ids 6 / 7)
 constexpr uint16_t kFlagDzReady = 8, kFlagDzFree = 9;  // dz ring (AIVs -> AIC, AIC -> AIVs, ids 9 / 10)
 enum GradSlot : uint32_t { kA = 0, kT, kB, kU, kLse, kLseFloor, kLab, kSlotsUsed };
-static_assert(kSlotsUsed <= fm::kMixSlots, "row slots");
+static_assert(kSlotsUsed <= fc::kCubeSlots, "row slots");
 }  // namespace
 
 template <typename T, typename LabelT>
-class FusedLceGradMixKernel {
+class FusedLceGradCubeKernel {
 public:
     using AType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;
     using ATransType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;
@@ -78,7 +78,7 @@ public:
         uint64_t m, nb;
     };
 
-    __aicore__ inline void Init(GM_ADDR* in, GM_ADDR* out, GM_ADDR workspace, const FusedLceGradMixTilingData* td) {
+    __aicore__ inline void Init(GM_ADDR* in, GM_ADDR* out, GM_ADDR workspace, const FusedLceGradCubeTilingData* td) {
         td_ = td;
         mp_ = &td->plan;
         p_ = &td->plan.base;
@@ -146,10 +146,10 @@ public:
             if (recompute && k + 1 < vecTiles_) Logits(mmZ, k + 1);  // C1 of the next tile overlaps V1 of this one
             CrossCoreWaitFlag(kFlagDzReady);
             const TileAt a = At(k);
-            const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
+            const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
             const int rows = static_cast<int>(ft::block_rows(*p_, a.m));
             const int cols = static_cast<int>(ft::block_cols(*p_, a.nb));
-            const GlobalTensor<T> dz = dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_];
+            const GlobalTensor<T> dz = dzRing_[(core_ * fc::kRingSlots + slot) * tileElems_];
             if (keep_) {
                 // dz stays in Dz for the whole-K GEMMs after SyncAll
             } else if (!a.phaseW && (td_->gradMask & 1u)) {
@@ -165,7 +165,7 @@ public:
                 mmDw.IterateAll(out_[1][a.nb * p_->base_n * p_->d], 1);
                 mmDw.End();
             }
-            if (k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
+            if (k + fc::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
         }
         if (!keep_) return;
         // the whole Dz (every core's tiles) and the db partials are in the workspace
@@ -222,8 +222,8 @@ public:
         const uint32_t bcLen = static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8) * 8);
         bc_ = ub_.GetWithOffset<float>(bcLen, mp_->ub_bc);
         bc2_ = ub_.GetWithOffset<float>(bcLen, mp_->ub_bc2);
-        slots_ = ub_.GetWithOffset<float>(st_ * fm::kMixSlots, mp_->ub_slots);
-        Duplicate(slots_, 0.0f, st_ * fm::kMixSlots);
+        slots_ = ub_.GetWithOffset<float>(st_ * fc::kCubeSlots, mp_->ub_slots);
+        Duplicate(slots_, 0.0f, st_ * fc::kCubeSlots);
         PipeBarrier<PIPE_V>();
     }
 
@@ -232,7 +232,7 @@ public:
         const bool wantDb = td_->hasBias && (td_->gradMask & 4u);
         for (uint64_t k = 0; k < vecTiles_; ++k) {
             const TileAt a = At(k);
-            const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
+            const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
             uint64_t r0, nr;
             ft::vec_rows_of(*p_, ft::block_rows(*p_, a.m), sub, &r0, &nr);
             const uint32_t rows = static_cast<uint32_t>(nr);
@@ -254,12 +254,12 @@ public:
                 if (zc_) {  // rows of the cached tile at row stride V_local -> UB rows at base_n
                     CopyRows(z_, zcGm_[row0 * p_->v + c0], rows, cols, p_->v, p_->base_n);
                 } else {
-                    DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
+                    DataCopy(z_, ring_[(core_ * fc::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
                              rows * p_->base_n);
                 }
                 LoadRowData(row0, rows, cols, c0);
             }
-            if (!zc_ && k + fm::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
+            if (!zc_ && k + fc::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
             if (rows > 0) {
                 Order<HardEvent::MTE2_V>();
                 Order<HardEvent::MTE2_S>();
@@ -276,7 +276,7 @@ public:
             // k - 2 before C1 of k) kFull already implies this (the twin finds no race without it); the explicit
             // hand-back keeps the ring safe if the cube ever prefetches deeper, and bounds the cube's kDzReady
             // count (4 bits) when no C1 paces the vector cores (z cache) or dz has its own place (dz kept).
-            if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagDzFree + slot);
+            if (k >= fc::kRingSlots) CrossCoreWaitFlag(kFlagDzFree + slot);
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
                 const LocalTensor<T>& src = DzOut();
@@ -286,7 +286,7 @@ public:
                     DzChunk(c0, &chunk, &width, &col);
                     StoreRows(chunk[row0 * width + col], src, rows, cols, p_->base_n, width);
                 } else {
-                    DataCopy(dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
+                    DataCopy(dzRing_[(core_ * fc::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
                              rows * p_->base_n);
                 }
             }
@@ -449,19 +449,19 @@ private:
     template <class MM>
     __aicore__ inline void Logits(MM& mm, uint64_t k) {
         const TileAt a = At(k);
-        const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
-        if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);
+        const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
+        if (k >= fc::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);
         mm.SetTensorA(hGm_[a.m * p_->base_m * p_->d]);
         mm.SetTensorB(wGm_[a.nb * p_->base_n * p_->d], true);
         mm.SetTail(static_cast<int>(ft::block_rows(*p_, a.m)), static_cast<int>(ft::block_cols(*p_, a.nb)),
                    static_cast<int>(p_->d));
-        mm.IterateAll(ring_[(core_ * fm::kRingSlots + slot) * tileElems_]);
+        mm.IterateAll(ring_[(core_ * fc::kRingSlots + slot) * tileElems_]);
         mm.End();
         CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
     }
 
-    const FusedLceGradMixTilingData* td_;
-    const fm::MixGradPlan* mp_;
+    const FusedLceGradCubeTilingData* td_;
+    const fc::CubeGradPlan* mp_;
     const ft::Plan* p_;
     uint64_t core_ = 0, cores_ = 1, total_ = 0, vecTiles_ = 0, tileElems_ = 0, tasksX_ = 0, tasksW_ = 0;
     uint32_t st_ = 0;
@@ -474,19 +474,19 @@ private:
     LocalTensor<T> biasIn_, cast_;
 };
 
-extern "C" __global__ __aicore__ void fused_lce_grad_mix(GM_ADDR coefA, GM_ADDR coefT, GM_ADDR coefB, GM_ADDR coefU,
+extern "C" __global__ __aicore__ void fused_lce_grad_cube(GM_ADDR coefA, GM_ADDR coefT, GM_ADDR coefB, GM_ADDR coefU,
                                                          GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
                                                          GM_ADDR labels, GM_ADDR lse, GM_ADDR zCache, GM_ADDR dx,
                                                          GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
                                                          GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    REGISTER_TILING_DEFAULT(FusedLceGradMixTilingData);
+    REGISTER_TILING_DEFAULT(FusedLceGradCubeTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
     GM_ADDR in[10] = {coefA, coefT, coefB, coefU, hidden, weight, bias, labels, lse, zCache};
     GM_ADDR out[3] = {dx, dw, db};
     TPipe pipe;
-    FusedLceGradMixKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
+    FusedLceGradCubeKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     op.Init(in, out, user, &td);
     if ASCEND_IS_AIC {
         op.ProcessCube(&pipe);

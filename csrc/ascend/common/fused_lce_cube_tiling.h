@@ -1,4 +1,4 @@
-// Tiling of the cube-driven MIX kernels (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_mix.cpp), plain C++17
+// Tiling of the cube-driven kernels (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp), plain C++17
 // with no CANN include, on top of fused_lce::tiling::plan (fused_lce_tiling.h: tile choice, grid, segments, cores).
 //
 // The cube core (AIC) of every used AI core computes whole base_m x base_n logit tiles (MatmulImpl, fp32 in L0C) into
@@ -9,33 +9,33 @@
 // matmul/fused_linear_online_max_sum/op_kernel/fused_linear_online_max_sum.h (CVProcess).
 //
 // The vector side works on whole tiles with level-0 (repeat) instructions, one repeat per row, so every per-row
-// statistic is a vector of row slots (kMixSlots of slot_stride = align64(vec_rows) floats: Compare / Select work on
+// statistic is a vector of row slots (kCubeSlots of slot_stride = align64(vec_rows) floats: Compare / Select work on
 // whole 256-byte repeats).
-#ifndef FUSED_LCE_MIX_TILING_H_
-#define FUSED_LCE_MIX_TILING_H_
+#ifndef FUSED_LCE_CUBE_TILING_H_
+#define FUSED_LCE_CUBE_TILING_H_
 
 #include <cstdint>
 
 #include "fused_lce_tiling.h"
 
 namespace fused_lce {
-namespace mix {
+namespace cube {
 
 namespace ft = fused_lce::tiling;
 
-constexpr uint32_t kMixSlots = 28;      // per-row float slots (fused_lce_mix_vec.h MixSlot)
+constexpr uint32_t kCubeSlots = 28;      // per-row float slots (fused_lce_cube_aiv.h CubeSlot)
 constexpr uint32_t kRingSlots = 2;      // GM ring slots per AI core (double buffer)
-constexpr uint64_t kMixStatPlanes = 6;  // m, s, target, zsum, argmax (float), ez per token and segment
+constexpr uint64_t kCubeStatPlanes = 6;  // m, s, target, zsum, argmax (float), ez per token and segment
 constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel as exact floats (< 2^24)
 constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
 constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
 
 
-struct MixPlan {
+struct CubePlan {
     ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
     uint32_t slot_stride;  // floats per row slot
     uint32_t ub_z, ub_w, ub_w2, ub_bias, ub_bias_f32, ub_bc, ub_mask, ub_slots, ub_end;
-    uint64_t ws_stats;  // kMixStatPlanes * segments * N floats (segments > 1 only)
+    uint64_t ws_stats;  // kCubeStatPlanes * segments * N floats (segments > 1 only)
     uint64_t ws_ring;   // used_cores * kRingSlots * base_m * base_n floats
     uint64_t ws_total;
     int32_t status;
@@ -49,8 +49,8 @@ namespace detail {
 //   bias  the bias block as loaded; bias_f32 its float copy (bf16 / fp16)
 //   bc    per-row values broadcast to one 32-byte block per row (Brcb), align8(vec_rows) blocks
 //   mask  Compare results (4 masks of slot_stride bits)
-//   slots kMixSlots row slots
-inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez, MixPlan* p) {
+//   slots kCubeSlots row slots
+inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez, CubePlan* p) {
     const bool bias = (flags & ft::kBias) != 0;
     const bool w2 = (flags & ft::kSoftcap) != 0 || ez;
     const uint64_t stride = ft::align_up(vr, 64);
@@ -68,7 +68,7 @@ inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags
     const uint64_t bf = take(bias && elt != 4, bn * 4);
     const uint64_t bc = take(true, ft::align_up(vr, 8) * 8 * 4);
     const uint64_t mask = take(true, 4 * kMaskBytes);
-    const uint64_t slots = take(true, stride * kMixSlots * 4);
+    const uint64_t slots = take(true, stride * kCubeSlots * 4);
     if (p != nullptr) {
         p->slot_stride = static_cast<uint32_t>(stride);
         p->ub_z = static_cast<uint32_t>(z);
@@ -85,11 +85,11 @@ inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags
 }
 }  // namespace detail
 
-// Plan of the MIX forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is wanted.
+// Plan of the cube-driven forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is wanted.
 // Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout fits.
-inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
+inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
                           const ft::HwSpec& hw = ft::HwSpec()) {
-    MixPlan m{};
+    CubePlan m{};
     if (v >= kMaxLocalVocab) {
         m.status = ft::kTooLarge;
         return m;
@@ -131,7 +131,7 @@ inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint
         p.used_cores = static_cast<uint32_t>(p.tasks < hw.cube_cores ? p.tasks : hw.cube_cores);
     }
     uint64_t stats = 0;
-    if (p.segments > 1) stats = kMixStatPlanes * p.segments * n * 4;  // n < 2^40 per the Matmul limits of one rank
+    if (p.segments > 1) stats = kCubeStatPlanes * p.segments * n * 4;  // n < 2^40 per the Matmul limits of one rank
     m.ws_stats = ft::align_up(stats, ft::kGmAlign);
     m.ws_ring = ft::align_up(static_cast<uint64_t>(p.used_cores) * kRingSlots * p.base_m * p.base_n * 4, ft::kGmAlign);
     m.ws_total = m.ws_stats + m.ws_ring;
@@ -139,11 +139,11 @@ inline MixPlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint
     return m;
 }
 
-// ---- backward (fused_lce_grad_mix.cpp) ---------------------------------------------------------------------------
+// ---- backward (fused_lce_grad_cube.cpp) ---------------------------------------------------------------------------
 // Phase X: token block m on AI core m % cores walks every vocabulary block (dX[m] += dz @ W[nb]); phase W: vocabulary
 // block nb on core nb % cores walks every token block (dW[nb] += dz^T @ h[m], db partials per vector core). Each
 // output element is accumulated by one core in a fixed order, so the result does not depend on core timing.
-struct MixGradPlan {
+struct CubeGradPlan {
     ft::Plan base;           // tile (with base_d for the dX / dW GEMMs), grid; base.used_cores = cores below
     uint32_t slot_stride;
     uint32_t ub_z, ub_w, ub_w2, ub_cast, ub_bias, ub_bias_f32, ub_bc, ub_bc2, ub_colsum, ub_slots, ub_end;
@@ -151,7 +151,7 @@ struct MixGradPlan {
     uint64_t dw_workspace_bytes;  // fp32 dW bytes outside the output: none (the output itself is accumulated)
     int32_t status;
     uint32_t pad_;
-    // The dz-kept mode (FusedLceGradMixTilingData::keepDz = 1; 0 uses none of this and needs only ws_total):
+    // The dz-kept mode (FusedLceGradCubeTilingData::keepDz = 1; 0 uses none of this and needs only ws_total):
     // phase X writes every dz tile (operand dtype) into Dz (N x V in column chunks, keep_cols below) and the cube
     // then runs whole-K GEMMs per dX / dW output block from it, with no logit GEMM and no vector work (3 GEMMs in
     // fwd + bwd with a z cache, 4 without). Placed after ws_total:
@@ -170,7 +170,7 @@ struct MixGradPlan {
 //   align512(n x v x elt) + (bias ? align512(2 ceil(n / base_m) v 4) : 0)
 // (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu/provider.py). Dz's column chunks
 // (keep_cols) tile the same n x v elements.
-inline void plan_keep_dz(MixGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, bool bias) {
+inline void plan_keep_dz(CubeGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, bool bias) {
     const ft::Plan& p = m->base;
     const uint64_t chunk = ft::kMaxOperandStride / p.base_n * p.base_n;
     m->keep_cols = v < chunk ? v : chunk;
@@ -179,9 +179,9 @@ inline void plan_keep_dz(MixGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, b
     m->ws_total_keep = m->ws_total + m->ws_keep_dz + m->ws_keep_db;
 }
 
-inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
+inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
                              const ft::HwSpec& hw = ft::HwSpec()) {
-    MixGradPlan m{};
+    CubeGradPlan m{};
     if (v >= kMaxLocalVocab || n >= kMaxLocalVocab) {  // ids and row offsets travel as exact floats
         m.status = ft::kTooLarge;
         return m;
@@ -214,7 +214,7 @@ inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, u
         m.ub_bc = take(true, ft::align_up(vr, 8) * 8 * 4);
         m.ub_bc2 = take(true, ft::align_up(vr, 8) * 8 * 4);
         m.ub_colsum = take(bias, bn * 4);
-        m.ub_slots = take(true, st * kMixSlots * 4);
+        m.ub_slots = take(true, st * kCubeSlots * 4);
         m.ub_end = static_cast<uint32_t>(off);
         need = off;
         if (need <= budget) break;
@@ -240,7 +240,7 @@ inline MixGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, u
     return m;
 }
 
-}  // namespace mix
+}  // namespace cube
 }  // namespace fused_lce
 
-#endif  // FUSED_LCE_MIX_TILING_H_
+#endif  // FUSED_LCE_CUBE_TILING_H_

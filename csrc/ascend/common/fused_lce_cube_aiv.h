@@ -1,4 +1,4 @@
-// Whole-tile vector building blocks of the cube-driven MIX kernels (fused_lce_stats_mix.cpp). Status: compiled and
+// Whole-tile vector building blocks of the cube-driven kernels (fused_lce_stats_cube.cpp). Status: compiled and
 // run on CPU against the AscendC API twin (tests/support/ascendc_twin); not run on NPU hardware.
 //
 // A tile is `rows` rows of baseN floats at a row stride of baseN (baseN a multiple of 16, so every row starts on a
@@ -8,12 +8,12 @@
 // 数据填充/Brcb). Per-row results live in row slots of `stride` = align64(rows) floats, so the statistics are updated
 // with count-form instructions over whole 256-byte repeats (Compare / Select need whole repeats, Compare.md).
 // Callers order the pipes; inside a function every dependent vector instruction follows a PipeBarrier<PIPE_V>.
-#ifndef FUSED_LCE_MIX_VEC_H_
-#define FUSED_LCE_MIX_VEC_H_
+#ifndef FUSED_LCE_CUBE_AIV_H_
+#define FUSED_LCE_CUBE_AIV_H_
 
 #include "kernel_operator.h"
 
-namespace fused_lce_mix {
+namespace fused_lce_cube {
 
 using namespace AscendC;
 
@@ -141,6 +141,6 @@ __aicore__ inline void RowMaxArgmax(const LocalTensor<float>& mx, const LocalTen
     }
 }
 
-}  // namespace fused_lce_mix
+}  // namespace fused_lce_cube
 
-#endif  // FUSED_LCE_MIX_VEC_H_
+#endif  // FUSED_LCE_CUBE_AIV_H_

@@ -1,4 +1,4 @@
-"""FusedLceStatsMix (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_mix.cpp: the cube computes logit tiles into
+"""FusedLceStatsCube (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp: the cube computes logit tiles into
 a GM ring, the vector cores consume them) compiled and run on the AscendC CPU twin, against float64: every dtype and
 option including the log-prob ones (temperature, entropy sum ez), odd V, tails in every dimension, several cores and
 segments, shards, both label dtypes, the 910B part and a tiny part that forces many tiles, cores and segments."""
@@ -32,7 +32,7 @@ def ref64(h, w, b, y, vs, softcap, temperature, with_zsum):
 
 
 def run(ops, h, w, b, y, vs=0, softcap=0.0, temperature=1.0, with_zsum=False, with_ez=False):
-    return ops._twin_stats_mix(h, w, b, y, vs, softcap, temperature, with_zsum, with_ez)
+    return ops._twin_stats_cube(h, w, b, y, vs, softcap, temperature, with_zsum, with_ez)
 
 
 def check(got, h, w, b, y, vs, softcap, temperature, with_zsum, with_ez, msg):
@@ -49,7 +49,7 @@ def check(got, h, w, b, y, vs, softcap, temperature, with_zsum, with_ez, msg):
 @pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: "-".join(sorted(o)) or "plain")
-def test_mix_stats_match_float64(ops, part, seed, hw, dtype, opt):
+def test_cube_stats_match_float64(ops, part, seed, hw, dtype, opt):
     part(hw, sched_seed=seed)
     for n, d, v in SHAPES:
         h, w, b = make(n, d, v, dtype, opt.get("bias", False))
@@ -59,19 +59,19 @@ def test_mix_stats_match_float64(ops, part, seed, hw, dtype, opt):
         check(run(ops, h, w, b, y, *args), h, w, b, y, *args, f"seed={seed} shape={(n, d, v)}")
 
 
-def test_mix_plan_forces_many_tiles_cores_and_segments(ops, part):
+def test_cube_plan_forces_many_tiles_cores_and_segments(ops, part):
     """The tiny part's plan has several vocabulary blocks per task, tails, several AI cores and segments, so the ring
     wraps many times and the finishing phase runs."""
     part(HW_TINY)
-    plan = ops._twin_plan_mix(37, 45, 301, 2, 0, True)
+    plan = ops._twin_plan_stats_cube(37, 45, 301, 2, 0, True)
     assert plan[0] == 0 and plan[6] > 4 and plan[9] > 1 and plan[10] != plan[2], plan
-    plan = ops._twin_plan_mix(5, 16, 300, 4, 0, True)
+    plan = ops._twin_plan_stats_cube(5, 16, 300, 4, 0, True)
     assert plan[7] > 1, plan  # segments
-    assert ops._twin_plan_mix(5, 16, 1 << 24, 4, 0, False)[0] == 3  # ids travel as exact floats: V < 2^24
+    assert ops._twin_plan_stats_cube(5, 16, 1 << 24, 4, 0, False)[0] == 3  # ids travel as exact floats: V < 2^24
 
 
 @pytest.mark.parametrize("label_dtype", [torch.int64, torch.int32])
-def test_mix_vocab_shard_and_label_dtypes(ops, part, seed, label_dtype):
+def test_cube_vocab_shard_and_label_dtypes(ops, part, seed, label_dtype):
     part(HW_TINY, sched_seed=seed)
     n, d, v, vs, vt = 41, 20, 150, 300, 1000
     h, w, b = make(n, d, v, torch.bfloat16, True)
@@ -82,14 +82,14 @@ def test_mix_vocab_shard_and_label_dtypes(ops, part, seed, label_dtype):
     assert bool((got[4] >= vs).all() and (got[4] < vs + v).all())
 
 
-def test_mix_segments_merge(ops, part, seed):
+def test_cube_segments_merge(ops, part, seed):
     part(HW_TINY, sched_seed=seed)
     h, w, _ = make(5, 16, 300, torch.float32, False)
     y = torch.randint(0, 300, (5,))
     check(run(ops, h, w, None, y, 0, 2.0, 0.5, True, True), h, w, None, y, 0, 2.0, 0.5, True, True, f"seed={seed}")
 
 
-def test_mix_first_argmax_on_ties(ops, part, seed):
+def test_cube_first_argmax_on_ties(ops, part, seed):
     """Equal maxima in different chunks, blocks and segments: the lowest id wins."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 6, 16, 200
@@ -110,7 +110,7 @@ def test_mix_first_argmax_on_ties(ops, part, seed):
     assert torch.equal(run(ops, h, w2, None, torch.zeros(3, dtype=torch.long))[4], torch.full((3,), 70))
 
 
-def test_mix_non_finite_logits(ops, part, seed):
+def test_cube_non_finite_logits(ops, part, seed):
     """-inf logits (a masked vocabulary) add 0 to the sums and ez (not NaN); NaN inputs give NaN statistics."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 4, 16, 100
@@ -128,7 +128,7 @@ def test_mix_non_finite_logits(ops, part, seed):
     assert torch.isnan(got[1][1]) and torch.isnan(got[3][1]) and torch.isnan(got[5][1]) and not torch.isnan(got[1][0])
 
 
-def test_mix_empty_batch_and_single_token(ops, part):
+def test_cube_empty_batch_and_single_token(ops, part):
     part(HW_910B)
     h, w, b = make(0, 8, 10, torch.bfloat16, True)
     assert all(t.shape == (0,) for t in run(ops, h, w, b, torch.zeros(0, dtype=torch.long), with_ez=True))
@@ -137,7 +137,7 @@ def test_mix_empty_batch_and_single_token(ops, part):
     check(run(ops, h, w, b, y, 0, 0.0, 1.0, True, True), h, w, b, y, 0, 0.0, 1.0, True, True, "1x1x1")
 
 
-def test_mix_scheduler_seeds_agree(ops, part, seed):
+def test_cube_scheduler_seeds_agree(ops, part, seed):
     """Different interleavings of cube and vector cores give bitwise the same statistics."""
     h, w, b = make(37, 45, 301, torch.bfloat16, True)
     y = torch.randint(0, 301, (37,))
@@ -150,21 +150,21 @@ def test_mix_scheduler_seeds_agree(ops, part, seed):
             assert torch.equal(a, b_)
 
 
-def test_mix_matches_old_kernel(ops, part, seed):
-    """Same contract as FusedLceStats at temperature 1: the two kernels agree within float32 rounding."""
+def test_cube_matches_vector_kernel(ops, part, seed):
+    """Same contract as FusedLceStatsVector at temperature 1: the two kernels agree within float32 rounding."""
     part(HW_TINY, sched_seed=seed)
     h, w, b = make(37, 45, 301, torch.float32, True)
     y = torch.randint(0, 301, (37,))
     new = run(ops, h, w, b, y, 0, 3.0, 1.0, True, False)
-    old = ops._twin_stats(h, w, b, y, 0, 3.0, True, 1.0, False)
-    for a, o in zip(new[:4], old[:4]):
+    vec = ops._twin_stats_vector(h, w, b, y, 0, 3.0, True, 1.0, False)
+    for a, o in zip(new[:4], vec[:4]):
         assert torch.allclose(a, o, rtol=1e-5, atol=1e-5)
-    assert torch.equal(new[4], old[4])
+    assert torch.equal(new[4], vec[4])
 
 
-def test_mix_work_counters(ops, part, seed):
+def test_cube_work_counters(ops, part, seed):
     """The twin's work counters (benchmarks/npu_model.py): the cube cores do every FLOP of the GEMM (2 N V D) and no
-    vector work, the vector cores the opposite; the old kernel's client GEMMs are counted on the vector cores."""
+    vector work, the vector cores the opposite; the vector-driven kernel's client GEMMs are counted on the vector cores."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 37, 45, 301
     h, w, b = make(n, d, v, torch.bfloat16, False)
@@ -176,24 +176,24 @@ def test_mix_work_counters(ops, part, seed):
     assert sum(r["cube_flops"] for r in aic) == 2 * n * v * d and all(r["cube_flops"] == 0 for r in aiv)
     assert all(r["v_instr"] == 0 for r in aic) and all(r["v_instr"] > 0 for r in aiv if r["gm_rd"] > 0)
     assert sum(r["gm_rd"] for r in aiv) >= n * v * 4  # every logit read from the ring once
-    ops._twin_stats(h, w, b, y, 0, 0.0, False, 1.0, False)
+    ops._twin_stats_vector(h, w, b, y, 0, 0.0, False, 1.0, False)
     assert sum(r["cube_flops"] for r in twin_build.counters() if not r["aic"]) == 2 * n * v * d
 
 
-def test_mix_balances_the_last_wave_with_segments(ops, part, seed):
+def test_cube_balances_the_last_wave_with_segments(ops, part, seed):
     """Token blocks not a multiple of the cores: the planner splits the vocabulary so that the busiest core gets
     fewer tiles (910B: 32 blocks on 24 cores -> 3 segments; 18 blocks, 6 cores idle -> 4 segments, 72 tasks), and
     the merged statistics stay exact."""
     part(HW_910B)
-    plan = ops._twin_plan_mix(4096, 3584, 152064, 2, 0, False)
+    plan = ops._twin_plan_stats_cube(4096, 3584, 152064, 2, 0, False)
     assert plan[5] == 32 and plan[7] == 3 and plan[8] == 96, plan
-    plan = ops._twin_plan_mix(2304, 4096, 151936, 2, 0, False)
+    plan = ops._twin_plan_stats_cube(2304, 4096, 151936, 2, 0, False)
     assert plan[5] == 18 and plan[7] == 4 and plan[8] == 72 and plan[9] == 24, plan
-    assert ops._twin_plan_mix(3072, 64, 1000, 2, 0, False)[7] == 1  # 24 blocks: already balanced
+    assert ops._twin_plan_stats_cube(3072, 64, 1000, 2, 0, False)[7] == 1  # 24 blocks: already balanced
     part(HW_TINY, sched_seed=seed)
-    mb = ops._twin_plan_mix(4096, 16, 301, 2, 0, True)[1]  # the full tile height
+    mb = ops._twin_plan_stats_cube(4096, 16, 301, 2, 0, True)[1]  # the full tile height
     n = 6 * mb  # 6 token blocks on 5 cores
-    plan = ops._twin_plan_mix(n, 16, 301, 2, 0, True)
+    plan = ops._twin_plan_stats_cube(n, 16, 301, 2, 0, True)
     assert plan[5] == 6 and plan[7] > 1, plan
     h, w, b = make(n, 16, 301, torch.bfloat16, True)
     y = torch.randint(0, 301, (n,))

@@ -1,10 +1,10 @@
-// FusedLceGrad: operator definition, shape / dtype inference and tiling. Generated aclnn API:
-//   aclnnFusedLceGradGetWorkspaceSize(coefs, hidden, weight, biasOptional, labels, lse, vocabStart, softcap,
+// FusedLceGradVector: operator definition, shape / dtype inference and tiling. Generated aclnn API:
+//   aclnnFusedLceGradVectorGetWorkspaceSize(coefs, hidden, weight, biasOptional, labels, lse, vocabStart, softcap,
 //                                     temperature, gradMask, gradHiddenOut, gradWeightOut, gradBiasOut, ws,
 //                                     executor)
 // coefs (4, N) float32: the per-token coefficients a, t, b, u of dz = p (a + b z) - t onehot - u that the driver
 // forms (the loss's and the log-probs' alike, docs/providers.md).
-//   aclnnFusedLceGrad(workspace, workspaceSize, executor, stream)
+//   aclnnFusedLceGradVector(workspace, workspaceSize, executor, stream)
 // The three outputs are float32 accumulators that the caller zero-fills (the kernel adds into them); an output not
 // selected by gradMask (bit0 dX, bit1 dW, bit2 db) may be an empty tensor.
 // Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
@@ -17,12 +17,12 @@ namespace optiling {
 // without it
 constexpr size_t kCoefs = 0, kHidden = 1, kWeight = 2, kBias = 3, kLabels = 4, kLse = 5;
 
-static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
+static ge::graphStatus FusedLceGradVectorTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
     namespace ft = fused_lce::tiling;
-    FusedLceTilingData* td = ctx->GetTilingData<FusedLceTilingData>();
-    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceTilingData (%zu bytes)",
-                                       sizeof(FusedLceTilingData));
+    FusedLceVectorTilingData* td = ctx->GetTilingData<FusedLceVectorTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceVectorTilingData (%zu bytes)",
+                                       sizeof(FusedLceVectorTilingData));
     if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const fh::Input coefs = fh::input(ctx, kCoefs), hidden = fh::input(ctx, kHidden),
@@ -42,7 +42,7 @@ static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
 
     const uint32_t flags = ft::kBackward | (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
     const ft::Plan plan = ft::plan(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
-    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGrad: %s", ft::status_text(plan.status));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGradVector: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding too: the tiling data is copied as bytes
     td->plan = plan;
     td->vocabStart = vocabStart;
@@ -62,7 +62,7 @@ static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
         // dW[cols] (base_n x D) += dz.T (base_n x vec_rows) @ h[rows] (vec_rows x D)
         ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, plan.base_n, plan.d,
                                    plan.vec_rows, plan.base_n, plan.base_d, td->mmDw);
-        if (!ok) return fh::fail(ctx, "FusedLceGrad: the Matmul API found no tiling");
+        if (!ok) return fh::fail(ctx, "FusedLceGradVector: the Matmul API found no tiling");
     }
     return fh::finish_launch(ctx, plat, plan);
 }
@@ -71,14 +71,14 @@ static ge::graphStatus FusedLceGradTiling(gert::TilingContext* ctx) {
 
 namespace ge {
 
-static graphStatus FusedLceGradInferShape(gert::InferShapeContext* ctx) {
+static graphStatus FusedLceGradVectorInferShape(gert::InferShapeContext* ctx) {
     // hidden and weight come before the optional bias: their instance index is their IR index
     const gert::Shape* h = ctx->GetInputShape(1);
     const gert::Shape* w = ctx->GetInputShape(2);
     return fused_lce_host::infer_grad_shapes(ctx, h, w);
 }
 
-static graphStatus FusedLceGradInferDataType(gert::InferDataTypeContext* ctx) {
+static graphStatus FusedLceGradVectorInferDataType(gert::InferDataTypeContext* ctx) {
     return fused_lce_host::infer_grad_dtypes(ctx);  // float32 accumulators
 }
 
@@ -86,19 +86,19 @@ static graphStatus FusedLceGradInferDataType(gert::InferDataTypeContext* ctx) {
 
 namespace ops {
 
-class FusedLceGrad : public OpDef {
+class FusedLceGradVector : public OpDef {
 public:
-    explicit FusedLceGrad(const char* name) : OpDef(name) {
+    explicit FusedLceGradVector(const char* name) : OpDef(name) {
         const fused_lce_host::OpTypes t;
         Input("coefs").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
         fused_lce_host::problem_inputs(*this, t);
         Input("lse").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
         fused_lce_host::grad_outputs_and_attrs(*this, t);
-        SetInferShape(ge::FusedLceGradInferShape).SetInferDataType(ge::FusedLceGradInferDataType);
-        AICore().SetTiling(optiling::FusedLceGradTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+        SetInferShape(ge::FusedLceGradVectorInferShape).SetInferDataType(ge::FusedLceGradVectorInferDataType);
+        AICore().SetTiling(optiling::FusedLceGradVectorTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }
 };
 
-OP_ADD(FusedLceGrad);
+OP_ADD(FusedLceGradVector);
 
 }  // namespace ops

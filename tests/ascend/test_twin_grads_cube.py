@@ -1,4 +1,4 @@
-"""FusedLceGradMix (csrc/ascend/fused_lce_grad/op_kernel/fused_lce_grad_mix.cpp: cube-driven C1/V1/C2, one core per
+"""FusedLceGradCube (csrc/ascend/fused_lce_grad/op_kernel/fused_lce_grad_cube.cpp: cube-driven C1/V1/C2, one core per
 output block, no atomics between cores) on the AscendC CPU twin, against float64 with the driver's Coefs(a, t, b, u)
 contract: every dtype, bias, softcap, temperature, label smoothing (u), the entropy term (b), tails, shards, grad
 masks, both parts, and bitwise determinism across scheduler seeds."""
@@ -54,7 +54,7 @@ def grads64(h, w, bias, y, lse, a, t, b, u, vs, softcap, temperature):
 
 
 def run(ops, h, w, bias, y, lse, a, t, b, u, vs=0, softcap=0.0, temperature=1.0, mask=(True, True, True)):
-    return ops._twin_grads_mix(h, w, bias, y, lse, a, t, b, u, vs, softcap, temperature, list(mask))
+    return ops._twin_grads_cube(h, w, bias, y, lse, a, t, b, u, vs, softcap, temperature, list(mask))
 
 
 def check(got, ref, dtype, has_bias, msg):
@@ -71,7 +71,7 @@ def check(got, ref, dtype, has_bias, msg):
 @pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: "-".join(sorted(o)) or "plain")
-def test_mix_grads_match_float64(ops, part, seed, hw, dtype, opt):
+def test_cube_grads_match_float64(ops, part, seed, hw, dtype, opt):
     part(hw, sched_seed=seed)
     sc, temp = opt.get("softcap", 0.0), opt.get("temperature", 1.0)
     for n, d, v in SHAPES:
@@ -83,7 +83,7 @@ def test_mix_grads_match_float64(ops, part, seed, hw, dtype, opt):
         check(got, ref, dtype, bias is not None, f"seed={seed} shape={(n, d, v)}")
 
 
-def test_mix_grads_bitwise_deterministic_across_seeds(ops, part, seed):
+def test_cube_grads_bitwise_deterministic_across_seeds(ops, part, seed):
     """No cross-core atomics: every scheduler interleaving gives the same bits (tiny part: many cores and tiles)."""
     opt = dict(bias=True, u=True, b=True, softcap=3.0, temperature=1.3)
     h, w, bias, y = make(45, 33, 301, torch.bfloat16, opt)
@@ -98,8 +98,8 @@ def test_mix_grads_bitwise_deterministic_across_seeds(ops, part, seed):
             assert torch.equal(x, x_)
 
 
-def test_mix_grads_loss_coefs_match_old_kernel(ops, part, seed):
-    """The loss's coefficients (a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V) give FusedLceGrad's result."""
+def test_cube_grads_loss_coefs_match_vector_kernel(ops, part, seed):
+    """The loss's coefficients (a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V) give FusedLceGradVector's result."""
     part(HW_TINY, sched_seed=seed)
     h, w, bias, y = make(37, 45, 301, torch.float32, dict(bias=True))
     lse = lse_of(h, w, bias, 2.0, 1.0)
@@ -107,13 +107,13 @@ def test_mix_grads_loss_coefs_match_old_kernel(ops, part, seed):
     eps, zl = 0.1, 1e-3
     a, t, u = g * (1 + 2 * zl * lse), g * (1 - eps), g * eps / 301
     new = run(ops, h, w, bias, y, lse, a, t, None, u, 0, 2.0, 1.0)
-    old = ops._twin_grads(torch.stack([a, t, torch.zeros_like(a), u]), h, w, bias, y, lse, 0, 2.0, 1.0,
-                          [True, True, True])
-    for x, o in zip(new, old):
+    vec = ops._twin_grads_vector(torch.stack([a, t, torch.zeros_like(a), u]), h, w, bias, y, lse, 0, 2.0, 1.0,
+                                 [True, True, True])
+    for x, o in zip(new, vec):
         assert rel_l2(x, o) < 1e-5
 
 
-def test_mix_grads_shard_masks_and_masked_vocab(ops, part, seed):
+def test_cube_grads_shard_masks_and_masked_vocab(ops, part, seed):
     """A vocabulary shard (labels outside give no one-hot term), each grad_mask alone, and -inf logits with b != 0
     (p = 0 must give 0, not NaN)."""
     part(HW_TINY, sched_seed=seed)
@@ -133,12 +133,12 @@ def test_mix_grads_shard_masks_and_masked_vocab(ops, part, seed):
         assert all(got[j].numel() == 0 for j in range(3) if j != i)
 
 
-def test_mix_grads_workspace_bound(ops, part):
+def test_cube_grads_workspace_bound(ops, part):
     """The workspace is the two rings per AI core (fp32 z, operand-dtype dz) plus 2 V fp32 db partials: it does not
     grow with D or N, and no fp32 dW buffer exists besides the output."""
     part(HW_910B)
     for n, d, v in [(8192, 4096, 151936), (32768, 4096, 151936), (4096, 3584, 152064)]:
-        st, bm, bn, bd, cores, ws, dw_ws = ops._twin_plan_grad(n, d, v, 2, 1)[:7]
+        st, bm, bn, bd, cores, ws, dw_ws = ops._twin_plan_grad_cube(n, d, v, 2, 1)[:7]
         assert st == 0 and dw_ws == 0
         ring = cores * 2 * bm * bn
         assert ws == -(-ring * 4 // 512) * 512 + -(-ring * 2 // 512) * 512 + -(-2 * v * 4 // 512) * 512

@@ -1,7 +1,7 @@
-// FusedLceStatsMix: the forward statistics kernel driven by the cube (MIX, 1 cube : 2 vector cores). Status:
+// FusedLceStatsCube: the forward statistics kernel driven by the cube (MIX, 1 cube : 2 vector cores). Status:
 // compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
-// Same contract as FusedLceStats (fused_lce_stats.cpp) plus the log-prob options: z = softcap(h W^T + b) / T and the
+// Same contract as FusedLceStatsVector (fused_lce_stats_vector.cpp) plus the log-prob options: z = softcap(h W^T + b) / T and the
 // entropy sum ez = sum_j exp(z_j - m) max(z_j - m, -104). Outputs per token of this rank's vocabulary: max, sum
 // exp(z - max), target logit (0 when the label is not in this shard), sum of logits (0 unless withZsum), first argmax
 // (shard-local int32), ez (0 unless withEz).
@@ -15,7 +15,7 @@
 //     (CVProcess: CrossCoreSetFlag<SYNC_MODE2, PIPE_FIX> / CrossCoreWaitFlag, two ping-pong slots).
 //   * vector cores (AIV): each waits for kFull, copies its vec_rows rows of the slot to UB, hands the slot back
 //     (kFree, set on MTE2 right after the copy), and updates its rows' running statistics with whole-tile level-0
-//     instructions (fused_lce_mix_vec.h): bias, softcap, temperature, row max / first argmax, exp(z - m), the row
+//     instructions (fused_lce_cube_aiv.h): bias, softcap, temperature, row max / first argmax, exp(z - m), the row
 //     sums, the target logit by Gather; no per-row scalar loop per tile (labels are read by the scalar unit once per
 //     task).
 // With several segments the partial statistics go to the workspace and, after SyncAll of the vector cores, a
@@ -24,44 +24,44 @@
 // instead of the ring slot (SetOrgShape's orgKc = V_local sets C's row stride, asc-devkit docs Matmul-Kernel侧接口/
 // SetOrgShape.md) and the vector cores read their rows from it (DataCopyPad at row stride V_local); the flags and the
 // slot hand-back stay as with the ring (they pace the cube). It holds the cube's raw h W^T, before bias, softcap and
-// temperature: FusedLceGradMix takes it (its zCache input) in place of its logit GEMMs and applies those itself, so
+// temperature: FusedLceGradCube takes it (its zCache input) in place of its logit GEMMs and applies those itself, so
 // its gradients are bitwise those of recomputing.
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
-#include "../../common/fused_lce_mix_tiling_data.h"
-#include "../../common/fused_lce_mix_vec.h"
+#include "../../common/fused_lce_cube_tiling_data.h"
+#include "../../common/fused_lce_cube_aiv.h"
 
 using namespace AscendC;
-using namespace fused_lce_mix;
+using namespace fused_lce_cube;
 namespace ft = fused_lce::tiling;
-namespace fm = fused_lce::mix;
+namespace fc = fused_lce::cube;
 
 namespace {
 // Cross-core flag ids: not 11..14 (SyncAll's on Atlas A2) and no Matmul client objects here (they take 0 .. 2n-1).
 constexpr uint16_t kFlagFull = 5;  // AIC -> its AIVs: a tile is in the ring (FIFO count, one per tile)
 constexpr uint16_t kFlagFree = 6;  // AIVs -> AIC: slot s (id kFlagFree + s) may be overwritten
 
-enum MixSlot : uint32_t {
+enum CubeSlot : uint32_t {
     kM = 0, kS, kZt, kZs, kAm, kEz,      // running statistics (argmax as a float id: exact below 2^24)
     kMNew, kShift, kDm, kEdm, kTmp,      // online update
     kTmax, kTidx, kCv, kCi, kRed, kTile, // tile reductions
     kLab, kRowBase, kYrel, kOff, kGat,   // target logit (label as float, -1 when not in the shard)
     kSlotsUsed
 };
-static_assert(kSlotsUsed <= fm::kMixSlots, "row slots");
+static_assert(kSlotsUsed <= fc::kCubeSlots, "row slots");
 constexpr uint32_t kPart = kMNew;        // finishing phase: the six partial planes, then temporaries
 }  // namespace
 
 template <typename T, typename LabelT>
-class FusedLceStatsMixKernel {
+class FusedLceStatsCubeKernel {
 public:
     using AType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;
     using BType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;  // W is (V, D): transposed B
     using CType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, float>;
 
     __aicore__ inline void Init(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels, GM_ADDR* outs,
-                                GM_ADDR workspace, const FusedLceMixTilingData* td) {
+                                GM_ADDR workspace, const FusedLceStatsCubeTilingData* td) {
         td_ = td;
         mp_ = &td->plan;
         p_ = &td->plan.base;
@@ -104,20 +104,20 @@ public:
             const uint64_t row0 = mIdx * p_->base_m;
             // one GEMM per task: the token block's rows against the segment's vocabulary rows, one base_m x base_n
             // tile per Iterate (the segment has one M tile, so the tiles come in vocabulary order); with the
-            // tiling's depthA1 / stepN of fused_lce_mix_tiling_data.h keep_a_resident the hidden rows stay in L1
+            // tiling's depthA1 / stepN of fused_lce_cube_tiling_data.h keep_a_resident the hidden rows stay in L1
             // for the whole segment instead of being copied in again for every tile
             mm.SetTensorA(hGm_[row0 * p_->d]);
             mm.SetTensorB(wGm_[nb0 * p_->base_n * p_->d], true);
             mm.SetTail(ft::block_rows(*p_, mIdx), ft::block_cols(*p_, nb1 - 1) + (nb1 - 1 - nb0) * p_->base_n,
                        p_->d);
             for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) {
-                const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
-                if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);  // both AIVs copied tile k - 2 out
+                const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
+                if (k >= fc::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);  // both AIVs copied tile k - 2 out
                 mm.template Iterate<true>();
                 if (zc_) {  // at (row0, nb * base_n) of the cache: the segment's origin + the tile's offset in it
                     mm.GetTensorC(zcGm_[row0 * p_->v + nb0 * p_->base_n]);
                 } else {  // rows at the tile's own width (the last vocabulary block's: its tail width)
-                    mm.GetTensorC(ring_[(core_ * fm::kRingSlots + slot) * tileElems_], 0, true);
+                    mm.GetTensorC(ring_[(core_ * fc::kRingSlots + slot) * tileElems_], 0, true);
                 }
                 CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
             }
@@ -143,11 +143,11 @@ public:
         }
         bc_ = ub_.GetWithOffset<float>(static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8) * 8), mp_->ub_bc);
         for (uint32_t i = 0; i < 4; ++i)
-            mask_[i] = ub_.GetWithOffset<uint8_t>(fm::kMaskBytes, mp_->ub_mask + i * fm::kMaskBytes);
-        slots_ = ub_.GetWithOffset<float>(stride_ * fm::kMixSlots, mp_->ub_slots);
+            mask_[i] = ub_.GetWithOffset<uint8_t>(fc::kMaskBytes, mp_->ub_mask + i * fc::kMaskBytes);
+        slots_ = ub_.GetWithOffset<float>(stride_ * fc::kCubeSlots, mp_->ub_slots);
         // every slot defined (rows past a tile's last row are computed on but never written out); row byte offsets
         // of the tile for the target Gather
-        Duplicate(slots_, 0.0f, stride_ * fm::kMixSlots);
+        Duplicate(slots_, 0.0f, stride_ * fc::kCubeSlots);
         PipeBarrier<PIPE_V>();
         CreateVecIndex(S(kRowBase), 0.0f, stride_);
         PipeBarrier<PIPE_V>();
@@ -167,7 +167,7 @@ public:
             const uint32_t rows = static_cast<uint32_t>(nr);
             if (rows > 0) StartTask(row0, rows);
             for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) {
-                const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
+                const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
                 const uint64_t c0 = nb * p_->base_n;
                 const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
                 CrossCoreWaitFlag(kFlagFull);
@@ -175,11 +175,11 @@ public:
                 if (rows > 0 && zc_) {  // rows at stride V_local
                     CopyRows(z_, zcGm_[row0 * p_->v + c0], rows, cols, p_->v, p_->base_n);
                 } else if (rows > 0) {  // the tile's rows at its own width
-                    CopyRows(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * cols], rows, cols, cols,
+                    CopyRows(z_, ring_[(core_ * fc::kRingSlots + slot) * tileElems_ + r0 * cols], rows, cols, cols,
                              p_->base_n);
                 }
                 // the slot is free once this core's copy is done (MTE2); the cube waits for both vector cores
-                if (k + fm::kRingSlots < total_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
+                if (k + fc::kRingSlots < total_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
                 if (rows == 0) continue;
                 if (td_->hasBias)
                     DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0), NoPad<T>());
@@ -400,8 +400,8 @@ private:
         }
     }
 
-    const FusedLceMixTilingData* td_;
-    const fm::MixPlan* mp_;
+    const FusedLceStatsCubeTilingData* td_;
+    const fc::CubePlan* mp_;
     const ft::Plan* p_;
     uint64_t core_ = 0, total_ = 0, tileElems_ = 0;
     uint32_t stride_ = 0;
@@ -415,18 +415,18 @@ private:
     LocalTensor<uint8_t> mask_[4];
 };
 
-extern "C" __global__ __aicore__ void fused_lce_stats_mix(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
+extern "C" __global__ __aicore__ void fused_lce_stats_cube(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
                                                           GM_ADDR labels, GM_ADDR outMax, GM_ADDR outSum,
                                                           GM_ADDR outTarget, GM_ADDR outZsum, GM_ADDR outArgmax,
                                                           GM_ADDR outEz, GM_ADDR zCache, GM_ADDR workspace,
                                                           GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    REGISTER_TILING_DEFAULT(FusedLceMixTilingData);
+    REGISTER_TILING_DEFAULT(FusedLceStatsCubeTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
     GM_ADDR outs[7] = {outMax, outSum, outTarget, outZsum, outArgmax, outEz, zCache};
     TPipe pipe;
-    FusedLceStatsMixKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
+    FusedLceStatsCubeKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     op.Init(hidden, weight, bias, labels, outs, user, &td);
     if ASCEND_IS_AIC {
         op.ProcessCube(&pipe);

@@ -1,4 +1,4 @@
-// FusedLceGrad: the backward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
+// FusedLceGradVector: the backward kernel (MIX, 1 cube : 2 vector cores). Status: compiled and run on CPU against an
 // AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
 // Gradients of the logits gradient dz_j = p_j (a + b z_j) - t [j == label] - u (times the softcap derivative) given
@@ -6,7 +6,7 @@
 // and entropy": for the loss a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V_total, b = 0; for log-probs
 // and entropy b != 0; all 0 for ignored tokens, NaN for out-of-range labels, so a bad label poisons what it touches
 // instead of reading out of bounds; 1 / temperature is already folded in). Same tasks and tile order as
-// FusedLceStats. For every tile, each vector core (vec_rows rows):
+// FusedLceStatsVector. For every tile, each vector core (vec_rows rows):
 //   1. recomputes z = h[rows] @ W[cols].T (Matmul; on an Atlas A2 the C tile goes L0C -> GM staging -> UB), adds
 //      bias / softcap, divides by the temperature;
 //   2. forms dz in float32 (TileGradient), adds its column sums into db with a float32 atomic add;
@@ -20,17 +20,17 @@
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
-#include "../../common/fused_lce_tiling_data.h"
-#include "../../common/fused_lce_vec.h"
+#include "../../common/fused_lce_vector_tiling_data.h"
+#include "../../common/fused_lce_vector_aiv.h"
 
 using namespace AscendC;
 using namespace fused_lce_kernel;
 namespace ft = fused_lce::tiling;
 
-static_assert(kRowSlotCount <= ft::kRowSlots, "row slots of fused_lce_vec.h must fit the plan's UB region");
+static_assert(kRowSlotCount <= ft::kRowSlots, "row slots of fused_lce_vector_aiv.h must fit the plan's UB region");
 
 template <typename T, typename LabelT>
-class FusedLceGradKernel {
+class FusedLceGradVectorKernel {
 public:
     using HType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T>;
     using WtType = matmul::MatmulType<TPosition::GM, CubeFormat::ND, T, true>;   // W[cols] as (D, cols)
@@ -45,7 +45,7 @@ public:
 
     __aicore__ inline void Init(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
                                 GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
-                                const FusedLceTilingData* td, TPipe* pipe) {
+                                const FusedLceVectorTilingData* td, TPipe* pipe) {
         td_ = td;
         p_ = &td->plan;
         invTemp_ = 1.0f / td->temperature;
@@ -63,7 +63,7 @@ public:
         dzGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + p_->ws_stats) + GetBlockIdx() * 2 * slot);
         pipe->InitBuffer(ub_, static_cast<uint32_t>(p_->ub_used));
         const uint32_t cElems = static_cast<uint32_t>(td->mmLogits.baseM) * static_cast<uint32_t>(td->mmLogits.baseN);
-        z_ = ub_.GetWithOffset<float>(cElems, p_->ub_c);  // exactly baseM x baseN: see FusedLceStats
+        z_ = ub_.GetWithOffset<float>(cElems, p_->ub_c);  // exactly baseM x baseN: see FusedLceStatsVector
         const uint32_t tileElems = p_->vec_rows * p_->base_n;
         work_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work);  // a + b z of TileGradient's b term
         if (td->softcap > 0.0f) work2_ = ub_.GetWithOffset<float>(tileElems, p_->ub_work2);
@@ -199,7 +199,7 @@ private:
         }
     }
 
-    const FusedLceTilingData* td_;
+    const FusedLceVectorTilingData* td_;
     const ft::Plan* p_;
     GlobalTensor<float> cGm_, lseGm_, dxGm_, dwGm_, dbGm_;
     float invTemp_;
@@ -211,15 +211,15 @@ private:
     RowView rows_;
 };
 
-extern "C" __global__ __aicore__ void fused_lce_grad(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
+extern "C" __global__ __aicore__ void fused_lce_grad_vector(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
                                                      GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db,
                                                      GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    REGISTER_TILING_DEFAULT(FusedLceTilingData);
+    REGISTER_TILING_DEFAULT(FusedLceVectorTilingData);
     GET_TILING_DATA(td, tiling);
     GM_ADDR user = GetUserWorkspace(workspace);
     TPipe pipe;
-    FusedLceGradKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
+    FusedLceGradVectorKernel<DTYPE_HIDDEN, DTYPE_LABELS> op;
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mmLogits, &td.mmLogits, op.mmDx, &td.mmDx, op.mmDw,
                       &td.mmDw);
     op.Init(coefs, hidden, weight, bias, labels, lse, dx, dw, db, user, &td, &pipe);

@@ -1,12 +1,12 @@
-// FusedLceGradMix (the deterministic cube-driven MIX backward, op_kernel/fused_lce_grad_mix.cpp): operator
+// FusedLceGradCube (the deterministic cube-driven backward, op_kernel/fused_lce_grad_cube.cpp): operator
 // definition, shape / dtype inference and tiling. Generated aclnn API:
-//   aclnnFusedLceGradMixGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
+//   aclnnFusedLceGradCubeGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
 //                                        labels, lse, zCacheOptional, vocabStart, softcap, temperature, gradMask,
 //                                        keepDz, gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
-//   aclnnFusedLceGradMix(workspace, workspaceSize, executor, stream)
+//   aclnnFusedLceGradCube(workspace, workspaceSize, executor, stream)
 // coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
 // t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
-// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (the tiling's hasZCache,
+// lse): FusedLceStatsCube's kept h W^T of these rows; given, the kernel computes no logits (the tiling's hasZCache,
 // from the optional input's presence here: never from its GM address). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
 // phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
 // The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
@@ -20,32 +20,32 @@
 // Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
 // (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #include "../../common/fused_lce_host.h"
-#include "../../common/fused_lce_mix_tiling_data.h"
+#include "../../common/fused_lce_cube_tiling_data.h"
 
 namespace optiling {
 
-namespace grad_mix {
+namespace grad_cube {
 // IR input indices (the Input(...) order below); coef_b, coef_u, bias and z_cache are optional, so instance indices
 // of the later inputs shift when one is absent: every input is read by IR index
 constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
                  kLse = 8, kZCache = 9;
-// attribute index of keep_dz (the Attr(...) order below: FusedLceGrad's, read by fused_lce_host::read_grad_attrs)
+// attribute index of keep_dz (the Attr(...) order below: FusedLceGradVector's, read by fused_lce_host::read_grad_attrs)
 constexpr size_t kAttrKeepDz = fused_lce_host::kGradAttrs;
-}  // namespace grad_mix
+}  // namespace grad_cube
 
 // a coefficient plane: float32 (N,)
 static bool plane_ok(const fused_lce_host::Input& in, int64_t n) {
     return fused_lce_host::is_vector(in, n) && in.dtype == ge::DT_FLOAT;
 }
 
-static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
+static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
     namespace fh = fused_lce_host;
     namespace ft = fused_lce::tiling;
-    namespace fm = fused_lce::mix;
-    using namespace grad_mix;
-    FusedLceGradMixTilingData* td = ctx->GetTilingData<FusedLceGradMixTilingData>();
-    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceGradMixTilingData (%zu bytes)",
-                                       sizeof(FusedLceGradMixTilingData));
+    namespace fc = fused_lce::cube;
+    using namespace grad_cube;
+    FusedLceGradCubeTilingData* td = ctx->GetTilingData<FusedLceGradCubeTilingData>();
+    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceGradCubeTilingData (%zu bytes)",
+                                       sizeof(FusedLceGradCubeTilingData));
     if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const fh::Input a = fh::input(ctx, kCoefA), t = fh::input(ctx, kCoefT), b = fh::input(ctx, kCoefB),
@@ -72,8 +72,8 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepDz, &keepDz)) return fh::fail(ctx, "missing attribute");
 
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
-    const fm::MixGradPlan plan = fm::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
-    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGradMix: %s", ft::status_text(plan.status));
+    const fc::CubeGradPlan plan = fc::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
+    if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGradCube: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
     td->plan = plan;
     td->vocabStart = vocabStart;
@@ -105,11 +105,11 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
             ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, n, bn,
                                        p.base_d, td->mmDwAll);
         }
-        if (!ok) return fh::fail(ctx, "FusedLceGradMix: the Matmul API found no tiling");
+        if (!ok) return fh::fail(ctx, "FusedLceGradCube: the Matmul API found no tiling");
         // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
-        fm::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1);
-        fm::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1);
+        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1);
+        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1);
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }
@@ -118,14 +118,14 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
 
 namespace ge {
 
-static graphStatus FusedLceGradMixInferShape(gert::InferShapeContext* ctx) {
+static graphStatus FusedLceGradCubeInferShape(gert::InferShapeContext* ctx) {
     // hidden and weight come after the optional coef_b / coef_u: read by IR index
-    const gert::Shape* h = ctx->GetRequiredInputShape(optiling::grad_mix::kHidden);
-    const gert::Shape* w = ctx->GetRequiredInputShape(optiling::grad_mix::kWeight);
+    const gert::Shape* h = ctx->GetRequiredInputShape(optiling::grad_cube::kHidden);
+    const gert::Shape* w = ctx->GetRequiredInputShape(optiling::grad_cube::kWeight);
     return fused_lce_host::infer_grad_shapes(ctx, h, w);
 }
 
-static graphStatus FusedLceGradMixInferDataType(gert::InferDataTypeContext* ctx) {
+static graphStatus FusedLceGradCubeInferDataType(gert::InferDataTypeContext* ctx) {
     return fused_lce_host::infer_grad_dtypes(ctx);  // float32 accumulators
 }
 
@@ -133,9 +133,9 @@ static graphStatus FusedLceGradMixInferDataType(gert::InferDataTypeContext* ctx)
 
 namespace ops {
 
-class FusedLceGradMix : public OpDef {
+class FusedLceGradCube : public OpDef {
 public:
-    explicit FusedLceGradMix(const char* name) : OpDef(name) {
+    explicit FusedLceGradCube(const char* name) : OpDef(name) {
         const fused_lce_host::OpTypes t;
         Input("coef_a").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
         Input("coef_t").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
@@ -146,11 +146,11 @@ public:
         Input("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);  // right after lse: the forward's h W^T
         fused_lce_host::grad_outputs_and_attrs(*this, t);
         Attr("keep_dz").AttrType(OPTIONAL).Bool(false);
-        SetInferShape(ge::FusedLceGradMixInferShape).SetInferDataType(ge::FusedLceGradMixInferDataType);
-        AICore().SetTiling(optiling::FusedLceGradMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+        SetInferShape(ge::FusedLceGradCubeInferShape).SetInferDataType(ge::FusedLceGradCubeInferDataType);
+        AICore().SetTiling(optiling::FusedLceGradCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }
 };
 
-OP_ADD(FusedLceGradMix);
+OP_ADD(FusedLceGradCube);
 
 }  // namespace ops

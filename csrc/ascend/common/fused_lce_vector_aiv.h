@@ -13,8 +13,8 @@
 //     V_S before the scalar unit reads what the vector unit wrote and S_V before the vector unit touches what the
 //     scalar unit read or wrote (asc-devkit docs 同步控制/核内同步; the kernels do not rely on the compiler's
 //     --cce-auto-sync to insert these).
-#ifndef FUSED_LCE_VEC_H_
-#define FUSED_LCE_VEC_H_
+#ifndef FUSED_LCE_VECTOR_AIV_H_
+#define FUSED_LCE_VECTOR_AIV_H_
 
 #include "kernel_operator.h"
 
@@ -293,4 +293,4 @@ __aicore__ inline void TileGradient(const LocalTensor<float>& z, const LocalTens
 
 }  // namespace fused_lce_kernel
 
-#endif  // FUSED_LCE_VEC_H_
+#endif  // FUSED_LCE_VECTOR_AIV_H_
