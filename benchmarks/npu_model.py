@@ -117,12 +117,13 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
         y = torch.randint(0, v, (n,), generator=g)
         lse = torch.logsumexp(h.float() @ w.float().t(), dim=1)
         if kernel == "vector_fwd":
-            ops._twin_stats_vector(h, w, None, y, 0, 0.0, False, 1.0, False)
+            ops._twin_stats_vector(h, w, None, y, 0, 0.0, 1.0, False, False)
         elif kernel == "cube_fwd":
             ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)
         elif kernel == "vector_bwd":
             one, zero = torch.ones(n), torch.zeros(n)  # the loss's Coefs (a, t, b, u) for g = 1
-            ops._twin_grads_vector(torch.stack([one, one, zero, zero]), h, w, None, y, lse, 0, 0.0, 1.0, [True, True, False])
+            ops._twin_grads_vector(h, w, None, y, lse, torch.stack([one, one, zero, zero]), 0, 0.0, 1.0,
+                                   [True, True, False])
         elif kernel in ("cube_bwd", "dz_kept_bwd", "onepass_bwd"):
             zc = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
                 if kernel == "onepass_bwd" else None

@@ -6,12 +6,10 @@
 //       cube-driven pair (deterministic backward, one-pass modes)
 //   fused_lce::_npu_stats_vector -> aclnnFusedLceStatsVector, fused_lce::_npu_grads_vector -> aclnnFusedLceGradVector:
 //       the vector-driven pair (float32 atomic accumulation)
-// Stats: per-token local statistics of this rank's vocabulary rows, of z = softcap(logits) / temperature (the entropy
-// statistic ez with with_entropy); grads: float32 dX / dW / db of dz = p (a + b z) - t onehot - u from the driver's
-// per-token coefficients. fused_lce/backends/npu/kernels.py picks the pair; the twin's _twin_* ops have the same
-// contracts.
+// Their schemas and contracts are in kernel_ops.h (shared with the twin's _twin_* ops); fused_lce/backends/npu/
+// kernels.py picks the pair.
 //
-// Both are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
+// All are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run
 // time, takes the workspace from the caching allocator and launches on the current stream. Routing, loss,
 // reductions, autograd and the fake kernels live in Python (fused_lce/); this file only validates its inputs
@@ -25,6 +23,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "kernel_ops.h"
 #include "npu_cpp_extension.h"  // torch_npu: EXEC_NPU_CMD_EXT (op_plugin/include)
 
 namespace fused_lce_npu {
@@ -113,8 +112,8 @@ static c10::optional<Tensor> contiguous_or_none(const c10::optional<Tensor>& t) 
 // id (int64), and with with_entropy ez = sum exp(z - max) (z - max) (empty otherwise); z = softcap(logits) /
 // temperature.
 Tensor6 npu_stats_vector(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                  const Tensor& labels, int64_t vocab_start, double softcap, bool with_zsum, double temperature,
-                  bool with_entropy) {
+                         const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
+                         bool with_entropy) {
     const char* op = "fused_lce::_npu_stats_vector";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     check_softcap_temperature(op, softcap, temperature);
@@ -132,8 +131,8 @@ Tensor6 npu_stats_vector(const Tensor& hidden, const Tensor& weight, const c10::
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsVector, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_entropy, m,
-                         s, zt, zs, amax_local, ez);
+        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsVector, h, w, b, y, vocab_start, softcap, with_zsum, temperature,
+                         with_entropy, m, s, zt, zs, amax_local, ez);
     }
     // the kernel keeps 32-bit shard-local ids (cheap on the vector unit); global ids are int64
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
@@ -144,9 +143,9 @@ Tensor6 npu_stats_vector(const Tensor& hidden, const Tensor& weight, const c10::
 // temperature, p = exp(z - lse), from coefs (4, N) = the per-token a, t, b, u the driver forms (0 for ignored tokens,
 // NaN for bad labels; 1 / temperature already folded in); lse is the per-token log-sum-exp over the whole (possibly
 // sharded) vocabulary. Outputs grad_mask does not ask for (or db without bias) are empty.
-Tensor3 npu_grads_vector(const Tensor& coefs, const Tensor& hidden, const Tensor& weight,
-                  const c10::optional<Tensor>& bias, const Tensor& labels, const Tensor& lse, int64_t vocab_start,
-                  double softcap, double temperature, std::array<bool, 3> grad_mask) {
+Tensor3 npu_grads_vector(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+                         const Tensor& labels, const Tensor& lse, const Tensor& coefs, int64_t vocab_start,
+                         double softcap, double temperature, std::array<bool, 3> grad_mask) {
     const char* op = "fused_lce::_npu_grads_vector";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(coefs.defined() && coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0), op,
@@ -173,30 +172,29 @@ Tensor3 npu_grads_vector(const Tensor& coefs, const Tensor& hidden, const Tensor
         Tensor w = weight.contiguous();
         Tensor y = labels.contiguous();
         c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceGradVector, c, h, w, b, y, l, vocab_start, softcap, temperature, mask, dx, dw, db);
+        EXEC_NPU_CMD_EXT(aclnnFusedLceGradVector, c, h, w, b, y, l, vocab_start, softcap, temperature, mask, dx, dw,
+                         db);
     }
     return {dx, dw, db};
 }
 
 // ---- the cube-driven pair (FusedLceStatsCube / FusedLceGradCube) -----------------------------------------------
-// Same contracts as the twin's fused_lce::_twin_stats_cube / _twin_grads_cube, so the provider calls both the same
-// way. Their planner carries vocabulary ids (and, in the backward, row offsets) as
-// exact floats: V (and N for the backward) must be < 2^24 (fused_lce_cube_tiling.h kMaxLocalVocab).
+// Their planner carries vocabulary ids (and, in the backward, row offsets) as exact floats: V (and N for the
+// backward) must be < 2^24 (fused_lce_cube_tiling.h kMaxLocalVocab).
 constexpr int64_t kCubeMaxIds = int64_t(1) << 24;
 
 // Per-token local statistics as _npu_stats_vector, from the cube-driven forward. The kernel writes all six outputs on
-// every launch
-// (sum of logits 0 without with_zsum, ez 0 without with_ez), so ez is always (N,). keep_z: the OpDef's optional
+// every launch (sum of logits 0 without with_zsum, ez 0 without with_entropy), so ez is always (N,). keep_z: the OpDef's optional
 // z_cache output is given, float32 (N, V), and returned 7th (the kept h W^T for _npu_grads_cube's zcache); otherwise
 // it is absent and an empty tensor is returned in its place.
 Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                      const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
-                      bool with_ez, bool keep_z) {
+                       const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
+                       bool with_entropy, bool keep_z) {
     const char* op = "fused_lce::_npu_stats_cube";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds, op,
-                      ": the cube-driven kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact floats), "
-                      "got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=vector");
+                      ": the cube-driven kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
+                      "floats), got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=vector");
     check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
@@ -216,7 +214,7 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
         // optional output: given, the cube writes every tile's h W^T into it; absent, no logit cache
         const c10::optional<Tensor> z_cache = keep_z ? c10::optional<Tensor>(zc) : c10::nullopt;
         // keep_z is also the attribute that tells the kernel (tiling hasZCache): presence never by address
-        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsCube, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_ez,
+        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsCube, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_entropy,
                          keep_z, m, s, zt, zs, amax_local, ez, z_cache);
     }
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
@@ -224,16 +222,15 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
 }
 
 // float32 gradients as _npu_grads_vector from the deterministic cube-driven backward, with the driver's coefficient
-// planes given one
-// by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache: what
+// planes given one by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache: what
 // _npu_stats_cube(keep_z=True) returned for these rows (the kernel computes no logits); keep_dz: dz kept between the
 // two phases (the larger workspace); dw_acc: a float32 contiguous (V, D) tensor dW is added into in place (the sum of
 // the earlier driver blocks; the kernel only adds into dW), then returned empty as dW, as the twin's op does.
 Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                      const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
-                      const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
-                      double softcap, double temperature, std::array<bool, 3> grad_mask,
-                      const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc) {
+                       const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
+                       const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
+                       double softcap, double temperature, std::array<bool, 3> grad_mask,
+                       const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     const char* op = "fused_lce::_npu_grads_cube";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds && hidden.size(0) < kCubeMaxIds, op,
@@ -291,19 +288,8 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
 }  // namespace fused_lce_npu
 
 // The namespace is defined by the Python package (torch.library.Library("fused_lce", "DEF")): add a fragment with the
-// two private kernel ops only; their meta kernels and every public op are registered in Python.
-TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
-    m.def("_npu_stats_vector(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "bool with_zsum, float temperature, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-    m.def("_npu_grads_vector(Tensor coefs, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
-          "int vocab_start, float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)");
-    m.def("_npu_stats_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, "
-          "float temperature, bool with_zsum, bool with_ez, bool keep_z=False) "
-          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-    m.def("_npu_grads_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, "
-          "Tensor? b, Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, "
-          "Tensor? zcache=None, bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)");
-}
+// private kernel ops only (kernel_ops.h); their meta kernels and every public op are registered in Python.
+TORCH_LIBRARY_FRAGMENT(fused_lce, m) { fused_lce_npu::def_kernel_ops(m, "_npu"); }
 
 TORCH_LIBRARY_IMPL(fused_lce, PrivateUse1, m) {
     m.impl("_npu_stats_vector", &fused_lce_npu::npu_stats_vector);

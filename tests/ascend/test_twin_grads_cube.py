@@ -107,7 +107,7 @@ def test_cube_grads_loss_coefs_match_vector_kernel(ops, part, seed):
     eps, zl = 0.1, 1e-3
     a, t, u = g * (1 + 2 * zl * lse), g * (1 - eps), g * eps / 301
     new = run(ops, h, w, bias, y, lse, a, t, None, u, 0, 2.0, 1.0)
-    vec = ops._twin_grads_vector(torch.stack([a, t, torch.zeros_like(a), u]), h, w, bias, y, lse, 0, 2.0, 1.0,
+    vec = ops._twin_grads_vector(h, w, bias, y, lse, torch.stack([a, t, torch.zeros_like(a), u]), 0, 2.0, 1.0,
                                  [True, True, True])
     for x, o in zip(new, vec):
         assert rel_l2(x, o) < 1e-5

@@ -152,7 +152,7 @@ def test_coefs_match_float64(ops, part, seed, hw, dtype, opt):
         y = torch.randint(0, v, (n,))
         c = random_coefs(n, with_u=opt.get("u", False))
         lse = lse_t(h, w, b, cap, temp).float()
-        got = ops._twin_grads_vector(c, h, w, b, y, lse, 0, cap, temp, [True, True, True])
+        got = ops._twin_grads_vector(h, w, b, y, lse, c, 0, cap, temp, [True, True, True])
         ref = coef_grads64(c, h, w, b, y, lse, 0, cap, temp)
         check(got, ref if b is not None else ref[:2] + (None,), dtype, f"seed={seed} shape={(n, d, v)}")
 
@@ -172,7 +172,7 @@ def test_coefs_zero_rows_nan_rows_and_masked_vocabulary(ops, part, seed):
     zero = [1, 2, 20]
     c[:, zero] = 0.0
     lse[zero] = -float("inf")  # would make p = exp(z + inf) = inf if the row were not skipped
-    got = ops._twin_grads_vector(c, h, w, b, y, lse, 0, 0.0, 0.7, [True, True, True])
+    got = ops._twin_grads_vector(h, w, b, y, lse, c, 0, 0.0, 0.7, [True, True, True])
     assert all(torch.isfinite(g).all() for g in got)
     assert torch.equal(got[0][zero], torch.zeros(len(zero), d))
     lse_ref = lse.clone()
@@ -181,7 +181,7 @@ def test_coefs_zero_rows_nan_rows_and_masked_vocabulary(ops, part, seed):
     check(got, ref, torch.float32, f"seed={seed}")
     c2 = c.clone()
     c2[2, 5] = float("nan")
-    dx, dw, db = ops._twin_grads_vector(c2, h, w, b, y, lse, 0, 0.0, 0.7, [True, True, True])
+    dx, dw, db = ops._twin_grads_vector(h, w, b, y, lse, c2, 0, 0.0, 0.7, [True, True, True])
     assert torch.isnan(dx[5]).all() and torch.isfinite(dx[torch.arange(n) != 5]).all()
     assert torch.isnan(dw).any() and torch.isnan(db).any()
 
@@ -200,5 +200,5 @@ def test_loss_coefs_equal_the_legacy_weight_form(ops, part, seed):
     opts = Options(label_smoothing=0.1, z_loss=1e-2, softcap=2.0)
     co = loss_coefs(lse, g, opts, v)
     planes = torch.stack([x if x is not None else torch.zeros(n) for x in co])
-    got = ops._twin_grads_vector(planes, h, w, b, y, lse, 0, 2.0, 1.0, [True, True, True])
+    got = ops._twin_grads_vector(h, w, b, y, lse, planes, 0, 2.0, 1.0, [True, True, True])
     check(got, grads64(g, h, w, b, y, lse, 0, v, 0.1, 1e-2, 2.0), torch.float32, f"seed={seed}")

@@ -258,12 +258,12 @@ class _NoCacheKernels:
     """Kernels without the one-pass capability (the vector pair's interface): their methods take no keep_z / zcache /
     keep_dz."""
 
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy):
+    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, temperature, with_zsum, with_entropy):
         n = hidden.shape[0]
         z = torch.zeros(n)
         return z, z, z, z, torch.zeros(n, dtype=torch.long), z
 
-    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask):
+    def grads(self, hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, temperature, grad_mask):
         return (torch.zeros(hidden.shape), torch.zeros(weight.shape), torch.zeros(weight.shape[0]))
 
 

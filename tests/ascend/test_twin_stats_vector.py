@@ -15,7 +15,7 @@ OPTIONS = [dict(), dict(bias=True), dict(with_zsum=True), dict(softcap=5.0), dic
 
 def run(ops, h, w, b, y, vs, softcap, with_zsum):
     """The loss statistics (temperature 1, no entropy: the sixth output is empty)."""
-    out = ops._twin_stats_vector(h, w, b, y, vs, softcap, with_zsum, 1.0, False)
+    out = ops._twin_stats_vector(h, w, b, y, vs, softcap, 1.0, with_zsum, False)
     assert out[5].numel() == 0
     return out[:5]
 
@@ -144,13 +144,13 @@ def test_temperature_and_entropy_match_float64(ops, part, seed, hw, dtype, opt):
     for n, d, v in SHAPES:
         h, w, b = make(n, d, v, dtype, opt.get("bias", False))
         y = torch.randint(0, v, (n,))
-        got = ops._twin_stats_vector(h, w, b, y, 0, cap, zsum, temp, True)
+        got = ops._twin_stats_vector(h, w, b, y, 0, cap, temp, zsum, True)
         ref = stats64(h, w, b, y, 0, cap, zsum, temp)
         scale = float(ref[5].abs().max())
         msg = f"seed={seed} shape={(n, d, v)}"
         assert_stats(got, ref, scale, 0, msg)
         assert_ez(got[5], ref, scale, msg)
-        plain = ops._twin_stats_vector(h, w, b, y, 0, cap, zsum, temp, False)  # the same statistics without ez
+        plain = ops._twin_stats_vector(h, w, b, y, 0, cap, temp, zsum, False)  # the same statistics without ez
         assert plain[5].numel() == 0 and all(torch.equal(a, c) for a, c in zip(plain[:5], got[:5])), msg
 
 
@@ -166,12 +166,12 @@ def test_entropy_segments_with_minus_inf_logits(ops, part, seed):
     b[:130] = -float("inf")  # the first segments: -inf for every row
     b[torch.randperm(v)[:40]] = -float("inf")
     y = torch.randint(150, v, (n,))
-    got = ops._twin_stats_vector(h, w, b, y, 0, 0.0, False, 0.8, True)
+    got = ops._twin_stats_vector(h, w, b, y, 0, 0.0, 0.8, False, True)
     ref = stats64(h, w, b, y, 0, 0.0, False, 0.8)
     assert torch.isfinite(got[5]).all()
     assert_stats(got, ref, float(ref[5][torch.isfinite(ref[5])].abs().max()), 0, f"seed={seed}")
     assert_ez(got[5], ref, float(ref[5][torch.isfinite(ref[5])].abs().max()), f"seed={seed}")
-    dead = ops._twin_stats_vector(h, w, torch.full((v,), -float("inf")), y, 0, 0.0, False, 1.0, True)
+    dead = ops._twin_stats_vector(h, w, torch.full((v,), -float("inf")), y, 0, 0.0, 1.0, False, True)
     assert torch.equal(dead[1], torch.zeros(n)) and torch.equal(dead[5], torch.zeros(n))
     assert bool((dead[0] == -float("inf")).all())
 
@@ -184,9 +184,9 @@ def test_entropy_nan_propagates_and_seeds_agree(ops, part, seed):
     outs = []
     for s in (seed, seed + 1):
         part(HW_TINY, sched_seed=s, switch_prob=0.9)
-        outs.append(ops._twin_stats_vector(h, w, b, y, 0, 2.0, False, 0.7, True))
+        outs.append(ops._twin_stats_vector(h, w, b, y, 0, 2.0, 0.7, False, True))
     assert all(torch.equal(a, c) for a, c in zip(*outs))
     h2 = h.clone()
     h2[3, 1] = float("nan")
-    got = ops._twin_stats_vector(h2, w, b, y, 0, 0.0, False, 1.3, True)
+    got = ops._twin_stats_vector(h2, w, b, y, 0, 0.0, 1.3, False, True)
     assert torch.isnan(got[5][3]) and torch.isfinite(got[5][torch.arange(n) != 3]).all()

@@ -22,9 +22,9 @@ def run_all(ops, h, w, b, y, lse, c):
     out = list(zc)
     for cache, keep in ((None, False), (zc[6], True), (None, True)):
         out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 0.0, 1.0, [True, True, True], cache, keep, None)
-    out += ops._twin_stats_vector(h, w, b, y, 0, 0.0, True, 1.0, False)
+    out += ops._twin_stats_vector(h, w, b, y, 0, 0.0, 1.0, True, False)
     planes = torch.stack([x if x is not None else torch.zeros_like(c[0]) for x in c])
-    out += ops._twin_grads_vector(planes, h, w, b, y, lse, 0, 0.0, 1.0, [True, True, True])
+    out += ops._twin_grads_vector(h, w, b, y, lse, planes, 0, 0.0, 1.0, [True, True, True])
     return out
 
 

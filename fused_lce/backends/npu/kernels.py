@@ -64,7 +64,7 @@ class AdapterKernels:
     def _op(self, name: str):
         return getattr(self.ops, f"{self.prefix}_{name}")
 
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature, with_entropy,
+    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, temperature, with_zsum, with_entropy,
               keep_z: bool = False):
         """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h W^T) as a
         7th item when ``keep_z`` (cube pair only)."""
@@ -75,14 +75,15 @@ class AdapterKernels:
         if keep_z:
             raise ValueError("keep_z needs the cube pair (FUSED_LCE_NPU_KERNELS=cube)")
         return self._op("stats_vector")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
-                                        bool(with_zsum), float(temperature), bool(with_entropy))
+                                        float(temperature), bool(with_zsum), bool(with_entropy))
 
-    def grads(self, coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature, grad_mask,
+    def grads(self, hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, temperature, grad_mask,
               zcache=None, keep_dz: bool = False, dw_out=None, present=(True, True)):
-        """(dx, dw, db) float32. Cube pair only: ``zcache``, what ``stats(..., keep_z=True)`` returned for these rows (no
-        logits recomputed); ``keep_dz``, dz kept between the backward's phases; ``dw_out``, a float32 (V, D) tensor
-        dW is added to in place (and returned as dw), for sums over driver blocks; ``present``, whether the planes b
-        and u are given (an absent one is 0, passed as None so the kernel skips its vector work)."""
+        """(dx, dw, db) float32 from ``coefs`` (4, N), the planes a, t, b, u. Cube pair only: ``zcache``, what
+        ``stats(..., keep_z=True)`` returned for these rows (no logits recomputed); ``keep_dz``, dz kept between the
+        backward's phases; ``dw_out``, a float32 (V, D) tensor dW is added to in place (and returned as dw), for sums
+        over driver blocks; ``present``, whether the planes b and u are given (an absent one is 0, passed as None so
+        the kernel skips its vector work)."""
         mask = [bool(x) for x in grad_mask]
         if self.kind == "cube":  # the (4, N) planes a, t, b, u one by one
             c = coefs.float()
@@ -93,5 +94,5 @@ class AdapterKernels:
             return dx, (dw_out if dw_out is not None and mask[1] else dw), db
         if zcache is not None or keep_dz or dw_out is not None:
             raise ValueError("zcache / keep_dz / dw_out need the cube pair (FUSED_LCE_NPU_KERNELS=cube)")
-        return self._op("grads_vector")(coefs, hidden, weight, bias, labels, lse, int(vocab_start), float(softcap),
+        return self._op("grads_vector")(hidden, weight, bias, labels, lse, coefs, int(vocab_start), float(softcap),
                                         float(temperature), mask)

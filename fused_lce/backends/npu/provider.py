@@ -140,8 +140,8 @@ class AscendCProvider(WholeRowsProvider):
             st = (torch.full((n,), -math.inf, device=dev), zeros, zeros.clone(), zeros.clone(),
                   torch.zeros(n, device=dev, dtype=torch.int64))
             return (EntropyStats(*st, zeros.clone()) if opts.entropy else Stats(*st)), None
-        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
-                opts.wants_zsum, opts.temperature, opts.entropy)
+        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap, opts.temperature,
+                opts.wants_zsum, opts.entropy)
         cache = None
         if keep and self._one_pass():
             r = self.kernels.stats(*args, keep_z=True)
@@ -162,7 +162,7 @@ class AscendCProvider(WholeRowsProvider):
         planes = torch.stack([x.float() if x is not None else zero for x in (coef.a, coef.t, coef.b, coef.u)])
         if scale is not None:
             planes = planes * scale
-        args = (planes.contiguous(), t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, opts.vocab_start,
+        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, planes.contiguous(), opts.vocab_start,
                 opts.softcap, opts.temperature, list(out.extra))
         if self._one_pass():  # the forward's z cache when the driver kept it; dz kept: dX / dW as whole-K GEMMs
             # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)

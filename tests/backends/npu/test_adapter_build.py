@@ -26,7 +26,7 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
         tn = nb.fetch_wheel(cache)
     except subprocess.CalledProcessError as e:
         release, _ = nb.torch_release()
-        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see docs/npu.md for the command")
+        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see docs/npu-status.md for the command")
     assert os.path.isfile(os.path.join(tn, "include", "third_party", "op-plugin", "op_plugin", "include",
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
@@ -34,10 +34,9 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
     # the four private kernel ops (both pairs) and nothing else (routing and reductions live in Python)
     assert all(f"npu_{op}" in syms for op in ("stats_vector", "grads_vector", "stats_cube", "grads_cube"))
     assert "forward_npu" not in syms and "backward_npu" not in syms
-    blob = open(so, "rb").read()  # schema strings: exactly the four private ops are defined, no routing glue
-    assert b"_npu_stats_vector(Tensor hidden" in blob and b"_npu_grads_vector(Tensor coefs" in blob
-    assert b"_npu_stats_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
-    assert b"_npu_grads_cube(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a" in blob
+    blob = open(so, "rb").read()  # the schema strings of kernel_ops.h, no routing glue
+    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
+    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor coefs" in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP
@@ -60,25 +59,34 @@ def test_adapter_flags_match_op_plugin_versioning():
     assert "/x/torch_npu/include/third_party/op-plugin/op_plugin/include" in f["include_dirs"]
 
 
-def _schemas(path: str, prefix: str) -> dict:
-    """{op name without prefix: schema after the name} of the m.def(...) strings of a C++ source."""
+def test_adapter_and_twin_define_their_ops_from_one_schema_list():
+    """The adapter and the twin extension define their kernel ops from csrc/npu/kernel_ops.h, so
+    fused_lce/backends/npu/kernels.py calls both alike; neither spells a kernel op's schema itself."""
     import re
 
-    code = open(path).read()
-    out = {}
-    for m in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)', code):
-        schema = "".join(re.findall(r'"([^"]*)"', m.group(1)))
-        name, rest = schema.split("(", 1)
-        if name.startswith(prefix):
-            out[name[len(prefix):]] = rest
-    return out
+    for path, prefix in ((os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp"), "_npu"),
+                         (os.path.join(ROOT, "tests", "support", "ascendc_twin", "ext", "ops.cpp"), "_twin")):
+        code = open(path).read()
+        assert f'fused_lce_npu::def_kernel_ops(m, "{prefix}")' in code, path
+        assert not re.search(r'm\.def\("_[a-z]+_(stats|grads)_(cube|vector)\(', code), path
 
 
-def test_adapter_ops_have_the_twin_ops_contracts():
-    """The adapter's _npu_* ops take exactly the arguments of the twin's _twin_* ops,
-    so fused_lce/backends/npu/kernels.py calls both alike (the twin provider runs the same Python over the twin ops)."""
-    adapter = _schemas(os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp"), "_npu_")
-    twin = _schemas(os.path.join(ROOT, "tests", "support", "ascendc_twin", "ext", "ops.cpp"), "_twin_")
-    assert {"stats_vector", "grads_vector", "stats_cube", "grads_cube"} <= set(adapter)
-    for op in ("stats_vector", "grads_vector", "stats_cube", "grads_cube"):
-        assert adapter[op] == twin[op], f"_npu_{op}({adapter[op]} != _twin_{op}({twin[op]}"
+@pytest.mark.twin
+@pytest.mark.parametrize("op", ["_cpu_stats", "_cpu_grads", "_twin_stats_cube", "_twin_grads_cube",
+                                "_twin_stats_vector", "_twin_grads_vector"])
+def test_private_kernel_ops_share_one_argument_order(op):
+    """Every private kernel op of every device (the CPU ops, and the twin's, whose schemas are the adapter's):
+    hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and sizes."""
+    import torch
+
+    from ...support.ascendc_twin import build as twin_build
+
+    if op.startswith("_twin"):
+        twin_build.load_twin()
+    args = getattr(torch.ops.fused_lce, op).default._schema.arguments
+    names = [a.name for a in args]
+    assert names[:4] == ["hidden", "weight", "bias", "labels"], names
+    i = names.index("vocab_start")
+    assert names[i:i + 3] == ["vocab_start", "softcap", "temperature"], names
+    assert all("Tensor" in str(a.type) for a in args[4:i]), names  # the op's own tensors
+    assert all("Tensor" not in str(a.type) or a.has_default_value() for a in args[i:]), names  # extras last

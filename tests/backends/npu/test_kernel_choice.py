@@ -55,24 +55,27 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     k = npu_kernels.AdapterKernels(ops=rec)  # follows the env at every call
     for kind in ("vector", "cube"):
         monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
-        k.stats(h, w, None, y, 3, 2.5, True, 0.75, False)
-        k.grads(coefs, h, w, None, y, lse, 3, 2.5, 0.75, (True, False, True))
-    (s_old, a_old), (g_old, b_old), (s_mix, a_mix), (g_mix, b_mix) = rec.calls
-    assert (s_old, g_old, s_mix, g_mix) == ("_npu_stats_vector", "_npu_grads_vector", "_npu_stats_cube", "_npu_grads_cube")
-    assert a_old[4:] == (3, 2.5, True, 0.75, False)  # _npu_stats_vector: with_zsum before temperature
-    assert a_mix[4:] == (3, 2.5, 0.75, True, False, False)  # _npu_stats_cube: the twin's order, keep_z off
-    assert b_old[0] is coefs and b_old[6:] == (3, 2.5, 0.75, [True, False, True])
+        k.stats(h, w, None, y, 3, 2.5, 0.75, True, False)
+        k.grads(h, w, None, y, lse, coefs, 3, 2.5, 0.75, (True, False, True))
+    (s_vec, a_vec), (g_vec, b_vec), (s_cube, a_cube), (g_cube, b_cube) = rec.calls
+    assert (s_vec, g_vec, s_cube, g_cube) == ("_npu_stats_vector", "_npu_grads_vector", "_npu_stats_cube",
+                                              "_npu_grads_cube")
+    # one argument order (csrc/npu/kernel_ops.h): problem tensors, the op's tensors, vocab_start, softcap,
+    # temperature, the op's flags
+    assert a_vec[:4] == (h, w, None, y) and a_vec[4:] == (3, 2.5, 0.75, True, False)
+    assert a_cube[:4] == (h, w, None, y) and a_cube[4:] == (3, 2.5, 0.75, True, False, False)  # keep_z off
+    assert b_vec[:5] == (h, w, None, y, lse) and b_vec[5] is coefs and b_vec[6:] == (3, 2.5, 0.75, [True, False, True])
     # cube: (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes, as TwinKernels(kernels="cube")
-    assert b_mix[:4] == (h, w, None, y) and b_mix[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
-    assert b_mix[4].dtype == torch.float32 and torch.equal(b_mix[4], lse.float())
+    assert b_cube[:4] == (h, w, None, y) and b_cube[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
+    assert b_cube[4].dtype == torch.float32 and torch.equal(b_cube[4], lse.float())
     for i in range(4):
-        assert b_mix[5 + i].dtype == torch.float32 and torch.equal(b_mix[5 + i], coefs[i].float())
+        assert b_cube[5 + i].dtype == torch.float32 and torch.equal(b_cube[5 + i], coefs[i].float())
     monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", "fast")
     with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS"):
-        k.stats(h, w, None, y, 0, 0.0, False, 1.0, False)
+        k.stats(h, w, None, y, 0, 0.0, 1.0, False, False)
     assert len(rec.calls) == 4  # nothing launched on a bad value
     fixed = npu_kernels.AdapterKernels(kind="cube", ops=rec)
-    fixed.stats(h, w, None, y, 0, 0.0, False, 1.0, False)  # a fixed kind ignores the env
+    fixed.stats(h, w, None, y, 0, 0.0, 1.0, False, False)  # a fixed kind ignores the env
     assert rec.calls[-1][0] == "_npu_stats_cube"
 
 

@@ -81,7 +81,8 @@ def load_twin():
     sources += generate_variants(variants)
     load(name="fused_lce_twin", sources=sources, build_directory=build,
          extra_cflags=["-O2", "-std=c++17", "-fno-strict-aliasing", f"-I{TWIN_INCLUDE}", f"-I{variants}",
-                       f"-I{os.path.join(ASCEND, 'common')}"], is_python_module=False, verbose=False)
+                       f"-I{os.path.join(ASCEND, 'common')}", f"-I{os.path.join(ROOT, 'csrc', 'npu')}"],
+         is_python_module=False, verbose=False)
     return torch.ops.fused_lce
 
 
