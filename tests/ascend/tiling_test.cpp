@@ -51,8 +51,8 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
     CHECK(p.l0a_used == 2ull * p.base_m * p.base_k * p.elt_bytes, "%s", s);
     CHECK((uint64_t)p.base_m * p.base_n * 4 * p.l0c_buffers <= hw.l0c_bytes, "%s", s);
     // UB regions: exactly the ones the flags need (kUbNone otherwise), each 32-byte aligned, as large as its use,
-    // inside ub_end and disjoint from every other region (issue 12 finding 3: a zero-sized region shared its
-    // offset with the next one)
+    // inside ub_end and disjoint from every other region (a zero-sized region must not share its offset with the
+    // next one)
     {
         const uint64_t vr = p.vec_rows, bn = p.base_n, e = p.elt_bytes;
         const bool bias = p.flags & kBias, softcap = p.flags & kSoftcap;
@@ -213,7 +213,7 @@ static void test_expected_tiles() {
     // more token blocks than cores: one segment, no stats workspace
     Plan big = plan(1 << 16, 4096, 151936, 2, 0);
     CHECK(big.segments == 1 && big.ws_stats == 0, "%s", "");
-    // finding 3 of issue 12: the fp32 backward has no cast region, and nothing aliases the row slots or the bias
+    // the fp32 backward has no cast region, and nothing aliases the row slots or the bias
     Plan f3 = plan(8192, 4096, 151936, 4, kBackward | kBias | kSmoothing);
     check_plan(f3, HwSpec());
     CHECK(f3.ub_cast == kUbNone && f3.ub_bias_f32 == kUbNone && f3.ub_bias != f3.ub_rows, "cast=%u bias=%u rows=%u",

@@ -138,9 +138,9 @@ inline bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
 }
 
 // UB bytes of one vector core for a (vec_rows, base_n) tile; fills the layout when `p` is given. Every region a
-// kernel uses has its own bytes: a region the flags do not need gets no bytes and the offset kUbNone (finding 3 of
-// issue 12: a zero-sized region used to share its offset with the next one, so the fp32 backward's dz copy wrote
-// over the bias, the row slots and past the end of the buffer).
+// kernel uses has its own bytes: a region the flags do not need gets no bytes and the offset kUbNone (a zero-sized
+// region that shared its offset with the next one would let a copy sized for another dtype, such as the fp32
+// backward's dz copy, write over the bias, the row slots and past the end of the buffer).
 //   c        C tile from the cube: baseM x base_n floats with baseM = align16(vec_rows), the Matmul tiling's baseM
 //            (GetTensorC(LocalTensor) needs at least baseM * baseN elements, asc-devkit GetTensorC.md)
 //   work     exp / probabilities, ReduceMax scratch, the finishing phase's per-token planes

@@ -22,7 +22,7 @@ namespace fused_lce_kernel {
 
 using namespace AscendC;
 
-// -inf as a bit pattern: `-FLT_MAX * 2` overflows and is not a constant expression for g++ (finding 11).
+// -inf as a bit pattern: `-FLT_MAX * 2` overflows and is not a constant expression for g++.
 constexpr uint32_t kNegInfBits = 0xff800000u;
 __aicore__ inline float NegInf() {
     union {

@@ -153,7 +153,7 @@ def _kernel_syncs_all_cores(op: str) -> bool:
 
 
 def test_batch_mode_whenever_the_kernel_syncs_all_cores(driver):
-    """Finding 7: a kernel that calls SyncAll must be launched in batch mode (SetScheduleMode(1)), or concurrent
+    """A kernel that calls SyncAll must be launched in batch mode (SetScheduleMode(1)), or concurrent
     launches on several streams can deadlock (asc-devkit SyncAll.md, 约束说明). The stats kernel syncs when a token
     block's vocabulary is split in segments (few token blocks); the check follows whichever kernel calls SyncAll."""
     syncing = [op for op in KERNELS if _kernel_syncs_all_cores(op)]
