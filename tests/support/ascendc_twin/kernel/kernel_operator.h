@@ -1,6 +1,6 @@
 // CPU twin of the AscendC API: the header kernels include. Selecting this directory with -I (instead of the CANN
 // include path) compiles an AscendC kernel source unchanged with g++, the way AscendC's CPU-debug mode does; see
-// twin/runtime.h for what the twin models and checks, and docs/npu.md for what it proves.
+// twin/runtime.h for what the twin models and checks, and docs/npu-status.md for what it proves.
 #ifndef FUSED_LCE_TWIN_KERNEL_OPERATOR_H_
 #define FUSED_LCE_TWIN_KERNEL_OPERATOR_H_
 
