@@ -128,7 +128,7 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
             zc = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
                 if kernel == "onepass_bwd" else None
             ops._twin_grads_cube(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
-                                [True, True, False], zc, kernel != "cube_bwd", None)
+                                 [True, True, False], zc, kernel != "cube_bwd", None)
         vec, flops, copied = _counters()
         gemms = {"vector_fwd": 1, "cube_fwd": 1, "vector_bwd": 3, "cube_bwd": 4, "dz_kept_bwd": 3,
                  "onepass_bwd": 2}[kernel]
@@ -294,8 +294,8 @@ def model_rows(ops):
             cin = cube_in(cnt["vector_bwd"], mb * nbk, plans["vector_bwd"][8])
             l2 = mb * nbk * (bm * bn * (4 + elt) * 2 + (bm + bn) * d * 4 * 2)
             hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
-            res[("vector", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin) + (tc, tv,
-                                                                                                             cin)
+            res[("vector", "bwd")] = (_time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin)
+                                      + (tc, tv, cin))
             # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the vector pair's counted dz work),
             # per-core fp32 partials of dX and dW written and read back by V2; its operand bytes per tile (A set for
             # every tile, as its kernel does): z (h and W tiles), dX (dz and W), dW (dz and h)

@@ -37,8 +37,8 @@ def _register_twin():
     """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
     "npu" provider's Python side, as providers "npu_twin" (the kernel pair FUSED_LCE_NPU_KERNELS selects, default the
     cube pair, as on an NPU) and "npu_twin_vector" (the vector pair) on CPU tensors: every suite parametrised over the
-    providers runs them like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a build
-    failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
+    providers runs them like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a
+    build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
         return
     import warnings

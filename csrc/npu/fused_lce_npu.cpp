@@ -184,9 +184,9 @@ Tensor3 npu_grads_vector(const Tensor& hidden, const Tensor& weight, const c10::
 constexpr int64_t kCubeMaxIds = int64_t(1) << 24;
 
 // Per-token local statistics as _npu_stats_vector, from the cube-driven forward. The kernel writes all six outputs on
-// every launch (sum of logits 0 without with_zsum, ez 0 without with_entropy), so ez is always (N,). keep_z: the OpDef's optional
-// z_cache output is given, float32 (N, V), and returned 7th (the kept h W^T for _npu_grads_cube's zcache); otherwise
-// it is absent and an empty tensor is returned in its place.
+// every launch (sum of logits 0 without with_zsum, ez 0 without with_entropy), so ez is always (N,). keep_z: the
+// OpDef's optional z_cache output is given, float32 (N, V), and returned 7th (the kept h W^T for _npu_grads_cube's
+// zcache); otherwise it is absent and an empty tensor is returned in its place.
 Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                        const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
                        bool with_entropy, bool keep_z) {
@@ -222,10 +222,10 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
 }
 
 // float32 gradients as _npu_grads_vector from the deterministic cube-driven backward, with the driver's coefficient
-// planes given one by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache: what
-// _npu_stats_cube(keep_z=True) returned for these rows (the kernel computes no logits); keep_dz: dz kept between the
-// two phases (the larger workspace); dw_acc: a float32 contiguous (V, D) tensor dW is added into in place (the sum of
-// the earlier driver blocks; the kernel only adds into dW), then returned empty as dW, as the twin's op does.
+// planes given one by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache:
+// what _npu_stats_cube(keep_z=True) returned for these rows (the kernel computes no logits); keep_dz: dz kept between
+// the two phases (the larger workspace); dw_acc: a float32 contiguous (V, D) tensor dW is added into in place (the sum
+// of the earlier driver blocks; the kernel only adds into dW), then returned empty as dW, as the twin's op does.
 Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                        const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
                        const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
@@ -234,8 +234,9 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
     const char* op = "fused_lce::_npu_grads_cube";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds && hidden.size(0) < kCubeMaxIds, op,
-                ": the cube-driven backward needs N and V each below 2^24 per launch (row offsets and ids travel as exact "
-                "floats), got N=", hidden.size(0), " V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=vector");
+                      ": the cube-driven backward needs N and V each below 2^24 per launch (row offsets and ids travel "
+                      "as exact floats), got N=", hidden.size(0), " V=", weight.size(0),
+                      "; use FUSED_LCE_NPU_KERNELS=vector");
     check_vector(op, "lse", lse, hidden);
     check_vector(op, "a", a, hidden);
     check_vector(op, "t", t, hidden);

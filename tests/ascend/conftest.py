@@ -53,7 +53,8 @@ def tiling_binary(tmp_path_factory):
     if cxx is None:
         pytest.skip("no C++ compiler (g++) on this host")
     out = str(tmp_path_factory.mktemp("tiling") / "tiling_test")
-    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc", "ascend", "common"),
+    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
+           "-I", os.path.join(ROOT, "csrc", "ascend", "common"),
            os.path.join(HERE, "tiling_test.cpp"), "-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"

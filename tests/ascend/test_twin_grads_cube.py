@@ -99,7 +99,8 @@ def test_cube_grads_bitwise_deterministic_across_seeds(ops, part, seed):
 
 
 def test_cube_grads_loss_coefs_match_vector_kernel(ops, part, seed):
-    """The loss's coefficients (a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V) give FusedLceGradVector's result."""
+    """The loss's coefficients (a = g (1 + 2 z_loss lse), t = g (1 - eps), u = g eps / V) give FusedLceGradVector's
+    result."""
     part(HW_TINY, sched_seed=seed)
     h, w, bias, y = make(37, 45, 301, torch.float32, dict(bias=True))
     lse = lse_of(h, w, bias, 2.0, 1.0)

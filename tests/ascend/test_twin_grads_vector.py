@@ -1,5 +1,5 @@
-"""FusedLceGradVector (csrc/ascend/fused_lce_grad_vector) compiled and run on the AscendC CPU twin, against float64 gradients of
-sum_i g_i * loss_i over one vocabulary shard given the saved lse: every dtype and option (bias, label smoothing,
+"""FusedLceGradVector (csrc/ascend/fused_lce_grad) compiled and run on the AscendC CPU twin, against float64 gradients
+of sum_i g_i * loss_i over one vocabulary shard given the saved lse: every dtype and option (bias, label smoothing,
 z-loss, softcap, gradient masks), ignored tokens (g = 0), bad labels (g = NaN), odd V and tails, several cores and
 segments (dX of a token block accumulated by several cores with float32 atomics), vocabulary shards."""
 import itertools
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ..support.ascendc_twin.ref import (GRAD_RTOL, HW_910B, HW_TINY, coef_grads64, grads64, logits64, rel_l2,
-                                         twin_loss_grads)
+                                        twin_loss_grads)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (70, 24, 150)]

@@ -1,6 +1,6 @@
-"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that follows the AscendC
-contract runs clean with the right values, code that breaks one rule is reported, naming the rule. A twin that let
-these pass would prove nothing about the kernels."""
+"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that follows
+the AscendC contract runs clean with the right values, code that breaks one rule is reported, naming the rule. A twin
+that let these pass would prove nothing about the kernels."""
 import pytest
 import torch
 

@@ -164,7 +164,8 @@ def test_cube_matches_vector_kernel(ops, part, seed):
 
 def test_cube_work_counters(ops, part, seed):
     """The twin's work counters (benchmarks/npu_model.py): the cube cores do every FLOP of the GEMM (2 N V D) and no
-    vector work, the vector cores the opposite; the vector-driven kernel's client GEMMs are counted on the vector cores."""
+    vector work, the vector cores the opposite; the vector-driven kernel's client GEMMs are counted on the vector
+    cores."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 37, 45, 301
     h, w, b = make(n, d, v, torch.bfloat16, False)

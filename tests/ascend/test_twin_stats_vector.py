@@ -1,4 +1,4 @@
-"""FusedLceStatsVector (csrc/ascend/fused_lce_stats_vector) compiled and run on the AscendC CPU twin, against float64 per-token
+"""FusedLceStatsVector (csrc/ascend/fused_lce_stats) compiled and run on the AscendC CPU twin, against float64 per-token
 statistics: every dtype and option, odd V, tails in every dimension, several cores and vocabulary segments (the
 finishing phase behind SyncAll), vocabulary shards (vocab_start != 0), the 910B part and a tiny part."""
 import pytest

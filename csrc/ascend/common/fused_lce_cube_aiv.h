@@ -40,8 +40,8 @@ __aicore__ inline void Order() {
 __aicore__ inline uint32_t ChunkMask(uint32_t cols, uint32_t c) { return cols - c < kChunk ? cols - c : kChunk; }
 
 // Parameter structs are built with parentheses from full-width values, never narrowed here: a value too large for
-// CANN's field then reaches the twin's field checks (tests/support/ascendc_twin, docs/npu-twin-rules.md) instead of being cut
-// silently (a braced list would not compile against the real headers, whose fields are 8 / 16 / 32 bits).
+// CANN's field then reaches the twin's field checks (tests/support/ascendc_twin, docs/npu-twin-rules.md) instead of
+// being cut silently (a braced list would not compile against the real headers, whose fields are 8 / 16 / 32 bits).
 template <typename T>
 __aicore__ inline DataCopyPadExtParams<T> NoPad() {
     return DataCopyPadExtParams<T>(false, 0, 0, 0);

@@ -85,10 +85,11 @@ inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags
 }
 }  // namespace detail
 
-// Plan of the cube-driven forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is wanted.
-// Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout fits.
+// Plan of the cube-driven forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is
+// wanted. Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout
+// fits.
 inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
-                          const ft::HwSpec& hw = ft::HwSpec()) {
+                           const ft::HwSpec& hw = ft::HwSpec()) {
     CubePlan m{};
     if (v >= kMaxLocalVocab) {
         m.status = ft::kTooLarge;
@@ -180,7 +181,7 @@ inline void plan_keep_dz(CubeGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, 
 }
 
 inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
-                             const ft::HwSpec& hw = ft::HwSpec()) {
+                              const ft::HwSpec& hw = ft::HwSpec()) {
     CubeGradPlan m{};
     if (v >= kMaxLocalVocab || n >= kMaxLocalVocab) {  // ids and row offsets travel as exact floats
         m.status = ft::kTooLarge;

@@ -1,6 +1,6 @@
-// Tiling data of the cube-driven kernels (FusedLceStatsCube), written by the host, read by op_kernel. Its own
-// struct (not FusedLceVectorTilingData): the plan of csrc/ascend/common/fused_lce_cube_tiling.h, the scalar options of the loss
-// and of the log-prob contract (softcap, temperature, entropy), and the cube core's Matmul tiling.
+// Tiling data of the cube-driven kernels (FusedLceStatsCube), written by the host, read by op_kernel. Its own struct
+// (not FusedLceVectorTilingData): the plan of fused_lce_cube_tiling.h, the scalar options of the loss and of the
+// log-prob contract (softcap, temperature, entropy), and the cube core's Matmul tiling.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_CUBE_TILING_DATA_H_
 #define FUSED_LCE_CUBE_TILING_DATA_H_
@@ -10,10 +10,10 @@
 #include "kernel_tiling/kernel_tiling.h"
 #include "fused_lce_cube_tiling.h"
 
-// FusedLceStatsCube GM arguments: hidden, weight, bias, labels, max, sum_exp, target, zsum, argmax, ez, zCache (optional
-// last output, fp32 [N, V_local] of the raw h W^T tiles, written when hasZCache), workspace, tiling. Presence of an
-// optional argument comes from the tiling (hasBias, hasZCache), never from its address: CANN does not promise a null
-// GM address for an absent optional (ops-nn switches its optional logits output with an attribute).
+// FusedLceStatsCube GM arguments: hidden, weight, bias, labels, max, sum_exp, target, zsum, argmax, ez, zCache
+// (optional last output, fp32 [N, V_local] of the raw h W^T tiles, written when hasZCache), workspace, tiling. Presence
+// of an optional argument comes from the tiling (hasBias, hasZCache), never from its address: CANN does not promise a
+// null GM address for an absent optional (ops-nn switches its optional logits output with an attribute).
 struct FusedLceStatsCubeTilingData {
     fused_lce::cube::CubePlan plan;
     int64_t vocabStart;       // first global id of this rank's vocabulary rows

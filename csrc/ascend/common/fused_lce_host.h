@@ -4,8 +4,8 @@
 // `-fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -std=c++11 -I${CANN}/include` and nothing else (asc-devkit
 // cmake/asc/fwk_modules/util/compile_ascendc_all_ops_so.py, gen_compile_make_file); the relative include of the
 // tiling data below resolves without any -I.
-// Status: compiled with those flags against the host twin's stub headers (tests/support/ascendc_twin/host/include) and run
-// under its runtime in CI (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
+// Status: compiled with those flags against the host twin's stub headers (tests/support/ascendc_twin/host/include) and
+// run under its runtime in CI (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #ifndef FUSED_LCE_HOST_H_
 #define FUSED_LCE_HOST_H_
 
@@ -24,11 +24,11 @@
 namespace fused_lce_host {
 
 // Batch scheduling (TilingContext::SetScheduleMode(1)): the launch starts only when all of its cores are free.
-// FusedLceStatsVector synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without batch
-// mode two such launches on different streams can each hold part of the cores and wait for the other's forever
-// (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Both ops set it on every launch,
-// as ops-nn's FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE):
-// they use every core anyway, and a kernel that gains a cross-core sync later stays safe.
+// FusedLceStatsVector synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without
+// batch mode two such launches on different streams can each hold part of the cores and wait for the other's forever
+// (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Every op sets it on every launch, as ops-nn's
+// FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE): they use every
+// core anyway, and a kernel that gains a cross-core sync later stays safe.
 constexpr uint32_t kBatchScheduleMode = 1;
 
 // Error log of a failed tiling. CANN's OP_LOGE comes from ops-nn's own log/log.h (opbase), which is not part of
@@ -182,7 +182,8 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
-// FusedLceGradVector's and FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
+// FusedLceGradVector's and FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all
+// float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);
     gert::Shape* dw = ctx->GetOutputShape(1);

@@ -1,5 +1,6 @@
-// Vector-core (AIV) building blocks shared by the two kernels. All arithmetic is float32 in the unified buffer
-// (UB). Status: compiled and run on CPU against an AscendC API twin (tests/support/ascendc_twin); not run on NPU hardware.
+// Vector-core (AIV) building blocks of the vector-driven pair (FusedLceStatsVector / FusedLceGradVector). All
+// arithmetic is float32 in the unified buffer (UB). Status: compiled and run on CPU against an AscendC API twin
+// (tests/support/ascendc_twin); not run on NPU hardware.
 //
 // Conventions every function here follows (the twin checks each of them, see docs/npu-status.md):
 //   * a C tile z holds `rows` rows at a stride of baseN floats, of which the first `cols` are logits; the columns

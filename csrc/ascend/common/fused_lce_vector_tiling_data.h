@@ -1,6 +1,6 @@
 // Tiling data of FusedLceStatsVector / FusedLceGradVector, shared by op_host (writes it) and op_kernel (reads it).
-// Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from csrc/ascend/common/fused_lce_tiling.h verbatim, the
-// scalar attributes, and the Matmul API tilings of the GEMMs the kernels issue.
+// Standard-C++ tiling struct (REGISTER_TILING_DEFAULT): the plan from fused_lce_tiling.h verbatim, the scalar
+// attributes, and the Matmul API tilings of the GEMMs the kernels issue.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_VECTOR_TILING_DATA_H_
 #define FUSED_LCE_VECTOR_TILING_DATA_H_

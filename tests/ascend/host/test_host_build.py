@@ -61,8 +61,10 @@ def test_cmake_builds_every_op_host_source_and_kernel():
     cmake = open(os.path.join(ASCEND, "CMakeLists.txt")).read()
     for src in IDS:
         assert "${CMAKE_CURRENT_SOURCE_DIR}/" + src in cmake, src
-    for op, kernel in (("FusedLceStatsVector", "fused_lce_stats_vector.cpp"), ("FusedLceGradVector", "fused_lce_grad_vector.cpp"),
-                       ("FusedLceStatsCube", "fused_lce_stats_cube.cpp"), ("FusedLceGradCube", "fused_lce_grad_cube.cpp")):
+    for op, kernel in (("FusedLceStatsVector", "fused_lce_stats_vector.cpp"),
+                       ("FusedLceGradVector", "fused_lce_grad_vector.cpp"),
+                       ("FusedLceStatsCube", "fused_lce_stats_cube.cpp"),
+                       ("FusedLceGradCube", "fused_lce_grad_cube.cpp")):
         assert re.search(rf"OP_TYPE {op}\s+KERNEL_DIR \w+/op_kernel\s+KERNEL_FILE {kernel}", cmake), op
 
 

@@ -1,8 +1,7 @@
-"""The real tiling / inference functions of FusedLceStatsVector and FusedLceGradVector, run under the host twin's runtime on a grid
-of problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
-status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to
-fused_lce_tiling.h's plan(), attributes read at the right index, inputs read by IR index, bad nodes rejected without
-a crash."""
+"""The real tiling / inference functions of the four operators, run under the host twin's runtime on a grid of
+problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
+status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to the
+planners' plans, attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
 from __future__ import annotations
 
 import os
@@ -279,7 +278,7 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
 
 # ---- the cube-driven ops (FusedLceStatsCube / FusedLceGradCube) ------------------------------------------------------
 CUBE_KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_cube.cpp"),
-               "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
+                "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
 
 
 def f32(x: float) -> float:
@@ -287,8 +286,8 @@ def f32(x: float) -> float:
 
 
 def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
-    """The vector-driven ops' grid for the cube-driven ops, plus their own options (coef_b / coef_u / z_cache present or not,
-    keep_dz; keep_z for the forward)."""
+    """The vector-driven ops' grid for the cube-driven ops, plus their own options (coef_b / coef_u / z_cache present
+    or not, keep_dz; keep_z for the forward)."""
     out = []
     for line in grid(op.replace("_cube", "_vector"), count, rng):
         line = line.replace(f"op={op.replace('_cube', '_vector')} ", f"op={op} ", 1)
@@ -312,8 +311,8 @@ def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
 
 
 def cube_problems(line: str, r: dict) -> list[str]:
-    """Every way the cube-driven tiling's result disagrees with the planner of fused_lce_cube_tiling.h (what the twin kernels
-    run with) and what the kernels and the runtime need."""
+    """Every way the cube-driven tiling's result disagrees with the planner of fused_lce_cube_tiling.h (what the twin
+    kernels run with) and what the kernels and the runtime need."""
     c = words(line)
     grad = c["op"] == "grad_cube"
     e = r["expected_plan"]
@@ -337,7 +336,7 @@ def cube_problems(line: str, r: dict) -> list[str]:
     want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
     used = e["base"]["used_cores"]
     want(r["block_dim_set"] and r["block_dim"] == max(1, used), f"block dim {r['block_dim']} != used cores {used}")
-    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (the cube-driven kernel runs one block per AI core)")
+    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (a cube-driven kernel runs one block per AI core)")
     want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
     keep = grad and c.get("keep_dz") == "1"  # the one-pass modes' kept dz: the larger workspace
     ws = e["ws_total_keep"] if keep else e["ws_total"]
@@ -410,7 +409,8 @@ def test_cube_tiling_on_a_grid_of_problems(op, driver):
 
 
 def test_cube_batch_mode_for_the_kernels_that_sync_all_cores(driver):
-    """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode always."""
+    """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode
+    always."""
     for op, src in CUBE_KERNELS.items():
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"

@@ -1,6 +1,6 @@
 """(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons on this
-host. The scenarios run in one subprocess (tests/backends/npu/dispatch_scenarios.py) because renaming PrivateUse1 to "npu"
-is process-global; each scenario is reported as its own test."""
+host. The scenarios run in one subprocess (dispatch_scenarios.py, beside this file) because renaming PrivateUse1 to
+"npu" is process-global; each scenario is reported as its own test."""
 import json
 import os
 import subprocess

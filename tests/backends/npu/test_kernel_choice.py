@@ -1,6 +1,6 @@
 """The "npu" provider's kernel choice (fused_lce/backends/npu/kernels.py ``AdapterKernels``, env FUSED_LCE_NPU_KERNELS):
 "vector" (FusedLceStatsVector / FusedLceGradVector) or "cube" (FusedLceStatsCube / FusedLceGradCube). The adapter's ops
-(``_npu_*``) have exactly the twin ops' schemas (tests/backends/npu/test_adapter_build.py), so the twin's ``_twin_*`` ops
+(``_npu_*``) and the twin's (``_twin_*``) are defined from one schema list (csrc/npu/kernel_ops.h), so the twin's ops
 stand behind the adapter's names here: the provider's real Python path -- the kernel selection and, for "cube", the
 coefficient planes a, t, b, u handed over one by one -- runs the kernel sources on the CPU twin, end to end through
 ``fused_lce.linear_cross_entropy`` and autograd, against the float64 reference."""
@@ -118,7 +118,7 @@ def _run(backend, h, w, b, y, **opts):
 def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_ops, monkeypatch, seed):
     shim = TwinAsAdapterOps(twin_ops)
     registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(ops=shim),
-                                                  device_types=("cpu",)))
+                                                   device_types=("cpu",)))
     monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
     try:
         g = torch.Generator().manual_seed(seed)
@@ -136,7 +136,8 @@ def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_op
         for x, r, what in zip(got, (ref.detach(), h64.grad, w64.grad, b64.grad), ("loss", "dX", "dW", "db")):
             err = float((x.double() - r).norm() / r.norm().clamp_min(1e-30))
             assert err < tol, f"{kind} {dtype} {what}: relative L2 error {err:.2e} (seed {seed})"
-        want = {"vector": {"_npu_stats_vector", "_npu_grads_vector"}, "cube": {"_npu_stats_cube", "_npu_grads_cube"}}[kind]
+        want = {"vector": {"_npu_stats_vector", "_npu_grads_vector"},
+                "cube": {"_npu_stats_cube", "_npu_grads_cube"}}[kind]
         assert set(shim.calls) == want, shim.calls
     finally:
         registry.unregister("npu_adapter_twin")
@@ -144,12 +145,12 @@ def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_op
 
 @pytest.mark.twin
 def test_cube_choice_equals_the_twin_provider_cube_path(twin_ops, monkeypatch, seed):
-    """With "cube" the adapter path hands the kernels the same arguments as tests/support/ascendc_twin/build.py
-    TwinKernels(kernels="cube") (the npu_twin provider's cube mode): results are bitwise equal (the cube-driven backward is
-    deterministic), log-prob options included."""
+    """With "cube" the adapter path hands the kernels the same arguments as the twin's TwinKernels(kernels="cube")
+    (the npu_twin provider's cube mode): results are bitwise equal (the cube-driven backward is deterministic), log-prob
+    options included."""
     shim = TwinAsAdapterOps(twin_ops)
     registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels("cube", shim),
-                                                  device_types=("cpu",)))
+                                                   device_types=("cpu",)))
     twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3, kernels="cube")
     registry.register(npu_provider.AscendCProvider("npu_twin_cube", kernels=twin, device_types=("cpu",)))
     try:

@@ -114,8 +114,8 @@ class TwinKernels(AdapterKernels):
     provider.
 
     ``kernels="cube"`` runs the cube-driven FusedLceStatsCube / FusedLceGradCube with their one-pass modes
-    (``supports_cache``), ``"vector"`` FusedLceStatsVector / FusedLceGradVector; None follows FUSED_LCE_NPU_KERNELS at every call,
-    as the adapter does (default "cube")."""
+    (``supports_cache``), ``"vector"`` FusedLceStatsVector / FusedLceGradVector; None follows FUSED_LCE_NPU_KERNELS at
+    every call, as the adapter does (default "cube")."""
 
     def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
         super().__init__(kernels, ops=load_twin(), prefix="_twin")

@@ -37,7 +37,6 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-
 def build_driver(cxx: str, out_dir: str, op_host_define: str | None, name: str) -> str:
     """tiling_driver.cpp linked with the op_host sources (compiled with opbuild's flags, plus
     `-D<op_host_define>` to select OP_ADD's mode) and the twin's host runtime."""
@@ -60,7 +59,6 @@ def build_driver(cxx: str, out_dir: str, op_host_define: str | None, name: str) 
     r = run([cxx, *objs, "-o", exe])
     assert r.returncode == 0, r.stderr
     return exe
-
 
 
 class Driver:

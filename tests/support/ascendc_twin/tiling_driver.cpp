@@ -3,9 +3,9 @@
 // tests/ascend/host/test_host_tiling.py.
 //
 // stdin: one case per line, `key=value` words:
-//   op=stats_vector|grad_vector|stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
-//   softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1] [coef_u=0|1]
-//   [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   op=stats_vector|grad_vector|stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32
+//   label=i32|i64 bias=0|1 softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1]
+//   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -83,7 +83,8 @@ Case build(const std::map<std::string, std::string>& kv) {
     Case c;
     const std::string kind = get(kv, "op", "stats_vector");
     const bool grad = kind == "grad_vector" || kind == "grad_cube";
-    const std::map<std::string, std::string> types = {{"stats_vector", "FusedLceStatsVector"}, {"grad_vector", "FusedLceGradVector"},
+    const std::map<std::string, std::string> types = {{"stats_vector", "FusedLceStatsVector"},
+                                                      {"grad_vector", "FusedLceGradVector"},
                                                       {"stats_cube", "FusedLceStatsCube"},
                                                       {"grad_cube", "FusedLceGradCube"}};
     c.type = types.at(kind);
@@ -120,7 +121,8 @@ Case build(const std::map<std::string, std::string>& kv) {
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
         if (kind == "grad_cube") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
     } else {
-        if (kind == "stats_cube" && kv.count("keep_z")) c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
+        if (kind == "stats_cube" && kv.count("keep_z"))
+            c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
@@ -193,8 +195,8 @@ void launch_json(std::ostringstream& o, const Case& c, const th::TilingResult& r
     o << ",\"td_deterministic\":" << same;
 }
 
-// The cube-driven ops: the tiling data against plan_stats() / plan_grad() of fused_lce_cube_tiling.h on the part's memories
-// (the planner the twin kernels run with), bytewise for the whole CubePlan / CubeGradPlan.
+// The cube-driven ops: the tiling data against plan_stats() / plan_grad() of fused_lce_cube_tiling.h on the part's
+// memories (the planner the twin kernels run with), bytewise for the whole CubePlan / CubeGradPlan.
 template <typename MP>
 std::string cube_plan_json(const MP& m) {
     std::ostringstream o;

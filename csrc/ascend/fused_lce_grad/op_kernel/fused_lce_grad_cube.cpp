@@ -1,6 +1,6 @@
 // FusedLceGradCube: the deterministic backward driven by the cube (MIX, 1 cube : 2 vector cores), C1 / V1 / C2 per
-// tile. Status: compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU
-// hardware.
+// tile. Status: compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not
+// run on NPU hardware.
 //
 // Contract (the driver's Coefs, /work/notes/logprobs_contract.md section 4): per token a, t and optionally b, u and
 // the global lse; with z = softcap(h W^T + bias) / T,
@@ -475,10 +475,9 @@ private:
 };
 
 extern "C" __global__ __aicore__ void fused_lce_grad_cube(GM_ADDR coefA, GM_ADDR coefT, GM_ADDR coefB, GM_ADDR coefU,
-                                                         GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
-                                                         GM_ADDR labels, GM_ADDR lse, GM_ADDR zCache, GM_ADDR dx,
-                                                         GM_ADDR dw, GM_ADDR db, GM_ADDR workspace,
-                                                         GM_ADDR tiling) {
+                                                          GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
+                                                          GM_ADDR lse, GM_ADDR zCache, GM_ADDR dx, GM_ADDR dw,
+                                                          GM_ADDR db, GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceGradCubeTilingData);
     GET_TILING_DATA(td, tiling);

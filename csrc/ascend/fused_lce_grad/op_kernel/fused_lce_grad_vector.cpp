@@ -212,8 +212,8 @@ private:
 };
 
 extern "C" __global__ __aicore__ void fused_lce_grad_vector(GM_ADDR coefs, GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
-                                                     GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw, GM_ADDR db,
-                                                     GM_ADDR workspace, GM_ADDR tiling) {
+                                                            GM_ADDR labels, GM_ADDR lse, GM_ADDR dx, GM_ADDR dw,
+                                                            GM_ADDR db, GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceVectorTilingData);
     GET_TILING_DATA(td, tiling);

@@ -4,11 +4,11 @@
 //                                         temperature, withEntropy, keepZ, maxOut, sumExpOut, targetLogitOut,
 //                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
 //   aclnnFusedLceStatsCube(workspace, workspaceSize, executor, stream)
-// Same inputs and attributes as FusedLceStatsVector. Unlike FusedLceStatsVector the kernel writes all six (N,) outputs on every
-// launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V), optional,
-// the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap / temperature)
-// for FusedLceGradCube's z_cache input. The attribute keep_z (last) says it is given and becomes the tiling's
-// hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
+// Same inputs and attributes as FusedLceStatsVector. Unlike FusedLceStatsVector the kernel writes all six (N,) outputs
+// on every launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V),
+// optional, the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap /
+// temperature) for FusedLceGradCube's z_cache input. The attribute keep_z (last) says it is given and becomes the
+// tiling's hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
 // optional; ops-nn's FusedLinearOnlineMaxSum switches its optional logits output with an attribute the same way).
 // Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
 // the number of AI cores used, each one cube (AIC) with its two vector cores (AIV), as ops-nn's
@@ -51,11 +51,12 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     bool keepZ = false;
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
 
-    // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has six planes
+    // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has
+    // six planes
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
                            (softcap > 0.0f ? ft::kSoftcap : 0u);
     const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(hidden.dtype), flags, withEntropy,
-                                            fh::hw_spec(plat));
+                                             fh::hw_spec(plat));
     if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsCube: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
     td->plan = plan;

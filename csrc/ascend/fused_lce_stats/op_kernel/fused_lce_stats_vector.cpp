@@ -274,10 +274,10 @@ private:
     RowView rows_;
 };
 
-extern "C" __global__ __aicore__ void fused_lce_stats_vector(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias, GM_ADDR labels,
-                                                      GM_ADDR outMax, GM_ADDR outSum, GM_ADDR outTarget,
-                                                      GM_ADDR outZsum, GM_ADDR outArgmax, GM_ADDR outEz,
-                                                      GM_ADDR workspace, GM_ADDR tiling) {
+extern "C" __global__ __aicore__ void fused_lce_stats_vector(GM_ADDR hidden, GM_ADDR weight, GM_ADDR bias,
+                                                             GM_ADDR labels, GM_ADDR outMax, GM_ADDR outSum,
+                                                             GM_ADDR outTarget, GM_ADDR outZsum, GM_ADDR outArgmax,
+                                                             GM_ADDR outEz, GM_ADDR workspace, GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(FusedLceVectorTilingData);
     GET_TILING_DATA(td, tiling);

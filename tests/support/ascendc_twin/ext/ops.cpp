@@ -4,8 +4,9 @@
 //   fused_lce::_twin_config(hw, seed, switch_prob, hazards): the part (HwSpec and memories) and the scheduler seed
 //       used by the next calls; fused_lce::_twin_plan_*(...) return the plan fields, _twin_counters the work counted
 //       in the last launch, for the tests.
-// The tiling is what op_host computes: the planners of csrc/ascend/common for the part, and Matmul tilings with the plan's fixed base tile (fill_gemm below stands in for matmul_tiling::MatmulApiTiling,
-// which needs the CANN host libraries; it sets the fields the Matmul API reads).
+// The tiling is what op_host computes: the planners of csrc/ascend/common for the part, and Matmul tilings with the
+// plan's fixed base tile (fill_gemm below stands in for matmul_tiling::MatmulApiTiling, which needs the CANN host
+// libraries; it sets the fields the Matmul API reads).
 #include <torch/extension.h>
 
 #include <array>
@@ -269,8 +270,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_cu
         const uint32_t flags = (has_bias ? ft::kBias : 0u) | (with_zsum ? ft::kSmoothing : 0u) |
                                (softcap > 0 ? ft::kSoftcap : 0u);
         const fc::CubePlan mp = fc::plan_stats(static_cast<uint64_t>(n), static_cast<uint64_t>(h.size(1)),
-                                              static_cast<uint64_t>(w.size(0)),
-                                              static_cast<uint32_t>(h.element_size()), flags, with_entropy, state().hw);
+                                               static_cast<uint64_t>(w.size(0)),
+                                               static_cast<uint32_t>(h.element_size()), flags, with_entropy,
+                                               state().hw);
         TORCH_CHECK(mp.status == ft::kOk, "fused_lce twin: no tiling: ", ft::status_text(mp.status));
         const ft::Plan& p = mp.base;
         FusedLceStatsCubeTilingData td{};
@@ -310,12 +312,12 @@ GradCubeKernel pick_grad_cube(at::ScalarType dt, at::ScalarType lt) { return TWI
 // tensor the kernel accumulates dW into in place (the kernel only ever adds to dW; dw is then returned empty), for
 // callers that sum dW over several launches without a second V x D buffer.
 std::tuple<Tensor, Tensor, Tensor> twin_grads_cube(const Tensor& hidden, const Tensor& weight,
-                                                  const c10::optional<Tensor>& bias, const Tensor& labels,
-                                                  const Tensor& lse, const Tensor& a, const Tensor& t,
-                                                  const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
-                                                  int64_t vocab_start, double softcap, double temperature,
-                                                  std::array<bool, 3> grad_mask, const c10::optional<Tensor>& zcache,
-                                                  bool keep_dz, const c10::optional<Tensor>& dw_acc) {
+                                                   const c10::optional<Tensor>& bias, const Tensor& labels,
+                                                   const Tensor& lse, const Tensor& a, const Tensor& t,
+                                                   const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
+                                                   int64_t vocab_start, double softcap, double temperature,
+                                                   std::array<bool, 3> grad_mask, const c10::optional<Tensor>& zcache,
+                                                   bool keep_dz, const c10::optional<Tensor>& dw_acc) {
     check_problem(hidden, weight, bias, labels);
     const bool has_zc = zcache.has_value() && zcache->defined();
     if (has_zc)
@@ -345,8 +347,8 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_cube(const Tensor& hidden, const T
         Tensor bb = has_bias ? bias->contiguous() : Tensor();
         const uint32_t flags = (has_bias ? ft::kBias : 0u) | (softcap > 0 ? ft::kSoftcap : 0u);
         const fc::CubeGradPlan mp = fc::plan_grad(static_cast<uint64_t>(h.size(0)), static_cast<uint64_t>(h.size(1)),
-                                                 static_cast<uint64_t>(w.size(0)),
-                                                 static_cast<uint32_t>(h.element_size()), flags, state().hw);
+                                                  static_cast<uint64_t>(w.size(0)),
+                                                  static_cast<uint32_t>(h.element_size()), flags, state().hw);
         TORCH_CHECK(mp.status == ft::kOk, "fused_lce twin: no tiling: ", ft::status_text(mp.status));
         const ft::Plan& p = mp.base;
         FusedLceGradCubeTilingData td{};
@@ -469,7 +471,7 @@ std::vector<int64_t> twin_plan_vector(int64_t n, int64_t d, int64_t v, int64_t e
 
 std::vector<int64_t> twin_plan_stats_cube(int64_t n, int64_t d, int64_t v, int64_t elt, int64_t flags, bool ez) {
     const fc::CubePlan m = fc::plan_stats(static_cast<uint64_t>(n), static_cast<uint64_t>(d), static_cast<uint64_t>(v),
-                                         static_cast<uint32_t>(elt), static_cast<uint32_t>(flags), ez, state().hw);
+                                          static_cast<uint32_t>(elt), static_cast<uint32_t>(flags), ez, state().hw);
     const ft::Plan& p = m.base;
     return {m.status, p.base_m, p.base_n, p.base_k, p.vec_rows, static_cast<int64_t>(p.m_blocks),
             static_cast<int64_t>(p.n_blocks), static_cast<int64_t>(p.segments), static_cast<int64_t>(p.tasks),
@@ -493,8 +495,8 @@ std::vector<int64_t> twin_counters() {
 
 std::vector<int64_t> twin_plan_grad_cube(int64_t n, int64_t d, int64_t v, int64_t elt, int64_t flags) {
     const fc::CubeGradPlan m = fc::plan_grad(static_cast<uint64_t>(n), static_cast<uint64_t>(d),
-                                            static_cast<uint64_t>(v), static_cast<uint32_t>(elt),
-                                            static_cast<uint32_t>(flags), state().hw);
+                                             static_cast<uint64_t>(v), static_cast<uint32_t>(elt),
+                                             static_cast<uint32_t>(flags), state().hw);
     return {m.status, m.base.base_m, m.base.base_n, m.base.base_d, m.base.used_cores,
             static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes),
             static_cast<int64_t>(m.ws_total_keep), static_cast<int64_t>(m.base.m_blocks),

@@ -1,4 +1,4 @@
-// Stub of CANN's graph/types.h (host-side twin, tests/support/ascendc_twin/host): the subset of ge::DataType / ge::Format
+// Stub of CANN's graph/types.h (the host twin): the subset of ge::DataType / ge::Format
 // the fused_lce op_host code names. Modelled on hicann/metadef inc/external/graph/types.h and c_types.h (enumerator
 // values copied as numbers so a tiling that stores them behaves the same); the real enums have many more members.
 #ifndef FUSED_LCE_TWIN_HOST_GRAPH_TYPES_H_
