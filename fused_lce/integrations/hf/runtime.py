@@ -21,6 +21,7 @@ is built.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -242,7 +243,7 @@ class _Frame:
     """What one patched call hands from the model's hooks to its armed output layer and loss relay."""
 
     __slots__ = ("module", "via", "mode", "leaves", "target", "num_items", "ignore_index", "loss_options",
-                 "want_tuple", "loss", "loss_taken", "trl", "trl_shifted", "trl_fields")
+                 "want_tuple", "loss", "loss_taken", "trl", "trl_shifted", "trl_fields", "accuracy")
 
     def __init__(self, module, via):
         self.module, self.via = module, via
@@ -252,6 +253,7 @@ class _Frame:
         self.ignore_index = -100
         self.want_tuple = self.loss_taken = self.trl_shifted = False
         self.loss = None  # what the armed layer returned (the loss, or TRL's per-token carrier)
+        self.accuracy = None  # where to record (correct, valid) token counts, when someone asked for them
 
 
 # The frames of the patched calls in progress. Eager: a ContextVar (per thread and asyncio task, so concurrent
@@ -259,6 +261,22 @@ class _Frame:
 # plain list, which dynamo traces as a side effect (it is empty again once the call returns).
 _FRAMES = contextvars.ContextVar("fused_lce_hf_frames", default=())
 _TRACED_FRAMES: list = []
+
+
+# Token-accuracy records for callers that log it from the logits the fused path does not return (ms-swift):
+# None, or a list that the fused calls made inside recording_token_accuracy() append (correct, valid) counts to.
+_ACCURACY = contextvars.ContextVar("fused_lce_hf_accuracy", default=None)
+
+
+@contextlib.contextmanager
+def recording_token_accuracy():
+    """Collect ``(correct, valid)`` token counts (0-dim tensors) of the fused calls made in this block."""
+    records = []
+    token = _ACCURACY.set(records)
+    try:
+        yield records
+    finally:
+        _ACCURACY.reset(token)
 
 
 def _top():
@@ -354,6 +372,7 @@ def _begin(model, options, args, kwargs, via):
     if mode == "fused":
         frame.want_tuple = not _return_dict(model, kwargs)
         kwargs["return_dict"] = True
+        frame.accuracy = None if torch.compiler.is_compiling() else _ACCURACY.get()
     return frame, kwargs
 
 
@@ -457,8 +476,13 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
                                                  options=frame.loss_options)
         frame.trl_fields.update(fields)
         return frame.loss
-    frame.loss = linear_cross_entropy(hidden, leaf.weight, labels, leaf.bias, num_items=frame.num_items,
-                                      ignore_index=frame.ignore_index, **frame.loss_options)
+    out = linear_cross_entropy(hidden, leaf.weight, labels, leaf.bias, num_items=frame.num_items,
+                               ignore_index=frame.ignore_index, return_stats=frame.accuracy is not None,
+                               **frame.loss_options)
+    if frame.accuracy is not None:
+        frame.accuracy.append((torch.round(out.token_accuracy * out.n_valid), out.n_valid))
+        out = out.loss
+    frame.loss = out
     if frame.mode == "logits+loss":
         return type(leaf).forward(leaf, hidden)
     return frame.loss

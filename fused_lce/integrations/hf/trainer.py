@@ -7,6 +7,8 @@ import sys
 import warnings
 import weakref
 
+import torch
+
 from . import runtime
 from .options import ENV, check_options, env_enabled, env_options
 
@@ -24,6 +26,7 @@ def patch_trainer(trainer, loss_options: dict):
     loss_options = _route_label_smoothing(trainer, loss_options)
     runtime.patch_model(trainer.model, check_options(loss_options))
     _patch_reference_model(trainer)
+    _feed_token_accuracy(trainer)
     if "_fused_lce_callback" not in trainer.__dict__:
         # TRL's trainers set ref_model after Trainer.__init__ (where autopatch runs) and may wrap it later
         # (DeepSpeed): look again when training starts
@@ -39,6 +42,8 @@ def unpatch_trainer(trainer):
     callback = trainer.__dict__.pop("_fused_lce_callback", None)
     if callback is not None:
         trainer.remove_callback(callback)
+    if getattr(trainer.__dict__.get("compute_loss"), "_fused_lce_feeds_accuracy", False):
+        del trainer.__dict__["compute_loss"]
     runtime.unpatch_model(trainer.model)
     ref = _reference_model(trainer)
     if ref is not None:
@@ -78,6 +83,39 @@ def _reference_model_callback(trainer):
                 _patch_reference_model(trainer)
 
     return PatchReferenceModel()
+
+
+def _feed_token_accuracy(trainer):
+    """ms-swift's trainers (``SwiftMixin``) log ``token_acc`` from ``outputs.logits`` (``_compute_acc``), which the
+    fused path does not return: their ``compute_loss`` is wrapped so that the metric gets the fused calls' token
+    counts instead (the same value: the fraction of valid tokens whose first argmax is the label)."""
+    if not callable(getattr(trainer, "_compute_acc", None)) or "compute_loss" in trainer.__dict__:
+        return
+    original = trainer.compute_loss
+
+    @functools.wraps(original)
+    def compute_loss(*args, **kwargs):
+        with runtime.recording_token_accuracy() as records:
+            result = original(*args, **kwargs)
+        if records:
+            _log_token_accuracy(trainer, records)
+        return result
+
+    compute_loss._fused_lce_feeds_accuracy = True
+    trainer.compute_loss = compute_loss
+
+
+def _log_token_accuracy(trainer, records):
+    strategy = getattr(trainer.args, "acc_strategy", "token")
+    if strategy != "token":
+        runtime.warn_once(trainer, "acc_strategy", f"acc_strategy={strategy!r}: its per-sequence accuracy needs the "
+                          "logits, which the fused path does not compute; it is not logged")
+        return
+    correct = int(sum(c for c, _ in records))
+    valid = int(sum(n for _, n in records))
+    mode = "train" if trainer.model.training else "eval"
+    # MeanMetric.update averages over the elements it is given: one per valid token, `correct` of them true
+    trainer.custom_metrics[mode]["token_acc"].update(torch.arange(valid) < correct)
 
 
 def _route_label_smoothing(trainer, loss_options):
