@@ -7,26 +7,21 @@ head (whose per-token outputs the head returns as one tensor, for the same reaso
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("deepspeed")  # imported in the workers only, after DS_ACCELERATOR is set
+if importlib.util.find_spec("deepspeed") is None:  # imported in the workers only, after DS_ACCELERATOR is set
+    pytest.skip("deepspeed is not installed", allow_module_level=True)
 pytest.importorskip("trl")
+
+from ..conftest import tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 WORLD, V, STEPS, LR = 2, 96, 3, 0.5
-
-
-def _model(seed, tie):
-    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0,
-                                   bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(seed)
-    return transformers.Qwen3ForCausalLM(cfg).float().train()
 
 
 def _batch(seed, step, rank):
@@ -111,7 +106,7 @@ def _check(rank, seed, tie):
 
     from ..conftest import record_driver_calls
 
-    model = _model(seed, tie)
+    model = tiny_qwen3(seed, tie, V)
     first = model(**_batch(seed, 0, rank)).loss.detach()  # the unsharded model, before any step
     stock = copy.deepcopy(model)
     fused_lce.patch(model)

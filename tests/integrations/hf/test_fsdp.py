@@ -15,18 +15,11 @@ fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_available():
     pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard", allow_module_level=True)
 
+from ..conftest import tiny_qwen3  # noqa: E402
+
 pytestmark = pytest.mark.distributed
 WORLD = 2
 V = 96
-
-
-def _model(seed, tie):
-    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0,
-                                   bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(seed)
-    return transformers.Qwen3ForCausalLM(cfg).float().train()
 
 
 def _batch(seed, rank):
@@ -55,7 +48,7 @@ def _check(rank, seed, tie):
 
     from ..conftest import record_driver_calls
 
-    model = _model(seed, tie)
+    model = tiny_qwen3(seed, tie, V)
     ref = copy.deepcopy(model)
     for layer in model.model.layers:
         fsdp.fully_shard(layer)
