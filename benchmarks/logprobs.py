@@ -2,7 +2,9 @@
 path (logits / temperature -> log_softmax -> gather, entropy from the logits: what an RL trainer does without a
 fused head), forward + backward with random upstream gradients on both outputs.
 
-Each (shape, method) runs in a fresh subprocess and records:
+On CUDA (``--device cuda``) every method runs in this process against TRL's chunked log-prob (``gpu_main``:
+median ms by CUDA events x the FLOP floor, with and without entropy, fwd+bwd and under torch.no_grad()). On CPU
+each (shape, method) runs in a fresh subprocess and records:
   - time: min (and all values) of --reps forward+backward runs (CUDA: synchronised), and the process CPU time,
   - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients included);
     CUDA: max_memory_allocated minus what was allocated before the runs,
@@ -10,13 +12,13 @@ Each (shape, method) runs in a fresh subprocess and records:
   - the per-token outputs, so the parent reports their error against a float64 reference of the same inputs
     (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits path,
   - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
-    + the row kernel, which takes temperature != 1 and entropy).
+    + the row kernel).
 Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
 Writes <--name>.json and .md (default logprobs_<device>) into --out (default benchmarks/results).
 
     python benchmarks/logprobs.py                                  # CPU: a small shape and the Qwen2.5-0.5B head
-    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --shapes 8192x4096x151936 --reps 3 \
-        --backend triton --name logprobs_h200                      # the H200 run of benchmarks/results/
+    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 --out DIR \
+        --name logprobs_h200           # CUDA: in process, against TRL's chunked log-prob (GPU_SHAPES x GPU_METHODS)
     python benchmarks/logprobs.py --shapes 512x896x32768 --reps 2 --out /tmp/b
 """
 from __future__ import annotations
@@ -202,6 +204,225 @@ def render(report) -> str:
     return "\n".join(out) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------- GPU, in process
+GPU_SHAPES = ["8192x4096x151936", "32768x4096x151936", "16384x2048x151936", "8192x2304x256000", "4096x3584x152064",
+              "4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936", "8192x4096x151935"]
+# fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as ours);
+# trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd: forward
+# under torch.no_grad() (reference model / old policy)
+GPU_METHODS = ["fused", "fused_no_entropy", "trl", "trl_no_entropy", "trl_valid", "trl_valid_no_entropy",
+               "fused_nograd", "fused_no_entropy_nograd", "trl_nograd", "trl_no_entropy_nograd",
+               "trl_valid_nograd"]
+TRL_CHUNK = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE (vocabulary columns per tile)
+
+
+def _stub_trl_trainer_utils():
+    """TRL's backward imports ``maybe_gather_lm_head_ctx`` from ``trl.trainer.utils`` (a ZeRO-3 gather; a null
+    context without DeepSpeed), whose module needs ``datasets``, absent on the device image: provide that null
+    context alone, so the kernel itself runs unchanged."""
+    import contextlib
+    import types
+
+    if "trl.trainer.utils" not in sys.modules:
+        mod = types.ModuleType("trl.trainer.utils")
+        mod.maybe_gather_lm_head_ctx = lambda *params: contextlib.nullcontext()
+        sys.modules["trl.trainer.utils"] = mod
+
+
+def _gpu_method(name, temperature):
+    """fn(h, w, y) -> (logprobs [N], entropy [N] | None), 0 where the label is ignored."""
+    import torch
+
+    entropy = "no_entropy" not in name
+    if name.startswith("fused"):
+        import fused_lce
+
+        def fused(h, w, y):
+            out = fused_lce.linear_logprobs(h, w, y, temperature=temperature, return_entropy=entropy,
+                                            validate=False)
+            return out if entropy else (out, None)
+
+        return fused
+    _stub_trl_trainer_utils()
+    from trl.kernels import ChunkedLogProbFunction
+
+    outputs = ("entropy",) if entropy else ()
+    valid_only = name.startswith("trl_valid")
+
+    def trl(h, w, y):
+        mask = y != -100
+        if valid_only:
+            lp, ent, *_ = ChunkedLogProbFunction.apply(h[mask], w, None, y[mask], temperature, TRL_CHUNK, None, 1.0,
+                                                       outputs)
+            scatter = lambda x: None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x)  # noqa: E731
+            return scatter(lp), scatter(ent)
+        lp, ent, *_ = ChunkedLogProbFunction.apply(h, w, None, y.clamp(min=0), temperature, TRL_CHUNK, None, 1.0,
+                                                   outputs)
+        zero = lambda x: None if x is None else torch.where(mask, x, 0.0)  # noqa: E731
+        return zero(lp), zero(ent)
+
+    return trl
+
+
+def gpu_main(args) -> int:
+    """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x the
+    floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB, errors of
+    the log-probs / entropy against float64 and dX against TRL's."""
+    import statistics
+
+    import torch
+
+    sys.path.insert(0, ROOT)
+    from fused_lce.tools.bench import environment, make_inputs, rel_err
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for _ in range(8):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    rate = 2 * 8192**3 / (statistics.median(times[2:]) * 1e-3) / 1e12
+    del a, b
+    env = environment("cuda")
+    env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
+    versions = {}
+    for dist in ("trl", "transformers", "triton"):
+        try:
+            from importlib.metadata import version
+
+            versions[dist] = version(dist)
+        except Exception as e:  # noqa: BLE001
+            versions[dist] = f"not installed: {e}"
+    methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
+    shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else GPU_SHAPES
+    report = {"environment": env, "args": vars(args), "gemm_tflops": rate, "versions": versions, "results": [],
+              "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}
+    t0 = time.time()
+    for shape in shapes:
+        if time.time() - t0 > args.time_budget:
+            print(f"time budget reached; skipping {shape}", flush=True)
+            continue
+        n, d, v = (int(x) for x in shape.split("x"))
+        dtype = getattr(torch, args.dtype)
+        h, w, y = make_inputs(n, d, v, dtype, "cuda", seed=args.seed)
+        ref_lp, ref_ent = reference(shape, args.dtype, "cuda", args.seed, args.temperature)
+        g = torch.Generator(device="cuda").manual_seed(args.seed + 1)
+        g_lp, g_ent = torch.randn(n, generator=g, device="cuda"), torch.randn(n, generator=g, device="cuda")
+        dx = {}
+        for name in methods:
+            try:
+                fn = _gpu_method(name, args.temperature)
+            except Exception as e:  # noqa: BLE001
+                report["results"].append({"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]})
+                continue
+            nograd = name.endswith("nograd")
+
+            def step():
+                if nograd:
+                    with torch.no_grad():
+                        return fn(h, w, y), None
+                hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+                lp, ent = fn(hh, ww, y)
+                obj = (lp * g_lp).sum() + ((ent * g_ent).sum() if ent is not None else 0)
+                return (lp, ent), torch.autograd.grad(obj, (hh, ww))
+
+            r = {"shape": shape, "method": name}
+            try:
+                for _ in range(max(1, args.warmup)):
+                    step()
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+                (lp, ent), grads = step()
+                torch.cuda.synchronize()
+                r["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+                r["logp_err"] = float((lp.double().cpu() - ref_lp).abs().max())
+                r["entropy_err"] = float((ent.double().cpu() - ref_ent).abs().max()) if ent is not None else None
+                if grads is not None:
+                    dx[name] = grads[0].float()
+                del lp, ent, grads
+                ts = []
+                for _ in range(args.reps):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    out = step()
+                    e.record()
+                    torch.cuda.synchronize()
+                    del out
+                    ts.append(s.elapsed_time(e))
+                r["ms"] = statistics.median(ts)
+                r["ms_all"] = ts
+                r["floor_ms"] = (2 if nograd else 8) * n * d * v / (rate * 1e12) * 1e3
+                r["x_floor"] = r["ms"] / r["floor_ms"]
+            except Exception as e:  # noqa: BLE001
+                r = {"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]}
+            torch.cuda.empty_cache()
+            report["results"].append(r)
+            print(json.dumps({k: x for k, x in r.items() if k != "ms_all"}), flush=True)
+        for r in report["results"]:  # dX against TRL's on the same outputs (every token)
+            if r["shape"] == shape and r["method"] in dx:
+                base = "trl_no_entropy" if "no_entropy" in r["method"] else "trl"
+                if base in dx and base != r["method"]:
+                    r["dx_rel_diff_vs_trl"] = rel_err(dx[r["method"]], dx[base])
+        del h, w, y, dx
+        torch.cuda.empty_cache()
+        _write_gpu(report, args)  # keep partial results if a later shape dies
+    print(_write_gpu(report, args))
+    return 0
+
+
+def _write_gpu(report, args) -> str:
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, args.name or "logprobs_cuda")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    text = render_gpu(report)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    return text
+
+
+def render_gpu(report) -> str:
+    env = report["environment"]
+    out = [f"# linear_logprobs vs TRL's chunked log-prob on {env.get('gpu')} ({report['args']['dtype']}, temperature "
+           f"{report['args']['temperature']})", "",
+           f"torch {env['torch']}, versions {report['versions']}, knobs {report.get('knobs')}, commit "
+           f"{env.get('commit')}, {env['date']}. bf16 GEMM "
+           f"rate in this run (8192^3): {report['gemm_tflops']:.0f} TFLOP/s. 15% of labels ignored. fwd+bwd: random "
+           "upstream gradients on the log-probs (and the entropy), floor 8 N D V FLOPs; `_nograd`: forward under "
+           "torch.no_grad(), floor 2 N D V. Median of the timed runs. `trl`: ChunkedLogProbFunction on every token "
+           f"(the same work as ours), `trl_valid`: on the labelled tokens only, as TRL's trainer calls it; vocabulary "
+           f"tile {TRL_CHUNK}.", "",
+           "| shape | method | ms (x floor) | peak extra GiB | logp max abs err | entropy max abs err | dX rel diff vs "
+           "TRL |", "|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        if "error" in r:
+            out.append(f"| {r['shape']} | {r['method']} | error: {r['error'][-80:]!r} | | | | |")
+            continue
+        f = lambda k, fmt: (fmt.format(r[k]) if r.get(k) is not None else "-")  # noqa: E731
+        out.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} ({r['x_floor']:.2f}) | {r['peak_extra_gib']:.2f} | "
+                   f"{f('logp_err', '{:.1e}')} | {f('entropy_err', '{:.1e}')} | {f('dx_rel_diff_vs_trl', '{:.1e}')} |")
+    out += ["", "Targets (fused vs TRL on the same tokens and vs TRL's trainer call; x floor limits 1.10 fwd+bwd, "
+            "1.05 no-grad):", "", "| shape | method | x floor (limit) | vs trl | vs trl_valid |", "|---|---|---|---|---|"]
+    by = {(r["shape"], r["method"]): r for r in report["results"] if "ms" in r}
+    for (shape, m), r in by.items():
+        if not m.startswith("fused"):
+            continue
+        peer = m.replace("fused", "trl")
+        valid = m.replace("fused", "trl_valid")
+        lim = 1.05 if m.endswith("nograd") else 1.10
+        cmp = lambda k: (f"{by[(shape, k)]['ms']:.2f} {'faster' if r['ms'] < by[(shape, k)]['ms'] else 'SLOWER'}"  # noqa: E731
+                         if (shape, k) in by else "-")
+        out.append(f"| {shape} | {m} | {r['x_floor']:.2f} ({lim:.2f}) {'yes' if r['x_floor'] <= lim else 'NO'} | "
+                   f"{cmp(peer)} | {cmp(valid)} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of NxDxV")
@@ -215,6 +436,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--name", default="", help="file stem of the results (default logprobs_<device type>)")
+    p.add_argument("--warmup", type=int, default=1, help="CUDA: untimed runs per method first")
+    p.add_argument("--time-budget", type=float, default=420.0, help="CUDA: stop starting new shapes after this (s)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -223,6 +446,8 @@ def main(argv=None) -> int:
     if args.child:
         child(args)
         return 0
+    if args.device == "cuda":
+        return gpu_main(args)
     import torch
 
     sys.path.insert(0, ROOT)

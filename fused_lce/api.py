@@ -130,7 +130,7 @@ def linear_cross_entropy(
           them again with ``torch.autograd`` either.
         * double backward (``create_graph=True``): raises at backward.
     """
-    _reject_forward_ad(hidden, weight, bias)
+    _reject_unsupported_transforms(hidden, weight, bias)
     check.reduction(reduction)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=shift,
                     process_group=process_group, sequence_parallel=sequence_parallel, backend=backend,
@@ -209,7 +209,7 @@ def linear_logprobs(
         float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``, or a
         ``LogprobsOutput`` when ``extra_outputs`` is non-empty.
     """
-    _reject_forward_ad(hidden, weight, bias)
+    _reject_unsupported_transforms(hidden, weight, bias)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
                     process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
                     tile_budget_mb=tile_budget_mb)
@@ -403,18 +403,27 @@ def _functorch_active(higher_order_message: str) -> bool:
     return True
 
 
-def _reject_forward_ad(*tensors) -> None:
-    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here: say so instead of
-    returning a result without a tangent."""
+def _reject_unsupported_transforms(*tensors) -> None:
+    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here, and a ``torch.func.vmap``
+    over an empty dimension has no problem to run: say so instead of returning a result without a tangent or
+    failing inside a reshape."""
     from torch.autograd import forward_ad
 
-    if getattr(forward_ad, "_current_level", -1) < 0:
+    if getattr(forward_ad, "_current_level", -1) >= 0:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+                raise NotImplementedError(
+                    "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
+                    "gradients come from fused kernels; use F.cross_entropy(F.linear(...)) for forward-mode AD")
+    if torch.compiler.is_compiling():
         return
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
-            raise NotImplementedError(
-                "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
-                "gradients come from fused kernels; use F.cross_entropy(F.linear(...)) for forward-mode AD")
+    from torch._functorch.pyfunctorch import coerce_cinterpreter
+
+    for level in torch._C._functorch.get_interpreter_stack() or ():
+        i = coerce_cinterpreter(level)
+        if hasattr(i, "batch_size") and i.batch_size() == 0:
+            raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there is no "
+                             "problem to run); skip the call for an empty batch")
 
 
 def _autocast(hidden, weight, bias):

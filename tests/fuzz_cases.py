@@ -64,20 +64,22 @@ API_CORRUPTIONS = [  # (name, the argument the error must name)
     ("softcap", "softcap"), ("ignore_index", "ignore_index"), ("num_items", "num_items"),
     ("tile_budget_mb", "tile_budget_mb"), ("env_tile", "FUSED_LCE_TILE_MB"), ("shift_int", "shift"),
     ("shift_1d", "shift"), ("validate", "validate"), ("backend", "backend"), ("sequence_parallel", "process_group"),
+    ("process_group", "process_group"),
 ]
 BAD_VALUES = {
     "reduction": ["avg", None, "MEAN"],
     "label_smoothing": [-0.1, 1.5, math.nan, "0.1", True],
     "z_loss": [-1.0, math.inf, math.nan],
-    "softcap": [0.0, -1.0, math.inf, math.nan, "2"],
+    "softcap": [0.0, -1.0, math.inf, math.nan, "2", 1e-50, 1e39],
     "ignore_index": [1.5, True, 2**64, -2**63 - 1, "x"],
     "num_items": [-1, math.nan, math.inf, "8", True, ("tensor", -2.0), ("tensor", math.nan), ("tensor", math.inf),
-                  ("ones", 2), ("bool",)],
+                  ("ones", 2), ("bool",), 1e-300, 10**400, ("tensor", 1e-300), ("meta", 3.0)],
     "tile_budget_mb": [0, -1, math.nan, math.inf, "1"],
     "env_tile": ["abc", "-1", "0", "nan", "1e999"],
     "shift_int": [2, 1, 0, "yes"],
     "validate": ["yes", 1],
     "backend": ["cudnn", "", None],
+    "process_group": ["abc", 3, ("object",)],
 }
 
 
@@ -89,7 +91,7 @@ def api_case(rng: random.Random) -> dict:
         layout_h=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
         layout_w=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
         layout_y=rng.choice(["contiguous", "strided", "expanded"]),
-        bias=rng.choice([None, None, "contiguous", "strided", "expanded"]),
+        bias=rng.choice([None, None, "contiguous", "strided", "expanded", "masked"]),
         reduction=rng.choice(["mean", "sum", "none"]), label_smoothing=rng.choice([0.0, 0.0, 0.1, 1.0]),
         z_loss=rng.choice([0.0, 0.0, 1e-3]), softcap=rng.choice([None, None, 0.5, 30.0]),
         ignore_index=rng.choice([-100, -100, 0, 3, -1, 2**40]), ignore_frac=rng.choice([0.0, 0.3, 1.0]),
@@ -98,6 +100,8 @@ def api_case(rng: random.Random) -> dict:
         tile_budget_mb=rng.choice([None, None, 0.001, 1.0]), validate=rng.random() < 0.8, bad_labels=0,
         corruption=None, bad=None, data_seed=rng.randrange(2**31),
     )
+    if c["bias"] == "masked":
+        c["label_smoothing"] = 0.0  # the mean logit of a masked vocabulary is -inf: an infinite loss by definition
     if not c["validate"] and rng.random() < 0.6:
         c["bad_labels"] = rng.choice([1, 3])
     if rng.random() < 0.5:
@@ -127,7 +131,8 @@ def build_api(c: dict, backend: str):
     lead, d, v = tuple(c["lead"]), c["d"], c["v"]
     h = _layout(gen, lead + (d,), c["layout_h"], _floats(gen, dtype))
     w = _layout(gen, (v, d), c["layout_w"], _floats(gen, dtype, 2 / max(d, 1) ** 0.5))
-    b = None if c["bias"] is None else _layout(gen, (v,), c["bias"], _floats(gen, dtype, 0.5))
+    b = None if c["bias"] is None else _layout(gen, (v,), c["bias"].replace("masked", "contiguous"),
+                                               _floats(gen, dtype, 0.5))
     ii = c["ignore_index"]
     y = _layout(gen, lead, c["layout_y"], _ints(gen, LABEL_DTYPES[c["label_dtype"]], v))
     y = y.clone() if (c["ignore_frac"] or c["bad_labels"] or v == 0) else y
@@ -138,6 +143,10 @@ def build_api(c: dict, backend: str):
         if v == 0:
             drop[...] = True  # an empty vocabulary has no valid label
         y[drop] = ii
+    if c["bias"] == "masked" and v:  # a masked vocabulary: -inf on about half of the columns no label uses
+        used = torch.zeros(v, dtype=torch.bool)
+        used[y[(y >= 0) & (y < v)].long()] = True
+        b = torch.where(~used & (torch.rand(v, generator=gen) < 0.5), torch.full_like(b, -math.inf), b)
     bad_mask = torch.zeros(y.shape, dtype=torch.bool)
     scored = _scored_positions(y, c["shift"])
     if c["bad_labels"] and scored.numel():
@@ -191,9 +200,11 @@ def build_api(c: dict, backend: str):
         args["bias"] = b[None]
     elif name == "num_items":
         if isinstance(bad, tuple):
-            bad = {"tensor": lambda: torch.tensor(bad[1]), "ones": lambda: torch.ones(bad[1]),
-                   "bool": lambda: torch.tensor(True)}[bad[0]]()
+            bad = {"tensor": lambda: torch.tensor(bad[1], dtype=torch.float64), "ones": lambda: torch.ones(bad[1]),
+                   "bool": lambda: torch.tensor(True), "meta": lambda: torch.tensor(bad[1], device="meta")}[bad[0]]()
         kw["num_items"] = bad
+    elif name == "process_group":
+        kw["process_group"] = object() if isinstance(bad, tuple) else bad
     elif name == "env_tile":
         env, kw["tile_budget_mb"] = bad, None  # the argument would win over the variable
     elif name == "shift_int":
@@ -309,9 +320,9 @@ OP_CORRUPTIONS = [  # (name, the argument the error must name)
 ]
 OP_BAD = {
     "label_smoothing": [-0.5, 2.0, math.nan], "z_loss": [-1e-3, math.inf, math.nan],
-    "softcap": [-1.0, math.inf, math.nan], "tile_bytes": [-1, -2**40], "vocab_start": [-3],
+    "softcap": [-1.0, math.inf, math.nan, 1e-50, 1e39], "tile_bytes": [-1, -2**40], "vocab_start": [-3],
     "vocab_total": [1], "backend": ["nope"], "reduction": ["avg"], "group_name": ["no-such-group"],
-    "num_items": [("tensor", -1.0), ("tensor", math.nan), ("ones", 3), ("bool",)],
+    "num_items": [("tensor", -1.0), ("tensor", math.nan), ("ones", 3), ("bool",), ("tensor", 1e-300)],
 }
 
 
@@ -350,7 +361,8 @@ def run_op_case(c: dict, backend: str) -> None:
     n, d, v = c["n"], c["d"], c["v"]
     h = _layout(gen, (n, d), c["layout_h"], _floats(gen, dtype))
     w = _layout(gen, (v, d), c["layout_w"], _floats(gen, dtype, 2 / max(d, 1) ** 0.5))
-    b = None if c["bias"] is None else _layout(gen, (v,), c["bias"], _floats(gen, dtype, 0.5))
+    b = None if c["bias"] is None else _layout(gen, (v,), c["bias"].replace("masked", "contiguous"),
+                                               _floats(gen, dtype, 0.5))
     y = _layout(gen, (n,), c["layout_y"], _ints(gen, LABEL_DTYPES[c["label_dtype"]], v)).clone()
     ii = c["ignore_index"]
     if n:
@@ -411,7 +423,7 @@ def run_op_case(c: dict, backend: str) -> None:
         elif name == "reduction":
             red = badv
         elif name == "num_items":
-            num = {"tensor": lambda: torch.tensor(badv[1]), "ones": lambda: torch.ones(badv[1]),
+            num = {"tensor": lambda: torch.tensor(badv[1], dtype=torch.float64), "ones": lambda: torch.ones(badv[1]),
                    "bool": lambda: torch.tensor(True)}[badv[0]]()
         else:
             opts[name] = badv

@@ -131,7 +131,7 @@ def test_autocast_promotes_like_f_linear():
     torch.testing.assert_close(loss, ref)
 
 
-# ------------------------------------------------------------------------------------------------ issue 14
+# ------------------------------------------------------------------------------------------------ more errors
 def test_more_errors_name_the_argument():
     h, w, y = _p()
     cases = [
@@ -162,6 +162,97 @@ def test_more_errors_name_the_argument():
         lce(h, w.to("meta"), y)  # a tensor on another device is named
     with pytest.raises(ValueError, match="labels"):
         lce(h, w, y.to("meta"))
+
+
+EDGE_CASES = [  # (kwargs, exception, the name the message must contain): values that used to give wrong numbers
+    (dict(softcap=1e-50), ValueError, "softcap"),  # 0 in float32: the kernels read it as "off"
+    (dict(softcap=1e39), ValueError, "softcap"),  # inf in float32
+    (dict(num_items=1e-300), ValueError, "num_items"),  # 0 in float32: the loss became 0
+    (dict(num_items=torch.tensor(1e-300, dtype=torch.float64)), ValueError, "num_items"),
+    (dict(num_items=10**400), ValueError, "num_items"),  # OverflowError in float()
+    (dict(num_items=torch.tensor(3.0, device="meta")), ValueError, "num_items"),  # no value to read
+    (dict(process_group="abc"), TypeError, "process_group"),
+    (dict(process_group=object()), TypeError, "process_group"),
+    (dict(process_group="abc", sequence_parallel=True), TypeError, "process_group"),
+]
+LOGPROB_EDGE_CASES = [
+    (dict(temperature=1e-40), ValueError, "temperature"),  # 1 / T is inf in float32: log-probs were inf
+    (dict(temperature=1e39), ValueError, "temperature"),
+    (dict(softcap=1e-50), ValueError, "softcap"),
+    (dict(process_group="abc"), TypeError, "process_group"),
+    (dict(return_entropy=1), TypeError, "return_entropy"),
+]
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: next(iter(c[0])) if isinstance(c, tuple) else str(c))
+def test_extreme_scalars_and_wrong_types_are_rejected(case):
+    kw, exc, name = case
+    h, w, y = _p()
+    with pytest.raises(exc, match=name):
+        lce(h, w, y, **kw)
+
+
+@pytest.mark.parametrize("case", LOGPROB_EDGE_CASES, ids=lambda c: next(iter(c[0])) if isinstance(c, tuple)
+                         else str(c))
+def test_logprob_extreme_scalars_are_rejected(case):
+    kw, exc, name = case
+    h, w, y = _p()
+    with pytest.raises(exc, match=name):
+        fused_lce.linear_logprobs(h, w, y, **kw)
+
+
+def test_smallest_accepted_scalars_give_the_reference():
+    """The edges of the accepted ranges still compute the right numbers: a normal-float32 softcap (every logit
+    saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny num_items."""
+    h, w, y = _p()
+    z = (h.double() @ w.double().t())
+    cap = 2.0**-126
+    zc = cap * torch.tanh(z / cap)
+    want = torch.nn.functional.cross_entropy(zc, y, reduction="none")
+    torch.testing.assert_close(lce(h, w, y, softcap=cap, reduction="none").double(), want, rtol=1e-6, atol=1e-6)
+    t = 1e-3
+    lp = fused_lce.linear_logprobs(h, w, y, temperature=t)
+    want_lp = torch.log_softmax(z / t, -1).gather(1, y[:, None])[:, 0]
+    torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-2)  # |z / T| ~ 1e3: float32 logits
+    # a tiny divisor scales the float32 loss up (beyond float32's range it is inf, as in the plain float32 path)
+    want = torch.nn.functional.cross_entropy(z, y, reduction="sum") / 1e-30
+    torch.testing.assert_close(lce(h, w, y, num_items=1e-30).double(), want, rtol=1e-6, atol=0.0)
+
+
+def test_forward_mode_ad_is_refused():
+    import torch.autograd.forward_ad as fwad
+
+    h, w, y = _p()
+    with fwad.dual_level():
+        hd = fwad.make_dual(h, torch.randn_like(h))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            lce(hd, w, y)
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            fused_lce.linear_logprobs(hd, w, y)
+        wd = fwad.make_dual(w, torch.randn_like(w))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            lce(h, wd, y)
+        assert torch.isfinite(lce(h, w, y))  # a dual level alone (no tangent on our inputs) is fine
+
+
+def test_vmap_over_an_empty_batch_says_so():
+    h, w, y = _p()
+    f = lambda hh, yy: lce(hh, w, yy)  # noqa: E731
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):
+        torch.func.vmap(f)(h[None][:0], y[None][:0])
+    torch.testing.assert_close(torch.func.vmap(f)(h[None].expand(2, -1, -1), y[None].expand(2, -1)),
+                               lce(h, w, y).expand(2))
+
+
+@pytest.mark.parametrize("name", ["npu", "triton", "npu_cann"])
+def test_backend_variable_names_itself_when_unusable(monkeypatch, name):
+    if fused_lce.backend_info()[name]["available"]:
+        pytest.skip(f"{name} is available here")
+    monkeypatch.setenv("FUSED_LCE_BACKEND", name)
+    h, w, y = _p()
+    with pytest.raises(ValueError, match=f"FUSED_LCE_BACKEND='{name}' \\(set in the environment\\).*unset "
+                                         "FUSED_LCE_BACKEND"):
+        lce(h, w, y)
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "0", "1e999", "nan"])

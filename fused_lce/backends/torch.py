@@ -280,6 +280,8 @@ class TorchProvider(Provider):
         h = tl.operand(t.hidden[rows])
         a, tgt, b, u = coef.a, coef.t, coef.b, coef.u  # of softmax, the one-hot target, softmax * z, uniform
         temp = opts.temperature
+        # a row whose logits are all -inf has lse = -inf: p = exp(-inf - 0) = 0 there instead of exp(NaN)
+        lse = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)
         yl = t.labels[rows].long() - opts.vocab_start
         idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block

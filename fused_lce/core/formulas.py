@@ -66,9 +66,14 @@ def loss_terms(opts: Options, v_local: int) -> LossTerms:
 
 
 def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) -> Coefs:
-    """Per-token coefficients of the loss gradient (``loss_terms`` evaluated at each token's lse)."""
+    """Per-token coefficients of the loss gradient (``loss_terms`` evaluated at each token's lse). A token of
+    weight 0 (ignored) gets exactly 0, also where its lse is -inf (every logit masked) and z-loss would give
+    ``0 * -inf``; a NaN weight (bad label) stays NaN."""
     k = loss_terms(opts, v_local)
-    return Coefs(a=g * (k.a0 + k.a1 * lse), t=g * k.t0, u=g * k.u0 if k.u0 else None)
+    a = g * (k.a0 + k.a1 * lse) if k.a1 else g * k.a0
+    if k.a1:
+        a = torch.where(g == 0, torch.zeros_like(a), a)
+    return Coefs(a=a, t=g * k.t0, u=g * k.u0 if k.u0 else None)
 
 
 def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int, lse_half=None):
@@ -148,11 +153,19 @@ def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, redu
     if shift:
         hidden, y = hidden[..., :-1, :], y[..., 1:]
     z = reference_logits(hidden, weight, bias, softcap=softcap, dtype=dtype)
-    lse = torch.logsumexp(z, dim=-1)
     valid = y != ignore_index
+    with torch.no_grad():
+        lse = torch.logsumexp(z, dim=-1)  # of every token (-inf where every logit is), not differentiated
+    # an ignored token contributes nothing, also no 0 * NaN where all its logits are -inf
+    z = torch.where(valid[..., None], z, torch.zeros_like(z))
+    lse_v = torch.logsumexp(z, dim=-1)
     safe = torch.where(valid, y, torch.zeros_like(y))
     zt = z.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-    per = (1 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse**2
+    per = (1 - label_smoothing) * (lse_v - zt)
+    if label_smoothing:  # (not 0 * inf where a masked vocabulary makes the mean logit -inf)
+        per = per + label_smoothing * (lse_v - z.mean(-1))
+    if z_loss:
+        per = per + z_loss * lse_v**2
     per = torch.where(valid, per, torch.zeros_like(per))
     n_valid = valid.sum()
     if z.shape[-1] > 0 and z.numel() > 0:

@@ -18,7 +18,7 @@ import torch
 from fused_lce.core.formulas import reference_loss
 
 from ..conftest import GRAD_TOL, LOSS_TOL, rel_err
-from ..test_distributed import Pool, run_ok
+from ..support.procs import Pool, run_ok
 
 D, V, S, B = 16, 36, 8, 3  # V divisible by the TP sizes (megatron-core requires it)
 

@@ -18,7 +18,7 @@ from fused_lce.core import registry
 from fused_lce.core import Options, Problem
 from fused_lce.core.formulas import reference_loss
 
-from .conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
+from ..conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
 
 TINY = 0.002  # MiB: forces many token blocks and vocabulary tiles
 OPTION_SETS = {
@@ -230,6 +230,36 @@ def test_random_problems(bd, n, d, v, reduction, smoothing, z, cap, bias, ignore
           softcap=cap, bias=bias, ignore_frac=ignore, num_items=num_items)
 
 
+LAYOUTS = {  # name: (what it does to a contiguous (rows, cols) tensor); every one must be read as its values
+    "expanded": lambda t: t[:1].expand(t.shape),  # stride 0: one row seen V times (w[:1].expand(V, D))
+    "transposed": lambda t: t.t().contiguous().t(),
+    "strided": lambda t: torch.cat([t, t], 1)[:, ::2],
+    "overlapping": lambda t: t.reshape(-1).repeat(2).as_strided(t.shape, (1, 1)) if t.numel() else t,
+}
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_input_layouts(bd, layout, seed):
+    """Zero-stride, transposed, strided and overlapping (self-aliasing) hidden / weight / bias views give the
+    answer of their values, loss and gradients, whatever the provider (the driver hands providers contiguous
+    copies: a kernel never reads a stride it does not expect)."""
+    backend, device = bd
+    n, d, v = 9, 6, 23
+    make = LAYOUTS[layout]
+    h = make(torch.randn(n, d)).to(device).requires_grad_()
+    w = make(torch.randn(v, d) / d ** 0.5).to(device).requires_grad_()
+    b = make(torch.randn(v, 1) * 0.5)[:, 0].to(device).requires_grad_()
+    y = torch.randint(0, v, (n,), device=device)
+    for reduction in ("mean", "none"):
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction, label_smoothing=0.1)
+        g = torch.rand_like(loss)
+        grads = torch.autograd.grad(loss, (h, w, b), g)
+        ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction, label_smoothing=0.1)
+        assert_loss_close(loss, ref, torch.float32)
+        assert_grads_close(grads, ref, torch.float32)
+
+
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_zero_hidden_size(bd, seed):
     """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline the
@@ -297,7 +327,7 @@ def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
 def test_tolerance_rejects_small_errors(dtype, seed):
     """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so a
     gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative fails."""
-    from .conftest import GRAD_TOL, grad_close
+    from ..conftest import GRAD_TOL, grad_close
 
     h, w, y, b = make_problem((29, 24), 53, dtype, "cpu", bias=True, ignore_frac=0.2)
     ref = fp64_reference(h, w, y, b, label_smoothing=0.1, z_loss=0.01)

@@ -17,9 +17,9 @@ import torch
 
 import fused_lce
 
-from .conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
+from ..conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TRITON = True
 try:
     import triton  # noqa: F401
@@ -161,6 +161,28 @@ for path in ("1", "0"):
         st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
         assert gr[0].shape == (n, 16) and gr[1].shape == (v, 16) and gr[2] is None, (path, n, v)
         assert float(gr[0].float().abs().sum()) == 0 and float(gr[1].float().abs().sum()) == 0, (path, n, v)
+# the fused-GEMM path with ignored tokens skipped (their rows gathered out of the gradient products) or kept: the
+# same statistics and gradients; every token ignored: statistics still right, gradients zero
+os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
+for n, frac in ((29, 0.4), (9, 1.0)):
+    h = torch.randn(n, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (n,))
+    y[torch.rand(n) < frac] = -100
+    y[-1] = -100
+    o = Options(vocab_total=333, backend="triton", tile_bytes=7 * 384 * 2 if n > 9 else 0)
+    g = formulas.token_weights(*formulas.label_classes(y, o, 333))
+    res = {}
+    for skip in ("1", "0"):
+        os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
+        res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5), (True, True, False))
+    os.environ.pop("FUSED_LCE_SKIP_IGNORED")
+    for a, b in zip(res["1"][0], res["0"][0]):
+        assert torch.equal(a, b), (n, a, b)
+    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):
+        assert float((a.float() - b.float()).abs().max()) <= 1e-6 * (1 + float(b.float().abs().max())), n
+    ref_lse = torch.logsumexp(h.double() @ w.double().t(), 1)
+    assert float((formulas.lse_of(res["1"][0].m, res["1"][0].s).double() - ref_lse).abs().max()) < 1e-4, n
+    if frac == 1.0:
+        assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
 print("RESULT" + json.dumps(out))
 """
 
@@ -229,6 +251,10 @@ cases = [
     ("compact-merge", "cublas", "compact", "float32", 23, 12, 2100, 0.8, 4.0, True, 700, True, 0.05),
     ("no-entropy-temp", "cublas", "default", "float32", 19, 8, 301, 0.5, 2.0, False, 0, False, None),
     ("gemm-t1-lp-only", "gemm", "default", "bfloat16", 21, 16, 333, 1.0, 0.0, True, 0, False, None),
+    # the fused-GEMM path's temperature, entropy tile sums (whole -inf tiles of a masked bias) and entropy DZ term
+    ("gemm-temp-entropy-masked", "gemm", "default", "bfloat16", 23, 16, 700, 0.7, 0.0, True, 300, True, None),
+    ("gemm-entropy-fp16-blocks", "gemm", "default", "float16", 19, 16, 333, 1.0, 0.0, False, 0, True, 0.01),
+    ("gemm-compact-entropy", "gemm", "compact", "bfloat16", 17, 16, 515, 1.3, 0.0, True, 0, True, 0.005),
 ]
 out = []
 for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in cases:
@@ -281,8 +307,9 @@ def test_logprobs_under_triton_interpreter(seed):
     values and gradients (random upstream gradients on both outputs) against float64: the row kernel's entropy
     statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy coefficient b, temperature
     after softcap, bias, a -inf masked vocabulary, ignored tokens, several token blocks, the compact schedule's
-    vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path (STATS epilogue, DZ epilogue from the
-    driver's coefficients) for a temperature-1 log-prob without entropy."""
+    vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path (STATS epilogue with temperature and
+    the entropy's tile sums, their combine and vocabulary-chunk merge, DZ epilogue from the driver's coefficients
+    with the entropy term, live rows gathered in the backward) with and without entropy."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", LOGPROB_INTERP_SCRIPT, ROOT, str(seed)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -290,7 +317,7 @@ def test_logprobs_under_triton_interpreter(seed):
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
     value_tol = {"float32": 2e-6, "bfloat16": 2e-5, "float16": 2e-5}
     results = json.loads(line[len("RESULT"):])
-    assert len(results) == 7
+    assert len(results) == 10
     for r in results:
         assert r["path"] == r["want_path"], r
         assert r["lp"] <= value_tol[r["dtype"]] * (1 + r["lp_mag"]), r
@@ -378,11 +405,11 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     """linear_logprobs on the GPU against float64 (values; gradients for random upstream gradients on both
     outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
-    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients) for bf16 / fp16
-    log-probs at temperature 1 without entropy; both schedules."""
+    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients, temperature, entropy
+    tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
     from fused_lce.core import Options
 
-    from .test_logprobs import check
+    from ..ops.test_logprobs import check
 
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
@@ -391,7 +418,7 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     v = 2 * tc.BLOCK + 37
     for entropy, temp in ((False, 1.0), (True, 1.0), (True, 0.7), (False, 1.3)):
         o = Options(temperature=temp, entropy=entropy)
-        gemm = path == "gemm" and dtype != torch.float32 and temp == 1.0 and not entropy
+        gemm = path == "gemm" and dtype != torch.float32
         assert (tc.gemm_path_reason(dtype, 40, torch.device("cuda"), o) is None) == gemm
         for tile in (None, 0.3):
             check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True, ignore_frac=0.2,
@@ -400,10 +427,11 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
 
 @cuda
 @needs_triton_cuda
-@pytest.mark.parametrize("cfg", ["128,256,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0"])
+@pytest.mark.parametrize("cfg", ["128,256,64,3,8,8,2,0", "128,128,64,4,4,8,1,2", "64,256,64,4,4,8,2,0",
+                                 "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1"])
 def test_gemm_tile_configurations(cfg, monkeypatch, seed):
-    """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store) against the
-    reference: rows and columns not multiples of the tiles, several token chunks."""
+    """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store, warp
+    specialisation) against the reference: rows and columns not multiples of the tiles, several token chunks."""
     monkeypatch.setenv("FUSED_LCE_GEMM_CONFIG", cfg)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     h, w, y, b = _problem(1000, 64, 3001, torch.bfloat16, bias=True, seed=seed)
@@ -418,7 +446,7 @@ def test_gemm_tile_configurations(cfg, monkeypatch, seed):
 def test_upstream_scale_kernel(seed):
     """The in-place upstream scale of the forward-computed gradients: untouched bytes when g == 1 (a buffer of
     NaN-free junk stays bit-identical), x * g otherwise; and through autograd with a non-unit upstream."""
-    from fused_lce.backends.triton_kernels import rows as kr
+    from fused_lce.backends.triton.kernels import rows as kr
 
     x = torch.randn(3, 100001, device="cuda", dtype=torch.bfloat16)
     keep = x.clone()
@@ -509,9 +537,11 @@ def _step(h, w, y, b, **opts):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_cuda_graph_capture(mode, monkeypatch, seed):
     """Forward + backward captured in a CUDA graph (validate=False): no host synchronisation anywhere; replays
-    on new inputs match eager."""
+    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does: gathering
+    the live rows reads their count on the host)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
+    monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
     opts = dict(label_smoothing=0.1, z_loss=0.01, softcap=20.0, tile_budget_mb=1.0)  # several chunks
     h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed)
     s = torch.cuda.Stream()
@@ -534,6 +564,26 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
     eager = _step(h2, w2, y2, b2, **opts)
     for a, e in zip(static, eager):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@cuda
+@needs_triton_cuda
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
+    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0): the
+    same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against float64."""
+    h, w, y, b = _problem(1500, 64, 3001, torch.bfloat16, bias=True, ignore=0.4, seed=seed)
+    y[-7:] = -100
+    res = {}
+    for skip in ("1", "0"):
+        monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", skip)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction, return_stats=True,
+                                             label_smoothing=0.1)
+        up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
+        _compare(h, w, y, b, out, {"label_smoothing": 0.1}, reduction, up, torch.bfloat16)
+        res[skip] = out
+    torch.testing.assert_close(res["1"].loss, res["0"].loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(res["1"].lse, res["0"].lse, rtol=0, atol=1e-6)
 
 
 @cuda

@@ -4,7 +4,7 @@ It is really loaded and owns the CPU kernels of the ops; it matches the float64 
 kernel (kept row block / recompute, each 16-bit GEMM path forced on and off for bf16 and fp16, each row-kernel
 instruction set, both parallel schemes, 1 or 2 threads); it detects the CPU features its defaults depend on; the
 registry routes to it and away from it as asked; it is deterministic; it indexes past 2^31 logits (float32 and the
-16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed`` fixture (fixed per test in CI). The shared conformance suite (tests/test_conformance.py) runs on "cpp"
+16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed`` fixture (fixed per test in CI). The shared conformance suite (tests/backends/test_conformance.py) runs on "cpp"
 too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import fused_lce
 from fused_lce.core import driver, formulas, registry
 from fused_lce.core import Options, Problem, Tensors
 
-from .conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
+from ..conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REASON = registry.unavailable_reason("cpp")
@@ -198,7 +198,7 @@ def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
     """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum, gradients
     from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db of both
     outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
-    from .test_logprobs import check
+    from ..ops.test_logprobs import check
 
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
     check("cpp", "cpu", (3, 11, 19), 517, dtype, tile=0.002, temperature=0.7, softcap=4.0, bias=True,

@@ -18,7 +18,7 @@ from fused_lce.core.formulas import reference_logprob_extras
 from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
-from .conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
+from ..conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
 
 TINY = 0.002  # MiB: many token blocks and vocabulary tiles
 
@@ -186,24 +186,32 @@ def test_ignored_bad_and_empty(bd, seed):
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
-def test_masked_vocabulary(bd, seed):
-    """-inf logits (a masked bias) over whole tiles: finite log-probs and entropy (0 log 0 = 0), right gradients."""
+@pytest.mark.parametrize("mask", ["tiles", "scattered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_masked_vocabulary(bd, mask, dtype, seed):
+    """-inf logits (a masked bias) over whole tiles or scattered: finite log-probs and entropy (0 log 0 = 0), and
+    every gradient finite and right -- a -inf logit contributes exactly 0, to db too."""
     backend, device = bd
-    h, w, y, b = make((11, 8), 300, torch.float32, device, bias=True)
+    h, w, y, b = make((11, 8), 300, dtype, device, bias=True)
     with torch.no_grad():
-        b[:200] = -math.inf
-    y = torch.randint(200, 300, (11,), device=device)
-    lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, temperature=1.3, backend=backend,
-                                        tile_budget_mb=TINY)
-    refs = [t.detach().cpu().double().requires_grad_() for t in (h, w)]
-    rlp, rent = reference(*refs, y.cpu(), b.detach().cpu().double(), temperature=1.3)
-    close(lp, rlp.detach(), torch.float32, "logprob")
-    close(ent, rent.detach(), torch.float32, "entropy")
-    g = torch.randn(11)
-    ours = torch.autograd.grad((lp * g.to(device) + ent).sum(), (h, w))
-    want = torch.autograd.grad((rlp * g.double() + rent).sum(), refs)
-    for a, c in zip(ours, want):
-        assert torch.isfinite(a).all() and rel_err(a.cpu(), c) <= GRAD_TOL[torch.float32]
+        masked = torch.arange(300) < 200 if mask == "tiles" else torch.rand(300) < 0.6
+        b[masked.to(device)] = -math.inf
+    allowed = (~masked).nonzero()[:, 0]
+    y = allowed[torch.randint(0, allowed.numel(), (11,))].to(device)
+    for temperature in (1.0, 1.3):
+        lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, temperature=temperature,
+                                            backend=backend, tile_budget_mb=TINY)
+        refs = [t.detach().cpu().double().requires_grad_() for t in (h, w, b)]
+        rlp, rent = reference(refs[0], refs[1], y.cpu(), refs[2], temperature=temperature)
+        close(lp, rlp.detach(), dtype, "logprob")
+        close(ent, rent.detach(), dtype, "entropy")
+        g = torch.randn(11)
+        ours = torch.autograd.grad((lp * g.to(device) + ent).sum(), (h, w, b))
+        want = torch.autograd.grad((rlp * g.double() + rent).sum(), refs)
+        for name, a, c in zip("hwb", ours, want):
+            assert torch.isfinite(a).all(), name
+            assert rel_err(a.cpu(), c.nan_to_num(0.0)) <= GRAD_TOL[dtype], (name, rel_err(a.cpu(), c))
+        assert (ours[2][masked.to(device)] == 0).all()  # a -inf logit has p = 0: no gradient at all
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
@@ -395,7 +403,7 @@ def test_grpo_example_runs():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_qwen.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "grpo_qwen.py")
     spec = importlib.util.spec_from_file_location("grpo_qwen", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

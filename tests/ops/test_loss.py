@@ -12,7 +12,7 @@ import fused_lce
 from fused_lce.core import registry
 from fused_lce.core.formulas import reference_loss
 
-from .conftest import BACKEND_DEVICE, rel_err
+from ..conftest import BACKEND_DEVICE, rel_err
 
 OPT_VARIANTS = {
     "plain": dict(ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0),

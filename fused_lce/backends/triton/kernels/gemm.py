@@ -1,20 +1,21 @@
 """The logits GEMM with the cross-entropy work in its epilogue.
 
-``z = h @ W.T (+ bias)`` for a block of tokens, tile by tile (BM tokens x BN vocabulary columns, the full hidden
-size reduced in float32 on the tensor cores), then, on the float32 accumulator, one of three epilogues:
+``z = (h @ W.T (+ bias)) / temperature`` for a block of tokens, tile by tile (BM tokens x BN vocabulary columns, the
+full hidden size reduced in float32 on the tensor cores), then, on the float32 accumulator, one of three epilogues:
 
 * ``EXP``: per row of the tile its max ``m_t``, ``s_t = sum exp(z - m_t)``, first argmax (and ``sum z`` with label
-  smoothing) into small per-tile arrays, and ``exp(z - m_t)`` stored in the input dtype. The gradient
+  smoothing, ``sum exp(z - m_t) (z - m_t)`` for the entropy) into small per-tile arrays, and ``exp(z - m_t)`` stored
+  in the input dtype. The gradient
   ``dz = a exp(z - lse) - ...`` is then ``a exp(m_t - lse) * e`` (``rows.dz_from_exp``): every stored value lies in
   [0, 1] and carries one rounding of relative size 2^-9 (bf16), where a bf16 logit would carry one of size
   2^-9 * |z| into the exponent. The statistics come from the unrounded float32 accumulator.
 * ``STATS``: the statistics only, nothing stored (the compact schedule's first pass).
 * ``DZ``: the lse is known (recompute / compact second pass): ``dz`` itself is stored, from the per-row
-  coefficients the driver formed (``dz = a p - t onehot - u``; no entropy term: those problems take the cuBLAS path).
+  coefficients the driver formed (``dz = p (a + b z) - t onehot - u``; ``b`` is the entropy's term).
 
 Tile order: groups of GROUP_M row tiles sweep the vocabulary, so a group's hidden rows stay in L2 while each weight
 tile is read from memory once per group. With ``PERSISTENT`` a fixed grid of programs walks the tiles (the next
-tile's loads can start during the epilogue).
+tile's loads can start during the epilogue; ``ws`` asks Triton to warp-specialise that loop).
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ class GemmConfig:
     group_m: int = 8
     subtile: int = 2  # the output tile is stored in this many column pieces (less shared memory for the store)
     persistent: int = 1  # programs per SM of a persistent grid; 0: one program per tile
+    ws: int = 0  # persistent grid: Triton's automatic warp specialisation of the tile loop (loads / MMA / epilogue)
 
     @staticmethod
     def parse(text: str) -> "GemmConfig":
-        """``"bm,bn,bk,stages,warps,group_m,subtile,persistent"`` (a prefix is enough)."""
+        """``"bm,bn,bk,stages,warps,group_m,subtile,persistent,ws"`` (a prefix is enough)."""
         vals = [int(x) for x in text.split(",") if x.strip()]
         return GemmConfig(*vals)
 
@@ -71,10 +73,10 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _one_tile(
-    tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, y_ptr, label_off,
-    lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, HAS_U: tl.constexpr,
-    HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
+    tile, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr,
+    label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
+    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -97,39 +99,52 @@ def _one_tile(
     cols = off_n + tl.arange(0, BN)
     cmask = cols < V
     if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if TEMP:  # z = logits / temperature (log-probs)
+        acc = acc * inv_temp
     z = tl.where(cmask[None, :], acc, float("-inf"))
-    if MODE == 2:  # DZ: the gradient of this tile, the row lse known: dz = a p - t onehot - u (the driver's rows)
+    if MODE == 2:  # DZ: the gradient of this tile, the row lse known: dz = p (a + b z) - t onehot - u (driver's rows)
         lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
         a = tl.load(a_ptr + rows, mask=rmask, other=0.0)
         tc = tl.load(t_ptr + rows, mask=rmask, other=0.0)
         uc = tl.zeros([BM], tl.float32)
         if HAS_U:
             uc = tl.load(u_ptr + rows, mask=rmask, other=0.0)
+        cb = tl.zeros([BM], tl.float32)
+        if HAS_B:
+            cb = tl.load(b_ptr + rows, mask=rmask, other=0.0)
         if HAS_SCALE:
             sc = tl.load(scale_ptr)
             a = a * sc
             tc = tc * sc
             uc = uc * sc
+            cb = cb * sc
         yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
-        out = a[:, None] * tl.exp2((z - lse[:, None]) * 1.4426950408889634)
+        p = tl.exp2((z - lse[:, None]) * 1.4426950408889634)
+        if HAS_B:  # the entropy term; z floored where p underflows, so p = 0 gives 0 also where z = -inf
+            out = p * (a[:, None] + cb[:, None] * tl.maximum(z, lse[:, None] - 104.0))
+        else:
+            out = a[:, None] * p
         if HAS_U:
             out = out - uc[:, None]
         out = tl.where(cols[None, :] == yl[:, None], out - tc[:, None], out)
-        dead = (a == 0.0) & (tc == 0.0) & (uc == 0.0)  # ignored rows (a NaN is not 0: it poisons)
+        dead = (a == 0.0) & (tc == 0.0) & (uc == 0.0) & (cb == 0.0)  # ignored rows (a NaN is not 0: it poisons)
         out = tl.where(dead[:, None], 0.0, out)  # ignored rows: exact zeros whatever the logits
     else:
         m_t = tl.max(z, axis=1)
         ref = tl.where(m_t == float("-inf"), 0.0, m_t)
         out = tl.exp2((z - ref[:, None]) * 1.4426950408889634)
         s_t = tl.sum(out, axis=1)
-        am = tl.argmax(z, axis=1, tie_break_left=True).to(tl.int32) + off_n
+        # first argmax: the lowest column holding the max (cheaper than tl.argmax's (value, index) reduction)
+        am = tl.min(tl.where(z == m_t[:, None], cols[None, :], 2147483647), axis=1)
         t_off = rows.to(tl.int64) * stride_t + pid_n
         tl.store(tm_ptr + t_off, m_t, mask=rmask)
         tl.store(ts_ptr + t_off, s_t, mask=rmask)
         tl.store(ta_ptr + t_off, am, mask=rmask)
         if SMOOTH:
             tl.store(tz_ptr + t_off, tl.sum(tl.where(cmask[None, :], acc, 0.0), axis=1), mask=rmask)
+        if ENTROPY:  # sum e^(z - m_t) (z - m_t), z - m_t floored where the exp underflows (-inf adds 0)
+            tl.store(te_ptr + t_off, tl.sum(out * tl.maximum(z - ref[:, None], -104.0), axis=1), mask=rmask)
     if MODE != 1:
         out_ty = tl.bfloat16 if OUT_BF16 else tl.float16
         if SUBTILE == 2:
@@ -142,29 +157,33 @@ def _one_tile(
 
 
 # sizes, strides and label offsets vary per chunk and shard: one compiled kernel for all of them
-@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off"])
+@triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off", "inv_temp"])
 def _lce_gemm_kernel(
     h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
     M, V, D,
-    b_ptr,  # bias [V] (HAS_BIAS)
-    tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t,  # per-tile max / sum-exp / argmax (int32) / sum z: [M, tiles]
+    bias_ptr,  # bias [V] (HAS_BIAS)
+    # per-tile max / sum-exp / argmax (int32) / sum z (SMOOTH) / entropy sum (ENTROPY): [M, tiles]
+    tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t,
     y_ptr, label_off,  # DZ: labels (global ids) and this weight's first id
-    lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,  # DZ: row lse, coefficients a, t (, u: HAS_U), 0-dim scale
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr, HAS_U: tl.constexpr,
-    HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
+    lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,  # DZ: row lse, coefficients a, t (, b: HAS_B, u: HAS_U), scale
+    inv_temp,  # 1 / temperature (TEMP)
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
+    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr,
 ):
     if NUM_PROGS == 0:  # one tile per program
-        _one_tile(tl.program_id(0), h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                  stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
-                  MODE, HAS_BIAS, SMOOTH, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+        _one_tile(tl.program_id(0), h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
+                  te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+                  MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M,
+                  SUBTILE, UPCAST)
     else:  # persistent: a fixed grid walks the tiles
         num_tiles = tl.cdiv(M, BM) * tl.cdiv(V, BN)
-        for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN):
-            _one_tile(tile, h_desc, w_desc, o_desc, M, V, D, b_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                      stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr,
-                      MODE, HAS_BIAS, SMOOTH, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
+        for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WS):
+            _one_tile(tile, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
+                      te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+                      MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
+                      GROUP_M, SUBTILE, UPCAST)
 
 
 def num_tiles_n(v: int, cfg: GemmConfig) -> int:
@@ -184,25 +203,29 @@ class TileStats:
     m: torch.Tensor
     s: torch.Tensor
     am: torch.Tensor  # int32 column of this weight (shard-local)
-    zs: Optional[torch.Tensor]
+    zs: Optional[torch.Tensor]  # sum z (label smoothing)
+    ez: Optional[torch.Tensor] = None  # sum e^(z - m_t) (z - m_t) (entropy)
 
     @staticmethod
-    def new(rows: int, tiles: int, device, smooth: bool) -> "TileStats":
+    def new(rows: int, tiles: int, device, smooth: bool, entropy: bool = False) -> "TileStats":
         f = lambda dt=torch.float32: torch.empty(rows, tiles, device=device, dtype=dt)  # noqa: E731
-        return TileStats(f(), f(), f(torch.int32), f() if smooth else None)
+        return TileStats(f(), f(), f(torch.int32), f() if smooth else None, f() if entropy else None)
 
-    def rows(self, n: int) -> "TileStats":
-        return TileStats(self.m[:n], self.s[:n], self.am[:n], None if self.zs is None else self.zs[:n])
+    def rows(self, r0: int, r1: Optional[int] = None) -> "TileStats":
+        """Rows ``[r0, r1)`` (``rows(n)``: the first ``n``)."""
+        sl = slice(0, r0) if r1 is None else slice(r0, r1)
+        return TileStats(*(None if x is None else x[sl] for x in (self.m, self.s, self.am, self.zs, self.ez)))
 
 
 def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
              bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
-             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, u=None,
-             scale=None) -> None:
-    """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T``. ``out``: an ``[M, V]`` view with unit column
-    stride and a 16-byte aligned row stride (EXP / DZ), in the input dtype. ``tiles``: ``[M, >= tiles]`` arrays
-    (EXP / STATS). DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``u`` of
-    ``dz = a softmax - t onehot - u`` (times the 0-dim ``scale``)."""
+             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, b=None, u=None,
+             scale=None, inv_temp: float = 1.0) -> None:
+    """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T`` (divided by the temperature when ``inv_temp``
+    is not 1). ``out``: an ``[M, V]`` view with unit column stride and a 16-byte aligned row stride (EXP / DZ), in
+    the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez`` given: the entropy sums too).
+    DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``b``, ``u`` of ``dz = softmax (a + b z) - t onehot
+    - u`` (times the 0-dim ``scale``)."""
     m, d = h.shape
     v = w.shape[0]
     if m == 0 or v == 0:
@@ -218,19 +241,17 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
     # persistent: a grid fixed per device (one compiled kernel); else one program per tile
     nprog = cfg.persistent * _sm_count(h.device) if cfg.persistent else 0
     dummy = h
-    tm = tiles.m if tiles is not None else dummy
+    opt = lambda x: dummy if x is None else x  # noqa: E731  (pointers whose flag is off are never read)
+    ts = tiles if tiles is not None else TileStats(dummy, dummy, dummy, None)
     _lce_gemm_kernel[(nprog or num_tiles,)](
-        h_desc, w_desc, o_desc, m, v, d,
-        bias if bias is not None else dummy,
-        tm, tiles.s if tiles is not None else dummy, tiles.am if tiles is not None else dummy,
-        tiles.zs if tiles is not None and tiles.zs is not None else dummy,
-        tiles.m.stride(0) if tiles is not None else 0,
-        labels if labels is not None else dummy, int(label_off),
-        lse if lse is not None else dummy, a if a is not None else dummy, t if t is not None else dummy,
-        u if u is not None else dummy, scale if scale is not None else dummy,
-        MODE=mode, HAS_BIAS=bias is not None, SMOOTH=bool(smooth), HAS_U=u is not None,
-        HAS_SCALE=scale is not None, OUT_BF16=h.dtype == torch.bfloat16,
+        h_desc, w_desc, o_desc, m, v, d, opt(bias),
+        ts.m, ts.s, ts.am, opt(ts.zs), opt(ts.ez), ts.m.stride(0) if tiles is not None else 0,
+        opt(labels), int(label_off), opt(lse), opt(a), opt(t), opt(b), opt(u), opt(scale), float(inv_temp),
+        MODE=mode, HAS_BIAS=bias is not None, TEMP=inv_temp != 1.0, SMOOTH=bool(smooth) and ts.zs is not None,
+        ENTROPY=ts.ez is not None, HAS_B=b is not None, HAS_U=u is not None, HAS_SCALE=scale is not None,
+        OUT_BF16=h.dtype == torch.bfloat16,
         BM=bm, BN=bn, BK=bk, GROUP_M=cfg.group_m, SUBTILE=cfg.subtile, NUM_PROGS=nprog,
-        FLATTEN=bool(cfg.persistent), UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16,
+        FLATTEN=bool(cfg.persistent) and not cfg.ws, WS=bool(cfg.persistent and cfg.ws),
+        UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )

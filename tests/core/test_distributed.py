@@ -5,32 +5,25 @@ Every case draws fresh inputs in this process, runs the op on every rank of a pe
 holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token rows),
 and compares the loss, statistics and gradients (full dX, each rank's dW/db shard) with the single-process op and
 with the float64 reference. The bytes every rank hands to ``torch.distributed`` are counted in the workers and
-must equal ``fused_lce.distributed.comm_bytes``.
+must equal ``fused_lce.core.distributed.comm_bytes``.
 """
 from __future__ import annotations
 
-import datetime
-import io
 import math
-import multiprocessing
 import os
-import queue
-import shutil
 import sys
-import tempfile
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fused_lce
+from fused_lce.core import Options, Problem, registry
 from fused_lce.core import distributed as fdist
-from fused_lce.core import registry
-from fused_lce.core import Options, Problem
 from fused_lce.core.formulas import reference_loss
 
-from .conftest import GRAD_TOL, LOSS_TOL, rel_err
+from ..conftest import GRAD_TOL, LOSS_TOL, rel_err
+from ..support.procs import pools, run_ok  # noqa: F401  (pools: a fixture)
 from fused_lce.core.formulas import reference_logprobs as logprob_reference
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -40,102 +33,6 @@ TINY = 0.002  # MiB: many token blocks of 8 tokens once every shard has >= 22 vo
 # the other CPU backends that run vocab-parallel problems here (auto picks them on CPU)
 OTHER_CPU = [n for n in registry.NAMES if n != "torch" and registry.why_not(
     n, Problem(8, 8, 8, torch.float32, torch.device("cpu"), False, Options(group_name="g"))) is None]
-
-
-# ------------------------------------------------------------------------------------------- process pool
-def _dumps(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(blob: bytes):
-    return torch.load(io.BytesIO(blob), weights_only=False)
-
-
-def _serve(rank, world, init_file, tasks, results):
-    torch.set_num_threads(1)  # 4 ranks share 2 cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    while True:
-        item = tasks.get()
-        if item is None:
-            break
-        fn, blob = item
-        try:
-            results.put((rank, True, _dumps(fn(rank, world, _loads(blob)))))
-        except BaseException:  # reported to the test, which fails with this rank's traceback
-            results.put((rank, False, traceback.format_exc()))
-
-
-class Pool:
-    """``world`` spawned gloo ranks that run ``fn(rank, world, payload)`` on request; reused across tests."""
-
-    def __init__(self, world):
-        ctx = multiprocessing.get_context("spawn")
-        self.world = world
-        self.dir = tempfile.mkdtemp(prefix="fused_lce_gloo_")
-        self.tasks = [ctx.Queue() for _ in range(world)]
-        self.results = ctx.Queue()
-        init_file = os.path.join(self.dir, "init")
-        self.procs = [ctx.Process(target=_serve, args=(r, world, init_file, self.tasks[r], self.results),
-                                  daemon=True) for r in range(world)]
-        for p in self.procs:
-            p.start()
-        self.healthy = True
-
-    def run(self, fn, payload, timeout=120):
-        blob = _dumps(payload)
-        for q in self.tasks:
-            q.put((fn, blob))
-        out, errors = [None] * self.world, []
-        for _ in range(self.world):
-            try:
-                rank, ok, data = self.results.get(timeout=timeout)
-            except queue.Empty:
-                self.healthy = False
-                raise AssertionError(f"no answer within {timeout}s: collective mismatch or deadlock") from None
-            if ok:
-                out[rank] = _loads(data)
-            else:
-                errors.append(f"rank {rank}:\n{data}")
-        if errors:
-            return errors
-        return out
-
-    def close(self):
-        for p in self.procs:  # nothing to save: no graceful gloo teardown (it can take seconds per rank)
-            p.kill()
-        for p in self.procs:
-            p.join()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-_POOLS: dict[int, Pool] = {}
-
-
-@pytest.fixture(scope="module")
-def pools():
-    def get(world):
-        pool = _POOLS.get(world)
-        if pool is None or not pool.healthy:
-            if pool is not None:
-                pool.close()
-            pool = _POOLS[world] = Pool(world)
-        return pool
-
-    yield get
-    for pool in _POOLS.values():
-        pool.close()
-    _POOLS.clear()
-
-
-def run_ok(pool, fn, payload):
-    out = pool.run(fn, payload)
-    if out and isinstance(out[0], str):  # errors
-        pool.healthy = False  # a rank that raised may have left the others inside a collective
-        raise AssertionError("\n".join(out))
-    return out
 
 
 # ------------------------------------------------------------------------------------- counting collectives
@@ -592,7 +489,7 @@ def test_tp_benchmark_runs_on_cpu(tmp_path):
     import json
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(root, "benchmarks", "tp.py"), "--device", "cpu", "--dist-backend", "gloo", "--dtype", "fp32",
            "--shapes", "24x16x101,16x8x64", "--tp", "1,2", "--iters", "1", "--warmup", "0", "--out", str(tmp_path)]

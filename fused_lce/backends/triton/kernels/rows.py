@@ -12,11 +12,31 @@ from .gemm import TileStats
 
 
 # ---------------------------------------------------------------------------------------------- statistics
+@triton.jit
+def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.constexpr):
+    """The row's stored statistics (max, sum-exp, first argmax, entropy sum ``ez``: columns to the left) merged with
+    ``(m, s, am, ez)`` of the columns to its right (lower ids win argmax ties); sums moved to the common max, their
+    ``z - m`` factors floored where the exp underflows (a -inf logit adds 0)."""
+    m0 = tl.load(m_ptr + row)
+    s0 = tl.load(s_ptr + row)
+    new_m = tl.maximum(m0, m)
+    ref = tl.where(new_m == float("-inf"), 0.0, new_m)
+    d0 = m0 - ref
+    d1 = m - ref
+    f0 = tl.exp(d0)
+    f1 = tl.exp(d1)
+    if ENTROPY:
+        ez = f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0) + f1 * (ez + tl.maximum(d1, -104.0) * s)
+    am = tl.where(m > m0, am, tl.load(am_ptr + row))
+    return new_m, s0 * f0 + s * f1, am, ez
+
+
 @triton.jit(do_not_specialize=["stride_t", "ntiles", "col_off"])
 def _combine_kernel(
-    tm_ptr, ts_ptr, ta_ptr, tz_ptr, stride_t, ntiles,
-    m_ptr, s_ptr, zs_ptr, am_ptr, lse_ptr, col_off,
-    MERGE: tl.constexpr, SMOOTH: tl.constexpr, WRITE_LSE: tl.constexpr, BLOCK_T: tl.constexpr,
+    tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, ntiles,
+    m_ptr, s_ptr, zs_ptr, am_ptr, ez_ptr, lse_ptr, col_off,
+    MERGE: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr, WRITE_LSE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = row * stride_t
@@ -29,56 +49,63 @@ def _combine_kernel(
     ref = tl.where(m == float("-inf"), 0.0, m)
     s_v = tl.zeros([BLOCK_T], tl.float32)
     z_v = tl.zeros([BLOCK_T], tl.float32)
+    e_v = tl.zeros([BLOCK_T], tl.float32)
     a_v = tl.full([BLOCK_T], 2147483647, tl.int32)
     for t0 in range(0, ntiles, BLOCK_T):
         msk = t0 + offs < ntiles
         mt = tl.load(tm_ptr + base + t0 + offs, mask=msk, other=float("-inf"))
         st = tl.load(ts_ptr + base + t0 + offs, mask=msk, other=0.0)
         # exp(-inf - ref) = 0 for empty tiles; a NaN in st (a NaN logit) poisons the sum
-        s_v += tl.where(mt == float("-inf"), tl.where(st != st, st, 0.0), st * tl.exp(mt - ref))
+        f = tl.exp(mt - ref)
+        s_v += tl.where(mt == float("-inf"), tl.where(st != st, st, 0.0), st * f)
+        if ENTROPY:  # each tile's sum moved to the row max: e^(m_t - m) (ez_t + (m_t - m) s_t), floored like s
+            et = tl.load(te_ptr + base + t0 + offs, mask=msk, other=0.0)
+            e_v += tl.where(mt == float("-inf"), 0.0, f * (et + tl.maximum(mt - ref, -104.0) * st))
         a_v = tl.minimum(a_v, tl.where(msk & (mt == m), tl.load(ta_ptr + base + t0 + offs, mask=msk, other=0),
                                        2147483647))
         if SMOOTH:
             z_v += tl.load(tz_ptr + base + t0 + offs, mask=msk, other=0.0)
     s = tl.sum(s_v, axis=0)
+    ez = tl.sum(e_v, axis=0)
     am = tl.min(a_v, axis=0)
     am = tl.where(am == 2147483647, 0, am).to(tl.int64) + col_off  # global id
     zs = tl.sum(z_v, axis=0)
-    if MERGE:  # fold into the statistics of the vocabulary chunks to the left (lower ids win argmax ties)
-        m0 = tl.load(m_ptr + row)
-        s0 = tl.load(s_ptr + row)
-        new_m = tl.maximum(m0, m)
-        r2 = tl.where(new_m == float("-inf"), 0.0, new_m)
-        s = s0 * tl.exp(m0 - r2) + s * tl.exp(m - r2)
-        am = tl.where(m > m0, am, tl.load(am_ptr + row))
-        m = new_m
+    if MERGE:  # fold into the statistics of the vocabulary chunks to the left
+        m, s, am, ez = merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
         zs += tl.load(zs_ptr + row)
     tl.store(m_ptr + row, m)
     tl.store(s_ptr + row, s)
     tl.store(zs_ptr + row, zs)
     tl.store(am_ptr + row, am)
+    if ENTROPY:
+        tl.store(ez_ptr + row, ez)
     if WRITE_LSE:
         tl.store(lse_ptr + row, m + tl.log(s))
 
 
 def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge: bool = False,
-            lse: Optional[torch.Tensor] = None) -> None:
+            lse: Optional[torch.Tensor] = None, ez: Optional[torch.Tensor] = None) -> None:
     """Row statistics from tile statistics (``ntiles`` columns of the tile arrays), optionally merged into
-    ``m, s, zs, am``; the lse too when ``lse`` is given (one device: the row's statistics are global)."""
+    ``m, s, zs, am`` (and ``ez``, the entropy sum, when the tiles have one); the lse too when ``lse`` is given (one
+    device: the row's statistics are global)."""
     rows = m.shape[0]
     if rows == 0:
         return
+    entropy = tiles.ez is not None
+    if entropy and ez is None:
+        raise ValueError("combine: tiles with entropy sums need an ez output")
     _combine_kernel[(rows,)](
-        tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m, tiles.m.stride(0), ntiles,
-        m, s, zs, am, lse if lse is not None else m, int(col_off),
-        MERGE=bool(merge), SMOOTH=tiles.zs is not None, WRITE_LSE=lse is not None,
+        tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m,
+        tiles.ez if entropy else tiles.m, tiles.m.stride(0), ntiles,
+        m, s, zs, am, ez if entropy else m, lse if lse is not None else m, int(col_off),
+        MERGE=bool(merge), SMOOTH=tiles.zs is not None, ENTROPY=entropy, WRITE_LSE=lse is not None,
         BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))), num_warps=1 if ntiles <= 64 else 4,
     )
 
 
-@triton.jit(do_not_specialize=["label_off", "V"])
-def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, label_off, V, D,
-                   HAS_BIAS: tl.constexpr, BD: tl.constexpr):
+@triton.jit(do_not_specialize=["label_off", "V", "inv_temp"])
+def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, label_off, V, D, inv_temp,
+                   HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, BD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     yl = tl.load(y_ptr + row).to(tl.int64) - label_off
     inside = (yl >= 0) & (yl < V)
@@ -93,27 +120,30 @@ def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, labe
     z = tl.sum(acc, axis=0)
     if HAS_BIAS:
         z += tl.load(b_ptr + ys, mask=inside, other=0.0).to(tl.float32)
+    if TEMP:
+        z = z * inv_temp
     tl.store(out_ptr + row, tl.where(inside, z, 0.0))
 
 
-def target_logit(h, w, bias, labels, label_off: int, out) -> None:
-    """out[i] = h[i] . w[label_i - label_off] (+ bias) in float32 where the label is a row of ``w``, else 0."""
+def target_logit(h, w, bias, labels, label_off: int, out, inv_temp: float = 1.0) -> None:
+    """out[i] = (h[i] . w[label_i - label_off] (+ bias)) * inv_temp in float32 where the label is a row of ``w``,
+    else 0."""
     n, d = h.shape
     if n == 0:
         return
     _target_kernel[(n,)](h, w, bias if bias is not None else h, labels, out, h.stride(0), w.stride(0),
-                         int(label_off), w.shape[0], d, HAS_BIAS=bias is not None,
-                         BD=min(1024, triton.next_power_of_2(max(d, 16))), num_warps=4)
+                         int(label_off), w.shape[0], d, float(inv_temp), HAS_BIAS=bias is not None,
+                         TEMP=inv_temp != 1.0, BD=min(1024, triton.next_power_of_2(max(d, 16))), num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------- gradient
 # ``ld`` (a multiple of 64) stays specialized: with it Triton proves 16-byte alignment and vectorizes the row
 # accesses; columns are masked against ``ld``, not V, for the same reason (the padding columns are scratch)
-@triton.jit(do_not_specialize=["stride_t", "label_off", "M", "zloss", "eps", "vocab_total"])
+@triton.jit(do_not_specialize=["stride_t", "label_off", "M", "a0", "a1", "t0", "u0"])
 def _dz_from_exp_kernel(
     e_ptr, ld, tm_ptr, stride_t, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr, y_ptr, label_off, M,
-    zloss, eps, vocab_total,
-    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, ZLOSS: tl.constexpr, TILE_N: tl.constexpr,
+    a0, a1, t0, u0,
+    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, HAS_A1: tl.constexpr, TILE_N: tl.constexpr,
     BR: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -123,15 +153,15 @@ def _dz_from_exp_kernel(
     rows64 = rows.to(tl.int64)
     m_t = tl.load(tm_ptr + rows64 * stride_t + t, mask=rmask, other=0.0)
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-    if LOSS:  # the one-pass loss: coefficients from the token weight g (a_ptr) and the loss options
+    if LOSS:  # the one-pass loss: a = g (a0 + a1 lse), t = g t0, u = g u0 (``fused_lce.core.formulas.loss_terms``), g from a_ptr
         g = tl.load(a_ptr + rows, mask=rmask, other=0.0)
         if HAS_SCALE:
             g = g * tl.load(scale_ptr)
-        coef = g
-        if ZLOSS:
-            coef = g * (1.0 + 2.0 * zloss * lse)
-        tgt = g * (1.0 - eps)
-        u = g * eps / vocab_total
+        coef = g * a0
+        if HAS_A1:
+            coef = g * (a0 + a1 * lse)
+        tgt = g * t0
+        u = g * u0
         keep = g != 0.0
     else:  # the driver's per-row coefficients
         coef = tl.load(a_ptr + rows, mask=rmask, other=0.0)
@@ -161,12 +191,12 @@ def _dz_from_exp_kernel(
 
 
 def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels, label_off: int, *,
-                zloss: float = 0.0, eps: float = 0.0, vocab_total: int = 1) -> None:
+                terms=(1.0, 0.0, 1.0, 0.0)) -> None:
     """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of 64
     elements; the padding columns are overwritten): ``dz = a exp(m_t - lse) e - t [col == label] - u``, 0 on rows
     whose coefficients are all 0; ``scale`` (0-dim) multiplies them. ``coef``: the driver's per-row ``(a, t, u)``
     (``u`` may be None), or a tensor ``g`` of token weights (the one-pass loss), whose coefficients are formed
-    here: ``a = g (1 + 2 zloss lse)``, ``t = g (1 - eps)``, ``u = g eps / vocab_total``."""
+    here from the loss's ``terms`` (``fused_lce.core.LossTerms``): ``a = g (a0 + a1 lse)``, ``t = g t0``, ``u = g u0``."""
     m, v = e.shape
     if m == 0 or v == 0:
         return
@@ -174,11 +204,12 @@ def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, s
     assert ld % 64 == 0 and e.stride(1) == 1, "dz_from_exp wants rows padded to 64 elements"
     loss = isinstance(coef, torch.Tensor)
     a, t, u = (coef, None, None) if loss else coef
+    a0, a1, t0, u0 = (float(x) for x in terms)
     br = 16
     _dz_from_exp_kernel[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
         e, ld, tile_m, tile_m.stride(0), lse, a, t if t is not None else a, u if u is not None else a,
-        scale if scale is not None else a, labels, int(label_off), m, float(zloss), float(eps), int(vocab_total),
-        LOSS=loss, HAS_SCALE=scale is not None, HAS_U=bool(eps) if loss else u is not None, ZLOSS=bool(zloss),
+        scale if scale is not None else a, labels, int(label_off), m, a0, a1, t0, u0,
+        LOSS=loss, HAS_SCALE=scale is not None, HAS_U=bool(u0) if loss else u is not None, HAS_A1=bool(a1),
         TILE_N=tile_n, BR=br, num_warps=4,
     )
 

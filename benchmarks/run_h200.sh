@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
+# own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
+# come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
+#   bash benchmarks/run_h200.sh probe ce lp alltests      # stages, in this order
+# "probe" times the GEMM tile configurations of FUSED_LCE_PROBE_CONFIGS and exports the fastest (EXP + STATS + DZ
+# epilogues summed over FUSED_LCE_PROBE_SHAPES) as FUSED_LCE_GEMM_CONFIG for the stages after it.
+set -u
+OUT=${OUT:-$PWD/h200-out}
+WHEELS=${WHEELS:-../.whl}
+mkdir -p "$OUT"
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$WHEELS"/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FUSED_LCE_COMMIT=${FUSED_LCE_COMMIT:-unknown}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+for stage in "$@"; do
+    t0=$(date +%s)
+    case $stage in
+        tests) timeout ${TEST_LIMIT:-150} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider \
+                   tests/backends/test_triton.py > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
+        alltests) timeout ${TEST_LIMIT:-200} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/ \
+                   > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
+        probe) timeout ${PROBE_LIMIT:-130} python3 benchmarks/gpu.py --out "$OUT/probe" --probe --shapes 0 \
+                   --methods fused_lce --reps 2 > "$OUT/probe.log" 2>&1
+               grep -E "^PROBE [0-9]|error" "$OUT/probe.log" | cut -c1-160
+               best=$(python3 -c "
+import json, sys
+p = json.load(open('$OUT/probe/gpu.json'))['probe']['gemm']
+tot = {}
+for row in p:
+    for c in row.get('configs', []):
+        if 'error' not in c:
+            tot.setdefault(c['cfg'], []).append(c['exp_ms'] + c['stats_ms'] + c['dz_ms'])
+ok = {k: sum(v) for k, v in tot.items() if len(v) == len(p)}
+print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
+               if [ -n "$best" ]; then export FUSED_LCE_GEMM_CONFIG=$best; fi
+               echo "GEMM config for the next stages: ${FUSED_LCE_GEMM_CONFIG:-default}" ;;
+        ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile ${CE_ARGS:-} \
+                   > "$OUT/ce.log" 2>&1; grep -E "ms \(|rror" "$OUT/ce.log" | cut -c1-150 ;;
+        lp) timeout ${LP_LIMIT:-300} python3 benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 \
+                   --reps 5 --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
+            python3 -c "
+import json
+for r in json.load(open('$OUT/logprobs_h200.json'))['results']:
+    print(r['shape'], r['method'], round(r['ms'], 2) if 'ms' in r else r.get('error', '')[:100],
+          round(r['x_floor'], 3) if 'x_floor' in r else '')" 2>&1 | tail -120 ;;
+        *) echo "unknown stage $stage" ;;
+    esac
+    echo "== stage $stage: $(( $(date +%s) - t0 )) s"
+done

@@ -1,0 +1,416 @@
+"""The "triton" provider (see the package docstring for the schedules)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ...core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
+from . import kernels
+from .cublas import _dw_into, _dx_into, _logits32
+from .planner import (SLACK, _free_bytes, _interpreting, _live_order, _pad, compact_mode, gemm_path_reason,
+                      plan_token_chunk, plan_vocab_chunk)
+
+kgemm, krows = kernels.gemm, kernels.rows
+_launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
+
+
+def _dz_view(z, dtype):
+    """The gradient tile written in place over the (contiguous) float32 logits tile, in the input dtype: row r of
+    dz is the first half of row r of z (row stride 2 * cols)."""
+    return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
+
+
+
+def _new_stats(n, dev, entropy: bool = False):
+    """Statistics buffers: a ``Stats``, or an ``EntropyStats`` (the entropy sum ``ez`` too)."""
+    f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
+    st = Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
+    return EntropyStats(*st, f()) if entropy else st
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(x * scale).to(dtype)`` in one pass (the fused kernel where it runs, else torch)."""
+    if scale is None and x.dtype == dtype:
+        return x
+    if krows is not None and x.is_contiguous() and (x.is_cuda or _interpreting()):
+        return krows.scale_cast(x, dtype, None if scale is None else scale.to(torch.float32).reshape(()))
+    return (x.mul_(scale) if scale is not None else x).to(dtype)
+
+
+class _State:
+    """Provider-private part of a Grads: fp16 post-scaling and the dW accumulator mode."""
+
+    def __init__(self, post_scale: bool):
+        self.post_scale = post_scale  # fp16: dz written unscaled, the float32 results scaled at the end
+        self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
+
+
+class _ExpCache(tuple):
+    """What ``stats(keep=True)`` of the gemm path leaves for ``grads``: (exp tiles [nc, V], tile maxima)."""
+
+
+# ---------------------------------------------------------------------------------------------- provider
+class TritonProvider(Provider):
+    name = "triton"
+    device_types = ("cuda",)
+    grads_scaled = True
+    supports_logprobs = True  # temperature and entropy on the cuBLAS path's row kernel (docs/providers.md)
+
+    def unavailable_reason(self) -> Optional[str]:
+        if kernels.ERROR is not None:
+            return f"the Triton kernels are not importable ({kernels.ERROR})"
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible to torch"
+        return None
+
+    @property
+    def has_fused(self) -> bool:  # the compact schedule has no one-pass kernel
+        return not compact_mode()
+
+    # -- path / planning / buffers ------------------------------------------------------------------------
+    @staticmethod
+    def path_reason(t: Tensors, opts: Options) -> Optional[str]:
+        """None when the fused-GEMM path runs these tensors, else why the cuBLAS path does."""
+        h, w = t.hidden, t.weight
+        return gemm_path_reason(h.dtype, h.shape[1], h.device, opts, (h.data_ptr(), w.data_ptr()))
+
+    @staticmethod
+    def _cfg(d: int):
+        return kgemm.default_config(d)
+
+    @classmethod
+    def _row_bytes(cls, v: int, d: int, elt: int, opts: Options, gemm: bool) -> int:
+        if not gemm:
+            return 4 * _pad(v, 32)
+        tiles = kgemm.num_tiles_n(v, cls._cfg(d))
+        return elt * _pad(v, 64) + tiles * (12 + 4 * opts.wants_zsum + 4 * bool(opts.entropy))
+
+    def token_block(self, p: Problem, keep: bool) -> int:
+        if compact_mode():
+            return max(p.n, 1)
+        gemm = gemm_path_reason(p.dtype, p.d, p.device, p.opts) is None
+        # linear_logprobs' backward (keep False) also gets the final dW's room: its blocks free their buffer
+        # before finish allocates dW, as the one-pass loss's chunks do
+        want_dw = p.mask[1] and (keep or p.op == "logprobs")
+        rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
+                                   _free_bytes(p.device), self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm))
+        return rows
+
+    def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
+        h, w = t.hidden, t.weight
+        st = _State(scaled and h.dtype == torch.float16)
+        f32 = torch.float32
+        dh_dtype = f32 if (fp32_dh or st.post_scale or compact_mode()) else h.dtype
+        dh = torch.empty(h.shape, device=h.device, dtype=dh_dtype) if mask[0] else None
+        if dh is not None and (h.shape[0] == 0 or w.shape[0] == 0):
+            dh.zero_()
+        db = torch.zeros(w.shape[0], device=w.device, dtype=f32) if mask[2] and t.bias is not None else None
+        return Grads(dh, None, db, fp32_dh, extra=(st, bool(mask[1])))
+
+    def finish(self, t: Tensors, out: Grads, scale):
+        st, want_dw = out.extra
+        h, w = t.hidden, t.weight
+        dh, dw, db = out.dh, out.dw, out.db
+        if want_dw and dw is None:  # no tokens: nothing was written
+            dw = torch.zeros(w.shape, device=w.device, dtype=w.dtype)
+        post = scale if st.post_scale and scale is not None else None
+        if dh is not None:
+            if out.fp32_dh:
+                dh = dh.mul_(post) if post is not None else dh
+            else:
+                dh = _cast(dh, h.dtype, post if dh.dtype == torch.float32 else None)
+        if dw is not None:  # one pass: float32 accumulator (times the fp16 scale) -> weight dtype
+            dw = _cast(dw, w.dtype, post if dw.dtype == torch.float32 else None)
+        if db is not None:
+            db = (db.mul_(post) if post is not None else db).to(t.bias.dtype)
+        return dh, dw, db
+
+    # -- kernels ----------------------------------------------------------------------------------------------
+    def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+        h = t.hidden[rows]
+        nc = h.shape[0]
+        v = t.weight.shape[0]
+        raw = _new_stats(nc, h.device, opts.entropy)
+        gemm = self.path_reason(t, opts) is None
+        if v == 0:
+            raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+            if opts.entropy:
+                raw.ez.zero_()
+            return raw, None
+        if compact_mode():
+            if gemm:
+                self._compact_stats_gemm(t, rows, opts, raw)
+                return raw, None
+            cols = plan_vocab_chunk(t.hidden.shape[0], v, t.hidden.shape[1], t.hidden.element_size(),
+                                    (False, False, False), opts.tile_bytes)
+            buf = torch.empty(nc * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
+            for v0 in range(0, v, cols):
+                v1 = min(v0 + cols, v)
+                z = buf[: nc * _pad(v1 - v0, 32)].view(nc, _pad(v1 - v0, 32))[:, : v1 - v0]
+                _logits32(h, t.weight[v0:v1], z)
+                _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
+            return raw, None
+        if gemm:
+            cfg = self._cfg(h.shape[1])
+            ntiles = kgemm.num_tiles_n(v, cfg)
+            tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum, opts.entropy)
+            keep = keep and not opts.entropy  # the entropy's gradient term needs z itself: recomputed (DZ)
+            e = None
+            if keep:
+                e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
+            inv_t = 1.0 / opts.temperature
+            kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
+                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t)
+            krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
+            krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start,
+                          ez=raw.ez if opts.entropy else None)
+            return raw, (_ExpCache((e, tiles.m)) if keep else None)
+        z = torch.empty(nc, _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
+        _logits32(h, t.weight, z)
+        _launch(t, opts, z, rows, stats=raw)
+        return raw, (z if keep else None)
+
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
+        st, _ = out.extra
+        kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
+        coef = Coefs(*(None if x is None else x.to(torch.float32).contiguous() for x in coef))
+        h = t.hidden[rows]
+        v = t.weight.shape[0]
+        if compact_mode():
+            self._compact_grads(t, rows, lse, coef, kscale, scale, opts, out)
+            return
+        whole = rows.start == 0 and rows.stop == t.hidden.shape[0]
+        dh = None if out.dh is None else out.dh[rows]
+        if self.path_reason(t, opts) is None:
+            cfg = self._cfg(h.shape[1])
+            if isinstance(cache, _ExpCache):
+                dz, tile_m = cache
+                krows.dz_from_exp(dz, tile_m, cfg.bn, lse, (coef.a, coef.t, coef.u), kscale, t.labels[rows],
+                                  opts.vocab_start)
+                self._token_gemms(t, h, dz, out, whole, dh)
+                return
+            # recompute: the DZ epilogue over the live rows only (a token whose coefficients are all 0 has no
+            # gradient), gathered to the front
+            live = (coef.a != 0) | (coef.t != 0)  # a NaN coefficient is not 0: its row stays (it poisons)
+            for x in (coef.b, coef.u):
+                if x is not None:
+                    live |= x != 0
+            y = t.labels[rows]
+            idx = None
+            perm = _live_order(live)
+            if perm is not None:
+                order, count = perm
+                idx = order[:count]
+                h, y, lse = h.index_select(0, idx), y.index_select(0, idx), lse.index_select(0, idx)
+                coef = Coefs(*(None if x is None else x.index_select(0, idx) for x in coef))
+                if dh is not None:
+                    dh.zero_()  # the rows of dead tokens
+            if h.shape[0]:
+                dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
+                self._dz_gemm(h, t.weight, t.bias, dz, y, lse, coef, kscale, opts, 0)
+                self._token_gemms(t, h, dz, out, whole, dh, idx)
+            return
+        z = cache
+        if z is None:
+            z = torch.empty(h.shape[0], _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
+            _logits32(h, t.weight, z)
+        dz = _dz_view(z, h.dtype)
+        _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse)
+        self._token_gemms(t, h, dz, out, whole, dh)
+
+    def fused(self, t: Tensors, g, terms: LossTerms, scale, opts: Options, out: Grads) -> Stats:
+        st, want_dw = out.extra
+        h, w = t.hidden, t.weight
+        n, v = h.shape[0], w.shape[0]
+        gemm = self.path_reason(t, opts) is None
+        kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
+        raw = _new_stats(n, h.device)
+        if gemm:
+            if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
+                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+                return raw
+            self._fused_gemm(t, g, terms, kscale, opts, out, raw)
+            return raw
+        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+                                    _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
+                                                                          False))
+        vp = _pad(v, 32)
+        buf = torch.empty(min(nrows, n) * vp, device=h.device, dtype=torch.float32)
+        z = dz = None  # no tokens: no chunk
+        for i0 in range(0, n, nrows):
+            rows = slice(i0, min(i0 + nrows, n))
+            nc = rows.stop - rows.start
+            z = buf[: nc * vp].view(nc, vp)[:, :v]
+            _logits32(h[rows], w, z)
+            dz = _dz_view(z, h.dtype)
+            _launch(t, opts, z, rows, stats=Stats(*(x[rows] for x in raw)), grad=True, dz=dz, g=g[rows],
+                    terms=terms, scale=kscale)
+            self._token_gemms(t, h[rows], dz, out, nc == n, None if out.dh is None else out.dh[rows])
+        del buf, z, dz  # free the logits buffer before the final dW is allocated (finish)
+        return raw
+
+    def _fused_gemm(self, t: Tensors, g, terms: LossTerms, kscale, opts: Options, out: Grads, raw: Stats) -> None:
+        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (weight g != 0) are gathered to the
+        front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks; the ignored
+        ones only through the STATS epilogue (their statistics, for lse and accuracy)."""
+        st, want_dw = out.extra
+        h, w, y = t.hidden, t.weight, t.labels
+        (n, d), v = h.shape, w.shape[0]
+        cfg = self._cfg(d)
+        smooth = opts.wants_zsum
+        ntiles = kgemm.num_tiles_n(v, cfg)
+        krows.target_logit(h, w, t.bias, y, opts.vocab_start, raw.target)
+        perm = _live_order(g != 0)  # NaN != 0: a bad label's token keeps its (poisoned) gradient
+        order, count, sp = None, n, raw
+        if perm is not None:
+            order, count = perm
+            h, y, g = h.index_select(0, order), y.index_select(0, order), g.index_select(0, order)
+            sp = _new_stats(n, h.device)  # statistics in the gathered order
+            if out.dh is not None:
+                out.dh.zero_()  # the rows of ignored tokens
+        nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+                                    _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
+        # ignored tokens: statistics only, in chunks whose tile statistics fit the slack
+        dead_rows = max(1, min(n - count, max(nrows, SLACK // max(1, 16 * ntiles))))
+        vp = _pad(v, 64)
+        buf = torch.empty(min(nrows, count) * vp, device=h.device, dtype=h.dtype)
+        tiles = kgemm.TileStats.new(max(min(nrows, count), min(dead_rows, n - count)), ntiles, h.device, smooth)
+        lse = torch.empty(count, device=h.device, dtype=torch.float32)
+        z = None
+        for i0 in range(0, count, nrows):
+            r = slice(i0, min(i0 + nrows, count))
+            nc = r.stop - r.start
+            z = buf[: nc * vp].view(nc, vp)[:, :v]
+            tl_ = tiles.rows(nc)
+            kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start,
+                          lse=lse[r])
+            krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
+            dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
+            self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
+        del buf, z  # free the logits buffer before the final dW is allocated (finish)
+        for i0 in range(count, n, dead_rows):
+            r = slice(i0, min(i0 + dead_rows, n))
+            tl_ = tiles.rows(r.stop - r.start)
+            kgemm.lce_gemm(kgemm.MODE_STATS, h[r], w, None, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start)
+        if order is not None:  # back to token order (the label logits were computed in it)
+            for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
+                dst.index_copy_(0, order, src)
+
+    # -- GEMMs ------------------------------------------------------------------------------------------------
+    def _dz_gemm(self, h, w, bias, dz, labels, lse, coef: Coefs, kscale, opts: Options, v0: int) -> None:
+        """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
+        kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=labels,
+                       label_off=opts.vocab_start + v0, lse=lse, a=coef.a, t=coef.t, b=coef.b, u=coef.u,
+                       scale=kscale, inv_temp=1.0 / opts.temperature)
+
+    def _token_gemms(self, t: Tensors, h_c, dz, out: Grads, whole: bool, dh, dh_index=None) -> None:
+        """Gradients of one token chunk (hidden rows ``h_c``, logits gradient ``dz``): dX rows into ``dh`` (rows
+        ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated. ``whole``:
+        this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
+        st, want_dw = out.extra
+        if dh is not None:
+            if dh_index is None:
+                _dx_into(dz, t.weight, dh)
+            else:
+                tmp = torch.empty(h_c.shape, device=h_c.device, dtype=dh.dtype)
+                _dx_into(dz, t.weight, tmp)
+                dh.index_copy_(0, dh_index, tmp)
+        if want_dw:
+            if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
+                st.dw_acc = not whole or st.post_scale
+                dtype = torch.float32 if st.dw_acc else t.weight.dtype
+                out.dw = torch.empty(t.weight.shape, device=t.weight.device, dtype=dtype)
+                _dw_into(dz, h_c, out.dw, accumulate=False)
+            else:
+                _dw_into(dz, h_c, out.dw, accumulate=True)
+        if out.db is not None:
+            out.db += dz.sum(dim=0, dtype=torch.float32)
+
+    def _compact_cols(self, t: Tensors, n: int, mask, opts: Options, gemm: bool) -> int:
+        h, w = t.hidden, t.weight
+        cols = plan_vocab_chunk(n, w.shape[0], h.shape[1], h.element_size(), mask, opts.tile_bytes,
+                                buf_elt=h.element_size() if gemm else 4)
+        if gemm and not opts.tile_bytes:
+            cols = max(self._cfg(h.shape[1]).bn, cols)
+        return cols
+
+    def _compact_stats_gemm(self, t: Tensors, rows: slice, opts: Options, raw: Stats) -> None:
+        """Statistics over vocabulary chunks from the STATS epilogue (no logits stored), merged left to right."""
+        h, w = t.hidden[rows], t.weight
+        n, v = h.shape[0], w.shape[0]
+        cfg = self._cfg(h.shape[1])
+        cols = self._compact_cols(t, n, (True, True, False), opts, True)
+        ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
+        tiles = kgemm.TileStats.new(n, ntiles, h.device, opts.wants_zsum, opts.entropy)
+        inv_t = 1.0 / opts.temperature
+        for v0 in range(0, v, cols):
+            v1 = min(v0 + cols, v)
+            kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
+                           bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
+                           smooth=opts.wants_zsum, inv_temp=inv_t)
+            krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
+                          col_off=opts.vocab_start + v0, merge=v0 > 0, ez=raw.ez if opts.entropy else None)
+        krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
+
+    def _compact_grads(self, t: Tensors, rows: slice, lse, coef: Coefs, kscale, scale, opts: Options,
+                       out: Grads) -> None:
+        """Per vocabulary chunk: dz (again), dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
+        st, want_dw = out.extra
+        h, w = t.hidden[rows], t.weight
+        n, v = h.shape[0], w.shape[0]
+        gemm = self.path_reason(t, opts) is None
+        mask = (out.dh is not None, want_dw, out.db is not None)
+        cols = self._compact_cols(t, n, mask, opts, gemm)
+        if want_dw and out.dw is None:
+            out.dw = torch.empty(w.shape, device=w.device, dtype=w.dtype)
+        if out.dh is not None:
+            out.dh[rows].zero_()
+        if gemm:
+            buf = torch.empty(n * _pad(min(cols, v), 64), device=h.device, dtype=h.dtype)
+        else:
+            buf = torch.empty(n * _pad(min(cols, v), 32), device=h.device, dtype=torch.float32)
+        post = st.post_scale and scale is not None
+        for v0 in range(0, v, cols):
+            v1 = min(v0 + cols, v)
+            if gemm:
+                vp = _pad(v1 - v0, 64)
+                dz = buf[: n * vp].view(n, vp)[:, : v1 - v0]
+                self._dz_gemm(h, w[v0:v1], None if t.bias is None else t.bias[v0:v1], dz, t.labels[rows], lse,
+                              coef, kscale, opts, v0)
+            else:
+                vp = _pad(v1 - v0, 32)
+                z = buf[: n * vp].view(n, vp)[:, : v1 - v0]
+                _logits32(h, w[v0:v1], z)
+                dz = _dz_view(z, h.dtype)
+                _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse, v0=v0, v1=v1)
+            if want_dw:
+                if post:
+                    tmp = torch.empty(v1 - v0, h.shape[1], device=h.device, dtype=torch.float32)
+                    _dw_into(dz, h, tmp, accumulate=False)
+                    krows.scale_cast(tmp, w.dtype, scale.to(torch.float32).reshape(()), out=out.dw[v0:v1])
+                    del tmp
+                else:
+                    _dw_into(dz, h, out.dw[v0:v1], accumulate=False)
+            if out.dh is not None:
+                _dx_into(dz, w[v0:v1], out.dh[rows], accumulate=True)
+            if out.db is not None:
+                out.db[v0:v1] += dz.sum(dim=0, dtype=torch.float32)
+
+
+PROVIDER = TritonProvider()
+
+if krows is not None:
+
+    @torch.library.impl("fused_lce::_scale_grads_", "CUDA")
+    def _scale_grads_cuda(grads, scale):
+        """The CUDA kernel of the op that scales the gradients computed in forward by the upstream gradient: reads
+        the scale on the device and touches no byte when it is 1 (the usual case). No host synchronisation."""
+        if all(g.is_contiguous() for g in grads):
+            krows.scale_unless_one_(grads, scale.to(torch.float32))
+        else:
+            torch._foreach_mul_(grads, scale)
