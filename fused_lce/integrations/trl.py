@@ -120,7 +120,9 @@ def compute(head: Head, hidden, weight, bias, labels, *, log_entropy: bool, opti
 def _per_token(carrier, fields, shifted):
     """TRL's per-token fields from the carrier (as the stock forward passed it on) and the metrics; without
     ``shift_labels`` TRL scores positions 0..T-2 against labels 1..T-1, so the last position is dropped."""
-    cut = (lambda t: t) if shifted else (lambda t: t[..., :-1])  # noqa: E731
+    # contiguous, as TRL's own fields are: a sum over a strided view may round differently (DPO's rewards compare
+    # the policy's and the reference's summed log-probs)
+    cut = (lambda t: t.contiguous()) if shifted else (lambda t: t[..., :-1].contiguous())  # noqa: E731
     out = {"log_probs": cut(carrier[..., 0]), "label_mask": cut(fields["label_mask"]),
            "entropy": cut(carrier[..., 1]) if carrier.shape[-1] == 2 else None}
     if fields["entropy_nan"]:  # log_entropy=False: not computed
