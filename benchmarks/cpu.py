@@ -1,5 +1,5 @@
 """CPU benchmark of fused_lce's "cpp" (and "torch") providers against eager PyTorch and torch 2.13's
-F.linear_cross_entropy on wide LM heads, in float32, bfloat16 and float16 (issue 18).
+F.linear_cross_entropy on wide LM heads, in float32, bfloat16 and float16.
 
 Shapes (N x D x V): D = 2048, 3584, 4096 at V = 151936 (Qwen heads) and D = 2304 at V = 256000 (Gemma-2-2B's
 vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape, dtype):
@@ -228,7 +228,7 @@ def fmt_ratio(r, bound):
 
 
 def targets(result):
-    """The issue-18 targets, checked against the measured cases."""
+    """The CPU targets (speed and memory against eager on 2 cores), checked against the measured cases."""
     rows = []
     for shape in result["shapes"]:
         by_dt = {dt: result["cases"].get(f"{shape} {dt}", {}) for dt in result["dtypes"]}
@@ -265,7 +265,7 @@ def write_outputs(result, out):
     with open(os.path.join(out, "cpu.json"), "w") as f:
         json.dump(result, f, indent=1)
     m = result["machine"]
-    lines = ["# CPU benchmark: fused linear + cross-entropy, fwd+bwd of the mean loss (issue 18)", "",
+    lines = ["# CPU benchmark: fused linear + cross-entropy, fwd+bwd of the mean loss", "",
              f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')} ({m.get('threads')} threads, "
              f"ATen CPU capability {m.get('cpu_capability')}, oneDNN bf16 matmul: {m.get('mkldnn_bf16')}, fp16: "
              f"{m.get('mkldnn_fp16')}; F.linear_cross_entropy present: {m.get('has_F_linear_cross_entropy')}), "
@@ -284,7 +284,7 @@ def write_outputs(result, out):
              f"once with a {result.get('slow_timeout')} s limit per child, torch_lce in float32 with "
              f"{result.get('lce_timeout')} s; '> x' is the time from their first fwd+bwd's start to the kill.", ""]
     lines += case_tables(result["cases"])
-    lines += ["## Targets (issue 18; 2 cores)", "", "| shape | target | measured (fused_cpp) | met |", "|---|---|---|---|"]
+    lines += ["## Targets (2 cores)", "", "| shape | target | measured (fused_cpp) | met |", "|---|---|---|---|"]
     lines += [f"| {s} | {t} | {v} | {'-' if ok is None else 'yes' if ok else 'NO'} |"
               for s, t, v, ok in targets(result)]
     if result.get("reruns"):

@@ -1,12 +1,14 @@
 """Performance model of the AscendC kernels on an Atlas A2 (910B), from work counted on the CPU twin.
 
 Nothing here ran on an NPU. The twin (csrc/ascend/twin) counts, per core and launch, vector instructions and the UB
-bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes and cube FLOPs (fused_lce::_twin_counters).
-Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile vector work is counted on
-small shapes with the same tile as the 910B plan of the big shape (one AI core, one token block, two and four
-vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the big shape's
-tile count per core; cube FLOPs and operand / workspace bytes per tile are analytic (the twin's counts at the small
-shape are checked against the same formulas). Time per kernel:
+bytes they write (repeats = bytes / 256), scalar-pipe operations, GM bytes, cube FLOPs and the cube's GM -> L1
+operand bytes (fused_lce::_twin_counters; which operand tiles stay in L1 as the Matmul library's buffers allow,
+docs/npu-twin-rules.md). Counting the Qwen heads on the twin is infeasible (hours of emulation), so the per-tile work
+is counted on small shapes with the same tile and D as the 910B plan of the big shape (one AI core, one token block,
+two and four vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the
+big shape's tile count; cube FLOPs and ring / workspace bytes per tile are analytic (the twin's FLOPs at the small
+shape are checked against the same formula). The cube's operand bytes go through L2 and bound every pass below with
+the other L2 traffic. Time per kernel:
   * old (FusedLceStats / FusedLceGrad): each vector core drives a synchronous Matmul client, so cube and vector time
     add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks being accumulated
     by the 24 cores fit its 192 MB; atomic contention is not modelled);
@@ -40,7 +42,7 @@ A2's 2.5 PFLOPS for 8 NPUs gives 313, i.e. a lower sustained clock or fewer core
 figures only a 910B can confirm, and every ratio below is to a floor at the same peak.)
 Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
 of issue / barrier overhead per vector instruction, SCALAR_CYCLES per scalar operation, fp32 cube at 1/4 of the bf16
-rate, no other stalls.
+rate, the cube's operand copies at L2's aggregate bandwidth (no per-core MTE2 limit), no other stalls.
 
 Run: python benchmarks/npu_model.py  (writes benchmarks/results/npu_model.json and .md)
 """
@@ -76,7 +78,8 @@ SCALAR_CYCLES = 2   # cycles per scalar-pipe operation (assumption)
 SHAPES = [(8192, 4096, 151936), (32768, 4096, 151936), (16384, 2048, 151936), (8192, 2304, 256000),
           (4096, 3584, 152064)]
 DTYPES = {"bfloat16": torch.bfloat16}
-COUNT_D = 32  # hidden size of the counting runs (vector work per tile does not depend on D)
+# The counting runs use the big shape's D: the vector work per tile does not depend on it, but the cube's GM -> L1
+# operand bytes do (whether a token block's hidden rows stay in L1 across its tiles).
 
 
 def _hw_one_core() -> dict:
@@ -91,20 +94,23 @@ def _vec_cycles(row) -> float:
     return v_bytes / VEC_BYTES_PER_CYCLE + VEC_ISSUE * v_instr + SCALAR_CYCLES * s_ops
 
 
-def _counters(ops):
-    c = ops._twin_counters()
-    rows = [c[i:i + 7] for i in range(0, len(c), 7)]
-    aiv = [r for r in rows if r[0] == 0]
-    worst = max(aiv, key=lambda r: _vec_cycles(r[1:4]))
-    return worst[1:4], sum(r[6] for r in rows)
+def _counters():
+    """(v_instr, v_bytes, s_ops) of the busiest vector core, cube FLOPs and cube GM -> L1 operand bytes of every
+    core, from the twin's counters of the last launch."""
+    rows = twin_build.counters()
+    worst = max((r for r in rows if not r["aic"]), key=lambda r: _vec_cycles((r["v_instr"], r["v_bytes"], r["s_ops"])))
+    return ((worst["v_instr"], worst["v_bytes"], worst["s_ops"]), sum(r["cube_flops"] for r in rows),
+            sum(r["l1_in"] for r in rows))
 
 
-def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int):
-    """(per-tile (v_instr, v_bytes, s_ops) of the busiest vector core, per-task fixed part) counted on the twin."""
-    out = []
+def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
+    """Counted on the twin for one AI core, one token block and 2 / 4 vocabulary blocks of the big shape's tile and
+    hidden size d: (per-tile (v_instr, v_bytes, s_ops) of the busiest vector core, their per-task fixed part,
+    per-tile cube operand bytes copied GM -> L1, their per-task fixed part)."""
+    out, l1 = [], []
     twin_build.configure(_hw_one_core(), seed=1, switch_prob=0.0, hazards=False)
     for k in (2, 4):
-        n, d, v = bm, COUNT_D, k * bn
+        n, v = bm, k * bn
         g = torch.Generator().manual_seed(k)
         h = torch.randn(n, d, generator=g).to(dtype)
         w = (torch.randn(v, d, generator=g) / d**0.5).to(dtype)
@@ -122,15 +128,17 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int):
                 if kernel == "onepass_bwd" else None
             ops._twin_grads_mix(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
                                 [True, True, False], zc, kernel != "mix_bwd", None)
-        vec, flops = _counters(ops)
+        vec, flops, copied = _counters()
         gemms = {"old_fwd": 1, "mix_fwd": 1, "old_bwd": 3, "mix_bwd": 4, "mix3_bwd": 3, "onepass_bwd": 2}[kernel]
         assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
         out.append(vec)
+        l1.append(copied)
     twin_build.configure(twin_build.HW_910B)  # the plans that follow are the 910B's
     tiles = 2 if kernel == "mix_bwd" else 1  # the MIX backward visits every tile twice (phases X and W)
     per_tile = [(b - a) / (2 * tiles) for a, b in zip(out[0], out[1])]
     fixed = [a - 2 * tiles * t for a, t in zip(out[0], per_tile)]
-    return per_tile, fixed
+    l1_tile = (l1[1] - l1[0]) / 2  # per (token block, vocabulary block) of the problem
+    return per_tile, fixed, l1_tile, l1[0] - 2 * l1_tile
 
 
 def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes):
@@ -162,39 +170,53 @@ def _gemm_time(out_rows: int, out_cols: int, k: int, peak_core: float) -> float:
     return math.ceil(tiles / CUBE_CORES) * 2 * 128 * 256 * k / peak_core
 
 
+def counted_for(ops, counted, kernel, dtype, bm, bn, d):
+    """The twin's counts for (kernel, tile, D), counted once."""
+    key = (kernel, bm, bn, d)
+    if key not in counted:
+        counted[key] = count_per_tile(ops, kernel, dtype, bm, bn, d)
+    return counted[key]
+
+
+def cube_in(c, tiles, tasks):
+    """Cube operand bytes copied GM -> L1 (through L2) for `tiles` problem tiles in `tasks` tasks, from counts c."""
+    return tiles * c[2] + tasks * c[3]
+
+
 def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
     """The 3-GEMM schedules of FusedLceGradMix (modelled per launch of ``launch_rows`` rows, summed over launches):
       * mix3: the MIX forward; backward phase X computes z tiles (cube) and dz (vector, overlapped), keeps dz in GM,
-        then dX = dz W (K = V) and dW += dz^T h (K = rows) as two GEMMs from GM: 4 GEMMs with the forward;
+        then dX = dz W (K = V, one GEMM per column chunk of the kept dz) and dW += dz^T h (K = rows) as GEMMs from
+        GM: 4 GEMMs with the forward;
       * onepass: the gradients in the forward pass (the driver's keep / cache route, reduced losses): the MIX forward
-        keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same two GEMMs: 3 GEMMs in all.
-    dW is accumulated in the fp32 output across launches (read + written by the fixpipe after the first launch)."""
+        keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same GEMMs: 3 GEMMs in all.
+    dW is accumulated in the fp32 output across launches (read + written by the fixpipe after the first launch); dX
+    is read back and written once more per column chunk of dz after the first (plan keep_cols). The cube's operand
+    bytes (counted on the twin) bound each pass below through L2."""
     r_max = launch_rows(name, n, v, elt)
     fwd = bwd = 0.0
     bounds = set()
     tc = tv = 0.0
+    l2_in = [0.0, 0.0]  # cube operand bytes of the forward and the backward
     for r0 in range(0, n, r_max):
         r = min(r_max, n - r0)
         pm = ops._twin_plan_mix(r, d, v, elt, 0, False)
         bm, bn = pm[1], pm[2]
-        key = ("mix_fwd", bm, bn)
-        if key not in counted:
-            counted[key] = count_per_tile(ops, "mix_fwd", dtype, bm, bn)
+        cf = counted_for(ops, counted, "mix_fwd", dtype, bm, bn, d)
         mb, nbk = math.ceil(r / bm), math.ceil(v / bn)
         t_cube = 2 * bm * bn * d / peak_core
-        t_fwd_vec = _vec_cycles(counted[key][0]) / CLOCK_HZ
+        t_fwd_vec = _vec_cycles(cf[0]) / CLOCK_HZ
         waves = math.ceil(pm[8] / CUBE_CORES)
         tiles_core = waves * math.ceil(nbk / pm[7])
         keep = r * v * 4 if name == "onepass" else 0
+        fin = cube_in(cf, mb * nbk, pm[8])
         f = _time(tiles_core, t_cube, t_fwd_vec, True, v * d * elt * waves + r * d * elt + keep,
-                  mb * nbk * bm * bn * 4 * 2)
+                  mb * nbk * bm * bn * 4 * 2 + fin)
         # phase X: dz of every tile; the vector work per tile counted on the twin in this mode
         pg = ops._twin_plan_grad(r, d, v, elt, 0)
-        gkey = (f"{name}_bwd", pg[1], pg[2])
-        if gkey not in counted:
-            counted[gkey] = count_per_tile(ops, f"{name}_bwd", dtype, pg[1], pg[2])
         gbm, gbn = pg[1], pg[2]
-        t_dz = _vec_cycles(counted[gkey][0]) / CLOCK_HZ
+        cg = counted_for(ops, counted, f"{name}_bwd", dtype, gbm, gbn, d)
+        t_dz = _vec_cycles(cg[0]) / CLOCK_HZ
         tiles_x = math.ceil(math.ceil(r / gbm) / CUBE_CORES) * math.ceil(v / gbn)
         dz_bytes = r * v * elt
         if name == "onepass":  # no GEMM: read the kept z, write dz
@@ -204,18 +226,25 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
             x = _time(tiles_x, 2 * gbm * gbn * d / peak_core, t_dz, True,
                       v * d * elt * math.ceil(math.ceil(r / gbm) / CUBE_CORES) + r * d * elt + dz_bytes,
                       math.ceil(r / gbm) * math.ceil(v / gbn) * gbm * gbn * 4 * 2)
-        # the two GEMMs from GM: dz read by each (through L2 per wave: taken once from HBM each), W / h read once,
-        # dX written once, dW read (after the first launch) and written
+        # the GEMMs from GM: dz read by each (through L2 per wave: taken once from HBM each), W / h read once, dX
+        # written once per column chunk of dz (read back after the first), dW read (after the first launch) and
+        # written; the cube's operand bytes (all of the backward's, phase X's logit GEMM included) through L2
+        chunks = math.ceil(v / pg[10])  # dz kept in column chunks of plan keep_cols
         g_cube = _gemm_time(r, d, v, peak_core) + _gemm_time(v, d, r, peak_core)
         g_hbm = (2 * dz_bytes + (v + r) * d * elt + r * d * 4 + v * d * 4 * (2 if r0 else 1)) / HBM_BPS
+        bin_ = cube_in(cg, math.ceil(r / gbm) * math.ceil(v / gbn), 0) + (chunks - 1) * r * d * 4 * 2
         g = max((g_cube, "cube"), (g_hbm, "hbm"))
+        if bin_ / L2_BPS > x[0] + g[0]:
+            x, g = (0.0, x[1]), (bin_ / L2_BPS, "l2")
         fwd += f[0]
         bwd += x[0] + g[0]
+        l2_in[0] += fin
+        l2_in[1] += bin_
         bounds.add(f[1] + "/" + x[1] + "+" + g[1])
         tc, tv = t_cube, t_dz
     ws = r_max * v * (elt + (4 if name == "onepass" else 0))
-    return ((fwd, "|".join(sorted(bounds)).split("/")[0], tc, t_fwd_vec),
-            (bwd, "|".join(sorted(b.split("/", 1)[1] for b in bounds)), tc, tv),
+    return ((fwd, "|".join(sorted(bounds)).split("/")[0], tc, t_fwd_vec, l2_in[0]),
+            (bwd, "|".join(sorted(b.split("/", 1)[1] for b in bounds)), tc, tv, l2_in[1]),
             {"rows_per_launch": r_max, "workspace_bytes": ws})
 
 
@@ -233,47 +262,53 @@ def model_rows(ops):
             pg = ops._twin_plan_grad(n, d, v, elt, 0)
             plans["mix_bwd"] = [pg[0], pg[1], pg[2]]
             assert all(p[0] == 0 for p in plans.values()), plans
-            for key, p in plans.items():
-                if (key, p[1], p[2]) not in counted:
-                    counted[(key, p[1], p[2])] = count_per_tile(ops, key, dtype, p[1], p[2])
+            cnt = {key: counted_for(ops, counted, key, dtype, p[1], p[2], d) for key, p in plans.items()}
 
             def tile_costs(key, gemms):
                 bm, bn = plans[key][1], plans[key][2]
-                per_tile, fixed = counted[(key, bm, bn)]
                 mb, nbk = math.ceil(n / bm), math.ceil(v / bn)
-                return bm, bn, mb, nbk, gemms * 2 * bm * bn * d / peak_core, _vec_cycles(per_tile) / CLOCK_HZ
+                return bm, bn, mb, nbk, gemms * 2 * bm * bn * d / peak_core, _vec_cycles(cnt[key][0]) / CLOCK_HZ
 
             inputs = lambda waves_w, waves_h: v * d * elt * waves_w + n * d * elt * waves_h  # noqa: E731
             res = {}
-            # forward: one GEMM per tile; logits staged through GM (L2) once written, once read
+            # forward: one GEMM per tile; logits staged through GM (L2) once written, once read; the cube's operand
+            # bytes through L2 (counted on the twin; the trio sets A for every tile: h and W tiles each time)
             for name, key, overlap, stage in (("old", "old_fwd", False, 4), ("mix", "mix_fwd", True, 4),
                                               ("trio", "mix_fwd", True, 2)):
                 bm, bn, mb, nbk, tc, tv = tile_costs(key, 1)
                 p = plans[key]  # tasks = token blocks x segments, each task seg_blocks = ceil(n_blocks / segments)
                 waves = math.ceil(p[8] / CUBE_CORES)
                 tiles_core = waves * math.ceil(nbk / p[7])
+                cin = cube_in(cnt[key], mb * nbk, p[8])
                 if name == "trio":  # its own tiling: tiles dealt round-robin over the cores
                     waves, tiles_core = math.ceil(mb / CUBE_CORES), math.ceil(mb * nbk / CUBE_CORES)
+                    cin = mb * nbk * (bm + bn) * d * elt
                 res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(waves, 1),
-                                           mb * nbk * bm * bn * stage * 2) + (tc, tv)
+                                           mb * nbk * bm * bn * stage * 2 + cin) + (tc, tv, cin)
             # backward, old: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
             # (read + write per tile, L2-resident working set) and dz staged in GM
             bm, bn, mb, nbk, tc, tv = tile_costs("old_bwd", 3)
+            cin = cube_in(cnt["old_bwd"], mb * nbk, plans["old_bwd"][8])
             l2 = mb * nbk * (bm * bn * (4 + elt) * 2 + (bm + bn) * d * 4 * 2)
             hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
-            res[("old", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2) + (tc, tv)
+            res[("old", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin) + (tc, tv,
+                                                                                                             cin)
             # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the old kernel's counted dz work),
-            # per-core fp32 partials of dX and dW written and read back by V2
+            # per-core fp32 partials of dX and dW written and read back by V2; its operand bytes per tile (A set for
+            # every tile, as its kernel does): z (h and W tiles), dX (dz and W), dW (dz and h)
+            cin_trio = mb * nbk * ((bm + bn) * d * 2 + 2 * bm * bn) * elt
             res[("trio", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, hbm,
-                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2)) + (tc, tv)
+                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2) + cin_trio) + (
+                                             tc, tv, cin_trio)
             # mix: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile two GEMMs
             # overlapping the vector dz; one owner per output block, fixpipe accumulation read + write in L2
             bm, bn, mb, nbk, tc, tv = tile_costs("mix_bwd", 2)
+            cin = cube_in(cnt["mix_bwd"], mb * nbk, 0)
             tx = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, inputs(math.ceil(mb / CUBE_CORES), 1),
-                       mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8))
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8) + cin / 2)
             tw = _time(math.ceil(nbk / CUBE_CORES) * mb, tc, tv, True, inputs(1, math.ceil(nbk / CUBE_CORES)),
-                       mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8))
-            res[("mix", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv)
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8) + cin / 2)
+            res[("mix", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv, cin)
             floor = 6 * n * d * v / CUBE_PEAK[dname]
             for name in ("mix3", "onepass"):
                 res[(name, "fwd")], res[(name, "bwd")], info[name] = three_gemm(
@@ -286,7 +321,9 @@ def model_rows(ops):
                              "modeled_ms": round(total * 1e3, 3), "floor_ms": round(floor * 1e3, 3),
                              "ratio": round(total / floor, 3), "fwd_bound": f[1], "bwd_bound": b[1],
                              "fwd_tile_us": {"cube": round(f[2] * 1e6, 2), "vector": round(f[3] * 1e6, 2)},
-                             "bwd_tile_us": {"cube": round(b[2] * 1e6, 2), "vector": round(b[3] * 1e6, 2)}})
+                             "bwd_tile_us": {"cube": round(b[2] * 1e6, 2), "vector": round(b[3] * 1e6, 2)},
+                             # the L2 bandwidth the cube's operand copies need over each pass (L2_BPS available)
+                             "cube_in_tbps": [round(f[4] / f[0] / 1e12, 2), round(b[4] / b[0] / 1e12, 2)]})
                 rows[-1].update(info.get(name, {"rows_per_launch": n, "workspace_bytes": None}))
     return rows, counted
 
@@ -306,31 +343,36 @@ def main(argv=None) -> int:
             "figures": {"tile_budget_bytes": NPU_TILE_BUDGET, "cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ, "hbm_bps": HBM_BPS, "l2_bps": L2_BPS,
                         "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE, "vec_issue_cycles": VEC_ISSUE,
                         "scalar_cycles": SCALAR_CYCLES},
-            "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]}": {"per_tile": v[0], "per_task": v[1]}
+            "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]} D={k[3]}": {"per_tile": v[0], "per_task": v[1],
+                                                                  "cube_in_per_tile": v[2], "cube_in_per_task": v[3]}
                                  for k, v in counted.items()},
             "environment": environment("cpu")}
     with open(os.path.join(out, "npu_model.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu.md)", "",
              "| N | D | V | dtype | kernels | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
-             "bound (fwd/bwd; mix bwd: X/W; 3-GEMM bwd: X+GEMMs) | rows per launch | kept GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "bound (fwd/bwd; mix bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand L2 TB/s (fwd/bwd) | "
+             "rows per launch | kept GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         kept = "-" if r["workspace_bytes"] is None else round(r["workspace_bytes"] / 2**30, 2)
         lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['fwd_ms']} | "
                      f"{r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
-                     f"{r['fwd_bound']}/{r['bwd_bound']} | {r['rows_per_launch']} | {kept} |")
+                     f"{r['fwd_bound']}/{r['bwd_bound']} | {r['cube_in_tbps'][0]}/{r['cube_in_tbps'][1]} | "
+                     f"{r['rows_per_launch']} | {kept} |")
     lines += ["", "kernels: old = FusedLceStats / FusedLceGrad; mix = FusedLceStatsMix / FusedLceGradMix recomputing z "
               "in both backward phases; trio = CANN's schedule; mix3 = the MIX forward + the 3-GEMM backward (dz kept "
               "in GM between phase X and the dX / dW GEMMs); onepass = gradients in the forward pass (z kept from the "
               "forward, 3 GEMMs in all; the driver's route for reduced losses). kept GiB: the z / dz bytes kept per "
               "launch (the tile budget, "
               f"{NPU_TILE_BUDGET / 2**30:g} GiB); '-': rings only, independent of N."]
-    lines += ["", "Per-tile vector work counted on the twin (busiest vector core: instructions, UB bytes written, "
-              "scalar ops):", ""]
+    lines += ["", f"cube operand L2 TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the "
+              f"Matmul library's buffers allow) over the pass time; L2 gives about {L2_BPS / 1e12:g} TB/s.", "",
+              "Per-tile work counted on the twin (busiest vector core: instructions, UB bytes written, scalar ops; "
+              "cube operand bytes GM -> L1 of all cores, per problem tile and per task):", ""]
     for k, v in counted.items():
-        lines.append(f"* {k[0]} tile {k[1]}x{k[2]}: per tile {[round(x) for x in v[0]]}, per task "
-                     f"{[round(x) for x in v[1]]}")
+        lines.append(f"* {k[0]} tile {k[1]}x{k[2]}, D={k[3]}: per tile {[round(x) for x in v[0]]}, per task "
+                     f"{[round(x) for x in v[1]]}; cube operand bytes per tile {round(v[2])}, per task {round(v[3])}")
     with open(os.path.join(out, "npu_model.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

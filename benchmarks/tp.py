@@ -17,7 +17,7 @@ Peak extra = ``max_memory_allocated`` during fwd+bwd minus the memory allocated 
 gradients included); CUDA only (``n/a`` on CPU). Time = median over ``--iters`` (after ``--warmup``), max over
 the ranks of a group.
 
-    torchrun --nproc-per-node 8 benchmarks/tp.py --out benchmarks/results/tp        # GPUs (issue 8)
+    torchrun --nproc-per-node 8 benchmarks/tp.py --out benchmarks/results/tp        # GPUs
     torchrun --nproc-per-node 1 benchmarks/tp.py                                    # one GPU: TP=1 only
     torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2
 

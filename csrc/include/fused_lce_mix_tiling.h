@@ -30,6 +30,7 @@ constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel
 constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
 constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
 
+
 struct MixPlan {
     ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
     uint32_t slot_stride;  // floats per row slot
@@ -151,19 +152,28 @@ struct MixGradPlan {
     int32_t status;
     uint32_t pad_;
     // The dz-kept mode (FusedLceGradMixTilingData::keepDz = 1; 0 uses none of this and needs only ws_total):
-    // phase X writes every dz tile (operand dtype) into one row-major N x V matrix and the cube then runs one
-    // whole-K GEMM per dX / dW output block from it, with no logit GEMM and no vector work (3 GEMMs in fwd + bwd
-    // with a z cache, 4 without). Placed after ws_total:
-    uint64_t ws_keep_dz;     // Dz: N x V operand-dtype dz, row-major (leading dimension V)
+    // phase X writes every dz tile (operand dtype) into Dz (N x V in column chunks, keep_cols below) and the cube
+    // then runs whole-K GEMMs per dX / dW output block from it, with no logit GEMM and no vector work (3 GEMMs in
+    // fwd + bwd with a z cache, 4 without). Placed after ws_total:
+    uint64_t ws_keep_dz;     // Dz: N x V operand-dtype dz in column chunks
     uint64_t ws_keep_db;     // db partials, one per (token block, vector core): 2 x m_blocks x V fp32 (bias only)
     uint64_t ws_total_keep;  // ws_total + ws_keep_dz + ws_keep_db: the workspace to allocate when keepDz = 1
+    // Dz is kept in column chunks of keep_cols columns (a multiple of base_n below 65535; the last chunk narrower),
+    // chunk c an N x width row-major matrix at c x N x keep_cols: every row stride the cube reads stays within the
+    // 16 bits of the GM -> L1 copy's Nd2NzParams::srcDValue (fused_lce_tiling.h kMaxOperandStride), so the dX / dW
+    // objects take the default Matmul config. dX[m] is one whole-K GEMM per chunk (the first writes, the others
+    // add); dW[nb] one GEMM over the chunk holding block nb.
+    uint64_t keep_cols;
 };
 
 // Workspace bytes of the dz-kept mode beyond plan_grad's ws_total (the formula plan_grad fills in):
 //   align512(n x v x elt) + (bias ? align512(2 ceil(n / base_m) v 4) : 0)
-// (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu.py).
+// (+ 8 n v / base_m for db): the caller bounds n per launch (fused_lce/backends/npu.py). Dz's column chunks
+// (keep_cols) tile the same n x v elements.
 inline void plan_keep_dz(MixGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, bool bias) {
     const ft::Plan& p = m->base;
+    const uint64_t chunk = ft::kMaxOperandStride / p.base_n * p.base_n;
+    m->keep_cols = v < chunk ? v : chunk;
     m->ws_keep_dz = ft::align_up(n * v * elt, ft::kGmAlign);
     m->ws_keep_db = bias ? ft::align_up(2 * p.m_blocks * v * 4, ft::kGmAlign) : 0;
     m->ws_total_keep = m->ws_total + m->ws_keep_dz + m->ws_keep_db;

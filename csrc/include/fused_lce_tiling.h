@@ -50,7 +50,14 @@ enum Status : int32_t {
     kEmptyDim = 2,        // D == 0 or V == 0 (N == 0 is fine: zero tasks)
     kTooLarge = 3,        // a size exceeds the 32-bit limits of the Matmul API or a byte count overflows 64 bits
     kNoFit = 4,           // no tile fits the on-chip memories
+    kStrideLimit = 5,     // D >= 65535: the cube operands' row stride does not fit the GM -> L1 copy's 16-bit field
 };
+
+// The largest row stride (elements) of a cube operand that the GM -> L1 ND -> NZ copy takes in one instruction on
+// dav-2201: Nd2NzParams::srcDValue is 16 bits and the Matmul library copies row by row from 65535 on, but only
+// under MatmulConfig::intrinsicsCheck (asc-devkit stage/copy_cube_in/copy_tile_to_cube/data_copy_wrapper_nd.h). h and
+// W (row stride D) are read with the default config, so D must stay below it.
+constexpr uint64_t kMaxOperandStride = 65534;
 
 // UB headroom left to the Matmul client (message queues) and the vector APIs' own scratch.
 constexpr uint64_t kUbReserved = 16 * 1024;
@@ -200,6 +207,10 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
         p.status = kTooLarge;
         return p;
     }
+    if (d > kMaxOperandStride) {
+        p.status = kStrideLimit;
+        return p;
+    }
     const bool bwd = (flags & kBackward) != 0;
     const uint64_t ub_budget = hw.ub_bytes > kUbReserved ? hw.ub_bytes - kUbReserved : 0;
     const uint64_t m_cap = n == 0 ? kMinBase : align_up(n, kMinBase);  // no 128-row tiles for 5 tokens
@@ -335,6 +346,9 @@ inline const char* status_text(int32_t status) {
         case kEmptyDim: return "hidden size and vocabulary size must be > 0";
         case kTooLarge: return "a dimension exceeds the int32 Matmul limits or a byte count overflows 64 bits";
         case kNoFit: return "no tile fits the on-chip memories of this part";
+        case kStrideLimit:
+            return "hidden size D >= 65535: the row stride of h and W does not fit Nd2NzParams::srcDValue (16 bits) "
+                   "of the cube's GM -> L1 copy on Atlas A2";
         default: return "unknown status";
     }
 }

@@ -61,6 +61,9 @@ static void check_problem(const char* op, const Tensor& hidden, const Tensor& we
                 ") and vocabulary rows V (", weight.size(0), ") must be > 0");
     TORCH_CHECK_VALUE(hidden.size(1) <= kInt32Max && weight.size(0) <= kInt32Max, op,
                 ": D and V must each be < 2^31 (int32 Matmul shapes), got D=", hidden.size(1), " V=", weight.size(0));
+    TORCH_CHECK_VALUE(hidden.size(1) < 65535, op, ": the hidden size D must be < 65535 (the cube reads h and W at "
+                      "row stride D, which the GM -> L1 copy's 16-bit Nd2NzParams::srcDValue holds), got D=",
+                      hidden.size(1));
     TORCH_CHECK_TYPE(operand_dtype(hidden.scalar_type()), op,
                      ": hidden dtype must be bfloat16, float16 or float32, got ", hidden.scalar_type());
     TORCH_CHECK_TYPE(weight.scalar_type() == hidden.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
@@ -210,8 +213,9 @@ Tensor7 npu_stats_mix(const Tensor& hidden, const Tensor& weight, const c10::opt
         c10::optional<Tensor> b = contiguous_or_none(bias);
         // optional output: given, the cube writes every tile's h W^T into it; absent, no logit cache
         const c10::optional<Tensor> z_cache = keep_z ? c10::optional<Tensor>(zc) : c10::nullopt;
-        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsMix, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_ez, m,
-                         s, zt, zs, amax_local, ez, z_cache);
+        // keep_z is also the attribute that tells the kernel (tiling hasZCache): presence never by address
+        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsMix, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_ez,
+                         keep_z, m, s, zt, zs, amax_local, ez, z_cache);
     }
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
     return {m, s, zt, zs, amax, ez, zc};

@@ -64,6 +64,9 @@ KERNELS_ENV = "FUSED_LCE_NPU_KERNELS"
 KERNEL_CHOICES = ("old", "mix")
 DEFAULT_KERNELS = "mix"
 MIX_MAX_IDS = 1 << 24  # the MIX planner carries vocabulary ids and row offsets as exact floats
+# every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
+# (Nd2NzParams::srcDValue; fused_lce_tiling.h kMaxOperandStride)
+MAX_HIDDEN = 65534
 
 
 def kernel_choice(env: Optional[dict] = None) -> str:
@@ -251,6 +254,9 @@ class AscendCProvider(WholeRowsProvider):
         reason = super().supports(p)
         if reason is None and p.d == 0:
             return "the AscendC tiling needs a hidden size D > 0 (the cube has nothing to multiply)"
+        if reason is None and p.d > MAX_HIDDEN:
+            return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
+                    f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
         if reason is None and p.v >= MIX_MAX_IDS and getattr(self.kernels, "kind", None) == "mix":
             return (f"the MIX kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
                     f"({KERNELS_ENV}=old runs the old kernels)")

@@ -231,7 +231,7 @@ def reference_mean_loss_grads(h, w, y, dtype=torch.float64, chunk_elems: int = 2
             gh, gw = torch.autograd.grad(part, (hc, wd))
             dh[i:i + chunk] = gh
             dw += gw
-            loss += float(part)
+            loss += float(part.detach())
         return loss, dh, dw.detach()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32

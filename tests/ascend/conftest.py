@@ -37,8 +37,9 @@ def seed():
 
 @pytest.fixture
 def part(ops):
-    """Call part(hw, seed) to select the simulated part and the scheduler seed; restored to the 910B afterwards."""
-    def select(hw=HW_910B, sched_seed=1, switch_prob=0.3, hazards=True):
-        twin_build.configure(hw, sched_seed, switch_prob, hazards)
+    """Call part(hw, seed) to select the simulated part and the scheduler seed (and mm_variant, the Matmul tiling
+    variant); restored to the 910B and the default tiling afterwards."""
+    def select(hw=HW_910B, sched_seed=1, switch_prob=0.3, hazards=True, mm_variant=0):
+        twin_build.configure(hw, sched_seed, switch_prob, hazards, mm_variant)
     yield select
     twin_build.configure(HW_910B, 1, 0.3, True)

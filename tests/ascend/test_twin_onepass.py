@@ -41,13 +41,11 @@ def ignore_rows(y, c):
 
 
 def cube_flops(ops) -> int:
-    r = ops._twin_counters()
-    return sum(r[i + 6] for i in range(0, len(r), 7))
+    return sum(r["cube_flops"] for r in twin_build.counters())
 
 
 def vector_instr(ops) -> int:
-    r = ops._twin_counters()
-    return sum(r[i + 1] for i in range(0, len(r), 7) if r[i] == 0)
+    return sum(r["v_instr"] for r in twin_build.counters() if not r["aic"])
 
 
 @pytest.mark.parametrize("hw", [HW_910B, HW_TINY], ids=["910b", "tiny"])
@@ -158,8 +156,7 @@ def test_onepass_kept_dz_writes_each_output_once(ops, part, seed):
 
     def cube_written(keep):
         grads(ops, h, w, bias, y, lse, c, 0.0, 1.0, zc=zc, keep_dz=keep)
-        r = ops._twin_counters()
-        return sum(r[i + 5] for i in range(0, len(r), 7) if r[i] == 1)
+        return sum(r["gm_wr"] for r in twin_build.counters() if r["aic"])
 
     assert cube_written(False) == (nb * n + mb * v) * d * 4
     assert cube_written(True) == (n + v) * d * 4
@@ -172,10 +169,12 @@ def test_onepass_workspace_formula(ops, part):
     al = lambda x: -(-x // 512) * 512  # noqa: E731
     for n, d, v, elt in [(8192, 4096, 151936, 2), (1000, 256, 5003, 4), (37, 45, 301, 2)]:
         for flags in (0, 1):
-            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb = ops._twin_plan_grad(n, d, v, elt, flags)
+            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad(n, d, v, elt, flags)
             assert st == 0
             assert mb == -(-n // bm) and nb == -(-v // bn)
             assert ws_keep == ws + al(n * v * elt) + (al(2 * mb * v * 4) if flags else 0)
+            # Dz kept in column chunks whose row stride fits the GM -> L1 copy's 16-bit srcDValue
+            assert keep_cols == min(v, 65534 // bn * bn) and keep_cols % bn == 0 or keep_cols == v
 
 
 @pytest.fixture

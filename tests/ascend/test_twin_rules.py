@@ -6,7 +6,8 @@ import torch
 
 CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok_atomic_add", "ok_reduce",
          "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions", "ok_xflag_ring",
-         "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim"]
+         "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim", "ok_mm_wide_stride_intrinsics_check",
+         "ok_mm_overlay_with_end", "ok_mm_l1_reuse", "ok_mm_iterate_order"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
     "raw_v_s": "HardEvent::V_S",
@@ -47,6 +48,25 @@ VIOLATIONS = {
     "xflag_aiv_only_kernel": "needs a MIX kernel type",
     "matmulimpl_on_vector_core": "MatmulImpl runs on the cube core",
     "syncall_mix_missing": "cross-core race on GM out",
+    # field widths and the Matmul model (docs/npu-twin-rules.md: one row per rule)
+    "cube_wide_stride_default_config": "Nd2NzParams::srcDValue = 70000 does not fit its field (16-bit unsigned",
+    "cube_stride_65535_default_config": "copy it with MatmulConfig::intrinsicsCheck",
+    "cube_looped_copy_offset": "overflows its int32",
+    "field_copy_count": "DataCopyParams::blockLen (count * sizeof(T) / 32) = 75000 does not fit",
+    "field_pad_left": "DataCopyPadExtParams::leftPadding = 300 does not fit its field (8-bit",
+    "cube_overlay_missing_end": "has not called End()",
+    "absent_optional_by_address": "placeholder address of an absent optional argument",
+    "field_copyext_blockcount": "DataCopyExtParams::blockCount = 65540 does not fit its field (16-bit unsigned",
+    "field_copyext_blocklen_range": "DataCopyExtParams::blockLen = 2097152 is outside its documented range",
+    "field_copy_params_blockcount": "DataCopyParams::blockCount = 4096 is outside its documented range [1, 4095]",
+    "field_binary_repeat_stride": "BinaryRepeatParams::dstRepStride = 256 does not fit its field (8-bit",
+    "field_repeat_time": "repeatTime = 256 does not fit its field (8-bit",
+    "field_reduce_repeat_stride": "srcRepStride = 70000 is outside its documented range [0, 65535]",
+    "cube_shape_arg_int32": "tailK = 2147483648 does not fit its field (32-bit signed",
+    "cube_tiling_depth_zero": "depths and steps must be > 0",
+    "cube_tiling_l0_double_buffer": "L0A needs 131072 bytes > 65536",
+    "cube_fixpipe_nsize": "FixpipeParamsV220::nSize = 4112 is outside its documented range [0, 4095]",
+    "cube_mdl_depth_not_a_step_multiple": "MDL: depthA1 3 must be stepM * stepKa (2) or twice it",
 }
 
 
@@ -78,3 +98,22 @@ def test_cast_rounds_to_nearest_even_like_torch(ops, seed):
     assert torch.equal(b.view(torch.int16)[~eb.isnan()], eb.view(torch.int16)[~eb.isnan()])
     assert torch.equal(h.view(torch.int16)[~eh.isnan()], eh.view(torch.int16)[~eh.isnan()])
     assert torch.equal(b.isnan(), eb.isnan()) and torch.equal(h.isnan(), eh.isnan())
+
+
+def test_kernels_pass_field_values_whole():
+    """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it itself (a
+    cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every field rule. So the
+    kernel sources never cast to those types; they build the structs with parentheses from full-width values (a
+    braced list would not compile against the real headers, tools/ascendc-header-check)."""
+    import glob
+    import os
+    import re
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "csrc", "ascend")
+    sources = glob.glob(os.path.join(root, "*", "op_kernel", "*.cpp")) + \
+        glob.glob(os.path.join(root, "common", "fused_lce_*vec.h"))
+    assert len(sources) >= 6
+    for src in sources:
+        code = re.sub(r"//[^\n]*", "", open(src).read())
+        bad = re.findall(r"static_cast<\s*u?int(?:8|16)_t\s*>", code)
+        assert not bad, f"{os.path.basename(src)} narrows a value itself: {bad}"

@@ -5,6 +5,8 @@ segments, shards, both label dtypes, the 910B part and a tiny part that forces m
 import pytest
 import torch
 
+import twin_build
+
 from twin_ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, logits64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -168,15 +170,14 @@ def test_mix_work_counters(ops, part, seed):
     h, w, b = make(n, d, v, torch.bfloat16, False)
     y = torch.randint(0, v, (n,))
     run(ops, h, w, b, y)
-    rows = [ops._twin_counters()[i:i + 7] for i in range(0, len(ops._twin_counters()), 7)]
-    aic, aiv = [r for r in rows if r[0] == 1], [r for r in rows if r[0] == 0]
+    rows = twin_build.counters()
+    aic, aiv = [r for r in rows if r["aic"]], [r for r in rows if not r["aic"]]
     assert len(aiv) == 2 * len(aic) > 0
-    assert sum(r[6] for r in aic) == 2 * n * v * d and all(r[6] == 0 for r in aiv)
-    assert all(r[1] == 0 for r in aic) and all(r[1] > 0 for r in aiv if r[4] > 0)
-    assert sum(r[4] for r in aiv) >= n * v * 4  # every logit read from the ring once
+    assert sum(r["cube_flops"] for r in aic) == 2 * n * v * d and all(r["cube_flops"] == 0 for r in aiv)
+    assert all(r["v_instr"] == 0 for r in aic) and all(r["v_instr"] > 0 for r in aiv if r["gm_rd"] > 0)
+    assert sum(r["gm_rd"] for r in aiv) >= n * v * 4  # every logit read from the ring once
     ops._twin_stats(h, w, b, y, 0, 0.0, False, 1.0, False)
-    rows = [ops._twin_counters()[i:i + 7] for i in range(0, len(ops._twin_counters()), 7)]
-    assert sum(r[6] for r in rows if r[0] == 0) == 2 * n * v * d
+    assert sum(r["cube_flops"] for r in twin_build.counters() if not r["aic"]) == 2 * n * v * d
 
 
 def test_mix_balances_the_last_wave_with_segments(ops, part, seed):

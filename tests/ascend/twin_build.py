@@ -38,11 +38,26 @@ def load_twin():
     return torch.ops.fused_lce
 
 
-def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazards: bool = True) -> None:
-    """Select the part and the scheduler seed of the next _twin_* calls."""
+def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazards: bool = True,
+              mm_variant: int = 0) -> None:
+    """Select the part, the scheduler seed and the Matmul tiling variant (0: the default tiling; 1..5: other legal
+    values of GetTiling's free fields, twin_ops.cpp vary_tiling) of the next _twin_* calls."""
     ops = load_twin()
     ops._twin_config([hw["cube_cores"], hw["vec_per_cube"], hw["ub"], hw["l1"], hw["l0a"], hw["l0b"], hw["l0c"]],
-                     int(seed), float(switch_prob), bool(hazards))
+                     int(seed), float(switch_prob), bool(hazards), int(mm_variant))
+
+
+MM_VARIANTS = range(6)
+COUNTERS = ("aic", "v_instr", "v_bytes", "s_ops", "gm_rd", "gm_wr", "cube_flops", "l1_in")
+
+
+def counters() -> list[dict]:
+    """Work counters of the last launch, one dict per core (AIVs first, then AICs), named by COUNTERS: vector
+    instructions and UB bytes they write, scalar ops, GM bytes read / written, cube FLOPs, cube operand bytes copied
+    GM -> L1."""
+    c = load_twin()._twin_counters()
+    k = len(COUNTERS)
+    return [dict(zip(COUNTERS, c[i:i + k])) for i in range(0, len(c), k)]
 
 
 class TwinKernels(npu_backend._AdapterKernels):

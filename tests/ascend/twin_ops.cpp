@@ -90,6 +90,7 @@ struct TwinState {
     uint64_t seed = 1;
     double switch_prob = 0.3;
     bool hazards = true;
+    int mm_variant = 0;  // legal variation of the Matmul tilings (vary_tiling)
 };
 TwinState& state() {
     static TwinState s;
@@ -141,6 +142,43 @@ AscendC::tiling::TCubeTiling fill_gemm(uint64_t m, uint64_t n, uint64_t k, uint3
     t.shareL1Size = static_cast<int32_t>((static_cast<uint64_t>(bm) + bn) * bk * elt * 2);
     t.shareL0CSize = static_cast<int32_t>(static_cast<uint64_t>(bm) * bn * 4);
     t.BatchNum = 1;
+    return t;
+}
+
+// The Matmul tiling values besides the fixed base M / N (baseK, depths, steps, L0 double buffers, iterate order) are
+// GetTiling's choice (asc-devkit impl/adv_api/tiling/matmul/matmul_tiling_algorithm.cpp), not reproduced here: the
+// kernels must not depend on them. Variant v > 0 of the current state replaces them with another legal set (within
+// L0A / L0B / L0C with its double-buffer flags and L1; a set that does not fit leaves the tiling unchanged), and the
+// tests run the kernels under each (test_twin_tiling_grid.py).
+void vary_tiling(AscendC::tiling::TCubeTiling& t, uint32_t elt) {
+    const int variant = state().mm_variant;
+    if (variant == 0 || t.baseK <= 0) return;
+    const ft::HwSpec& hw = state().hw;
+    AscendC::tiling::TCubeTiling v = t;
+    const int c0 = static_cast<int>(32 / elt);
+    auto kiter = [&v]() { return (v.singleCoreK + v.baseK - 1) / v.baseK; };
+    switch (variant) {
+        case 1: v.depthA1 = v.depthB1 = 1, v.dbL0A = v.dbL0B = v.dbL0C = 1; break;  // nothing double-buffered
+        case 2: v.iterateOrder = 1, v.stepM = v.stepN = 2, v.depthA1 = v.depthB1 = 4; break;  // ORDER_N, 2 x 2 steps
+        case 3:  // half the base K, K steps of 2
+            if (v.baseK >= 2 * c0 && (v.baseK / 2) % c0 == 0) v.baseK /= 2;
+            v.stepKa = v.stepKb = 2, v.depthA1 = v.depthB1 = 4;
+            break;
+        case 4: v.depthA1 = kiter() * v.stepM, v.depthB1 = kiter() * v.stepN; break;  // both whole K in L1
+        case 5: v.iterateOrder = 0, v.stepN = 3, v.depthA1 = kiter(), v.depthB1 = 2; break;  // A kept over 3 tiles
+        default: TORCH_CHECK(false, "fused_lce twin: unknown Matmul tiling variant ", variant);
+    }
+    const uint64_t l1 = (static_cast<uint64_t>(v.depthA1) * v.baseM + static_cast<uint64_t>(v.depthB1) * v.baseN) *
+                        v.baseK * elt;
+    const uint64_t ab = (v.dbL0A == 2 && v.dbL0B == 2) ? 2 : 1;
+    if (l1 <= hw.l1_bytes && static_cast<uint64_t>(v.baseM) * v.baseK * elt * ab <= hw.l0a_bytes &&
+        static_cast<uint64_t>(v.baseN) * v.baseK * elt * ab <= hw.l0b_bytes)
+        t = v;
+}
+AscendC::tiling::TCubeTiling gemm(uint64_t m, uint64_t n, uint64_t k, uint32_t bm, uint32_t bn, uint32_t bk,
+                                  uint32_t elt, const ft::HwSpec& hw) {
+    AscendC::tiling::TCubeTiling t = fill_gemm(m, n, k, bm, bn, bk, elt, hw);
+    vary_tiling(t, elt);
     return t;
 }
 
@@ -203,8 +241,10 @@ void launch_any(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor
 
 GmKernel13 pick_mix(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats_mix, dt, lt); }
 
+// An absent (or empty) argument gets the twin's placeholder address, never null: presence must come from the tiling
+// (as on the NPU, where nothing promises a null address for an absent optional), and any access to it is reported.
 GM_ADDR addr(const Tensor& t) {
-    return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : nullptr;
+    return t.defined() && t.numel() > 0 ? reinterpret_cast<GM_ADDR>(t.data_ptr()) : twin::absent_placeholder();
 }
 twin_test::GmBuffer buf(const Tensor& t, const char* name, bool ro) {
     return {t.defined() ? t.data_ptr() : nullptr, t.defined() ? static_cast<uint64_t>(t.numel() * t.element_size()) : 0,
@@ -244,7 +284,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tens
         td.withEntropy = with_entropy ? 1u : 0u;
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasBias = has_bias ? 1u : 0u;
-        td.mmLogits = fill_gemm(p.vec_rows, p.base_n, p.d, static_cast<uint32_t>(ft::align_up(p.vec_rows, 16)),
+        td.mmLogits = gemm(p.vec_rows, p.base_n, p.d, static_cast<uint32_t>(ft::align_up(p.vec_rows, 16)),
                                 p.base_n, p.base_k, p.elt_bytes, state().hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
         const StatsKernel k = pick_stats(h.scalar_type(), y.scalar_type());
@@ -263,7 +303,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats(const Tens
 
 // The cube-driven MIX forward (fused_lce_stats_mix.cpp): the contract of _twin_stats plus temperature and the
 // entropy sum ez; returns (max, sum_exp, target, zsum, argmax int64 global, ez, zcache). keep_z: zcache is the
-// kernel's zCache output (fp32 [N, V_local], the raw h W^T tiles), else an empty tensor (zCache = nullptr).
+// kernel's zCache output (fp32 [N, V_local], the raw h W^T tiles; tiling hasZCache), else an empty tensor.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mix(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias, const Tensor& labels,
     int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_ez, bool keep_z) {
@@ -295,7 +335,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_mi
         td.withEz = with_ez ? 1u : 0u;
         td.hasBias = has_bias ? 1u : 0u;
         td.labelBytes = static_cast<uint32_t>(y.element_size());
+        td.hasZCache = keep_z ? 1u : 0u;
         td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
+        fm::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes);  // as op_host
+        vary_tiling(td.mmLogits, p.elt_bytes);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
         const GmKernel13 k = pick_mix(h.scalar_type(), y.scalar_type());
         launch_any(p,
@@ -369,15 +412,20 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_mix(const Tensor& hidden, const Te
         td.hasB = has_b ? 1u : 0u;
         td.hasU = has_u ? 1u : 0u;
         td.keepDz = keep_dz ? 1u : 0u;
+        td.hasZCache = has_zc ? 1u : 0u;
         Tensor zc = has_zc ? zcache->contiguous() : Tensor();
         const ft::HwSpec& hw = state().hw;
         const uint32_t bm = p.base_m, bn = p.base_n;
-        td.mmZ = fill_gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
+        td.mmZ = gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
         td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
+        fm::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);  // as op_host
+        fm::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);
+        vary_tiling(td.mmDx, p.elt_bytes);
+        vary_tiling(td.mmDw, p.elt_bytes);
         if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)
-            td.mmDxAll = fill_gemm(bm, p.d, p.v, bm, p.base_d, bn, p.elt_bytes, hw);
-            td.mmDwAll = fill_gemm(bn, p.d, p.n, bn, p.base_d, bm, p.elt_bytes, hw);
+            td.mmDxAll = gemm(bm, p.d, mp.keep_cols, bm, p.base_d, bn, p.elt_bytes, hw);
+            td.mmDwAll = gemm(bn, p.d, p.n, bn, p.base_d, bm, p.elt_bytes, hw);
         }
         const uint64_t ws_bytes = keep_dz ? mp.ws_total_keep : mp.ws_total;
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + ws_bytes)}, hidden.options().dtype(at::kByte));
@@ -429,9 +477,9 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor&
         td.hasBias = has_bias ? 1u : 0u;
         const uint32_t bm = static_cast<uint32_t>(ft::align_up(p.vec_rows, 16));
         const ft::HwSpec& hw = state().hw;
-        td.mmLogits = fill_gemm(p.vec_rows, p.base_n, p.d, bm, p.base_n, p.base_k, p.elt_bytes, hw);
-        td.mmDx = fill_gemm(p.vec_rows, p.d, p.base_n, bm, p.base_d, p.base_n, p.elt_bytes, hw);
-        td.mmDw = fill_gemm(p.base_n, p.d, p.vec_rows, p.base_n, p.base_d, bm, p.elt_bytes, hw);
+        td.mmLogits = gemm(p.vec_rows, p.base_n, p.d, bm, p.base_n, p.base_k, p.elt_bytes, hw);
+        td.mmDx = gemm(p.vec_rows, p.d, p.base_n, bm, p.base_d, p.base_n, p.elt_bytes, hw);
+        td.mmDw = gemm(p.base_n, p.d, p.vec_rows, p.base_n, p.base_d, bm, p.elt_bytes, hw);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + p.ws_total)}, hidden.options().dtype(at::kByte));
         const GradKernel k = pick_grad(h.scalar_type(), y.scalar_type());
         launch_any(p,
@@ -445,7 +493,7 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads(const Tensor& coefs, const Tensor&
     return {dx, dw, db};
 }
 
-void twin_config_op(std::vector<int64_t> hw, int64_t seed, double switch_prob, bool hazards) {
+void twin_config_op(std::vector<int64_t> hw, int64_t seed, double switch_prob, bool hazards, int64_t mm_variant) {
     TORCH_CHECK(hw.size() == 7, "fused_lce twin: hw = [cube_cores, vec_per_cube, ub, l1, l0a, l0b, l0c]");
     TwinState& s = state();
     s.hw.cube_cores = static_cast<uint32_t>(hw[0]);
@@ -458,6 +506,8 @@ void twin_config_op(std::vector<int64_t> hw, int64_t seed, double switch_prob, b
     s.seed = static_cast<uint64_t>(seed);
     s.switch_prob = switch_prob;
     s.hazards = hazards;
+    TORCH_CHECK(mm_variant >= 0 && mm_variant <= 5, "fused_lce twin: mm_variant must be in 0..5");
+    s.mm_variant = static_cast<int>(mm_variant);
 }
 
 // The plan the ops use for a problem (for tests that need to know tiles, segments and cores).
@@ -479,14 +529,16 @@ std::vector<int64_t> twin_plan_mix(int64_t n, int64_t d, int64_t v, int64_t elt,
 }
 
 // Work counters of the last launch, one row per core: [is_aic, vector instructions, vector UB bytes written,
-// scalar ops, GM bytes read, GM bytes written, cube FLOPs] (benchmarks/npu_model.py).
+// scalar ops, GM bytes read, GM bytes written, cube FLOPs, cube operand bytes copied GM -> L1] (benchmarks/npu_model.py;
+// twin_build.counters names them).
 std::vector<int64_t> twin_counters() {
     std::vector<int64_t> out;
     for (const twin::CoreCounters& k : twin::last_counters()) {
         const auto& c = k.c;
         out.insert(out.end(), {k.aic ? 1 : 0, static_cast<int64_t>(c.v_instr), static_cast<int64_t>(c.v_bytes),
                                static_cast<int64_t>(c.s_ops), static_cast<int64_t>(c.gm_rd),
-                               static_cast<int64_t>(c.gm_wr), static_cast<int64_t>(c.cube_flops)});
+                               static_cast<int64_t>(c.gm_wr), static_cast<int64_t>(c.cube_flops),
+                               static_cast<int64_t>(c.l1_in)});
     }
     return out;
 }
@@ -498,7 +550,7 @@ std::vector<int64_t> twin_plan_grad(int64_t n, int64_t d, int64_t v, int64_t elt
     return {m.status, m.base.base_m, m.base.base_n, m.base.base_d, m.base.used_cores,
             static_cast<int64_t>(m.ws_total), static_cast<int64_t>(m.dw_workspace_bytes),
             static_cast<int64_t>(m.ws_total_keep), static_cast<int64_t>(m.base.m_blocks),
-            static_cast<int64_t>(m.base.n_blocks)};
+            static_cast<int64_t>(m.base.n_blocks), static_cast<int64_t>(m.keep_cols)};
 }
 
 }  // namespace
@@ -517,7 +569,8 @@ TORCH_LIBRARY_FRAGMENT(fused_lce, m) {
     m.def("_twin_plan_grad(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan_grad);
     m.def("_twin_counters() -> int[]", &twin_counters);
     m.def("_twin_plan_mix(int n, int d, int v, int elt, int flags, bool ez) -> int[]", &twin_plan_mix);
-    m.def("_twin_config(int[] hw, int seed, float switch_prob, bool hazards) -> ()", &twin_config_op);
+    m.def("_twin_config(int[] hw, int seed, float switch_prob, bool hazards, int mm_variant=0) -> ()",
+          &twin_config_op);
     m.def("_twin_plan(int n, int d, int v, int elt, int flags) -> int[]", &twin_plan);
 }
 

@@ -21,6 +21,7 @@ struct Probe {
     int block_dim = 1;
     int ratio = 0;  // AIV-only unless it drives the Matmul API
     std::function<void(std::vector<float>&, std::vector<float>&)> body;  // (gm input, gm output)
+    std::function<void(twin::Config&)> part = nullptr;  // memories other than the 910B's, when the rule needs them
 };
 
 [[noreturn]] void expect_fail(const std::string& what) { throw twin::Error("probe expectation failed: " + what); }
@@ -54,6 +55,7 @@ constexpr int kIn = 1024, kOut = 1024;
 constexpr int kM = 32, kN = 48, kK = 16;
 
 tiling::TCubeTiling mm_tiling(int m, int n, int k, int bm, int bn, int bk);
+void field_probes(std::map<std::string, Probe>& p);
 
 // Cube -> vector hand-off through a two-slot GM ring, the way the fused kernels do it: the AIC computes tile t
 // (16 x 16 = A @ B^T, K = 16) into slot t % 2 and sets flag 1 (mode 2, FIX); both AIVs wait, read their 8 rows and
@@ -568,6 +570,7 @@ std::map<std::string, Probe> probes() {
     p["xflag_ids_of_syncall"] = {1, 2, [](auto&, auto&) { xflag_limits(3); }};
     p["xflag_aiv_only_kernel"] = {1, 0, [](auto&, auto&) { xflag_limits(4); }};
     p["matmulimpl_on_vector_core"] = {1, 2, [](auto&, auto&) { xflag_limits(5); }};
+    field_probes(p);
     return p;
 }
 
@@ -576,11 +579,269 @@ tiling::TCubeTiling mm_tiling(int m, int n, int k, int bm, int bn, int bk) {
     tiling::TCubeTiling t{};
     t.M = m, t.N = n, t.Ka = t.Kb = k, t.singleCoreM = m, t.singleCoreN = n, t.singleCoreK = k;
     t.baseM = bm, t.baseN = bn, t.baseK = bk, t.depthA1 = t.depthB1 = 1, t.dbL0A = t.dbL0B = t.dbL0C = 1;
+    t.stepM = t.stepN = t.stepKa = t.stepKb = 1;
     return t;
 }
 using MmA = MatmulType<TPosition::GM, CubeFormat::ND, float>;
 using MmB = MatmulType<TPosition::GM, CubeFormat::ND, float, true>;
 using MmC = MatmulType<TPosition::VECIN, CubeFormat::ND, float>;
+
+// ---- field widths and the Matmul model's rules (docs/npu-twin-rules.md) ------------------------------------------
+// Declares the MIX kernel type and says whether this is the cube core (the cube probes run there only).
+bool on_cube() {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    return ASCEND_IS_AIC;
+}
+
+// A GM buffer of its own for the probes that need a wide operand: kWideLd floats per row of A.
+constexpr int kWideLd = 70000, kWideFloats = 80000;
+GM_ADDR g_wide = nullptr;
+GlobalTensor<float> gwide() {
+    GlobalTensor<float> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g_wide));
+    return g;
+}
+
+// A (2 x 16) at row stride `ld` from wide[0], B^T (16 x 16) from wide[kWideB], C (2 x 16) into out[0]: the
+// cube copies A with the row stride in Nd2NzParams::srcDValue unless the config sets intrinsicsCheck. Checked values.
+constexpr MatmulConfig kProbeLoopedCfg = GetNormalConfig(true);
+constexpr int kWideB = kWideLd + 2 * kT;
+template <const MatmulConfig& CFG>
+void mm_wide_stride(int ld) {
+    if (!on_cube()) return;
+    TPipe pipe;
+    MatmulImpl<MmA, MmB, MmA, MmA, CFG> mm;
+    tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+    mm.Init(&t, &pipe);
+    mm.SetOrgShape(2, kT, ld, kT, kT);
+    mm.SetTensorA(gwide());
+    mm.SetTensorB(gwide()[kWideB], true);
+    mm.SetTail(2, kT, kT);
+    mm.IterateAll(gout());
+    mm.End();
+    order<HardEvent::FIX_S>();
+    for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < kT; ++j) {
+            float ref = 0;
+            for (int k = 0; k < kT; ++k) ref += gwide().GetValue(r * ld + k) * gwide().GetValue(kWideB + j * kT + k);
+            EXPECT(std::fabs(gout().GetValue(r * kT + j) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+        }
+}
+
+// The MatmulImpl objects of a cube core overlay L1 / L0C. `bug` 0: three objects of 256 KiB of L1 each (768 KiB in
+// sum, more than L1; the largest fits) used one after the other with End() between: clean. bug 1: the second object
+// is used while the first has not called End().
+void mm_overlay(int bug) {
+    if (!on_cube()) return;
+    TPipe pipe;
+    MatmulImpl<MmA, MmB, MmA> mm[3];
+    tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+    t.depthA1 = t.depthB1 = 256;  // (256 * 16 * 8 + 256 * 16 * 8) * 4 bytes = 256 KiB
+    for (auto& m : mm) m.Init(&t, &pipe);
+    for (int i = 0; i < 3; ++i) {
+        mm[i].SetTensorA(gin());
+        mm[i].SetTensorB(gin()[kT * kT], true);
+        mm[i].IterateAll(gout()[i * kT * kT]);
+        if (!(bug == 1 && i == 0)) mm[i].End();
+    }
+}
+
+// Cube operand bytes copied GM -> L1 (the performance model's count): 4 N tiles of 16 x 16 x K = 64 (fp32), A and B
+// 4 KiB per tile. One Iterate sequence with stepN = 4 and A's whole K in L1 (depthA1 = kIter) copies A once; a
+// SetTensorA per tile, or a depthA1 below kIter, copies it for every tile (copy_cube_in_norm.h SetInput resets the
+// A buffer; cube_in_buffer_normal.h "k full load").
+void mm_l1_reuse() {
+    if (!on_cube()) return;
+    TPipe pipe;
+    constexpr int kK64 = 64, kTiles = 4, kTileBytes = kT * kK64 * 4;
+    MatmulImpl<MmA, MmB, MmA> mm;
+    tiling::TCubeTiling t = mm_tiling(kT, kT, kK64, kT, kT, 8);
+    t.depthA1 = kK64 / 8, t.depthB1 = 2, t.stepN = kTiles;
+    mm.Init(&t, &pipe);
+    uint64_t& l1 = twin::cur().cnt.l1_in;
+    const uint64_t before = l1;
+    mm.SetTensorA(gwide());
+    mm.SetTensorB(gwide()[kWideLd], true);
+    mm.SetTail(kT, kTiles * kT, kK64);
+    for (int k = 0; k < kTiles; ++k) {
+        EXPECT(mm.template Iterate<true>());
+        mm.GetTensorC(gout()[k * kT * kT], 0, true);
+    }
+    mm.End();
+    EXPECT(l1 - before == static_cast<uint64_t>(kTiles + 1) * kTileBytes);  // A once, B per tile
+    const uint64_t mid = l1;
+    for (int k = 0; k < kTiles; ++k) {  // the per-tile pattern
+        mm.SetTensorA(gwide());
+        mm.SetTensorB(gwide()[kWideLd + k * kT * kK64], true);
+        mm.SetTail(kT, kT, kK64);
+        mm.IterateAll(gout()[k * kT * kT]);
+        mm.End();
+    }
+    EXPECT(l1 - mid == static_cast<uint64_t>(2 * kTiles) * kTileBytes);
+}
+
+// A kernel that took an optional argument's presence from a non-null address, given the twin's placeholder for an
+// absent one (as CANN may pass any address): the access is reported.
+void absent_by_address(GM_ADDR optional) {
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 1024);
+    if (optional != nullptr) {  // the convention the kernels no longer use
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(optional));
+        DataCopy(buf.Get<float>(8), g, 8);
+    }
+}
+
+// Iterate order: ORDER_M walks M first (the N tiles in groups of stepN, every M tile of a group, then the group's N
+// tiles; scheduler_norm_base.h MoveOnIterateOrderM). 2 x 2 tiles of 16 x 16, stepN 1: (0,0) (1,0) (0,1) (1,1); each
+// tile goes to its own GM slot with sequential write and carries its (m, n) in a marker column of A / B.
+void mm_iterate_order() {
+    if (!on_cube()) return;
+    TPipe pipe;
+    MatmulImpl<MmA, MmB, MmA> mm;
+    tiling::TCubeTiling t = mm_tiling(2 * kT, 2 * kT, 8, kT, kT, 8);
+    mm.Init(&t, &pipe);
+    mm.SetTensorA(gwide());  // 32 x 8 at stride 8
+    mm.SetTensorB(gwide()[kWideB], true);
+    for (int k = 0; k < 4; ++k) {
+        EXPECT(mm.template Iterate<true>());
+        mm.GetTensorC(gout()[k * kT * kT], 0, true);
+    }
+    EXPECT(!mm.template Iterate<true>());
+    mm.End();
+    order<HardEvent::FIX_S>();
+    const int want_m[4] = {0, 1, 0, 1}, want_n[4] = {0, 0, 1, 1};
+    for (int k = 0; k < 4; ++k) {  // element (0, 0) of slot k is row 16 m, column 16 n of A B^T
+        float ref = 0;
+        for (int x = 0; x < 8; ++x)
+            ref += gwide().GetValue(want_m[k] * kT * 8 + x) * gwide().GetValue(kWideB + want_n[k] * kT * 8 + x);
+        EXPECT(std::fabs(gout().GetValue(k * kT * kT) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+    }
+}
+
+void field_probes(std::map<std::string, Probe>& p) {
+    p["ok_mm_iterate_order"] = {1, 2, [](auto&, auto&) { mm_iterate_order(); }};
+    p["ok_mm_wide_stride_intrinsics_check"] = {1, 2, [](auto&, auto&) { mm_wide_stride<kProbeLoopedCfg>(kWideLd); }};
+    p["cube_wide_stride_default_config"] = {1, 2, [](auto&, auto&) { mm_wide_stride<CFG_NORM>(kWideLd); }};
+    p["cube_stride_65535_default_config"] = {1, 2, [](auto&, auto&) { mm_wide_stride<CFG_NORM>(65535); }};
+    p["ok_mm_overlay_with_end"] = {1, 2, [](auto&, auto&) { mm_overlay(0); }};
+    p["cube_overlay_missing_end"] = {1, 2, [](auto&, auto&) { mm_overlay(1); }};
+    p["ok_mm_l1_reuse"] = {1, 2, [](auto&, auto&) { mm_l1_reuse(); }};
+    p["absent_optional_by_address"] = {1, 0, [](auto&, auto&) { absent_by_address(twin::absent_placeholder()); }};
+    p["field_copyext_blockcount"] = {1, 0, [](auto&, auto&) {  // 65536 + 4 rows: uint16_t keeps 4
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        const uint32_t rows = 65540;
+        DataCopyPad(buf.Get<float>(), gin(), DataCopyExtParams(rows, 32, 0, 0, 0), DataCopyPadExtParams<float>());
+    }};
+    p["field_copyext_blocklen_range"] = {1, 0, [](auto&, auto&) {  // blockLen in [0, 2097151] bytes
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        DataCopyPad(gout(), buf.Get<float>(), DataCopyExtParams(1, 2097152, 0, 0, 0));
+    }};
+    p["field_copy_params_blockcount"] = {1, 0, [](auto&, auto&) {  // DataCopyParams::blockCount in [1, 4095]
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        DataCopy(buf.Get<float>(), gin(), DataCopyParams(4096, 1, 0, 0));
+    }};
+    p["field_binary_repeat_stride"] = {1, 0, [](auto&, auto&) {  // a repeat stride of 256 blocks in a uint8_t
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 64 * 1024);
+        LocalTensor<float> t = buf.Get<float>();
+        const uint32_t rs = 2048 / 8;
+        Add(t, t, t, 64, 2, BinaryRepeatParams(1, 1, 1, rs, rs, rs));
+    }};
+    p["field_repeat_time"] = {1, 0, [](auto&, auto&) {  // repeatTime in [0, 255] (a uint8_t)
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 96 * 1024);
+        LocalTensor<float> t = buf.Get<float>();
+        const uint32_t rows = 2048;
+        Brcb(t, t[64 * 1024 / 4], rows / 8, BrcbRepeatParams(1, 8));
+    }};
+    p["field_reduce_repeat_stride"] = {1, 0, [](auto&, auto&) {  // ReduceRepeat strides in [0, 65535]
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>();
+        ReduceRepeat<ReduceType::SUM, float, float>(t, t, 64, 1, 1, 1, 70000);
+    }};
+    p["cube_shape_arg_int32"] = {1, 2, [](auto&, auto&) {  // SetTail takes int: 2^31 does not fit
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        mm.Init(&t, &pipe);
+        const uint64_t k = 1ull << 31;
+        mm.SetTail(kT, kT, k);
+    }};
+    p["cube_tiling_depth_zero"] = {1, 2, [](auto&, auto&) {  // matmul_shape_tiling.h NumericalValidCheck
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        t.depthA1 = 0;
+        mm.Init(&t, &pipe);
+    }};
+    p["cube_tiling_l0_double_buffer"] = {1, 2, [](auto&, auto&) {  // ShapeValidCheck: dbL0A = dbL0B = 2 doubles L0A
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(128, 128, 128, 128, 128, 128);  // 64 KiB of L0A once, 128 KiB twice
+        t.dbL0A = t.dbL0B = 2;
+        mm.Init(&t, &pipe);
+    }};
+    // the fixpipe's nSize (the C tile's width) is 12 bits: a 4112-wide tile, only possible on a part with 4x the
+    // 910B's L0B / L0C (the 910B's L0C bounds baseM x baseN first)
+    p["cube_fixpipe_nsize"] = {1, 2, [](auto&, auto&) {
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, 4112, 8, kT, 4112, 8);
+        mm.Init(&t, &pipe);
+        mm.SetTensorA(gwide());
+        mm.SetTensorB(gwide()[kT * 8], true);
+        mm.IterateAll(gout());
+    }, [](twin::Config& c) { c.l0b_bytes = c.l0c_bytes = 512 * 1024; }};
+    p["field_copy_count"] = {1, 0, [](auto&, auto&) {  // the count form's blockLen = count * 4 / 32 > 65535
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        DataCopy(buf.Get<float>(), gin(), 600000);
+    }};
+    p["field_pad_left"] = {1, 0, [](auto&, auto&) {  // leftPadding is a uint8_t
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        const uint32_t left = 300;
+        DataCopyPad(buf.Get<float>(), gin(), DataCopyExtParams(1, 32, 0, 0, 0),
+                    DataCopyPadExtParams<float>(true, left, 0, 0.0f));
+    }};
+    p["cube_looped_copy_offset"] = {1, 2, [](auto&, auto&) {  // intrinsicsCheck's loop: int32 offset gCol * row
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA, MmA, kProbeLoopedCfg> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        mm.Init(&t, &pipe);
+        mm.SetOrgShape(kT, kT, 1 << 28, kT, kT);  // 15 rows of 2^28 elements: offsets past 2^31
+        mm.SetTensorA(gwide());
+        mm.SetTensorB(gwide()[kWideB], true);
+        mm.IterateAll(gout());
+    }};
+    p["cube_mdl_depth_not_a_step_multiple"] = {1, 2, [](auto&, auto&) {  // DepthCheck (MDL)
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA, MmA, CFG_MDL> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        t.stepKa = 2, t.depthA1 = 3;
+        mm.Init(&t, &pipe);
+    }};
+}
 
 void mm_probe(bool sequential, int tail_n, int c_elems, int tail_k) {
     if (GetSubBlockIdx() != 0) return;
@@ -613,6 +874,7 @@ std::string run_probe(const std::string& name) {
     std::vector<float> in(kIn + kM * kK + kN * kK), out(kOut, 0.0f);
     for (size_t i = 0; i < in.size(); ++i) in[i] = std::sin(0.37 * static_cast<double>(i)) * 3;
     std::function<void()> body;
+    std::function<void(twin::Config&)> set_part;
     int block_dim = 1, ratio = 0;
     if (name.rfind("mm_", 0) == 0) {
         block_dim = 1, ratio = 2;
@@ -627,17 +889,23 @@ std::string run_probe(const std::string& name) {
         if (it == all.end()) return "unknown probe " + name;
         block_dim = it->second.block_dim;
         ratio = it->second.ratio;
+        set_part = it->second.part;
         auto fn = it->second.body;
         body = [fn, &in, &out] { fn(in, out); };
     }
+    std::vector<float> wide(kWideFloats);
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = std::cos(0.11 * static_cast<double>(i));
     g_in = reinterpret_cast<GM_ADDR>(in.data());
     g_out = reinterpret_cast<GM_ADDR>(out.data());
+    g_wide = reinterpret_cast<GM_ADDR>(wide.data());
     twin::Config cfg;
     cfg.seed = 7;
+    if (set_part) set_part(cfg);
     try {
         twin_test::run_kernel(block_dim, ratio, cfg,
                               {{in.data(), kIn * sizeof(float) + (kM + kN) * kK * sizeof(float), "in", true},
-                               {out.data(), out.size() * sizeof(float), "out", false}},
+                               {out.data(), out.size() * sizeof(float), "out", false},
+                               {wide.data(), wide.size() * sizeof(float), "wide", true}},
                               nullptr, 0, body);
     } catch (const twin::Error& e) {
         return e.what();

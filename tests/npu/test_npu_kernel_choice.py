@@ -194,3 +194,15 @@ def test_mix_pair_declines_vocabularies_past_its_exact_float_ids(kind):
         assert reason is not None and "2^24" in reason and "FUSED_LCE_NPU_KERNELS=old" in reason, reason
     else:
         assert reason is None
+
+
+@pytest.mark.parametrize("kind", ["old", "mix"])
+def test_both_pairs_decline_a_hidden_size_past_the_copy_stride_field(kind):
+    """Every kernel reads h and W at row stride D through the GM -> L1 copy, whose Nd2NzParams::srcDValue is 16
+    bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
+    from fused_lce.core import Options, Problem
+
+    prov = npu_ascendc.AscendCProvider("npu_choice", kernels=npu_ascendc._AdapterKernels(kind), device_types=("cpu",))
+    assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False, Options())) is None
+    reason = prov.supports(Problem(8, 65535, 100, torch.bfloat16, torch.device("cpu"), False, Options()))
+    assert reason is not None and "srcDValue" in reason and "65535" in reason, reason

@@ -247,6 +247,10 @@ static void test_huge_and_errors() {
     CHECK(plan(10, 0, 100, 2, 0).status == kEmptyDim && plan(10, 64, 0, 2, 0).status == kEmptyDim, "%s", "");
     CHECK(plan(10, 1ull << 31, 100, 2, 0).status == kTooLarge, "%s", "");
     CHECK(plan(10, 64, 1ull << 31, 2, 0).status == kTooLarge, "%s", "");
+    // h and W are read at row stride D by the GM -> L1 copy, whose srcDValue field is 16 bits
+    CHECK(plan(10, 65535, 100, 2, 0).status == kStrideLimit, "%s", "");
+    CHECK(plan(10, 65534, 100, 4, kBackward).status != kStrideLimit, "%s", "");
+    CHECK(std::strstr(status_text(kStrideLimit), "srcDValue") != nullptr, "%s", "");
     CHECK(std::strlen(status_text(kNoFit)) > 0 && std::strcmp(status_text(kOk), "ok") == 0, "%s", "");
 }
 

@@ -280,7 +280,7 @@ for name, call in calls.items():
 
 @pytest.mark.parametrize("backend", [n for n in ("torch", "cpp") if fused_lce.backend_info()[n]["available"]])
 def test_short_inputs_at_4m_rows_raise_in_a_fresh_process(backend):
-    """The crash of issue 14 (segfault, rc 139, of the C++ kernel's backward with a short lse / grad_loss at 4M
+    """A crash seen once (segfault, rc 139, of the C++ kernel's backward with a short lse / grad_loss at 4M
     rows; garbage from forward with short labels / bias), run in a subprocess so a crash cannot take pytest
     down: each is now a ValueError naming the argument."""
     out = subprocess.run([sys.executable, "-c", SHORT_4M, backend], capture_output=True, text=True, timeout=600)

@@ -254,6 +254,7 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
     return ge::GRAPH_SUCCESS;
 }
 constexpr size_t kGradAttrs = 4;  // a MIX backward's own attributes come after these
+constexpr size_t kStatsAttrs = 5;  // and a MIX forward's after these
 
 // FusedLceStats(Mix): the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {

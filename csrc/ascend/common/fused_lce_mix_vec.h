@@ -39,6 +39,36 @@ __aicore__ inline void Order() {
 
 __aicore__ inline uint32_t ChunkMask(uint32_t cols, uint32_t c) { return cols - c < kChunk ? cols - c : kChunk; }
 
+// Parameter structs are built with parentheses from full-width values, never narrowed here: a value too large for
+// CANN's field then reaches the twin's field checks (csrc/ascend/twin, docs/npu-twin-rules.md) instead of being cut
+// silently (a braced list would not compile against the real headers, whose fields are 8 / 16 / 32 bits).
+template <typename T>
+__aicore__ inline DataCopyPadExtParams<T> NoPad() {
+    return DataCopyPadExtParams<T>(false, 0, 0, 0);
+}
+
+// rows x cols elements at row stride srcLd in GM -> UB rows at stride dstLd (a multiple of 32 bytes): one DataCopy
+// when both strides are the row, else DataCopyPad (GM gap in bytes, UB gap in 32-byte blocks, DataCopyPad(GMToUB).md).
+template <typename T>
+__aicore__ inline void CopyRows(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint64_t rows, uint64_t cols,
+                                uint64_t srcLd, uint64_t dstLd) {
+    if (srcLd == cols && dstLd == cols) {
+        DataCopy(dst, src, rows * cols);
+        return;
+    }
+    const uint64_t rowBytes = cols * sizeof(T), rowBlocks = (rowBytes + 31) / 32;
+    const DataCopyExtParams cp(rows, rowBytes, (srcLd - cols) * sizeof(T), dstLd * sizeof(T) / 32 - rowBlocks, 0);
+    DataCopyPad(dst, src, cp, NoPad<T>());
+}
+// UB rows of `cols` elements at stride srcLd (a multiple of 32 bytes) -> GM rows at stride dstLd.
+template <typename T>
+__aicore__ inline void StoreRows(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint64_t rows, uint64_t cols,
+                                 uint64_t srcLd, uint64_t dstLd) {
+    const uint64_t rowBytes = cols * sizeof(T), rowBlocks = (rowBytes + 31) / 32;
+    DataCopyPad(dst, src, DataCopyExtParams(rows, rowBytes, srcLd * sizeof(T) / 32 - rowBlocks, (dstLd - cols) * sizeof(T),
+                                            0));
+}
+
 // Row-wise tile (rows x baseN) op with a row vector broadcast: dst[r, :cols] = op(x[r, :cols], v) where v is one row
 // of baseN floats (src1 repeat stride 0: every repeat reads the same row, e.g. the bias) or, with `perRowBlock`, a
 // Brcb result holding row r's value in block r (src1 block stride 0, repeat stride 1).
@@ -46,13 +76,13 @@ enum class RowOp { kAdd, kSub, kMul, kMax };
 __aicore__ inline void RowBroadcast(RowOp op, const LocalTensor<float>& dst, const LocalTensor<float>& x,
                                     const LocalTensor<float>& v, bool perRowBlock, uint32_t rows, uint32_t cols,
                                     uint32_t baseN) {
-    const uint8_t rs = static_cast<uint8_t>(baseN / 8);
+    const uint32_t rs = baseN / 8;
     const BinaryRepeatParams p =
         perRowBlock ? BinaryRepeatParams(1, 1, 0, rs, rs, 1) : BinaryRepeatParams(1, 1, 1, rs, rs, 0);
     for (uint32_t c = 0; c < cols; c += kChunk) {
         const LocalTensor<float> vv = perRowBlock ? v : v[c];
         const uint64_t mask = ChunkMask(cols, c);
-        const uint8_t rep = static_cast<uint8_t>(rows);
+        const uint32_t rep = rows;
         switch (op) {
             case RowOp::kAdd: Add(dst[c], x[c], vv, mask, rep, p); break;
             case RowOp::kSub: Sub(dst[c], x[c], vv, mask, rep, p); break;

@@ -288,15 +288,27 @@ def f32(x: float) -> float:
 
 def mix_grid(op: str, count: int, rng: random.Random) -> list[str]:
     """The old ops' grid for the MIX ops, plus their own options (coef_b / coef_u / z_cache present or not,
-    keep_dz)."""
+    keep_dz; keep_z for the forward)."""
     out = []
     for line in grid(op.replace("_mix", ""), count, rng):
         line = line.replace(f"op={op.replace('_mix', '')} ", f"op={op} ", 1)
         if op == "grad_mix":
             line += (f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
                      f" keep_dz={int(rng.random() < 0.5)} z_cache={int(rng.random() < 0.5)}")
+        else:
+            line += f" keep_z={int(rng.random() < 0.5)}"
         out.append(line)
     return out
+
+
+def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
+    """(ok, message): a GEMM's A is kept in L1 over its n_tiles N tiles (depthA1 = kIter, stepN = n_tiles) where A's
+    whole K and B's double buffer fit L1, and the tiling is left alone (A not resident) otherwise."""
+    kiter = -(-k // t["baseK"])
+    fits = (t["baseM"] * kiter + 2 * t["baseN"]) * t["baseK"] * elt <= l1
+    kept = (t["depthA1"], t["stepN"], t["depthB1"], t["stepM"], t["iterateOrder"])
+    ok = kept == (kiter, n_tiles, 2, 1, 0) if fits else t["depthA1"] < kiter * t["stepM"]
+    return ok, f"{name} L1 residency {kept}, fits={fits}"
 
 
 def mix_problems(line: str, r: dict) -> list[str]:
@@ -341,8 +353,16 @@ def mix_problems(line: str, r: dict) -> list[str]:
         want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
         want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
+        if b["n"] > 0:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
+            dcols = -(-d // b["base_d"])
+            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx"))
+            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw"))
+        # presence of the optional z_cache input by tiling, never by its GM address
+        want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
-        whole = {"mmDxAll": (bm, d, b["v"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
+        # Dz kept in column chunks of keep_cols (< 65535: the GM -> L1 copy's 16-bit row stride), dX one GEMM per chunk
+        want(e["keep_cols"] < 65535 and e["keep_cols"] % bn == 0 or e["keep_cols"] == b["v"], f"keep_cols {e}")
+        whole = {"mmDxAll": (bm, d, e["keep_cols"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
         if keep:  # the whole-K GEMMs from the kept Dz (N x V)
             gemms.update(whole)
         else:
@@ -351,7 +371,10 @@ def mix_problems(line: str, r: dict) -> list[str]:
     else:
         want(r["withZsum"] == int(c["with_zsum"]) and r["withEz"] == int(c["entropy"]), "withZsum / withEz")
         want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']}")
+        want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
+        if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment
+            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits"))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
             want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
     for name, (m_, n_, k_, tbm, tbn) in gemms.items():
@@ -379,8 +402,10 @@ def test_mix_tiling_on_a_grid_of_problems(op, driver):
     assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1 for r in ok)
     if op == "stats_mix":
         assert any(r["plan"]["base"]["segments"] > 1 for r in ok)
-    # the planner's own refusals (V_local >= 2^24, and N >= 2^24 for the backward) fail the tiling cleanly
-    refused = [case(op, n=37, d=16, v=1 << 24)] + ([case(op, n=1 << 24, d=16, v=301)] if op == "grad_mix" else [])
+    # the planner's own refusals (V_local >= 2^24, N >= 2^24 for the backward, D >= 65535: the operands' row stride
+    # in the GM -> L1 copy's 16-bit srcDValue) fail the tiling cleanly
+    refused = [case(op, n=37, d=16, v=1 << 24), case(op, n=37, d=65535, v=301)]
+    refused += [case(op, n=1 << 24, d=16, v=301)] if op == "grad_mix" else []
     assert all(r["status"] == "failed" and not r["block_dim_set"] for r in driver(refused))
 
 

@@ -5,7 +5,7 @@
 // stdin: one case per line, `key=value` words:
 //   op=stats|grad|stats_mix|grad_mix part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32 label=i32|i64 bias=0|1
 //   softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1] [coef_u=0|1]
-//   [z_cache=0|1] [keep_dz=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -120,6 +120,7 @@ Case build(const std::map<std::string, std::string>& kv) {
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
         if (kind == "grad_mix") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
     } else {
+        if (kind == "stats_mix" && kv.count("keep_z")) c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
@@ -144,7 +145,7 @@ ft::HwSpec expected_hw(const th::Part& p) {
 // to fused_lce_tiling.h is covered without being listed here.
 #define PLAN_FIELDS(X) \
     X(n) X(d) X(v) X(elt_bytes) X(flags) X(base_m) X(base_n) X(base_d) X(vec_rows) X(m_blocks) X(n_blocks) \
-    X(segments) X(tasks) X(used_cores) X(cube_cores) X(ws_stats) X(ws_dz) X(ws_total) X(status)
+    X(segments) X(seg_blocks) X(tasks) X(used_cores) X(cube_cores) X(ws_stats) X(ws_dz) X(ws_total) X(status)
 
 std::string plan_json(const ft::Plan& p) {
     std::ostringstream o;
@@ -167,7 +168,9 @@ std::string cube_json(const AscendC::tiling::TCubeTiling& t) {
       << ",\"singleCoreM\":" << t.singleCoreM << ",\"singleCoreN\":" << t.singleCoreN
       << ",\"singleCoreK\":" << t.singleCoreK << ",\"baseM\":" << t.baseM << ",\"baseN\":" << t.baseN
       << ",\"baseK\":" << t.baseK << ",\"isBias\":" << t.isBias << ",\"usedCoreNum\":" << t.usedCoreNum
-      << ",\"shareL1Size\":" << t.shareL1Size << ",\"shareL0CSize\":" << t.shareL0CSize << "}";
+      << ",\"shareL1Size\":" << t.shareL1Size << ",\"shareL0CSize\":" << t.shareL0CSize
+      << ",\"depthA1\":" << t.depthA1 << ",\"depthB1\":" << t.depthB1 << ",\"stepM\":" << t.stepM
+      << ",\"stepN\":" << t.stepN << ",\"iterateOrder\":" << t.iterateOrder << "}";
     return o.str();
 }
 
@@ -202,7 +205,8 @@ std::string mix_plan_json(const MP& m) {
 
 std::string mix_plan_json(const fm::MixGradPlan& m) {  // plus the kept-dz workspace of the one-pass modes
     std::ostringstream o;
-    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep;
+    o << mix_plan_json<fm::MixGradPlan>(m) << ",\"ws_total_keep\":" << m.ws_total_keep
+      << ",\"keep_cols\":" << m.keep_cols;
     return o.str();
 }
 
@@ -226,7 +230,7 @@ void run_mix_case(const Case& c) {
         if (grad) {
             const fm::MixGradPlan e = fm::plan_grad(n, d, v, elt, flags, expected_hw(c.part));
             o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_dz\":" << e.ws_dz
-              << ",\"ws_db\":" << e.ws_db << "}";
+              << ",\"ws_db\":" << e.ws_db << "},\"l1_bytes\":" << expected_hw(c.part).l1_bytes;
             if (ok) {
                 FusedLceGradMixTilingData td;
                 std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
@@ -236,7 +240,7 @@ void run_mix_case(const Case& c) {
                   << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
                   << ",\"invTemperature\":" << td.invTemperature << ",\"gradMask\":" << td.gradMask
                   << ",\"hasBias\":" << td.hasBias << ",\"hasB\":" << td.hasB << ",\"hasU\":" << td.hasU
-                  << ",\"keepDz\":" << td.keepDz
+                  << ",\"keepDz\":" << td.keepDz << ",\"hasZCache\":" << td.hasZCache
                   << ",\"mmZ\":" << cube_json(td.mmZ) << ",\"mmDx\":" << cube_json(td.mmDx)
                   << ",\"mmDw\":" << cube_json(td.mmDw) << ",\"mmDxAll\":" << cube_json(td.mmDxAll)
                   << ",\"mmDwAll\":" << cube_json(td.mmDwAll);
@@ -246,7 +250,7 @@ void run_mix_case(const Case& c) {
             const bool ez = c.attrs.at("with_entropy").b;
             const fm::MixPlan e = fm::plan_stats(n, d, v, elt, flags, ez, expected_hw(c.part));
             o << ",\"expected_plan\":" << mix_plan_json(e) << ",\"ws_stats\":" << e.ws_stats
-              << "}";
+              << "},\"l1_bytes\":" << expected_hw(c.part).l1_bytes;
             if (ok) {
                 FusedLceMixTilingData td;
                 std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
@@ -256,7 +260,8 @@ void run_mix_case(const Case& c) {
                   << ",\"vocabStart\":" << td.vocabStart << ",\"softcap\":" << td.softcap
                   << ",\"invTemperature\":" << td.invTemperature << ",\"withZsum\":" << td.withZsum
                   << ",\"withEz\":" << td.withEz << ",\"hasBias\":" << td.hasBias
-                  << ",\"labelBytes\":" << td.labelBytes << ",\"mmLogits\":" << cube_json(td.mmLogits);
+                  << ",\"labelBytes\":" << td.labelBytes << ",\"hasZCache\":" << td.hasZCache
+                  << ",\"mmLogits\":" << cube_json(td.mmLogits);
             }
         }
     }

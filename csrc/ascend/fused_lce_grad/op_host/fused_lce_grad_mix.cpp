@@ -6,8 +6,8 @@
 //   aclnnFusedLceGradMix(workspace, workspaceSize, executor, stream)
 // coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
 // t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
-// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (its null GM address is
-// the switch). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
+// lse): FusedLceStatsMix's kept h W^T of these rows; given, the kernel computes no logits (the tiling's hasZCache,
+// from the optional input's presence here: never from its GM address). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
 // phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
 // The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
 // blocks' sum (the cube adds into them through the fixpipe, each element by one core in a fixed order; with keep_dz
@@ -84,6 +84,7 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
     td->hasB = b.present ? 1u : 0u;
     td->hasU = u.present ? 1u : 0u;
     td->keepDz = keepDz ? 1u : 0u;
+    td->hasZCache = zc.present ? 1u : 0u;
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -96,14 +97,19 @@ static ge::graphStatus FusedLceGradMixTiling(gert::TilingContext* ctx) {
         // C2, phase W: dW[nb] (base_n x D) += dz.T (base_n x base_m) @ h[m] (base_m x D)
         ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, bm, bn,
                                    p.base_d, td->mmDw);
-        if (keepDz) {  // after SyncAll, from the kept Dz (N x V): dX[m] = Dz[m rows, :] @ W (K = V) ...
-            ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d, v, bm,
-                                       p.base_d, td->mmDxAll);
+        if (keepDz) {  // after SyncAll, from the kept Dz (N x V in column chunks): dX[m] = sum over chunks of
+                       // Dz_c[m rows, :] @ W[c] (K = the chunk's width) ...
+            ok = ok && fh::gemm_tiling(plat, hidden.dtype, false, false, matmul_tiling::TPosition::GM, bm, p.d,
+                                       plan.keep_cols, bm, p.base_d, td->mmDxAll);
             // ... and dW[nb] += Dz[:, nb cols].T @ h (K = N)
             ok = ok && fh::gemm_tiling(plat, hidden.dtype, true, false, matmul_tiling::TPosition::GM, bn, p.d, n, bn,
                                        p.base_d, td->mmDwAll);
         }
         if (!ok) return fh::fail(ctx, "FusedLceGradMix: the Matmul API found no tiling");
+        // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
+        const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
+        fm::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1);
+        fm::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1);
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }

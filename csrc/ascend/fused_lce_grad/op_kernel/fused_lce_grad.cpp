@@ -127,7 +127,8 @@ private:
     }
 
     __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
-        DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
+        DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0),
+                    DataCopyPadExtParams<T>(false, 0, 0, 0));
         Order<HardEvent::MTE2_V>();
         if constexpr (!IsSameType<T, float>::value) {
             Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
@@ -163,7 +164,7 @@ private:
             if (wantDb) {
                 Order<HardEvent::V_MTE3>();
                 SetAtomicAdd<float>();
-                DataCopyPad(dbGm_[c0], colsum_, {1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0});
+                DataCopyPad(dbGm_[c0], colsum_, DataCopyExtParams(1, cols * sizeof(float), 0, 0, 0));
                 SetAtomicNone();
             }
             // dz -> this core's staging slot (the cube reads it from there); only its first `cols` columns are

@@ -23,24 +23,29 @@
 // fp32 dW memory: the fp32 output itself (V x D x 4 bytes, the adapter's contract); no other dW workspace.
 //
 // Two optional modes cut the GEMMs (both keep the ownership split above, so both stay deterministic):
-//   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major, nullptr = recompute): the forward's
+//   * z cache (GM input zCache right after lse, fp32 [N, V_local] row-major; tiling hasZCache): the forward's
 //     FusedLceStatsMix wrote the cube's raw tiles h W^T there (before bias / softcap / temperature, so the vector
 //     work below is unchanged and the result is bitwise that of recomputing); V1 reads its rows of the tile from it
 //     (DataCopyPad at row stride V_local) and no C1 runs in either phase.
 //   * dz kept (tiling keepDz = 1, workspace plan.ws_total_keep): phase X's V1 writes every dz tile (operand dtype)
-//     into one row-major matrix Dz (N x V_local, leading dimension V_local: tile (m, nb) at m base_m V + nb base_n,
-//     DataCopyPad at GM row stride V_local) instead of the dz ring, and db's fp32 column sums per (token block,
-//     vector core) to partials; phase X's cube runs only C1 (or nothing, with the z cache). SyncAll<false> (all cube
-//     and vector cores; asc-devkit impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only
-//     path) makes the whole Dz visible, then the cube runs whole-K GEMMs from it, one per output block:
-//     dX[m] = Dz[m rows, :] @ W (K = V_local; token blocks as in phase X) and dW[nb] += Dz[:, nb cols]^T @ h
-//     (K = N; vocabulary blocks as in phase W). A is a sub-matrix of Dz: SetOrgShape gives its leading dimension
-//     (orgKa = V_local untransposed, orgM = V_local transposed; asc-devkit docs Matmul-Kernel侧接口/SetOrgShape.md,
-//     impl/adv_api/detail/matmul/stage/copy_cube_in/base/copy_cube_in_params_base.h GetOrgWidth), and K
-//     accumulates in L0C, so every output tile leaves the fixpipe once (per tile GEMMs read-modify-write each
-//     output block n_blocks / m_blocks times through L2). dX is written (keepDz: the caller's zero fill is not
-//     read), dW added (atomic add: the caller may pass the earlier driver blocks' sum). db = the partials summed in
-//     (token block, vector core) order, from fp32 dz (not the rounded operand-dtype copy).
+//     into Dz (N x V_local) instead of the dz ring, and db's fp32 column sums per (token block, vector core) to
+//     partials; phase X's cube runs only C1 (or nothing, with the z cache). Dz is kept in column chunks of
+//     plan.keep_cols columns (a multiple of base_n below 65535), chunk c an N x width row-major matrix at
+//     c N keep_cols: the GM -> L1 copy of the Matmul library puts an operand's row stride into
+//     Nd2NzParams::srcDValue, 16 bits on dav-2201 (asc-devkit stage/copy_cube_in/copy_tile_to_cube/
+//     data_copy_wrapper_nd.h CopyND2NZ), so one N x V_local matrix (row stride V_local, >= 65535 at every real
+//     vocabulary) would be read from wrong rows by the default config. SyncAll<false> (all cube and vector cores;
+//     asc-devkit impl/basic_api/dav_c220/kernel_operator_sync_impl.h SyncAllImpl, the non-AIV-only path) makes the
+//     whole Dz visible, then the cube runs whole-K GEMMs from it: dX[m] = sum over chunks c of Dz_c[m rows, :] @
+//     W[c] (K = the chunk's width; the first chunk writes dX, the others add; token blocks as in phase X) and
+//     dW[nb] += Dz_c[:, nb's columns]^T @ h (K = N; vocabulary blocks as in phase W). A is a sub-matrix of a chunk:
+//     SetOrgShape gives its leading dimension (orgKa = width untransposed, orgM = width transposed; asc-devkit docs
+//     Matmul-Kernel侧接口/SetOrgShape.md, impl/adv_api/detail/matmul/stage/copy_cube_in/base/
+//     copy_cube_in_params_base.h GetOrgWidth), and K accumulates in L0C, so every output tile leaves the fixpipe
+//     once per chunk (per tile GEMMs read-modify-write each output block n_blocks / m_blocks times through L2). dX
+//     is written (keepDz: the caller's zero fill is not read), dW added (atomic add: the caller may pass the
+//     earlier driver blocks' sum). db = the partials summed in (token block, vector core) order, from fp32 dz (not
+//     the rounded operand-dtype copy).
 //   With both: fwd + bwd = 3 GEMMs of 2 N D V (z, dX, dW) instead of 5.
 #define FUSED_LCE_HD __aicore__
 #include "kernel_operator.h"
@@ -77,17 +82,19 @@ public:
         td_ = td;
         mp_ = &td->plan;
         p_ = &td->plan.base;
+        // presence by tiling (hasB / hasU / hasZCache / gradMask): an absent optional's address need not be null
+        const bool coefGiven[4] = {true, true, td->hasB != 0, td->hasU != 0};
         for (int k = 0; k < 4; ++k)
-            if (in[k] != nullptr) coef_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[k]));  // a, t, b, u
+            if (coefGiven[k]) coef_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[k]));  // a, t, b, u
         hGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[4]));
         wGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[5]));
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(in[6]));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(in[7]));
         lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[8]));
-        zc_ = in[9] != nullptr;
+        zc_ = td->hasZCache != 0;
         if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[9]));
-        for (int k = 0; k < 3; ++k)
-            if (out[k] != nullptr) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));  // dx, dw, db
+        for (int k = 0; k < 3; ++k)  // dx, dw, db: the outputs gradMask selects
+            if (td->gradMask & (1u << k)) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));
         ring_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace));
         dzRing_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + mp_->ws_ring));
         dbPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + mp_->ws_ring + mp_->ws_dz));
@@ -109,9 +116,13 @@ public:
         vecTiles_ = keep_ ? tasksX_ * p_->n_blocks : total_;  // tiles with V1 (and C1 without the z cache)
     }
 
-    // origin of dz tile (m, nb) in the kept row-major Dz (N x V_local)
-    __aicore__ inline GlobalTensor<T> DzKept(const TileAt& a) const {
-        return dzKeep_[a.m * p_->base_m * p_->v + a.nb * p_->base_n];
+    // The kept Dz's column chunk holding shard-local column c0: its origin, its width (its row stride) and c0's
+    // column in it.
+    __aicore__ inline void DzChunk(uint64_t c0, GlobalTensor<T>* chunk, uint64_t* width, uint64_t* col) const {
+        const uint64_t kc = mp_->keep_cols, c = c0 / kc, start = c * kc;
+        *chunk = dzKeep_[start * p_->n];
+        *width = p_->v - start < kc ? p_->v - start : kc;
+        *col = c0 - start;
     }
 
     __aicore__ inline TileAt At(uint64_t k) const {
@@ -124,7 +135,7 @@ public:
     // ---- cube core --------------------------------------------------------------------------------------------
     __aicore__ inline void ProcessCube(TPipe* pipe) {
         matmul::MatmulImpl<AType, BTransType, CType> mmZ;
-        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D); keepDz: K = V
+        matmul::MatmulImpl<AType, AType, CType> mmDx;       // dz (rows x cols) @ W[nb] (cols x D); keepDz: per chunk
         matmul::MatmulImpl<ATransType, AType, CType> mmDw;  // dz^T (cols x rows) @ h[m] (rows x D); keepDz: K = N
         const bool recompute = !zc_ && vecTiles_ > 0;
         if (recompute) mmZ.Init(&td_->mmZ, pipe);
@@ -159,26 +170,32 @@ public:
         if (!keep_) return;
         // the whole Dz (every core's tiles) and the db partials are in the workspace
         SyncAll<false>();
-        const int d = static_cast<int>(p_->d), v = static_cast<int>(p_->v), n = static_cast<int>(p_->n);
+        const uint64_t d = p_->d, n = p_->n;
+        GlobalTensor<T> chunk;
+        uint64_t width, col;
         if (td_->gradMask & 1u) {
-            for (uint64_t i = 0; i < tasksX_; ++i) {  // dX[m] = Dz[m rows, :] @ W, K = V
+            for (uint64_t i = 0; i < tasksX_; ++i) {  // dX[m] = sum over chunks of Dz_c[m rows, :] @ W[c], K = width
                 const uint64_t m = core_ + i * cores_;
-                mmDx.SetOrgShape(n, d, v, v, d);  // A rows at stride V; B = W (V x D), C rows at stride D
-                mmDx.SetTensorA(dzKeep_[m * p_->base_m * p_->v]);
-                mmDx.SetTensorB(wGm_);
-                mmDx.SetTail(static_cast<int>(ft::block_rows(*p_, m)), d, v);
-                mmDx.IterateAll(out_[0][m * p_->base_m * p_->d], 0);
-                mmDx.End();
+                for (uint64_t c0 = 0; c0 < p_->v; c0 += mp_->keep_cols) {
+                    DzChunk(c0, &chunk, &width, &col);
+                    mmDx.SetOrgShape(n, d, width, width, d);  // A rows at stride width; B = W[c] (width x D)
+                    mmDx.SetTensorA(chunk[m * p_->base_m * width]);
+                    mmDx.SetTensorB(wGm_[c0 * d]);
+                    mmDx.SetTail(ft::block_rows(*p_, m), d, width);
+                    mmDx.IterateAll(out_[0][m * p_->base_m * d], c0 == 0 ? 0 : 1);  // the first chunk writes
+                    mmDx.End();
+                }
             }
         }
         if (td_->gradMask & 2u) {
-            for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz[:, nb cols]^T @ h, K = N
+            for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz_c[:, nb's columns]^T @ h, K = N
                 const uint64_t nb = core_ + i * cores_;
-                mmDw.SetOrgShape(v, d, n, n, d);  // A^T stored N x V (stride V); B = h (N x D)
-                mmDw.SetTensorA(dzKeep_[nb * p_->base_n], true);
+                DzChunk(nb * p_->base_n, &chunk, &width, &col);
+                mmDw.SetOrgShape(width, d, n, n, d);  // A^T stored N x width; B = h (N x D)
+                mmDw.SetTensorA(chunk[col], true);
                 mmDw.SetTensorB(hGm_);
-                mmDw.SetTail(static_cast<int>(ft::block_cols(*p_, nb)), d, n);
-                mmDw.IterateAll(out_[1][nb * p_->base_n * p_->d], 1);
+                mmDw.SetTail(ft::block_cols(*p_, nb), d, n);
+                mmDw.IterateAll(out_[1][nb * p_->base_n * d], 1);
                 mmDw.End();
             }
         }
@@ -235,13 +252,7 @@ public:
             Order<HardEvent::MTE3_MTE2>();  // the previous dz (fp32: z itself) has left for GM
             if (rows > 0) {
                 if (zc_) {  // rows of the cached tile at row stride V_local -> UB rows at base_n
-                    const uint32_t rowBytes = cols * sizeof(float);
-                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
-                                               static_cast<uint32_t>((p_->v - cols) * sizeof(float)),
-                                               static_cast<uint32_t>((p_->base_n * sizeof(float) -
-                                                                      ft::align_up(rowBytes, 32)) / 32),
-                                               0};
-                    DataCopyPad(z_, zcGm_[row0 * p_->v + c0], cp, {false, 0, 0, 0});
+                    CopyRows(z_, zcGm_[row0 * p_->v + c0], rows, cols, p_->v, p_->base_n);
                 } else {
                     DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
                              rows * p_->base_n);
@@ -269,14 +280,11 @@ public:
             if (rows > 0) {
                 Order<HardEvent::V_MTE3>();
                 const LocalTensor<T>& src = DzOut();
-                if (keep_) {  // rows of base_n in UB -> Dz rows at stride V_local (DataCopyPad(UB->GM).md: UB
-                              // gap in 32-byte blocks, GM gap in bytes)
-                    const uint32_t rowBytes = cols * sizeof(T);
-                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
-                                               static_cast<uint32_t>((p_->base_n * sizeof(T) -
-                                                                      ft::align_up(rowBytes, 32)) / 32),
-                                               static_cast<uint32_t>((p_->v - cols) * sizeof(T)), 0};
-                    DataCopyPad(DzKept(a)[r0 * p_->v], src, cp);
+                if (keep_) {  // rows of base_n in UB -> the Dz chunk's rows at stride its width
+                    GlobalTensor<T> chunk;
+                    uint64_t width, col;
+                    DzChunk(c0, &chunk, &width, &col);
+                    StoreRows(chunk[row0 * width + col], src, rows, cols, p_->base_n, width);
                 } else {
                     DataCopy(dzRing_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n], src,
                              rows * p_->base_n);
@@ -285,7 +293,7 @@ public:
             CrossCoreSetFlag<2, PIPE_MTE3>(kFlagDzReady);
             if (dbEnd) {
                 Order<HardEvent::V_MTE3>();
-                const DataCopyExtParams cp{1, static_cast<uint32_t>(cols * sizeof(float)), 0, 0, 0};
+                const DataCopyExtParams cp(1, cols * sizeof(float), 0, 0, 0);
                 if (keep_) {
                     DataCopyPad(dbKeep_[(a.m * GetTaskRation() + sub) * p_->v + c0], colsum_, cp);
                 } else {
@@ -315,14 +323,13 @@ private:
 
     // Coefficients, lse and labels of the tile's rows; the bias block.
     __aicore__ inline void LoadRowData(uint64_t row0, uint32_t rows, uint32_t cols, uint64_t c0) {
-        const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
-        DataCopyPad(S(kA), coef_[0][row0], cp, {false, 0, 0, 0});
-        DataCopyPad(S(kT), coef_[1][row0], cp, {false, 0, 0, 0});
-        if (td_->hasB) DataCopyPad(S(kB), coef_[2][row0], cp, {false, 0, 0, 0});
-        if (td_->hasU) DataCopyPad(S(kU), coef_[3][row0], cp, {false, 0, 0, 0});
-        DataCopyPad(S(kLse), lseGm_[row0], cp, {false, 0, 0, 0});
-        if (td_->hasBias)
-            DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
+        const DataCopyExtParams cp(1, rows * sizeof(float), 0, 0, 0);
+        DataCopyPad(S(kA), coef_[0][row0], cp, NoPad<float>());
+        DataCopyPad(S(kT), coef_[1][row0], cp, NoPad<float>());
+        if (td_->hasB) DataCopyPad(S(kB), coef_[2][row0], cp, NoPad<float>());
+        if (td_->hasU) DataCopyPad(S(kU), coef_[3][row0], cp, NoPad<float>());
+        DataCopyPad(S(kLse), lseGm_[row0], cp, NoPad<float>());
+        if (td_->hasBias) DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0), NoPad<T>());
         Order<HardEvent::V_S>();  // the slots' vector initialisation is done before the scalar unit writes
         LocalTensor<int32_t> lab = S(kLab).template ReinterpretCast<int32_t>();
         const int64_t v = static_cast<int64_t>(p_->v);
@@ -335,7 +342,7 @@ private:
     // dz of the tile in place in z_ (fp32), and its operand-dtype copy in cast_ (bf16 / fp16).
     __aicore__ inline void Dz(uint32_t rows, uint32_t cols, int32_t c0) {
         const uint32_t bn = p_->base_n, count = rows * bn, st = st_;
-        const uint8_t brcbRep = static_cast<uint8_t>(ft::ceil_div(rows, 8));
+        const uint64_t brcbRep = ft::ceil_div(rows, 8);
         if (td_->hasBias) {
             if constexpr (!IsSameType<T, float>::value) {
                 Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);
@@ -356,31 +363,31 @@ private:
             PipeBarrier<PIPE_V>();
         }
         // p = exp(z - lse)
-        Brcb(bc_, S(kLse), brcbRep, {1, 8});
+        Brcb(bc_, S(kLse), brcbRep, BrcbRepeatParams(1, 8));
         Adds(S(kLseFloor), S(kLse), kExpFloor, st);
         PipeBarrier<PIPE_V>();
         RowBroadcast(RowOp::kSub, w_, z_, bc_, true, rows, cols, bn);
-        if (td_->hasB) Brcb(bc2_, S(kLseFloor), brcbRep, {1, 8});
+        if (td_->hasB) Brcb(bc2_, S(kLseFloor), brcbRep, BrcbRepeatParams(1, 8));
         PipeBarrier<PIPE_V>();
         Exp(w_, w_, count);
         if (td_->hasB) {  // coefficient a + b max(z, lse - 104): a p_j = 0 never meets a -inf logit
             RowBroadcast(RowOp::kMax, z_, z_, bc2_, true, rows, cols, bn);
-            Brcb(bc_, S(kB), brcbRep, {1, 8});
+            Brcb(bc_, S(kB), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kMul, z_, z_, bc_, true, rows, cols, bn);
-            Brcb(bc2_, S(kA), brcbRep, {1, 8});
+            Brcb(bc2_, S(kA), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kAdd, z_, z_, bc2_, true, rows, cols, bn);
             PipeBarrier<PIPE_V>();
             Mul(z_, z_, w_, count);
         } else {
-            Brcb(bc_, S(kA), brcbRep, {1, 8});
+            Brcb(bc_, S(kA), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kMul, z_, w_, bc_, true, rows, cols, bn);
         }
         PipeBarrier<PIPE_V>();
         if (td_->hasU) {
-            Brcb(bc_, S(kU), brcbRep, {1, 8});
+            Brcb(bc_, S(kU), brcbRep, BrcbRepeatParams(1, 8));
             PipeBarrier<PIPE_V>();
             RowBroadcast(RowOp::kSub, z_, z_, bc_, true, rows, cols, bn);
             PipeBarrier<PIPE_V>();
@@ -423,13 +430,13 @@ private:
         const uint64_t parts = keep_ ? p_->m_blocks * GetTaskRation() : 2;
         for (uint64_t c = j0; c < j1; c += chunk) {
             const uint32_t cnt = static_cast<uint32_t>(j1 - c < chunk ? j1 - c : chunk);
-            const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
+            const DataCopyExtParams cp(1, cnt * sizeof(float), 0, 0, 0);
             Order<HardEvent::MTE3_MTE2>();
             Order<HardEvent::V_MTE2>();
-            DataCopyPad(z_, part[c], cp, {false, 0, 0, 0});
+            DataCopyPad(z_, part[c], cp, NoPad<float>());
             for (uint64_t q = 1; q < parts; ++q) {
                 if (q > 1) Order<HardEvent::V_MTE2>();  // the previous Add has read w_
-                DataCopyPad(w_, part[q * v + c], cp, {false, 0, 0, 0});
+                DataCopyPad(w_, part[q * v + c], cp, NoPad<float>());
                 Order<HardEvent::MTE2_V>();
                 Add(z_, z_, w_, cnt);
                 PipeBarrier<PIPE_V>();

@@ -1,13 +1,15 @@
 // FusedLceStatsMix (the cube-driven MIX forward, op_kernel/fused_lce_stats_mix.cpp): operator definition, shape /
 // dtype inference and tiling. The CANN build generates the two-phase aclnn API from this definition:
 //   aclnnFusedLceStatsMixGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
-//                                         temperature, withEntropy, maxOut, sumExpOut, targetLogitOut, logitSumOut,
-//                                         argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
+//                                         temperature, withEntropy, keepZ, maxOut, sumExpOut, targetLogitOut,
+//                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
 //   aclnnFusedLceStatsMix(workspace, workspaceSize, executor, stream)
 // Same inputs and attributes as FusedLceStats. Unlike FusedLceStats the kernel writes all six (N,) outputs on every
 // launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V), optional,
 // the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap / temperature)
-// for FusedLceGradMix's z_cache input; its GM address (null when absent) is the switch, nothing in the tiling.
+// for FusedLceGradMix's z_cache input. The attribute keep_z (last) says it is given and becomes the tiling's
+// hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
+// optional; ops-nn's FusedLinearOnlineMaxSum switches its optional logits output with an attribute the same way).
 // Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
 // the number of AI cores used, each one cube (AIC) with its two vector cores (AIV), as ops-nn's
 // FusedLinearOnlineMaxSum does (hicann/ops-nn matmul/fused_linear_online_max_sum/op_host/
@@ -23,6 +25,8 @@ namespace optiling {
 namespace stats_mix {
 // IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
+// attribute index of keep_z (after FusedLceStats' attributes, read by fused_lce_host::read_stats_attrs)
+constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
 }  // namespace stats_mix
 
 static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
@@ -44,6 +48,8 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
     const int64_t vocabStart = at.vocabStart;
     const float softcap = at.softcap, temperature = at.temperature;
     const bool withZsum = at.withZsum, withEntropy = at.withEntropy;
+    bool keepZ = false;
+    if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
 
     // the entropy sum is the planner's own argument (not a Plan flag): the MIX workspace always has six planes
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
@@ -60,11 +66,14 @@ static ge::graphStatus FusedLceStatsMixTiling(gert::TilingContext* ctx) {
     td->withEz = withEntropy ? 1u : 0u;
     td->hasBias = bias.present ? 1u : 0u;
     td->labelBytes = labels.dtype == ge::DT_INT64 ? 8u : 4u;
-    // on the AIC: z = h[block] @ W[cols].T, the whole base_m x base_n tile (K = D) into the GM ring
+    td->hasZCache = keepZ ? 1u : 0u;
+    // on the AIC: z = h[block] @ W[cols].T, the whole base_m x base_n tile (K = D) into the GM ring; one Iterate per
+    // tile of a task's segment, the hidden rows kept in L1 across them when the plan says they fit
     const ft::Plan& p = plan.base;
     if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
         return fh::fail(ctx, "FusedLceStatsMix: the Matmul API found no tiling");
+    if (p.n > 0) fm::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
 }
 
@@ -112,6 +121,7 @@ public:
         // last output: the z cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its
         // vocab_parallel_logits_out)
         Output("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
+        Attr("keep_z").AttrType(OPTIONAL).Bool(false);  // z_cache is given (the tiling's hasZCache)
         SetInferShape(ge::FusedLceStatsMixInferShape).SetInferDataType(ge::FusedLceStatsMixInferDataType);
         AICore().SetTiling(optiling::FusedLceStatsMixTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

@@ -115,7 +115,8 @@ private:
     }
 
     __aicore__ inline void LoadBias(uint64_t c0, uint32_t cols) {
-        DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0}, {false, 0, 0, 0});
+        DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0),
+                    DataCopyPadExtParams<T>(false, 0, 0, 0));
         Order<HardEvent::MTE2_V>();
         if constexpr (!IsSameType<T, float>::value) {
             Cast(biasF32_, biasIn_, RoundMode::CAST_NONE, cols);  // bf16 / fp16 -> float is exact
@@ -161,7 +162,7 @@ private:
     __aicore__ inline void WriteStats(uint64_t row0, uint32_t rows, GlobalTensor<float>* dst, uint64_t wsOff) {
         Order<HardEvent::V_MTE3>();
         Order<HardEvent::S_MTE3>();  // the slots were last written by SetValue
-        const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
+        const DataCopyExtParams cp(1, rows * sizeof(float), 0, 0, 0);
         const uint64_t plane = p_->segments * p_->n;
         for (uint32_t k = 0; k < nStats_; ++k) {
             GlobalTensor<float> g = dst != nullptr ? dst[k][row0] : wsStats_[k * plane + wsOff + row0];
@@ -192,14 +193,15 @@ private:
         LocalTensor<float> da = work_[10 * w], db = work_[11 * w];
         for (uint64_t t0 = i0; t0 < i1; t0 += w) {
             const uint32_t cnt = static_cast<uint32_t>(i1 - t0 < w ? i1 - t0 : w);
-            const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
+            const DataCopyExtParams cp(1, cnt * sizeof(float), 0, 0, 0);
             Order<HardEvent::MTE3_MTE2>();  // the previous chunk's results have left the accumulators
             for (uint64_t sg = 0; sg < p_->segments; ++sg) {
                 LocalTensor<float>* into = sg == 0 ? acc : part;
                 Order<HardEvent::V_MTE2>();
                 Order<HardEvent::S_MTE2>();
                 for (uint32_t k = 0; k < ns; ++k) {
-                    DataCopyPad(into[k], wsStats_[k * plane + sg * p_->n + t0], cp, {false, 0, 0, 0});
+                    DataCopyPad(into[k], wsStats_[k * plane + sg * p_->n + t0], cp,
+                                DataCopyPadExtParams<float>(false, 0, 0, 0));
                 }
                 Order<HardEvent::MTE2_V>();
                 Order<HardEvent::MTE2_S>();

@@ -70,7 +70,7 @@ public:
         if (td->hasBias) bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(bias));
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(labels));
         for (int k = 0; k < 6; ++k) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[k]));
-        zc_ = outs[6] != nullptr;
+        zc_ = td->hasZCache != 0;  // presence by tiling (an absent optional's address need not be null)
         if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[6]));
         // workspace: [partial statistics: plane k of segment s at k * segments * N + s * N][ring: per AI core two
         // slots of base_m x base_n floats]
@@ -94,7 +94,7 @@ public:
         mm.Init(&td_->mmLogits, pipe);
         if (zc_) {  // C rows at the cache's row stride V_local (A, B strides as the tiling's)
             const AscendC::tiling::TCubeTiling& t = td_->mmLogits;
-            mm.SetOrgShape(t.M, t.N, t.Ka, t.Kb, static_cast<int>(p_->v));
+            mm.SetOrgShape(t.M, t.N, t.Ka, t.Kb, p_->v);
         }
         uint64_t k = 0;
         for (uint64_t t = core_; t < p_->tasks; t += p_->used_cores) {
@@ -102,22 +102,26 @@ public:
             ft::task_coords(*p_, t, &mIdx, &sIdx);
             ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
             const uint64_t row0 = mIdx * p_->base_m;
-            const int rows = static_cast<int>(ft::block_rows(*p_, mIdx));
+            // one GEMM per task: the token block's rows against the segment's vocabulary rows, one base_m x base_n
+            // tile per Iterate (the segment has one M tile, so the tiles come in vocabulary order); with the
+            // tiling's depthA1 / stepN of fused_lce_mix_tiling_data.h keep_a_resident the hidden rows stay in L1
+            // for the whole segment instead of being copied in again for every tile
+            mm.SetTensorA(hGm_[row0 * p_->d]);
+            mm.SetTensorB(wGm_[nb0 * p_->base_n * p_->d], true);
+            mm.SetTail(ft::block_rows(*p_, mIdx), ft::block_cols(*p_, nb1 - 1) + (nb1 - 1 - nb0) * p_->base_n,
+                       p_->d);
             for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) {
                 const uint32_t slot = static_cast<uint32_t>(k % fm::kRingSlots);
                 if (k >= fm::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);  // both AIVs copied tile k - 2 out
-                mm.SetTensorA(hGm_[row0 * p_->d]);
-                mm.SetTensorB(wGm_[nb * p_->base_n * p_->d], true);
-                mm.SetTail(rows, static_cast<int>(ft::block_cols(*p_, nb)), static_cast<int>(p_->d));
-                // rows land at the tiling's N = base_n also for a partial last block (enSequentialWrite = false)
-                if (zc_) {
-                    mm.IterateAll(zcGm_[row0 * p_->v + nb * p_->base_n]);
-                } else {
-                    mm.IterateAll(ring_[(core_ * fm::kRingSlots + slot) * tileElems_]);
+                mm.template Iterate<true>();
+                if (zc_) {  // at (row0, nb * base_n) of the cache: the segment's origin + the tile's offset in it
+                    mm.GetTensorC(zcGm_[row0 * p_->v + nb0 * p_->base_n]);
+                } else {  // rows at the tile's own width (the last vocabulary block's: its tail width)
+                    mm.GetTensorC(ring_[(core_ * fm::kRingSlots + slot) * tileElems_], 0, true);
                 }
-                mm.End();
                 CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
             }
+            mm.End();
         }
     }
 
@@ -168,25 +172,17 @@ public:
                 const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
                 CrossCoreWaitFlag(kFlagFull);
                 Order<HardEvent::V_MTE2>();  // the previous tile's vector reads of z and the bias are done
-                if (rows > 0 && zc_) {  // rows at stride V_local -> UB rows at base_n
-                    const uint32_t rowBytes = cols * sizeof(float);
-                    const DataCopyExtParams cp{static_cast<uint16_t>(rows), rowBytes,
-                                               static_cast<uint32_t>((p_->v - cols) * sizeof(float)),
-                                               static_cast<uint32_t>((p_->base_n * sizeof(float) -
-                                                                      ft::align_up(rowBytes, 32)) / 32),
-                                               0};
-                    DataCopyPad(z_, zcGm_[row0 * p_->v + c0], cp, {false, 0, 0, 0});
-                } else if (rows > 0) {
-                    DataCopy(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * p_->base_n],
-                             rows * p_->base_n);
+                if (rows > 0 && zc_) {  // rows at stride V_local
+                    CopyRows(z_, zcGm_[row0 * p_->v + c0], rows, cols, p_->v, p_->base_n);
+                } else if (rows > 0) {  // the tile's rows at its own width
+                    CopyRows(z_, ring_[(core_ * fm::kRingSlots + slot) * tileElems_ + r0 * cols], rows, cols, cols,
+                             p_->base_n);
                 }
                 // the slot is free once this core's copy is done (MTE2); the cube waits for both vector cores
                 if (k + fm::kRingSlots < total_) CrossCoreSetFlag<2, PIPE_MTE2>(kFlagFree + slot);
                 if (rows == 0) continue;
-                if (td_->hasBias) {
-                    DataCopyPad(biasIn_, bGm_[c0], {1, static_cast<uint32_t>(cols * sizeof(T)), 0, 0, 0},
-                                {false, 0, 0, 0});
-                }
+                if (td_->hasBias)
+                    DataCopyPad(biasIn_, bGm_[c0], DataCopyExtParams(1, cols * sizeof(T), 0, 0, 0), NoPad<T>());
                 Order<HardEvent::MTE2_V>();
                 Tile(rows, cols, static_cast<float>(c0));
             }
@@ -256,7 +252,7 @@ private:
         Maxs(S(kShift), S(kMNew), kMinFinite, st);  // finite: rows still at -inf give exp(-inf) = 0, not NaN
         PipeBarrier<PIPE_V>();
         Sub(S(kDm), S(kM), S(kShift), st);
-        Brcb(bc_, S(kShift), static_cast<uint8_t>(ft::ceil_div(rows, 8)), {1, 8});
+        Brcb(bc_, S(kShift), ft::ceil_div(rows, 8), BrcbRepeatParams(1, 8));
         PipeBarrier<PIPE_V>();
         Maxs(S(kDm), S(kDm), kExpFloor, st);
         RowBroadcast(RowOp::kSub, w_, z_, bc_, true, rows, cols, bn);  // w = z - m_new
@@ -326,7 +322,7 @@ private:
             PipeBarrier<PIPE_V>();
         }
         Order<HardEvent::V_MTE3>();
-        const DataCopyExtParams cp{1, static_cast<uint32_t>(rows * sizeof(float)), 0, 0, 0};
+        const DataCopyExtParams cp(1, rows * sizeof(float), 0, 0, 0);
         const uint64_t plane = p_->segments * p_->n;
         for (uint32_t k = 0; k < 6; ++k) {
             GlobalTensor<float> g = ws == nullptr ? out_[k][row0] : (*ws)[k * plane + wsOff + row0];
@@ -349,13 +345,13 @@ private:
         LocalTensor<float> ea = S(kBig + 4), eb = S(kBig + 5), tmp = S(kBig + 6);
         for (uint64_t t0 = i0; t0 < i1; t0 += st) {
             const uint32_t cnt = static_cast<uint32_t>(i1 - t0 < st ? i1 - t0 : st);
-            const DataCopyExtParams cp{1, static_cast<uint32_t>(cnt * sizeof(float)), 0, 0, 0};
+            const DataCopyExtParams cp(1, cnt * sizeof(float), 0, 0, 0);
             Order<HardEvent::MTE3_MTE2>();  // the previous chunk's results have left the slots
             for (uint64_t sg = 0; sg < p_->segments; ++sg) {
                 const uint32_t into = sg == 0 ? kM : kPart;
                 Order<HardEvent::V_MTE2>();
                 for (uint32_t k = 0; k < 6; ++k)
-                    DataCopyPad(S(into + k), wsStats_[k * plane + sg * p_->n + t0], cp, {false, 0, 0, 0});
+                    DataCopyPad(S(into + k), wsStats_[k * plane + sg * p_->n + t0], cp, NoPad<float>());
                 Order<HardEvent::MTE2_V>();
                 if (sg == 0) continue;
                 const LocalTensor<float> pm = S(kPart), ps = S(kPart + 1), pzt = S(kPart + 2), pzs = S(kPart + 3);

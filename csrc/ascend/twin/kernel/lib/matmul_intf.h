@@ -20,7 +20,11 @@
 //     orgM when transposed; B is (Kb, N) with stride orgN, or (N, Kb) with stride orgKb when transposed;
 //   * scheduler_norm_base.h: iterateOrder 0 (ORDER_M) walks N inside M.
 // The cube computes in float32: products of bf16 / fp16 operands are exact, sums run in K order (the hardware's
-// order inside a fractal is not modelled). Capacities of L0A / L0B / L0C / L1 are checked against the tiling.
+// order inside a fractal is not modelled). Also modelled, each rule with its probe (docs/npu-twin-rules.md): the
+// MatmulConfig field set (Norm / MDL, intrinsicsCheck); every operand copy's Nd2NzParams and every output copy's
+// fixpipe params as the library builds them, checked against their field widths; the tiling checks of CheckTiling;
+// the real iterate order; the overlay of a cube core's objects in L1 / L0C (End() between two objects' use); which
+// operand tiles stay in L1, and the cube's GM -> L1 bytes (a counter of the performance model).
 #ifndef FUSED_LCE_TWIN_MATMUL_INTF_H_
 #define FUSED_LCE_TWIN_MATMUL_INTF_H_
 
@@ -29,15 +33,130 @@
 
 enum class IterateOrder { ORDER_M = 0, ORDER_N, UNDEF };
 enum class ScheduleType { INNER_PRODUCT = 0, OUTER_PRODUCT };
+enum class BatchMode { NONE = 0, BATCH_LESS_THAN_L1, BATCH_LARGE_THAN_L1, SINGLE_LARGE_THAN_L1 };
+enum BatchOutMode { SINGLE_BATCH = 0, MULTI_BATCH, DYNAMIC };
+enum IterateMode : uint8_t {
+    ITERATE_MODE_NORMAL = 0b00000001, ITERATE_MODE_ALL = 0b00000010, ITERATE_MODE_BATCH = 0b00000100,
+    ITERATE_MODE_N_BATCH = 0b00001000, ITERATE_MODE_DEFAULT = 0b11111111,
+};
+enum class DecompressionMode {
+    DECOMP_NONE = 0, DECOMP_2bitTo8bit, DECOMP_3bitTo8bit, DECOMP_4bitTo8bit, DECOMP_16bitTo64bit, DECOMP_1bitTo8bit,
+    DECOMP_1bitTo4bit, DECOMP_2bitTo4bit, DECOMP_3bitTo4bit,
+};
+constexpr uint32_t SHARED_CO1_BUFFER_SIZE = 64 * 1024;
+
+// The Matmul template configuration: CANN's field set, names, types and order (asc-devkit
+// include/adv_api/matmul/matmul_config.h), so that a positional initialiser (as ops-nn writes them) means the same
+// here. The twin reads doNorm / doMultiDataLoad (the template), intrinsicsCheck (GM -> L1 copies of an operand whose
+// row stride is >= 65535 elements are looped row by row, stage/copy_cube_in/copy_tile_to_cube/
+// data_copy_wrapper_nd.h; without it the stride goes into Nd2NzParams::srcDValue, 16 bits) and iterateOrder.
 struct MatmulConfig {
-    bool doNorm = true;
+    bool doNorm = false;
     bool doBasicBlock = false;
     bool doMultiDataLoad = false;
+    uint32_t basicM = 0;
+    uint32_t basicN = 0;
+    uint32_t basicK = 0;
+    bool intrinsicsCheck = false;
+    bool isNBatch = false;
+    bool enVecND2NZ = false;
+    bool doSpecialBasicBlock = false;
+    uint32_t doMTE2Preload = 0;
+    uint32_t singleCoreM = 0;
+    uint32_t singleCoreN = 0;
+    uint32_t singleCoreK = 0;
+    uint32_t stepM = 0;
+    uint32_t stepN = 0;
+    uint32_t baseMN = 0;
+    uint32_t singleCoreMN = 0;
+    bool enUnitFlag = true;
+    bool isPerTensor = false;
+    bool hasAntiQuantOffset = false;
+    bool doIBShareNorm = false;
+    bool doSpecialMDL = false;
     bool enableInit = true;
+    BatchMode batchMode = BatchMode::NONE;
+    bool enableEnd = true;
+    bool enableGetTensorC = true;
+    bool enableSetOrgShape = true;
+    bool enableSetBias = true;
     bool enableSetTail = true;
+    bool enableQuantVector = true;
+    bool enableSetDefineData = true;
+    uint8_t iterateMode = IterateMode::ITERATE_MODE_DEFAULT;
+    bool enableReuse = true;
+    bool enableUBReuse = false;
+    bool enableL1CacheUB = false;
+    bool intraBlockPartSum = false;
+    IterateOrder iterateOrder{IterateOrder::UNDEF};
+    ScheduleType scheduleType = ScheduleType::INNER_PRODUCT;
+    bool enableDoubleCache = false;
+    bool isBiasBatch = true;
+    bool enableStaticPadZeros = false;
+    bool isPartialOutput = false;
+    bool enableMixDualMaster = false;
+    bool isA2B2Shared = false;
+    bool isEnableChannelSplit = false;
+    bool enableKdimReorderLoad = false;
+    bool isCO1Shared = false;
+    uint32_t sharedCO1BufferSize = SHARED_CO1_BUFFER_SIZE;
+    BatchOutMode bmmOutMode = BatchOutMode::SINGLE_BATCH;
+    bool enableL1BankConflictOptimise = false;
+    bool enableRelu = false;
+    DecompressionMode decompMode = DecompressionMode::DECOMP_NONE;
 };
-inline constexpr MatmulConfig CFG_NORM{};
-inline constexpr MatmulConfig CFG_MDL{true, false, true, true, true};
+
+// The Norm and MDL templates with CANN's parameter lists (include/adv_api/matmul/tiling.h); the fields the twin does
+// not model keep their defaults.
+constexpr MatmulConfig GetNormalConfig(const bool intrinsicsLimit = false, const bool batchLoop = false,
+                                       const bool isVecND2NZ = false,
+                                       const BatchMode bmmMode = BatchMode::BATCH_LESS_THAN_L1,
+                                       const bool isMsgReuse = true,
+                                       const IterateOrder iterateOrder = IterateOrder::UNDEF,
+                                       const ScheduleType scheduleType = ScheduleType::INNER_PRODUCT,
+                                       const bool enUnitFlag = true, const bool enableMixDualMaster = false,
+                                       const BatchOutMode bmmOutMode = BatchOutMode::SINGLE_BATCH) {
+    MatmulConfig c{};
+    c.doNorm = true;
+    c.intrinsicsCheck = intrinsicsLimit;
+    c.isNBatch = batchLoop;
+    c.enVecND2NZ = isVecND2NZ;
+    c.batchMode = bmmMode;
+    c.enableReuse = isMsgReuse;
+    c.enableUBReuse = true;
+    c.iterateOrder = iterateOrder;
+    c.scheduleType = scheduleType;
+    c.enUnitFlag = enUnitFlag;
+    c.enableMixDualMaster = enableMixDualMaster;
+    c.bmmOutMode = bmmOutMode;
+    return c;
+}
+constexpr MatmulConfig GetMDLConfig(const bool intrinsicsLimit = false, const bool batchLoop = false,
+                                    const uint32_t doMTE2Preload = 0, const bool isVecND2NZ = false,
+                                    bool isPerTensor = false, bool hasAntiQuantOffset = false,
+                                    const bool enUnitFlag = false, const bool isMsgReuse = true,
+                                    const bool enableUBReuse = true, const bool enableL1CacheUB = false,
+                                    const bool enableMixDualMaster = false, const bool enableKdimReorderLoad = false,
+                                    const bool enableL1BankConflictOptimise = false) {
+    MatmulConfig c{};
+    c.doMultiDataLoad = true;
+    c.intrinsicsCheck = intrinsicsLimit;
+    c.isNBatch = batchLoop;
+    c.doMTE2Preload = doMTE2Preload;
+    c.enVecND2NZ = isVecND2NZ;
+    c.isPerTensor = isPerTensor;
+    c.hasAntiQuantOffset = hasAntiQuantOffset;
+    c.enUnitFlag = enUnitFlag;
+    c.enableReuse = isMsgReuse;
+    c.enableUBReuse = enableUBReuse;
+    c.enableL1CacheUB = enableL1CacheUB;
+    c.enableMixDualMaster = enableMixDualMaster;
+    c.enableKdimReorderLoad = enableKdimReorderLoad;
+    c.enableL1BankConflictOptimise = enableL1BankConflictOptimise;
+    return c;
+}
+constexpr MatmulConfig CFG_NORM = GetNormalConfig();
+constexpr MatmulConfig CFG_MDL = GetMDLConfig();
 
 namespace AscendC {
 
@@ -66,6 +185,10 @@ class Matmul {
     static_assert(A_TYPE::format == CubeFormat::ND && B_TYPE::format == CubeFormat::ND,
                   "twin Matmul: only ND operands are modelled");
     static_assert(C_TYPE::format == CubeFormat::ND, "twin Matmul: only ND output is modelled");
+    static constexpr const MatmulConfig& kCfg = MM_CFG;
+    static_assert(kCfg.doNorm != kCfg.doMultiDataLoad && !kCfg.doBasicBlock && !kCfg.doSpecialBasicBlock &&
+                      !kCfg.doSpecialMDL && !kCfg.doIBShareNorm,
+                  "twin Matmul: the Norm and MDL templates only");
 
 public:
     __aicore__ inline void Init(const tiling::TCubeTiling* cubeTiling, TPipe* tpipe = nullptr, twin::Loc loc = {}) {
@@ -80,33 +203,7 @@ public:
             twin::fail_at(loc, api, "the Matmul client runs on vector cores (REGIST_MATMUL_OBJ serves it on the cube)");
         rd_pipe_ = impl_ ? twin::kMTE2 : twin::kS;
         wr_pipe_ = impl_ ? twin::kFIX : twin::kS;
-        const twin::Config& cfg = twin::rt().cfg;
-        if (t_.baseM <= 0 || t_.baseN <= 0 || t_.baseK <= 0)
-            twin::fail_at(loc, api, "base tile %d x %d x %d is not positive", t_.baseM, t_.baseN, t_.baseK);
-        const int c0 = static_cast<int>(32 / sizeof(SrcAT));
-        if (t_.baseM % 16 || t_.baseN % 16 || t_.baseK % c0)
-            twin::fail_at(loc, api, "base tile %d x %d x %d is not a multiple of the 16 x 16 x %d fractal", t_.baseM,
-                          t_.baseN, t_.baseK, c0);
-        const uint64_t l0a = static_cast<uint64_t>(t_.baseM) * t_.baseK * sizeof(SrcAT) * (t_.dbL0A > 1 ? 2 : 1);
-        const uint64_t l0b = static_cast<uint64_t>(t_.baseN) * t_.baseK * sizeof(SrcBT) * (t_.dbL0B > 1 ? 2 : 1);
-        const uint64_t l0c = static_cast<uint64_t>(t_.baseM) * t_.baseN * 4 * (t_.dbL0C > 1 ? 2 : 1);
-        using ull = unsigned long long;
-        if (l0a > cfg.l0a_bytes) twin::fail_at(loc, api, "L0A needs %llu bytes > %llu", (ull)l0a, (ull)cfg.l0a_bytes);
-        if (l0b > cfg.l0b_bytes) twin::fail_at(loc, api, "L0B needs %llu bytes > %llu", (ull)l0b, (ull)cfg.l0b_bytes);
-        if (l0c > cfg.l0c_bytes) twin::fail_at(loc, api, "L0C needs %llu bytes > %llu", (ull)l0c, (ull)cfg.l0c_bytes);
-        const uint64_t l1 = static_cast<uint64_t>(std::max(t_.depthA1, 1)) * t_.baseM * t_.baseK * sizeof(SrcAT) +
-                            static_cast<uint64_t>(std::max(t_.depthB1, 1)) * t_.baseN * t_.baseK * sizeof(SrcBT);
-        if (l1 > cfg.l1_bytes)
-            twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (unsigned long long)l1,
-                          t_.depthA1, t_.depthB1, (unsigned long long)cfg.l1_bytes);
-        if (c.aic >= 0) {
-            uint64_t& used = twin::rt().mm_res[c.aic]->l1_objects_bytes;
-            used += l1;
-            // MatmulImpl objects allocate their L1 buffers from the cube core's TPipe: together they must fit
-            if (impl_ && used > cfg.l1_bytes)
-                twin::fail_at(loc, api, "the MatmulImpl objects of %s need %llu bytes of L1 together (> %llu)",
-                              c.name.c_str(), (unsigned long long)used, (unsigned long long)cfg.l1_bytes);
-        }
+        check_tiling(api, loc);
         single_m_ = t_.singleCoreM;
         single_n_ = t_.singleCoreN;
         single_k_ = t_.singleCoreK;
@@ -118,42 +215,59 @@ public:
         inited_ = true;
         (void)tpipe;
     }
-    __aicore__ inline void SetOrgShape(int orgM, int orgN, int orgK) { SetOrgShape(orgM, orgN, orgK, orgK, orgN); }
-    __aicore__ inline void SetOrgShape(int orgM, int orgN, int orgKa, int orgKb, int orgKc = 0) {
-        org_m_ = orgM;
-        org_n_ = orgN;
-        org_ka_ = orgKa;
-        org_kb_ = orgKb;
-        org_kc_ = orgKc;
+    // SetOrgShape / SetTail / SetSingleShape take int in CANN; the twin keeps the full value to check it fits.
+    __aicore__ inline void SetOrgShape(twin::Field<int> orgM, twin::Field<int> orgN, twin::Field<int> orgK,
+                                       twin::Loc loc = {}) {
+        SetOrgShape(orgM, orgN, orgK, orgK, orgN, loc);
     }
-    __aicore__ inline void SetSingleShape(int m, int n, int k) { SetTail(m, n, k); }
-    __aicore__ inline void SetTail(int tailM = -1, int tailN = -1, int tailK = -1, twin::Loc loc = {}) {
-        check("Matmul::SetTail", loc);
-        if (tailM == 0 || tailN == 0 || tailK == 0 || tailM < -1 || tailN < -1 || tailK < -1)
-            twin::fail_at(loc, "Matmul::SetTail", "shape %d x %d x %d must be positive", tailM, tailN, tailK);
-        if (tailM != -1) single_m_ = tailM;
-        if (tailN != -1) single_n_ = tailN;
-        if (tailK != -1) single_k_ = tailK;
+    __aicore__ inline void SetOrgShape(twin::Field<int> orgM, twin::Field<int> orgN, twin::Field<int> orgKa,
+                                       twin::Field<int> orgKb, twin::Field<int> orgKc = 0, twin::Loc loc = {}) {
+        static const char* api = "Matmul::SetOrgShape";
+        check(api, loc);
+        org_m_ = shape_arg(orgM, "orgM", 1, api, loc);
+        org_n_ = shape_arg(orgN, "orgN", 1, api, loc);
+        org_ka_ = shape_arg(orgKa, "orgKa", 1, api, loc);
+        org_kb_ = shape_arg(orgKb, "orgKb", 1, api, loc);
+        org_kc_ = shape_arg(orgKc, "orgKc", 0, api, loc);
+    }
+    __aicore__ inline void SetSingleShape(twin::Field<int> m, twin::Field<int> n, twin::Field<int> k,
+                                          twin::Loc loc = {}) {
+        SetTail(m, n, k, loc);
+    }
+    __aicore__ inline void SetTail(twin::Field<int> tailM = -1, twin::Field<int> tailN = -1,
+                                   twin::Field<int> tailK = -1, twin::Loc loc = {}) {
+        static const char* api = "Matmul::SetTail";
+        check(api, loc);
+        const int m = shape_arg(tailM, "tailM", -1, api, loc), n = shape_arg(tailN, "tailN", -1, api, loc),
+                  k = shape_arg(tailK, "tailK", -1, api, loc);
+        if (m == 0 || n == 0 || k == 0) twin::fail_at(loc, api, "shape %d x %d x %d must be positive", m, n, k);
+        if (m != -1) single_m_ = m;
+        if (n != -1) single_n_ = n;
+        if (k != -1) single_k_ = k;
     }
     __aicore__ inline void SetTensorA(const GlobalTensor<SrcAT>& gm, bool isTransposeA = false, twin::Loc loc = {}) {
-        check("Matmul::SetTensorA", loc);
+        static const char* api = "Matmul::SetTensorA";
+        check(api, loc);
         if (isTransposeA && !A_TYPE::isTrans)
-            twin::fail_at(loc, "Matmul::SetTensorA",
-                          "transposed A requested but MatmulType of A does not declare isTrans");
+            twin::fail_at(loc, api, "transposed A requested but MatmulType of A does not declare isTrans");
+        make_live(api, loc);
         a_ = gm;
         trans_a_ = isTransposeA;
         has_a_ = true;
         first_ = true;
+        a_l1_.reset();  // SetTensorA resets the L1 input buffer of A (copy_cube_in_norm.h SetInput)
     }
     __aicore__ inline void SetTensorB(const GlobalTensor<SrcBT>& gm, bool isTransposeB = false, twin::Loc loc = {}) {
-        check("Matmul::SetTensorB", loc);
+        static const char* api = "Matmul::SetTensorB";
+        check(api, loc);
         if (isTransposeB && !B_TYPE::isTrans)
-            twin::fail_at(loc, "Matmul::SetTensorB",
-                          "transposed B requested but MatmulType of B does not declare isTrans");
+            twin::fail_at(loc, api, "transposed B requested but MatmulType of B does not declare isTrans");
+        make_live(api, loc);
         b_ = gm;
         trans_b_ = isTransposeB;
         has_b_ = true;
         first_ = true;
+        b_l1_.reset();
     }
     __aicore__ inline void SetBias(const GlobalTensor<BiasT>& gm, twin::Loc loc = {}) {
         check("Matmul::SetBias", loc);
@@ -171,25 +285,14 @@ public:
         twin::api_enter(*core_);
         twin::yield_point();
         if (!has_a_ || !has_b_) twin::fail_at(loc, api, "Iterate before SetTensorA / SetTensorB");
+        make_live(api, loc);
         (void)enPartialSum;
-        const int m_iter = ceil_div(single_m_, t_.baseM), n_iter = ceil_div(single_n_, t_.baseN);
-        if (first_) {
-            idx_ = 0;
-            first_ = false;
-        } else {
-            if (idx_ + 1 >= m_iter * n_iter) {
-                done_ = true;
-                return false;
-            }
-            ++idx_;
+        if (!next_tile()) {
+            done_ = true;
+            has_tile_ = false;
+            return false;
         }
-        if (t_.iterateOrder == static_cast<int>(IterateOrder::ORDER_N)) {
-            mi_ = idx_ % m_iter;
-            ni_ = idx_ / m_iter;
-        } else {
-            mi_ = idx_ / n_iter;
-            ni_ = idx_ % n_iter;
-        }
+        if (impl_) cube_pipeline();
         compute(api, loc);
         has_tile_ = true;
         return true;
@@ -264,20 +367,48 @@ public:
         check(api, loc);
         if (enAtomic > 1) twin::fail_at(loc, api, "only enAtomic 0 / 1 (add) are modelled");
         first_ = true;
-        if (impl_) cube_pipeline();
         while (Iterate<true>(false, loc)) fixpipe_gm(gm, enAtomic == 1, enSequentialWrite, api, loc);
     }
+    // End: the object gives L1 / L0C back (CopyCubeInA / B Destroy, scheduler_base.h End), so another object of the
+    // core may use them.
     __aicore__ inline void End() {
         has_tile_ = false;
         first_ = true;
+        a_l1_.reset();
+        b_l1_.reset();
+        if (impl_ && core_ != nullptr && core_->aic >= 0) {
+            twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
+            if (r.live == this) r.live = nullptr;
+        }
     }
 
     // ---- twin internals ----
 protected:
     bool impl_ = false;  // MatmulImpl (the cube core drives it) rather than the client
 private:
-    // One GEMM on the cube core: operands in on MTE2, the cube (M), results out through the fixpipe, which knows the
-    // loads and the cube done (the Matmul API orders them internally).
+    // The L1 contents of one operand: which of its base tiles are loaded in this cache epoch (the CubeInBuffer of
+    // A or B; reset by SetTensorA / SetTensorB, End and the scheduler's loop ends).
+    struct L1Cache {
+        int64_t epoch = -1;
+        std::vector<int> loaded;
+        void reset() {
+            epoch = -1;
+            loaded.clear();
+        }
+        // true when tile `t` must be copied in; remembers it when the buffer keeps it (`keep`)
+        bool need(int64_t ep, int t, bool keep) {
+            if (ep != epoch) {
+                epoch = ep;
+                loaded.clear();
+            }
+            if (std::find(loaded.begin(), loaded.end(), t) != loaded.end()) return false;
+            if (keep) loaded.push_back(t);
+            return true;
+        }
+    };
+
+    // One GEMM tile on the cube core: operands in on MTE2, the cube (M), results out through the fixpipe, which knows
+    // the loads and the cube done (the Matmul API orders them internally).
     void cube_pipeline() {
         twin::Core& c = *core_;
         twin::issue(c, twin::kMTE2);
@@ -292,8 +423,177 @@ private:
         if (!inited_) twin::fail_at(loc, api, "Matmul object used before REGIST_MATMUL_OBJ / Init");
         if (core_ != &twin::cur()) twin::fail_at(loc, api, "Matmul object of another core");
     }
+    static int shape_arg(const twin::Field<int>& v, const char* name, int lo, const char* api, const twin::Loc& loc) {
+        return static_cast<int>(
+            twin::field_value(loc, api, name, v, lo, INT32_MAX, "the Matmul API's int shape arguments"));
+    }
+    // The MatmulImpl objects of a core overlay L1 / L0C (MatmulResources): one holds data at a time.
+    void make_live(const char* api, const twin::Loc& loc) {
+        if (!impl_ || core_->aic < 0) return;
+        twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
+        if (r.live != nullptr && r.live != this)
+            twin::fail_at(loc, api,
+                          "the MatmulImpl objects of a cube core overlay L1 / L0C (their Init starts at the same "
+                          "share address): another object became live at %s and has not called End()",
+                          r.live_site.c_str());
+        if (r.live != this) {
+            r.live = this;
+            r.live_site = twin::format("%s:%d", twin::base_name(loc.file), loc.line);
+        }
+    }
+
+    // Tiling checks of the Matmul API (impl/adv_api/detail/matmul/param/matmul_shape_tiling.h CheckTiling, CPU-debug
+    // build): positive depths and steps; base tiles within L0A / L0B (doubled when both dbL0A and dbL0B are 2) and
+    // L0C (doubled with dbL0C 2); MDL: depthA1 a multiple of stepM * stepKa and at most twice it (B likewise); and
+    // the object's L1 buffers (depthA1 base blocks of A, depthB1 of B: the CubeInBuffer sizes) within L1.
+    void check_tiling(const char* api, const twin::Loc& loc) {
+        const twin::Config& cfg = twin::rt().cfg;
+        if (t_.baseM <= 0 || t_.baseN <= 0 || t_.baseK <= 0)
+            twin::fail_at(loc, api, "base tile %d x %d x %d is not positive", t_.baseM, t_.baseN, t_.baseK);
+        if (t_.depthA1 <= 0 || t_.depthB1 <= 0 || t_.stepM <= 0 || t_.stepN <= 0 || t_.stepKa <= 0 ||
+            t_.stepKb <= 0 || t_.isBias < 0 || t_.iterateOrder < 0 || t_.iterateOrder > 1)
+            twin::fail_at(loc, api,
+                          "tiling depthA1 %d depthB1 %d stepM %d stepN %d stepKa %d stepKb %d isBias %d iterateOrder "
+                          "%d: depths and steps must be > 0, iterateOrder 0 or 1",
+                          t_.depthA1, t_.depthB1, t_.stepM, t_.stepN, t_.stepKa, t_.stepKb, t_.isBias,
+                          t_.iterateOrder);
+        const int c0 = static_cast<int>(32 / sizeof(SrcAT));
+        if (t_.baseM % 16 || t_.baseN % 16 || t_.baseK % c0)
+            twin::fail_at(loc, api, "base tile %d x %d x %d is not a multiple of the 16 x 16 x %d fractal", t_.baseM,
+                          t_.baseN, t_.baseK, c0);
+        const uint64_t ab = ((t_.dbL0A - 1) & (t_.dbL0B - 1)) ? 2 : 1;
+        const uint64_t l0a = static_cast<uint64_t>(t_.baseM) * t_.baseK * sizeof(SrcAT) * ab;
+        const uint64_t l0b = static_cast<uint64_t>(t_.baseN) * t_.baseK * sizeof(SrcBT) * ab;
+        const uint64_t l0c = static_cast<uint64_t>(t_.baseM) * t_.baseN * 4 * (t_.dbL0C == 2 ? 2 : 1);
+        using ull = unsigned long long;
+        if (l0a > cfg.l0a_bytes) twin::fail_at(loc, api, "L0A needs %llu bytes > %llu", (ull)l0a, (ull)cfg.l0a_bytes);
+        if (l0b > cfg.l0b_bytes) twin::fail_at(loc, api, "L0B needs %llu bytes > %llu", (ull)l0b, (ull)cfg.l0b_bytes);
+        if (l0c > cfg.l0c_bytes) twin::fail_at(loc, api, "L0C needs %llu bytes > %llu", (ull)l0c, (ull)cfg.l0c_bytes);
+        if (kCfg.doMultiDataLoad) {
+            const int sa = t_.stepM * t_.stepKa, sb = t_.stepN * t_.stepKb;
+            if (t_.depthA1 % sa || t_.depthA1 / sa > 2 || t_.depthB1 % sb || t_.depthB1 / sb > 2)
+                twin::fail_at(loc, api,
+                              "MDL: depthA1 %d must be stepM * stepKa (%d) or twice it, depthB1 %d stepN * stepKb "
+                              "(%d) or twice it",
+                              t_.depthA1, sa, t_.depthB1, sb);
+        }
+        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) * t_.baseM * t_.baseK * sizeof(SrcAT) +
+                    static_cast<uint64_t>(t_.depthB1) * t_.baseN * t_.baseK * sizeof(SrcBT);
+        if (l1_bytes_ > cfg.l1_bytes)
+            twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (ull)l1_bytes_,
+                          t_.depthA1, t_.depthB1, (ull)cfg.l1_bytes);
+        if (core_->aic >= 0) {  // the objects overlay: the core needs the largest
+            twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
+            r.l1_max_bytes = std::max(r.l1_max_bytes, l1_bytes_);
+        }
+    }
+
+    // The next tile of the iteration (false after the last). Order as the scheduler's MoveNext
+    // (scheduler_norm_base.h): ORDER_M walks groups of stepN N tiles, inside each every M tile, inside that the
+    // group's N tiles; ORDER_N symmetrically with stepM. The operands' L1 epochs follow the buffer resets there:
+    // ORDER_M resets A after each N group of one M tile and B after each N group; ORDER_N the other way round.
+    bool next_tile() {
+        const int m_iter = ceil_div(single_m_, t_.baseM), n_iter = ceil_div(single_n_, t_.baseN);
+        if (first_) {
+            idx_ = 0;
+            first_ = false;
+            a_l1_.reset();
+            b_l1_.reset();
+        } else if (idx_ + 1 >= m_iter * n_iter) {
+            return false;
+        } else {
+            ++idx_;
+        }
+        if (t_.iterateOrder == static_cast<int>(IterateOrder::ORDER_N)) {
+            const int g = t_.stepM, per = g * n_iter;  // tiles per group of stepM M tiles
+            const int mo = idx_ / per, r = idx_ % per, gm = std::min(g, m_iter - mo * g);
+            ni_ = r / gm;
+            mi_ = mo * g + r % gm;
+            a_epoch_ = mo;
+            b_epoch_ = static_cast<int64_t>(mo) * n_iter + ni_;
+        } else {
+            const int g = t_.stepN, per = g * m_iter;
+            const int no = idx_ / per, r = idx_ % per, gn = std::min(g, n_iter - no * g);
+            mi_ = r / gn;
+            ni_ = no * g + r % gn;
+            a_epoch_ = static_cast<int64_t>(no) * m_iter + mi_;
+            b_epoch_ = no;
+        }
+        return true;
+    }
     int tile_m() const { return std::min(t_.baseM, single_m_ - mi_ * t_.baseM); }
     int tile_n() const { return std::min(t_.baseN, single_n_ - ni_ * t_.baseN); }
+
+    // The GM -> L1 copy of one operand tile (rows x cols of a row-major GM matrix of row stride gcol), in the load
+    // units of the template (Norm: base blocks; MDL: stepM * baseM x stepKa * baseK for A, likewise for B), each one
+    // ND2NZ DataCopy whose Nd2NzParams are checked as CopyND2NZ builds them (data_copy_wrapper_nd.h, dav-2201):
+    // without intrinsicsCheck the row stride gcol goes into srcDValue (16 bits); with it a stride >= 65535 is copied
+    // row by row (nValue 1, srcDValue = the row's width) from an int32 offset gCol * row.
+    template <typename T>
+    void copy_in(const char* what, uint64_t gcol, uint64_t rows, uint64_t cols, uint64_t unit_r, uint64_t unit_c,
+                 const char* api, const twin::Loc& loc) {
+        const bool looped = kCfg.intrinsicsCheck && gcol >= 65535;
+        for (uint64_t r0 = 0; r0 < rows; r0 += unit_r)
+            for (uint64_t c0 = 0; c0 < cols; c0 += unit_c) {
+                const uint64_t h = std::min(unit_r, rows - r0), w = std::min(unit_c, cols - c0);
+                Nd2NzParams p;
+                p.ndNum = 1;
+                p.nValue = looped ? 1 : h;
+                p.dValue = w;
+                p.srcNdMatrixStride = 0;
+                p.srcDValue = looped ? w : gcol;
+                p.dstNzC0Stride = (h + 15) / 16 * 16;
+                p.dstNzNStride = 1;
+                p.dstNzMatrixStride = 0;
+                if (looped && gcol * (h - 1) > static_cast<uint64_t>(INT32_MAX))
+                    twin::fail_at(loc, api,
+                                  "%s: the looped copy's source offset gCol * row = %llu * %llu overflows its int32 "
+                                  "(data_copy_wrapper_nd.h CopyND2NZ)",
+                                  what, (unsigned long long)gcol, (unsigned long long)(h - 1));
+                try {
+                    twin_ops::check_nd2nz(p, api, loc);
+                } catch (const twin::Error& e) {
+                    throw twin::Error(std::string(e.what()) +
+                                      twin::format(" (the Matmul library's GM -> L1 copy of %s, row stride %llu: "
+                                                   "MatmulConfig::intrinsicsCheck copies strides >= 65535 row by "
+                                                   "row)",
+                                                   what, (unsigned long long)gcol));
+                }
+            }
+        // the library's own threshold (MatmulConfig.md; the loop starts at UINT16_MAX): 65535 fits the field, but
+        // only intrinsicsCheck is documented to copy it
+        if (gcol >= 65535 && !kCfg.intrinsicsCheck)
+            twin::fail_at(loc, api,
+                          "%s has a row stride of %llu elements (>= 65535): copy it with MatmulConfig::"
+                          "intrinsicsCheck (GetNormalConfig(true), MatmulConfig.md) or keep the stride below 65535",
+                          what, (unsigned long long)gcol);
+        core_->cnt.l1_in += rows * cols * sizeof(T);
+    }
+    // Copies in what tile (mi_, ni_) needs and L1 does not hold: A's rows x K, B's K x columns. An operand stays in L1
+    // across the tiles of its epoch when its buffer holds its whole K ("k full load": depthA1 >= kIter * stepM,
+    // depthB1 >= kIter * stepN; cube_in_buffer_normal.h Init).
+    void load_operands(int mh, int nw, int K, const char* api, const twin::Loc& loc) {
+        const int kiter = ceil_div(K, t_.baseK);
+        const bool mdl = kCfg.doMultiDataLoad;
+        const uint64_t ka = static_cast<uint64_t>(t_.baseK) * (mdl ? t_.stepKa : 1);
+        const uint64_t kb = static_cast<uint64_t>(t_.baseK) * (mdl ? t_.stepKb : 1);
+        const uint64_t um = static_cast<uint64_t>(t_.baseM) * (mdl ? t_.stepM : 1);
+        const uint64_t un = static_cast<uint64_t>(t_.baseN) * (mdl ? t_.stepN : 1);
+        if (a_l1_.need(a_epoch_, mi_, t_.depthA1 >= kiter * t_.stepM)) {
+            if (!trans_a_) {  // (M, K) at row stride orgKa
+                copy_in<SrcAT>("A", org_ka_, mh, K, um, ka, api, loc);
+            } else {  // stored (K, M) at row stride orgM
+                copy_in<SrcAT>("A (transposed)", org_m_, K, mh, ka, um, api, loc);
+            }
+        }
+        if (b_l1_.need(b_epoch_, ni_, t_.depthB1 >= kiter * t_.stepN)) {
+            if (!trans_b_) {  // (K, N) at row stride orgN
+                copy_in<SrcBT>("B", org_n_, K, nw, kb, un, api, loc);
+            } else {  // stored (N, K) at row stride orgKb
+                copy_in<SrcBT>("B (transposed)", org_kb_, nw, K, un, kb, api, loc);
+            }
+        }
+    }
 
     // Reads rows of an operand from GM with bounds / race checks (the cube reads on behalf of this AIV; the AIV
     // posted the request on its scalar pipe, so this core's MTE3 writes must be known to PIPE_S).
@@ -326,6 +626,7 @@ private:
     void compute(const char* api, const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n(), K = single_k_;
         core_->cnt.cube_flops += 2ull * static_cast<uint64_t>(mh) * nw * K;
+        load_operands(mh, nw, K, api, loc);
         const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
         std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw)
         std::vector<float>& B = b_buf_;
@@ -363,14 +664,28 @@ private:
             }
         }
     }
+    // Where the fixpipe writes the current tile: rows at the tile's own width with enSequentialWrite, else at the
+    // original N (orgKc when set) from (mIdx * baseM) * stride + nIdx * baseN (copy_cube_out_fixpipe.h CopyOutNZ2ND),
+    // with its FixpipeParamsV220 checked as FixpipeParamsUtil fills them (nSize the tile width, mSize its height,
+    // srcStride the height aligned to 16, dstStride the row stride).
+    void out_layout(bool seq, uint64_t* stride, uint64_t* off, const char* api, const twin::Loc& loc) const {
+        const int mh = tile_m(), nw = tile_n();
+        *stride = seq ? static_cast<uint64_t>(nw) : static_cast<uint64_t>(org_kc_ ? org_kc_ : org_n_);
+        *off = seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * *stride + static_cast<uint64_t>(ni_) * t_.baseN;
+        FixpipeParamsV220 fp;
+        fp.nSize = nw;
+        fp.mSize = mh;
+        fp.srcStride = (mh + 15) / 16 * 16;
+        fp.dstStride = *stride;
+        twin_ops::check_fixpipe(fp, api, loc);
+    }
     // Fixpipe write of the current tile to dst (capacity in elements).
     template <typename T>
     void fixpipe_out(T* dst, uint64_t capacity, bool seq, bool atomic, const char* what, const char* api,
                      const twin::Loc& loc) {
         const int mh = tile_m(), nw = tile_n();
-        const uint64_t stride = seq ? static_cast<uint64_t>(nw) : static_cast<uint64_t>(org_kc_ ? org_kc_ : org_n_);
-        const uint64_t off =
-            seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
+        uint64_t stride, off;
+        out_layout(seq, &stride, &off, api, loc);
         const uint64_t end = off + (mh - 1) * stride + nw;
         if (end > capacity)
             twin::fail_at(loc, api,
@@ -388,9 +703,8 @@ private:
     void fixpipe_gm(const GlobalTensor<DstT>& gm, bool atomic, bool seq, const char* api, const twin::Loc& loc) {
         twin::Core& c = *core_;
         const int mh = tile_m(), nw = tile_n();
-        const uint64_t stride = seq ? static_cast<uint64_t>(nw) : static_cast<uint64_t>(org_kc_ ? org_kc_ : org_n_);
-        const uint64_t off =
-            seq ? 0 : static_cast<uint64_t>(mi_) * t_.baseM * stride + static_cast<uint64_t>(ni_) * t_.baseN;
+        uint64_t stride, off;
+        out_layout(seq, &stride, &off, api, loc);
         for (int i = 0; i < mh; ++i) {
             const uint64_t o = off + i * stride;
             try {
@@ -417,6 +731,9 @@ private:
     int org_m_ = 0, org_n_ = 0, org_ka_ = 0, org_kb_ = 0, org_kc_ = 0;
     bool first_ = true, done_ = false, has_tile_ = false;
     int idx_ = 0, mi_ = 0, ni_ = 0;
+    int64_t a_epoch_ = 0, b_epoch_ = 0;
+    L1Cache a_l1_, b_l1_;
+    uint64_t l1_bytes_ = 0;
     std::vector<float> tile_, a_buf_, b_buf_;
 };
 

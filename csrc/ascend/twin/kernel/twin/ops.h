@@ -13,53 +13,121 @@
 
 namespace AscendC {
 
-// ---- parameter structs (basic_api/kernel_struct_data_copy.h) ---------------------------------------------------
+// ---- parameter structs (basic_api/kernel_struct_data_copy.h, kernel_struct_fixpipe.h) ---------------------------
+// Fields have CANN's own types, as twin::Field: the full value assigned is kept and checked at the call against the
+// type and the documented range (docs/npu-twin-rules.md lists every rule and its probe). Constructors take any
+// integer so that a too-large value reaches the check instead of being cut by the conversion.
+using twin::Field;
 struct DataCopyParams {
     DataCopyParams() {}
-    DataCopyParams(const uint16_t count, const uint16_t len, const uint16_t srcStrideIn, const uint16_t dstStrideIn)
+    DataCopyParams(Field<uint16_t> count, Field<uint16_t> len, Field<uint16_t> srcStrideIn, Field<uint16_t> dstStrideIn)
         : blockCount(count), blockLen(len), srcStride(srcStrideIn), dstStride(dstStrideIn) {}
-    uint16_t blockCount = 1;
-    uint16_t blockLen = 0;
+    Field<uint16_t> blockCount = 1;
+    Field<uint16_t> blockLen = 0;
     union {
-        uint16_t srcGap = 0;
-        uint16_t srcStride;
+        Field<uint16_t> srcGap;
+        Field<uint16_t> srcStride{0};
     };
     union {
-        uint16_t dstGap = 0;
-        uint16_t dstStride;
+        Field<uint16_t> dstGap;
+        Field<uint16_t> dstStride{0};
     };
 };
 struct DataCopyExtParams {
     DataCopyExtParams() {}
-    DataCopyExtParams(const uint16_t count, const uint32_t len, const uint32_t srcStrideIn, const uint32_t dstStrideIn,
-                      const uint32_t rsvIn)
+    DataCopyExtParams(Field<uint16_t> count, Field<uint32_t> len, Field<uint32_t> srcStrideIn,
+                      Field<uint32_t> dstStrideIn, Field<uint32_t> rsvIn)
         : blockCount(count), blockLen(len), srcStride(srcStrideIn), dstStride(dstStrideIn), rsv(rsvIn) {}
-    uint16_t blockCount = 1;
-    uint32_t blockLen = 0;
-    uint32_t srcStride = 0;
-    uint32_t dstStride = 0;
-    uint32_t rsv = 0;
+    Field<uint16_t> blockCount = 1;
+    Field<uint32_t> blockLen = 0;
+    Field<uint32_t> srcStride = 0;
+    Field<uint32_t> dstStride = 0;
+    Field<uint32_t> rsv = 0;
 };
 struct DataCopyPadParams {
     DataCopyPadParams() {}
-    DataCopyPadParams(const bool isPadValue, const uint8_t leftPadValue, const uint8_t rightPadValue,
+    DataCopyPadParams(const bool isPadValue, Field<uint8_t> leftPadValue, Field<uint8_t> rightPadValue,
                       const uint64_t padValue)
         : isPad(isPadValue), leftPadding(leftPadValue), rightPadding(rightPadValue), paddingValue(padValue) {}
     bool isPad = false;
-    uint8_t leftPadding = 0;
-    uint8_t rightPadding = 0;
+    Field<uint8_t> leftPadding = 0;
+    Field<uint8_t> rightPadding = 0;
     uint64_t paddingValue = 0;
 };
 template <typename T>
 struct DataCopyPadExtParams {
     DataCopyPadExtParams() {}
-    DataCopyPadExtParams(const bool isPadValue, const uint8_t leftPadValue, const uint8_t rightPadValue, T padValue)
+    DataCopyPadExtParams(const bool isPadValue, Field<uint8_t> leftPadValue, Field<uint8_t> rightPadValue, T padValue)
         : isPad(isPadValue), leftPadding(leftPadValue), rightPadding(rightPadValue), paddingValue(padValue) {}
     bool isPad = false;
-    uint8_t leftPadding = 0;
-    uint8_t rightPadding = 0;
+    Field<uint8_t> leftPadding = 0;
+    Field<uint8_t> rightPadding = 0;
     T paddingValue = T(0);
 };
+// GM -> L1 copy with ND -> NZ conversion (the Matmul model's operand loads on dav-2201; the twin has no public L1
+// tensors, so only lib/matmul_intf.h issues it).
+struct Nd2NzParams {
+    Nd2NzParams() {}
+    Nd2NzParams(Field<uint16_t> ndNumIn, Field<uint16_t> nValueIn, Field<uint16_t> dValueIn,
+                Field<uint16_t> srcNdMatrixStrideIn, Field<uint16_t> srcDValueIn, Field<uint16_t> dstNzC0StrideIn,
+                Field<uint16_t> dstNzNStrideIn, Field<uint16_t> dstNzMatrixStrideIn)
+        : ndNum(ndNumIn), nValue(nValueIn), dValue(dValueIn), srcNdMatrixStride(srcNdMatrixStrideIn),
+          srcDValue(srcDValueIn), dstNzC0Stride(dstNzC0StrideIn), dstNzNStride(dstNzNStrideIn),
+          dstNzMatrixStride(dstNzMatrixStrideIn) {}
+    Field<uint16_t> ndNum = 1;
+    Field<uint16_t> nValue = 0;
+    Field<uint16_t> dValue = 0;
+    Field<uint16_t> srcNdMatrixStride = 0;
+    Field<uint16_t> srcDValue = 0;
+    Field<uint16_t> dstNzC0Stride = 0;
+    Field<uint16_t> dstNzNStride = 0;
+    Field<uint16_t> dstNzMatrixStride = 0;
+};
+// L0C -> GM through the fixpipe (FixpipeParamsV220; the Matmul model's output copies, NZ2ND).
+struct FixpipeParamsV220 {
+    FixpipeParamsV220() {}
+    Field<uint16_t> nSize = 0;
+    Field<uint16_t> mSize = 0;
+    Field<uint16_t> srcStride = 0;
+    Field<uint32_t> dstStride = 0;
+    Field<uint16_t> ndNum = 1;
+    Field<uint16_t> srcNdStride = 0;
+    Field<uint16_t> dstNdStride = 0;
+    bool reluEn = false;
+    Field<uint8_t> unitFlag = 0;
+};
+
+namespace twin_ops {
+// Documents the field rules cite (asc-devkit docs/zh/api/SIMD-API/基础API/...).
+constexpr const char* kDocCopyPadIn = "DataCopyPad(GMToUB).md, DataCopyExtParams";
+constexpr const char* kDocCopyPadOut = "DataCopyPad(UBToGM).md, DataCopyExtParams";
+constexpr const char* kDocCopy = "DataCopy(GM and UB).md, DataCopyParams";
+constexpr const char* kDocNd2Nz = "DataCopy(GMToL1 ND2NZ).md, Nd2NzParams";
+constexpr const char* kDocFixpipe = "Fixpipe(L0C to GM).md, FixpipeParamsV220 with NZ2ND";
+constexpr const char* kDocRepeat = "SIMD计算说明/高维切分.md: repeatTime in [0, 255], strides of the repeat params";
+
+// Checks an Nd2NzParams at a GM -> L1 ND2NZ copy (kernel_struct_data_copy.h types; ranges of the GMToL1 ND2NZ doc).
+inline void check_nd2nz(const Nd2NzParams& p, const char* api, const twin::Loc& loc) {
+    twin::field_value(loc, api, "Nd2NzParams::ndNum", p.ndNum, 0, 4095, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::nValue", p.nValue, 0, 16384, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::dValue", p.dValue, 0, 65535, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::srcNdMatrixStride", p.srcNdMatrixStride, 0, 65535, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::srcDValue", p.srcDValue, 1, 65535, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::dstNzC0Stride", p.dstNzC0Stride, 1, 16384, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::dstNzNStride", p.dstNzNStride, 1, 16384, kDocNd2Nz);
+    twin::field_value(loc, api, "Nd2NzParams::dstNzMatrixStride", p.dstNzMatrixStride, 0, 16384, kDocNd2Nz);
+}
+// Checks a FixpipeParamsV220 of an NZ2ND copy to GM: nSize in [0, 4095] (the Matmul library passes an ND tile's own
+// width, copy_cube_out_utils.h FixpipeParamsUtil), mSize in [0, 8192], srcStride in C0 units, dstStride (ND:
+// elements per destination row) not 0.
+inline void check_fixpipe(const FixpipeParamsV220& p, const char* api, const twin::Loc& loc) {
+    twin::field_value(loc, api, "FixpipeParamsV220::nSize", p.nSize, 0, 4095, kDocFixpipe);
+    twin::field_value(loc, api, "FixpipeParamsV220::mSize", p.mSize, 0, 8192, kDocFixpipe);
+    twin::field_value(loc, api, "FixpipeParamsV220::srcStride", p.srcStride, kDocFixpipe);
+    twin::field_value(loc, api, "FixpipeParamsV220::dstStride", p.dstStride, 1, UINT32_MAX, kDocFixpipe);
+    twin::field_value(loc, api, "FixpipeParamsV220::ndNum", p.ndNum, 1, 65535, kDocFixpipe);
+}
+}  // namespace twin_ops
 
 namespace twin_ops {
 using twin::Loc;
@@ -149,6 +217,27 @@ inline void note_mte3(twin::Core& c, uintptr_t a, uint64_t n, uint32_t e, uint16
 }
 }  // namespace twin_ops
 
+namespace twin_ops {
+// The checked fields of a DataCopyParams (blockCount in [1, 4095], blockLen in 32-byte blocks, gaps in 32-byte
+// blocks, all uint16_t), and of the params the count form builds (blockLen = count * sizeof(T) / 32).
+struct CopyBlocks {
+    uint64_t count, len, src_gap, dst_gap;
+};
+inline CopyBlocks copy_blocks(const DataCopyParams& p, const char* api, const Loc& loc) {
+    CopyBlocks k;
+    k.count = twin::field_value(loc, api, "DataCopyParams::blockCount", p.blockCount, 1, 4095, kDocCopy);
+    k.len = twin::field_value(loc, api, "DataCopyParams::blockLen", p.blockLen, 1, 65535, kDocCopy);
+    k.src_gap = twin::field_value(loc, api, "DataCopyParams::srcStride", p.srcStride, kDocCopy);
+    k.dst_gap = twin::field_value(loc, api, "DataCopyParams::dstStride", p.dstStride, kDocCopy);
+    return k;
+}
+template <typename T>
+inline void count_fits(uint64_t count, const char* api, const Loc& loc) {
+    twin::field_value(loc, api, "DataCopyParams::blockLen (count * sizeof(T) / 32)",
+                      Field<uint16_t>(count * sizeof(T) / ONE_BLK_SIZE), 0, 65535, kDocCopy);
+}
+}  // namespace twin_ops
+
 // ---- DataCopy: contiguous, 32-byte multiples -------------------------------------------------------------------
 template <typename T>
 __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const uint32_t count,
@@ -163,6 +252,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
                       "count * sizeof(T) = %llu bytes is not a multiple of 32 (the hardware would round it down); "
                       "use DataCopyPad",
                       static_cast<unsigned long long>(bytes));
+    twin_ops::count_fits<T>(count, api, loc);
     twin_ops::check_ub(dst, count, api, loc, "destination");
     const uint32_t e = twin::issue(c, twin::kMTE2);
     const uint16_t site = twin::site_id(api, loc);
@@ -183,6 +273,7 @@ __aicore__ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>
                       "count * sizeof(T) = %llu bytes is not a multiple of 32 (the hardware would round it down); "
                       "use DataCopyPad",
                       static_cast<unsigned long long>(bytes));
+    twin_ops::count_fits<T>(count, api, loc);
     twin_ops::check_ub(src, count, api, loc, "source");
     const uint32_t e = twin::issue(c, twin::kMTE3);
     const uint16_t site = twin::site_id(api, loc);
@@ -199,15 +290,16 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     twin::yield_point();
-    const uint64_t blk = static_cast<uint64_t>(p.blockLen) * ONE_BLK_SIZE;
-    const uint64_t ub_span = p.blockCount ? (p.blockCount - 1) * (blk + p.dstStride * 32ull) + blk : 0;
-    const uint64_t gm_step = blk + p.srcStride * 32ull;
+    const twin_ops::CopyBlocks k = twin_ops::copy_blocks(p, api, loc);
+    const uint64_t blk = k.len * ONE_BLK_SIZE;
+    const uint64_t ub_span = k.count ? (k.count - 1) * (blk + k.dst_gap * 32ull) + blk : 0;
+    const uint64_t gm_step = blk + k.src_gap * 32ull;
     twin_ops::check_ub(dst, ub_span / sizeof(T), api, loc, "destination");
     const uint32_t e = twin::issue(c, twin::kMTE2);
     const uint16_t site = twin::site_id(api, loc);
-    for (uint16_t b = 0; b < p.blockCount; ++b) {
+    for (uint64_t b = 0; b < k.count; ++b) {
         twin_ops::gm_side(c, src, b * gm_step, blk, false, false, twin::kMTE2, api, loc);
-        const uint64_t uoff = b * (blk + p.dstStride * 32ull);
+        const uint64_t uoff = b * (blk + k.dst_gap * 32ull);
         twin::ub_access(c, dst.offset() + uoff, blk, twin::kMTE2, true, e, site, api, loc);
         std::memcpy(dst.addr_ + uoff, reinterpret_cast<const uint8_t*>(src.GetPhyAddr()) + b * gm_step, blk);
     }
@@ -219,14 +311,15 @@ __aicore__ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     twin::yield_point();
-    const uint64_t blk = static_cast<uint64_t>(p.blockLen) * ONE_BLK_SIZE;
-    const uint64_t ub_span = p.blockCount ? (p.blockCount - 1) * (blk + p.srcStride * 32ull) + blk : 0;
-    const uint64_t gm_step = blk + p.dstStride * 32ull;
+    const twin_ops::CopyBlocks k = twin_ops::copy_blocks(p, api, loc);
+    const uint64_t blk = k.len * ONE_BLK_SIZE;
+    const uint64_t ub_span = k.count ? (k.count - 1) * (blk + k.src_gap * 32ull) + blk : 0;
+    const uint64_t gm_step = blk + k.dst_gap * 32ull;
     twin_ops::check_ub(src, ub_span / sizeof(T), api, loc, "source");
     const uint32_t e = twin::issue(c, twin::kMTE3);
     const uint16_t site = twin::site_id(api, loc);
-    for (uint16_t b = 0; b < p.blockCount; ++b) {
-        const uint64_t uoff = b * (blk + p.srcStride * 32ull);
+    for (uint64_t b = 0; b < k.count; ++b) {
+        const uint64_t uoff = b * (blk + k.src_gap * 32ull);
         twin::ub_access(c, src.offset() + uoff, blk, twin::kMTE3, false, e, site, api, loc);
         twin_ops::gm_side(c, dst, b * gm_step, blk, true, c.atomic != 0, twin::kMTE3, api, loc);
         uint8_t* g = reinterpret_cast<uint8_t*>(dst.GetPhyAddr()) + b * gm_step;
@@ -257,16 +350,16 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
 // ---- DataCopyPad: byte-granular blocks --------------------------------------------------------------------------
 namespace twin_ops {
 template <typename T>
-inline void pad_in(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint16_t count, uint32_t len,
+inline void pad_in(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint64_t count, uint64_t len,
                    uint64_t src_gap, uint64_t dst_gap_blocks, bool is_pad, uint8_t left, uint8_t right, T value,
                    const char* api, const Loc& loc) {
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     twin::yield_point();
-    if (len % sizeof(T) != 0) twin::fail_at(loc, api, "blockLen %u is not a multiple of sizeof(T)", len);
+    if (len % sizeof(T) != 0)
+        twin::fail_at(loc, api, "blockLen %llu is not a multiple of sizeof(T)", static_cast<unsigned long long>(len));
     if (left * sizeof(T) > 32 || right * sizeof(T) > 32)
         twin::fail_at(loc, api, "left/right padding may not exceed 32 bytes");
-    if (count > 4095) twin::fail_at(loc, api, "blockCount %u exceeds 4095", count);
     if (count == 0 || len == 0) return;  // NOP (Atlas A2)
     const uint64_t row = left * sizeof(T) + len + right * sizeof(T);
     const uint64_t row_ub = (row + 31) / 32 * 32;
@@ -278,7 +371,7 @@ inline void pad_in(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint16
                       static_cast<unsigned long long>(span), dst.len_);
     const uint32_t e = twin::issue(c, twin::kMTE2);
     const uint16_t site = twin::site_id(api, loc);
-    for (uint16_t b = 0; b < count; ++b) {
+    for (uint64_t b = 0; b < count; ++b) {
         const uint64_t goff = b * (static_cast<uint64_t>(len) + src_gap);
         gm_side(c, src, goff, len, false, false, twin::kMTE2, api, loc);
         uint8_t* u = dst.addr_ + b * step;
@@ -303,13 +396,13 @@ inline void pad_in(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint16
     }
 }
 template <typename T>
-inline void pad_out(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint16_t count, uint32_t len,
+inline void pad_out(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint64_t count, uint64_t len,
                     uint64_t src_gap_blocks, uint64_t dst_gap, const char* api, const Loc& loc) {
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     twin::yield_point();
-    if (len % sizeof(T) != 0) twin::fail_at(loc, api, "blockLen %u is not a multiple of sizeof(T)", len);
-    if (count > 4095) twin::fail_at(loc, api, "blockCount %u exceeds 4095", count);
+    if (len % sizeof(T) != 0)
+        twin::fail_at(loc, api, "blockLen %llu is not a multiple of sizeof(T)", static_cast<unsigned long long>(len));
     if (count == 0 || len == 0) return;
     const uint64_t row_ub = (static_cast<uint64_t>(len) + 31) / 32 * 32;
     const uint64_t step = row_ub + src_gap_blocks * 32;
@@ -320,7 +413,7 @@ inline void pad_out(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint1
                       static_cast<unsigned long long>(span), src.len_);
     const uint32_t e = twin::issue(c, twin::kMTE3);
     const uint16_t site = twin::site_id(api, loc);
-    for (uint16_t b = 0; b < count; ++b) {
+    for (uint64_t b = 0; b < count; ++b) {
         const uint64_t goff = b * (static_cast<uint64_t>(len) + dst_gap);
         twin::ub_access(c, src.offset() + b * step, len, twin::kMTE3, false, e, site, api, loc);
         gm_side(c, dst, goff, len, true, c.atomic != 0, twin::kMTE3, api, loc);
@@ -331,31 +424,71 @@ inline void pad_out(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint1
 }
 }  // namespace twin_ops
 
+namespace twin_ops {
+// DataCopyPad's block fields: DataCopyExtParams (blockCount in [0, 4095], blockLen in [0, 2097151] bytes, uint32
+// strides) or DataCopyParams (uint16 fields, blockLen in bytes); padding counts in elements (uint8).
+struct PadBlocks {
+    uint64_t count, len, src_gap, dst_gap;
+};
+inline PadBlocks pad_blocks(const DataCopyExtParams& p, bool in, const char* api, const Loc& loc) {
+    const char* doc = in ? kDocCopyPadIn : kDocCopyPadOut;
+    PadBlocks k;
+    k.count = twin::field_value(loc, api, "DataCopyExtParams::blockCount", p.blockCount, 0, 4095, doc);
+    k.len = twin::field_value(loc, api, "DataCopyExtParams::blockLen", p.blockLen, 0, 2097151, doc);
+    k.src_gap = twin::field_value(loc, api, "DataCopyExtParams::srcStride", p.srcStride, doc);
+    k.dst_gap = twin::field_value(loc, api, "DataCopyExtParams::dstStride", p.dstStride, doc);
+    return k;
+}
+inline PadBlocks pad_blocks(const DataCopyParams& p, bool in, const char* api, const Loc& loc) {
+    const char* doc = in ? kDocCopyPadIn : kDocCopyPadOut;
+    PadBlocks k;
+    k.count = twin::field_value(loc, api, "DataCopyParams::blockCount", p.blockCount, 0, 4095, doc);
+    k.len = twin::field_value(loc, api, "DataCopyParams::blockLen", p.blockLen, doc);
+    k.src_gap = twin::field_value(loc, api, "DataCopyParams::srcStride", p.srcStride, doc);
+    k.dst_gap = twin::field_value(loc, api, "DataCopyParams::dstStride", p.dstStride, doc);
+    return k;
+}
+inline uint8_t padding(const Field<uint8_t>& f, const char* name, const char* api, const Loc& loc) {
+    return static_cast<uint8_t>(twin::field_value(loc, api, name, f, kDocCopyPadIn));
+}
+}  // namespace twin_ops
+
 template <typename T>
 __aicore__ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
                                    const DataCopyExtParams& p, const DataCopyPadExtParams<T>& pad,
                                    twin::Loc loc = {}) {
-    twin_ops::pad_in(dst, src, p.blockCount, p.blockLen, p.srcStride, p.dstStride, pad.isPad, pad.leftPadding,
-                     pad.rightPadding, pad.paddingValue, "DataCopyPad(GM->UB)", loc);
+    static const char* api = "DataCopyPad(GM->UB)";
+    const twin_ops::PadBlocks k = twin_ops::pad_blocks(p, true, api, loc);
+    twin_ops::pad_in(dst, src, k.count, k.len, k.src_gap, k.dst_gap, pad.isPad,
+                     twin_ops::padding(pad.leftPadding, "DataCopyPadExtParams::leftPadding", api, loc),
+                     twin_ops::padding(pad.rightPadding, "DataCopyPadExtParams::rightPadding", api, loc),
+                     pad.paddingValue, api, loc);
 }
 template <typename T>
 __aicore__ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p,
                                    const DataCopyPadParams& pad, twin::Loc loc = {}) {
+    static const char* api = "DataCopyPad(GM->UB)";
     T v;
     std::memset(static_cast<void*>(&v), 0, sizeof(T));
     std::memcpy(&v, &pad.paddingValue, sizeof(T) < 8 ? sizeof(T) : 8);
-    twin_ops::pad_in(dst, src, p.blockCount, p.blockLen, p.srcStride, p.dstStride, pad.isPad, pad.leftPadding,
-                     pad.rightPadding, v, "DataCopyPad(GM->UB)", loc);
+    const twin_ops::PadBlocks k = twin_ops::pad_blocks(p, true, api, loc);
+    twin_ops::pad_in(dst, src, k.count, k.len, k.src_gap, k.dst_gap, pad.isPad,
+                     twin_ops::padding(pad.leftPadding, "DataCopyPadParams::leftPadding", api, loc),
+                     twin_ops::padding(pad.rightPadding, "DataCopyPadParams::rightPadding", api, loc), v, api, loc);
 }
 template <typename T>
 __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                                    const DataCopyExtParams& p, twin::Loc loc = {}) {
-    twin_ops::pad_out(dst, src, p.blockCount, p.blockLen, p.srcStride, p.dstStride, "DataCopyPad(UB->GM)", loc);
+    static const char* api = "DataCopyPad(UB->GM)";
+    const twin_ops::PadBlocks k = twin_ops::pad_blocks(p, false, api, loc);
+    twin_ops::pad_out(dst, src, k.count, k.len, k.src_gap, k.dst_gap, api, loc);
 }
 template <typename T>
 __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& p,
                                    twin::Loc loc = {}) {
-    twin_ops::pad_out(dst, src, p.blockCount, p.blockLen, p.srcStride, p.dstStride, "DataCopyPad(UB->GM)", loc);
+    static const char* api = "DataCopyPad(UB->GM)";
+    const twin_ops::PadBlocks k = twin_ops::pad_blocks(p, false, api, loc);
+    twin_ops::pad_out(dst, src, k.count, k.len, k.src_gap, k.dst_gap, api, loc);
 }
 
 // ---- vector unit: element-wise ---------------------------------------------------------------------------------
@@ -847,38 +980,38 @@ __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>
 // 32-byte blocks; operands start on 32-byte blocks; every element touched must lie inside its LocalTensor.
 struct BinaryRepeatParams {
     BinaryRepeatParams() {}
-    BinaryRepeatParams(uint8_t dstBlk, uint8_t src0Blk, uint8_t src1Blk, uint8_t dstRep, uint8_t src0Rep,
-                       uint8_t src1Rep)
+    BinaryRepeatParams(Field<uint8_t> dstBlk, Field<uint8_t> src0Blk, Field<uint8_t> src1Blk, Field<uint8_t> dstRep,
+                       Field<uint8_t> src0Rep, Field<uint8_t> src1Rep)
         : dstBlkStride(dstBlk), src0BlkStride(src0Blk), src1BlkStride(src1Blk), dstRepStride(dstRep),
           src0RepStride(src0Rep), src1RepStride(src1Rep) {}
     uint32_t blockNumber = DEFAULT_BLK_NUM;
-    uint8_t dstBlkStride = DEFAULT_BLK_STRIDE;
-    uint8_t src0BlkStride = DEFAULT_BLK_STRIDE;
-    uint8_t src1BlkStride = DEFAULT_BLK_STRIDE;
-    uint8_t dstRepStride = DEFAULT_REPEAT_STRIDE;
-    uint8_t src0RepStride = DEFAULT_REPEAT_STRIDE;
-    uint8_t src1RepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint8_t> dstBlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint8_t> src0BlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint8_t> src1BlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint8_t> dstRepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint8_t> src0RepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint8_t> src1RepStride = DEFAULT_REPEAT_STRIDE;
     bool repeatStrideMode = false;
     bool strideSizeMode = false;
 };
 struct UnaryRepeatParams {
     UnaryRepeatParams() {}
-    UnaryRepeatParams(uint16_t dstBlk, uint16_t srcBlk, uint8_t dstRep, uint8_t srcRep)
+    UnaryRepeatParams(Field<uint16_t> dstBlk, Field<uint16_t> srcBlk, Field<uint8_t> dstRep, Field<uint8_t> srcRep)
         : dstBlkStride(dstBlk), srcBlkStride(srcBlk), dstRepStride(dstRep), srcRepStride(srcRep) {}
     uint32_t blockNumber = DEFAULT_BLK_NUM;
-    uint16_t dstBlkStride = DEFAULT_BLK_STRIDE;
-    uint16_t srcBlkStride = DEFAULT_BLK_STRIDE;
-    uint8_t dstRepStride = DEFAULT_REPEAT_STRIDE;
-    uint8_t srcRepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint16_t> dstBlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint16_t> srcBlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint8_t> dstRepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint8_t> srcRepStride = DEFAULT_REPEAT_STRIDE;
     bool repeatStrideMode = false;
     bool strideSizeMode = false;
 };
 struct BrcbRepeatParams {
     BrcbRepeatParams() {}
-    BrcbRepeatParams(uint16_t dstBlk, uint16_t dstRep) : dstRepStride(dstRep), dstBlkStride(dstBlk) {}
+    BrcbRepeatParams(Field<uint16_t> dstBlk, Field<uint16_t> dstRep) : dstRepStride(dstRep), dstBlkStride(dstBlk) {}
     uint32_t blockNumber = DEFAULT_BLK_NUM;
-    uint16_t dstRepStride = DEFAULT_REPEAT_STRIDE;
-    uint16_t dstBlkStride = DEFAULT_BLK_STRIDE;
+    Field<uint16_t> dstRepStride = DEFAULT_REPEAT_STRIDE;
+    Field<uint16_t> dstBlkStride = DEFAULT_BLK_STRIDE;
 };
 
 namespace twin_ops {
@@ -908,31 +1041,49 @@ inline void l0_touch(twin::Core& c, const LocalTensor<T>& t, uint32_t mask, uint
         twin::fail_at(loc, api, "%s operand: the repeats reach element %llu, beyond its LocalTensor length %u", role,
                       static_cast<unsigned long long>(maxel), t.GetSize());
 }
+// The checked strides of a BinaryRepeatParams (uint8_t each) and a repeat count (uint8_t, [0, 255]).
+struct BinStrides {
+    uint32_t dst_blk, s0_blk, s1_blk, dst_rep, s0_rep, s1_rep;
+};
+inline BinStrides bin_strides(const BinaryRepeatParams& p, const char* api, const Loc& loc) {
+    auto f = [&](const char* n, const Field<uint8_t>& x) {
+        return static_cast<uint32_t>(twin::field_value(loc, api, n, x, kDocRepeat));
+    };
+    return {f("BinaryRepeatParams::dstBlkStride", p.dstBlkStride), f("BinaryRepeatParams::src0BlkStride", p.src0BlkStride),
+            f("BinaryRepeatParams::src1BlkStride", p.src1BlkStride), f("BinaryRepeatParams::dstRepStride", p.dstRepStride),
+            f("BinaryRepeatParams::src0RepStride", p.src0RepStride),
+            f("BinaryRepeatParams::src1RepStride", p.src1RepStride)};
+}
+inline uint32_t repeat_time(const Field<uint8_t>& r, const char* api, const Loc& loc) {
+    return static_cast<uint32_t>(twin::field_value(loc, api, "repeatTime", r, 0, 255, kDocRepeat));
+}
 template <typename T, typename F>
 inline void l0_binary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
-                      uint64_t mask, uint8_t repeat, const BinaryRepeatParams& p, F f, const Loc& loc) {
+                      uint64_t mask, Field<uint8_t> repeatTime, const BinaryRepeatParams& params, F f,
+                      const Loc& loc) {
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     require_vec_type<T>(api, loc);
     if (mask == 0 || mask > 256 / sizeof(T))
         twin::fail_at(loc, api, "mask %llu outside 1..%zu (continuous mode)", static_cast<unsigned long long>(mask),
                       256 / sizeof(T));
+    const uint32_t repeat = repeat_time(repeatTime, api, loc);
+    const BinStrides p = bin_strides(params, api, loc);
     if (repeat == 0) return;  // NOP on Atlas A2
     const uint32_t e = twin::issue(c, twin::kV);
     const uint16_t site = twin::site_id(api, loc);
     const uint32_t m = static_cast<uint32_t>(mask);
-    l0_touch(c, a, m, repeat, p.src0BlkStride, p.src0RepStride, false, e, site, api, loc, "source 0");
-    l0_touch(c, b, m, repeat, p.src1BlkStride, p.src1RepStride, false, e, site, api, loc, "source 1");
-    l0_touch(c, dst, m, repeat, p.dstBlkStride, p.dstRepStride, true, e, site, api, loc, "destination");
+    l0_touch(c, a, m, repeat, p.s0_blk, p.s0_rep, false, e, site, api, loc, "source 0");
+    l0_touch(c, b, m, repeat, p.s1_blk, p.s1_rep, false, e, site, api, loc, "source 1");
+    l0_touch(c, dst, m, repeat, p.dst_blk, p.dst_rep, true, e, site, api, loc, "destination");
     T* d = ptr(dst);
     const T* x = ptr(a);
     const T* y = ptr(b);
     std::vector<T> out(m);
     for (uint32_t j = 0; j < repeat; ++j) {  // a repeat reads its operands, then writes
         for (uint32_t i = 0; i < m; ++i)
-            out[i] = f(x[l0_off<T>(j, i, p.src0BlkStride, p.src0RepStride)],
-                       y[l0_off<T>(j, i, p.src1BlkStride, p.src1RepStride)]);
-        for (uint32_t i = 0; i < m; ++i) d[l0_off<T>(j, i, p.dstBlkStride, p.dstRepStride)] = out[i];
+            out[i] = f(x[l0_off<T>(j, i, p.s0_blk, p.s0_rep)], y[l0_off<T>(j, i, p.s1_blk, p.s1_rep)]);
+        for (uint32_t i = 0; i < m; ++i) d[l0_off<T>(j, i, p.dst_blk, p.dst_rep)] = out[i];
     }
 }
 }  // namespace twin_ops
@@ -940,7 +1091,8 @@ inline void l0_binary(const char* api, const LocalTensor<T>& dst, const LocalTen
 #define TWIN_BINARY_L0(NAME, EXPR)                                                                                  \
     template <typename T, bool isSetMask = true>                                                                    \
     __aicore__ inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
-                                uint64_t mask, const uint8_t repeatTime, const BinaryRepeatParams& repeatParams,    \
+                                uint64_t mask, twin::Field<uint8_t> repeatTime,                                     \
+                                const BinaryRepeatParams& repeatParams,                                             \
                                 twin::Loc loc = {}) {                                                               \
         twin_ops::l0_binary(#NAME "(level 0)", dst, src0, src1, mask, repeatTime, repeatParams,                    \
                             [](T x, T y) -> T {                                                                     \
@@ -971,9 +1123,12 @@ __aicore__ inline void ReduceRepeat(const LocalTensor<T>& dst, const LocalTensor
     twin::Core& c = twin::cur();
     twin::api_enter(c);
     const int32_t per_rep = 256 / sizeof(T);
-    if (mask < 1 || mask > per_rep || repeatTime < 0 || repeatTime > 255 || dstRepStride < 0 || srcBlkStride < 0 ||
-        srcRepStride < 0)
-        twin::fail_at(loc, api, "mask %d / repeatTime %d / strides out of range", mask, repeatTime);
+    if (mask < 1 || mask > per_rep) twin::fail_at(loc, api, "mask %d outside 1..%d (continuous mode)", mask, per_rep);
+    // ReduceRepeat.md: repeatTime in [0, 255], the three strides in [0, 65535]
+    twin::field_value(loc, api, "repeatTime", Field<int32_t>(repeatTime), 0, 255, "ReduceRepeat.md");
+    twin::field_value(loc, api, "dstRepStride", Field<int32_t>(dstRepStride), 0, 65535, "ReduceRepeat.md");
+    twin::field_value(loc, api, "srcBlkStride", Field<int32_t>(srcBlkStride), 0, 65535, "ReduceRepeat.md");
+    twin::field_value(loc, api, "srcRepStride", Field<int32_t>(srcRepStride), 0, 65535, "ReduceRepeat.md");
     if (repeatTime == 0) return;
     const bool both = reduceType != ReduceType::SUM &&
                       (order == ReduceOrder::ORDER_VALUE_INDEX || order == ReduceOrder::ORDER_INDEX_VALUE);
@@ -1032,14 +1187,21 @@ __aicore__ inline void ReduceRepeat(const LocalTensor<T>& dst, const LocalTensor
 
 // Brcb: element i * 8 + k of src fills data block k of repeat i (数据填充/Brcb.md); dstBlkStride 0 counts as 1.
 template <typename T>
-__aicore__ inline void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t repeatTime,
-                            const BrcbRepeatParams& p, twin::Loc loc = {}) {
+__aicore__ inline void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, twin::Field<uint8_t> repeatParam,
+                            const BrcbRepeatParams& params, twin::Loc loc = {}) {
     static const char* api = "Brcb";
     static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Brcb: b16 / b32");
     twin::Core& c = twin::cur();
     twin::api_enter(c);
+    const uint32_t repeatTime = twin_ops::repeat_time(repeatParam, api, loc);
+    struct {
+        uint64_t dstRepStride, dstBlkStride;
+    } p{static_cast<uint64_t>(
+            twin::field_value(loc, api, "BrcbRepeatParams::dstRepStride", params.dstRepStride, twin_ops::kDocRepeat)),
+        static_cast<uint64_t>(
+            twin::field_value(loc, api, "BrcbRepeatParams::dstBlkStride", params.dstBlkStride, twin_ops::kDocRepeat))};
     if (repeatTime == 0) return;
-    const uint32_t per = 32 / sizeof(T), blk = p.dstBlkStride == 0 ? 1 : p.dstBlkStride;
+    const uint32_t per = 32 / sizeof(T), blk = p.dstBlkStride == 0 ? 1 : static_cast<uint32_t>(p.dstBlkStride);
     twin_ops::check_ub(src, static_cast<uint64_t>(repeatTime) * 8, api, loc, "source");
     twin_ops::check_ub(dst, 0, api, loc, "destination");
     const uint64_t last = ((static_cast<uint64_t>(repeatTime) - 1) * p.dstRepStride + 7ull * blk) * per + per;

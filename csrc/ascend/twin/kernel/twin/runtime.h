@@ -16,10 +16,13 @@
 //       - GM: out-of-allocation accesses, writes to inputs, same-core ordering between pipes, cross-core races (an
 //         access conflicting with another core's access that no SyncAll / cross-core flag orders before it, float
 //         atomic adds commute), deadlocks and cross-core flags left unmatched at the end;
-//       - API contracts: 32-byte alignment, lengths against LocalTensor::GetSize(), capacities, round modes.
+//       - API contracts: 32-byte alignment, lengths against LocalTensor::GetSize(), capacities, round modes;
+//       - field widths: every parameter struct field keeps the full value assigned (twin::Field) and the call
+//         checks it against CANN's type and documented range (field_value; docs/npu-twin-rules.md).
 #ifndef FUSED_LCE_TWIN_RUNTIME_H_
 #define FUSED_LCE_TWIN_RUNTIME_H_
 
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -77,6 +81,44 @@ inline std::string core_name();
     va_end(ap);
     throw Error(format("twin ERROR in %s at %s:%d [%s]: %s", api, base_name(loc.file), loc.line,
                        core_name().c_str(), msg.c_str()));
+}
+
+// The value of a parameter field at a call. CANN's struct holds it in T; the hardware reads T's bits, so a value that
+// does not fit T, or lies outside the range the field's documentation gives, is an error here (never truncated).
+template <typename T>
+inline int64_t field_value(const Loc& loc, const char* api, const char* name, const Field<T>& f, int64_t lo,
+                           int64_t hi, const char* doc) {
+    const int64_t v = f.value();
+    const int64_t tmin = static_cast<int64_t>(std::numeric_limits<T>::min());
+    const int64_t tmax = std::numeric_limits<T>::max() > static_cast<uint64_t>(INT64_MAX)
+                             ? INT64_MAX
+                             : static_cast<int64_t>(std::numeric_limits<T>::max());
+    if (v < tmin || v > tmax)
+        fail_at(loc, api, "%s = %lld does not fit its field (%zu-bit %s; %s): the hardware would read %lld", name,
+                static_cast<long long>(v), sizeof(T) * 8, std::is_signed<T>::value ? "signed" : "unsigned", doc,
+                static_cast<long long>(static_cast<T>(f)));
+    if (v < lo || v > hi)
+        fail_at(loc, api, "%s = %lld is outside its documented range [%lld, %lld] (%s)", name,
+                static_cast<long long>(v), static_cast<long long>(lo), static_cast<long long>(hi), doc);
+    return v;
+}
+template <typename T>
+inline int64_t field_value(const Loc& loc, const char* api, const char* name, const Field<T>& f, const char* doc) {
+    return field_value(loc, api, name, f, static_cast<int64_t>(std::numeric_limits<T>::min()), INT64_MAX, doc);
+}
+
+// The GM address the twin's launchers pass for an absent optional argument: never null (CANN does not promise null
+// for an absent optional; ops-nn switches optional outputs by attribute / tiling) and never registered, so a kernel
+// that took a non-null address for presence and accessed it is reported. It starts a reserved, inaccessible span of
+// address space, so that an access at any offset from it is recognised as such.
+constexpr uint64_t kAbsentSpan = 1ull << 36;
+inline uint8_t* absent_placeholder() {
+    static uint8_t* base = [] {
+        void* p = mmap(nullptr, kAbsentSpan, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        alignas(64) static uint8_t fallback[64];
+        return p == MAP_FAILED ? fallback : static_cast<uint8_t*>(p);
+    }();
+    return base;
 }
 
 // ---- pipes and call-site table ---------------------------------------------------------------------------------
@@ -248,9 +290,15 @@ struct CacheLineCopy {
     uint64_t dirty = 0;        // bit i: byte (line + i) stored by the scalar unit and not yet written back
 };
 
-// Cube-side resources of one AIC used by the Matmul model (lib/matmul_intf.h).
+// Cube-side resources of one AIC used by the Matmul model (lib/matmul_intf.h). The Matmul objects of a core overlay
+// L1 / L0C: each Init starts its buffers at the same share address (asc-devkit impl/basic_api/kernel_tpipe_base.h
+// AuxShareBufStart, called from the scheduler's Init through InitShareBufStart), so the core needs the largest
+// object's buffers, not their sum, and only one object may hold data there at a time: an object is live from its
+// first SetTensorA / SetTensorB / Iterate until its End().
 struct MatmulResources {
-    uint64_t l1_objects_bytes = 0;  // sum over the Matmul objects registered on this AIC (informational)
+    uint64_t l1_max_bytes = 0;   // the largest L1 need of the objects initialised on this AIC
+    const void* live = nullptr;  // the object holding L1 / L0C now (nullptr: none)
+    std::string live_site;       // where it became live
 };
 
 struct Core {
@@ -287,6 +335,7 @@ struct Core {
     // fixpipe writes, scalar GM access) and cube FLOPs (2 m n k of every Matmul tile)
     struct Counters {
         uint64_t v_instr = 0, v_bytes = 0, s_ops = 0, gm_rd = 0, gm_wr = 0, cube_flops = 0;
+        uint64_t l1_in = 0;  // cube operand bytes copied GM -> L1 (the Matmul model's ND2NZ copies)
     } cnt;
     // cross-core ordering: vc[a * kNumPipes + p] = epochs of agent a's pipe p known complete to this core
     int agent = 0;
@@ -477,6 +526,11 @@ inline Region* find_region(uintptr_t a) {
     return a >= g.start && a < g.start + g.size ? &g : nullptr;
 }
 inline std::string gm_describe(uintptr_t a) {
+    const uintptr_t ph = reinterpret_cast<uintptr_t>(absent_placeholder());
+    if (a >= ph && a < ph + kAbsentSpan)
+        return format("the placeholder address of an absent optional argument + %llu (presence must come from the "
+                      "tiling, not from a null address)",
+                      static_cast<unsigned long long>(a - ph));
     Region* g = find_region(a);
     if (g) return format("%s+%llu", g->name.c_str(), static_cast<unsigned long long>(a - g->start));
     // nearest region below, to explain overruns
@@ -490,6 +544,7 @@ inline std::string gm_describe(uintptr_t a) {
     }
     return format("unregistered address %p", reinterpret_cast<void*>(a));
 }
+
 // Bounds of a GM range: it must lie inside one allocation.
 inline Region& gm_bounds(uintptr_t a, uint64_t bytes, bool write, const char* api, const Loc& loc) {
     Region* g = find_region(a);

@@ -113,6 +113,34 @@ struct bfloat16_t {
 static_assert(sizeof(half) == 2 && sizeof(bfloat16_t) == 2, "16-bit float types");
 
 namespace twin {
+// A field of one of CANN's parameter structs (or a narrow scalar parameter of an API), declared with CANN's own type
+// T. It keeps the full value the kernel assigned: CANN's struct keeps only T's low bits and the hardware reads those
+// silently; the twin checks the full value at the call against T and the field's documented range
+// (twin::field_value in runtime.h) and reports a value that does not fit. Converting it to T gives what CANN's field
+// would hold.
+template <typename T>
+struct Field {
+    static_assert(std::is_integral<T>::value, "integral fields only");
+    Field() = default;
+    template <typename U, typename std::enable_if<std::is_arithmetic<U>::value, int>::type = 0>
+    constexpr Field(U u) : v(wide(u)) {}  // NOLINT: implicit, like an assignment to CANN's field
+    constexpr operator T() const { return static_cast<T>(v); }  // NOLINT: the bits CANN's field would hold
+    constexpr int64_t value() const { return v; }
+    int64_t v;  // as assigned; unsigned values above INT64_MAX saturate (they fit no field either)
+
+private:
+    template <typename U>
+    static constexpr int64_t wide(U u) {
+        if constexpr (std::is_floating_point<U>::value) {
+            return static_cast<int64_t>(u);
+        } else if constexpr (std::is_unsigned<U>::value && sizeof(U) >= sizeof(int64_t)) {
+            return u > static_cast<U>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+        } else {
+            return static_cast<int64_t>(u);
+        }
+    }
+};
+
 template <typename T>
 inline float to_f32(T v) {
     return static_cast<float>(v);
