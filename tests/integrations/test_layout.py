@@ -1,5 +1,6 @@
-"""The integrations sit on top of the library: nothing below ``fused_lce/integrations`` imports them, and they
-import each other one way only (hf -> trl; trl, megatron and axolotl import nothing of hf)."""
+"""The integrations sit on top of the library: nothing below ``fused_lce/integrations`` imports them, they use the
+public API only (``fused_lce`` / ``fused_lce.api``, never core, ops or backends), and they import each other one
+way only (hf -> trl; trl, megatron and axolotl import nothing of hf)."""
 from __future__ import annotations
 
 import ast
@@ -41,3 +42,10 @@ def test_integrations_import_one_way():
         assert not bad, (name, bad)
     for path in (integrations / "hf").glob("*.py"):
         assert "fused_lce.integrations.hf.api" not in imported(path) or path.name == "__init__.py", path
+
+
+def test_integrations_use_the_public_api_only():
+    for path in (PACKAGE / "integrations").rglob("*.py"):
+        inner = sorted(n for n in imported(path) if n.startswith(("fused_lce.core", "fused_lce.ops",
+                                                                   "fused_lce.backends")))
+        assert not inner, (path, inner)

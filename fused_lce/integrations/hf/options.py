@@ -5,8 +5,7 @@ import os
 
 import torch
 
-from ...api import linear_cross_entropy
-from ...core import registry
+from ...api import backend_info, linear_cross_entropy
 
 # fixed by the HF loss contract (mean over num_items_in_batch or valid tokens, causal shift) or set per call
 RESERVED = ("reduction", "shift", "num_items", "return_stats", "process_group", "sequence_parallel")
@@ -38,8 +37,9 @@ def check_options(options) -> dict:
     # the loss options on a tiny CPU problem; the backend only by name, since it may exist for the model's device
     # and not for the CPU
     backend = options.get("backend", "auto")
-    if backend != "auto" and backend not in registry.names():
-        raise ValueError(f"backend: expected one of {('auto',) + registry.names()}, got {backend!r}")
+    names = tuple(backend_info())  # "auto" and every registered backend, available here or not
+    if backend not in names:
+        raise ValueError(f"backend: expected one of {names}, got {backend!r}")
     probe = {k: v for k, v in options.items() if k in LOSS_OPTIONS and k != "backend"}
     linear_cross_entropy(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), **probe)
     return options
