@@ -12,6 +12,9 @@ the package then runs on its torch backend and ``fused_lce.backend_info()["cpp"]
   FUSED_LCE_NO_EXT=1       do not build any extension
   ASCEND_HOME_PATH         with cmake/npu_build.py present, its ``npu_extensions(repo_root)`` adds the NPU
                            extensions (imported by path; it must not need torch_npu to be imported here)
+
+Every install (wheel or editable) also puts the start-up hook ``fused_lce-autopatch.pth`` in site-packages, so that
+``FUSED_LINEAR_CE=1`` alone enables fused_lce (see fused_lce_autopatch.py).
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ import traceback
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-STATUS = os.path.join("fused_lce", "_build_status.txt")  # present only when _C was not built: says why
+STATUS = os.path.join("fused_lce", "_build_status.txt")
+PTH = "fused_lce-autopatch.pth"  # start-up hook for site-packages (a .pth runs only from a site directory)  # present only when _C was not built: says why
 REQUIRE = os.environ.get("FUSED_LCE_REQUIRE_EXT", "") not in ("", "0")
 
 
@@ -132,4 +136,36 @@ def build_config() -> dict:
             "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None)}}
 
 
-setup(package_data={"fused_lce": ["_build_status.txt"]}, **build_config())
+def startup_hook_commands() -> dict:
+    """Commands that put PTH at the root of what is installed: build_py copies it beside the packages (wheels);
+    editable wheels install the packages through a finder and copy only data files, so it is added to the editable
+    wheel's root there (setuptools >= 64)."""
+    from setuptools.command.build_py import build_py
+
+    class BuildPyWithHook(build_py):
+        def run(self):
+            super().run()
+            self.copy_file(os.path.join(ROOT, PTH), os.path.join(self.build_lib, PTH))
+
+        def get_outputs(self, include_bytecode=True):
+            return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
+
+    commands = {"build_py": BuildPyWithHook}
+    try:
+        from setuptools.command.editable_wheel import editable_wheel
+    except ImportError:
+        return commands
+
+    class EditableWheelWithHook(editable_wheel):
+        def _run_install(self, category):
+            super()._run_install(category)
+            if category == "data":  # the last install step; install_lib is the editable wheel's root
+                shutil.copy(os.path.join(ROOT, PTH), self.get_finalized_command("install").install_lib)
+
+    commands["editable_wheel"] = EditableWheelWithHook
+    return commands
+
+
+config = build_config()
+config["cmdclass"] = {**startup_hook_commands(), **config.get("cmdclass", {})}
+setup(package_data={"fused_lce": ["_build_status.txt"]}, **config)

@@ -22,9 +22,8 @@ The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 
 prompt or Qwen3's thinking tags.
 
 --trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own fused
-LM head; on a patched model those calls are served by fused_lce). SFTTrainer logs the per-token entropy, which
-needs fused_lce.linear_logprobs; until fused_lce has it, this example patches with log_entropy=False (the logged
-entropy is then NaN), so that fused_lce computes the loss and the token accuracy.
+LM head; on a patched model those calls are served by fused_lce: loss, token accuracy and the logged entropy, in one
+fused_lce.linear_logprobs call per micro-batch).
 """
 from __future__ import annotations
 
@@ -197,12 +196,10 @@ def single_run(args, fused):
     lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r, lora_dropout=0.0, target_modules=PROJECTIONS,
                       task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
-    # SFTTrainer logs the entropy, which needs fused_lce.linear_logprobs: without it, log_entropy=False
-    options = {"log_entropy": False} if args.trainer == "sft" else {}
     if fused is None:  # --mode env: the opt-in switch decides
-        fused_lce.patch_if_enabled(model, **options)
+        fused_lce.patch_if_enabled(model)
     elif fused:
-        fused_lce.patch(model, **options)
+        fused_lce.patch(model)
 
     micro_losses = []
     if args.trainer == "sft":

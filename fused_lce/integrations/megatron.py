@@ -26,11 +26,26 @@ The default ``reduction="none"`` returns ``[b, s]`` per-token losses like ``GPTM
 ``reduction="sum"`` (with ``loss_mask``) to get Megatron's ``sum(losses * loss_mask)`` directly through the fused
 path whose gradients are computed during forward (about 3 instead of 4 GEMM-equivalents).
 
+Stock ``GPTModel.forward(..., labels=labels)`` calls its output layer without labels and computes the loss from
+the logits in ``compute_language_model_loss``. Converting (or building) a fused layer therefore also routes
+GPTModel, once per process: in a ``GPTModel.forward`` with labels whose ``output_layer`` is a fused layer, that
+layer computes the per-token ``[b, s]`` loss from the labels (``reduction="none"`` whatever its options say:
+that is ``compute_language_model_loss``'s contract) and returns it in place of the logits, and
+``compute_language_model_loss`` returns it. So ``convert_output_layer(model.output_layer)`` is all a stock GPTModel
+needs. Where the route cannot engage, the stock path runs with a warning: multi-token prediction
+(``config.mtp_num_layers``, whose extra output-layer calls use rolled labels), or a fused layer called without
+labels in a training step outside GPTModel's forward (e.g. a custom model that computes its own loss from the
+logits: pass ``labels=`` to the layer there).
+
 Not supported (ValueError): ``defer_embedding_wgrad_compute``; ``shift`` with the ``[s, b]`` layout (Megatron
 labels are already shifted). FP8 primary weights of TE are not handled.
 """
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
+import warnings
 from typing import Optional
 
 import torch
@@ -47,7 +62,17 @@ class _FusedLossMixin:
         self.fused_lce_options = dict(fused_lce_options or {})
 
     def forward(self, input_, labels=None, weight=None, runtime_gather_output=None, *, loss_mask=None, **options):
+        route = _ROUTE.get()
+        if labels is None and not options and loss_mask is None and route is not None and route.wants(self):
+            # GPTModel's forward with labels (see the module docstring): the per-token loss, where it expects
+            # (logits, bias)
+            route.loss = self.fused_loss(input_, route.labels, weight=weight, reduction="none", return_stats=False)
+            return route.loss, None
         if labels is None:
+            if torch.is_grad_enabled() and self.training and route is None:
+                _warn_once(self, "the fused output layer was called without labels in a training step, outside "
+                           "GPTModel.forward(labels=...): it returns the logits and the loss is not fused; pass "
+                           "labels= to the layer")
             if options or loss_mask is not None:
                 raise TypeError(f"loss options {sorted(options) + (['loss_mask'] if loss_mask is not None else [])} "
                                 "given without labels")
@@ -123,9 +148,84 @@ class _FusedLossMixin:
         return group if dist.get_world_size(group) > 1 else None
 
 
+# ------------------------------------------------------------------------------------------------ GPTModel route
+class _Route:
+    """One ``GPTModel.forward`` with labels: its model, output layer and labels, and the loss the layer computed."""
+
+    __slots__ = ("model", "layer", "labels", "loss", "taken")
+
+    def __init__(self, model, layer, labels):
+        self.model, self.layer, self.labels = model, layer, labels
+        self.loss, self.taken = None, False
+
+    def wants(self, layer):
+        return layer is self.layer and self.loss is None
+
+
+_ROUTE = contextvars.ContextVar("fused_lce_megatron_route", default=None)
+_WARNED: set = set()
+
+
+def _warn_once(obj, message):
+    key = (id(obj), message)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"fused_lce: {message}", UserWarning, stacklevel=3)
+
+
+def _route_gpt_model():
+    """Wrap ``GPTModel.forward`` and ``compute_language_model_loss`` (class level, once) as the module docstring
+    says; a megatron-core without GPTModel is left alone."""
+    try:
+        from megatron.core.models.gpt.gpt_model import GPTModel
+    except ImportError:
+        return
+    if getattr(GPTModel.forward, "_fused_lce_route", False):
+        return
+    forward, compute_loss = GPTModel.forward, GPTModel.compute_language_model_loss
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def routed_forward(self, *args, **kwargs):
+        layer = getattr(self, "output_layer", None)
+        if not isinstance(layer, _FusedLossMixin) or not getattr(self, "post_process", True):
+            return forward(self, *args, **kwargs)
+        labels = signature.bind_partial(self, *args, **kwargs).arguments.get("labels")
+        if labels is None:
+            return forward(self, *args, **kwargs)
+        route = _Route(self, layer, labels)
+        if getattr(self.config, "mtp_num_layers", None):
+            _warn_once(self, "GPTModel with multi-token prediction (config.mtp_num_layers) calls its output layer "
+                       "once per depth with rolled labels: the stock loss (full logits) runs, not fused_lce")
+            route = _Route(self, None, labels)  # declined: the layer's own warning would only repeat this one
+        token = _ROUTE.set(route)
+        try:
+            out = forward(self, *args, **kwargs)
+        finally:
+            _ROUTE.reset(token)
+        if not route.taken and route.layer is not None:
+            _warn_once(self, "GPTModel.forward(labels=...) did not pass its fused output layer's loss on (a changed "
+                       "forward?): the loss it returned is not fused_lce's")
+        return out
+
+    @functools.wraps(compute_loss)
+    def routed_compute_loss(self, labels, logits):
+        route = _ROUTE.get()
+        if route is None or route.model is not self or route.loss is None or route.taken:
+            return compute_loss(self, labels, logits)
+        route.taken = True
+        # what the layer returned, as the forward passed it on (module hooks may replace a layer's output)
+        return logits if isinstance(logits, torch.Tensor) and logits.shape == route.loss.shape else route.loss
+
+    routed_forward._fused_lce_route = True
+    GPTModel.forward, GPTModel.compute_language_model_loss = routed_forward, routed_compute_loss
+
+
 def fused_output_layer_class(base=None):
     """The subclass of ``base`` (default: megatron-core's native ``ColumnParallelLinear``) whose forward computes
-    the fused loss when given labels. Its constructor takes the base's arguments plus ``fused_lce_options``."""
+    the fused loss when given labels. Its constructor takes the base's arguments plus ``fused_lce_options``. Also
+    routes ``GPTModel.forward(labels=...)`` through such a layer (see the module docstring)."""
+    _route_gpt_model()
     if base is None:
         from megatron.core.tensor_parallel import ColumnParallelLinear as base
     if issubclass(base, _FusedLossMixin):

@@ -1,22 +1,16 @@
-"""TRL support for :mod:`fused_lce.integrations.hf`: serve the calls of TRL's fused LM head with fused_lce.
+"""TRL's fused LM head, served by fused_lce (used by :mod:`fused_lce.integrations.hf`; imports nothing of it).
 
-TRL >= 1.15 (``trl.trainer.utils.add_fused_lm_head``, used by SFTTrainer, DPO, KTO, GRPO, RLOO) replaces a model's
-``forward`` with one that, called with ``fused_lm_head=True``, runs the backbone and TRL's own chunked log-prob
-kernel (``trl.kernels.ChunkedLogProbFunction``: pure PyTorch off CUDA) on ``lm_head.weight``, and returns a
-``FusedCausalLMOutput`` of per-token fields. SFTTrainer computes its loss from ``log_probs`` and logs
-``mean_token_accuracy`` from ``is_top1`` and ``entropy`` from ``entropy``.
+TRL >= 1.15 (``trl.trainer.utils.add_fused_lm_head``, used by SFTTrainer, DPO, KTO, GRPO, RLOO and on their
+reference models) replaces a model's ``forward`` with one that, called with ``fused_lm_head=True``, runs the
+backbone and TRL's own chunked log-prob kernel on ``lm_head.weight`` and returns a ``FusedCausalLMOutput`` of
+per-token fields: ``log_probs``, and those it was asked for among ``entropy``, ``mean_logits``, ``is_top1``,
+``log_sum_sq_probs``.
 
-On a patched model the hooks of :func:`fused_lce.patch` see such a call before TRL's forward runs (whichever was
-installed first). If what TRL asked for can be served exactly, the hooks drop ``fused_lm_head``, so TRL's forward
-falls through to the stock forward, whose armed output layer computes the fields with fused_lce; otherwise TRL's
-head runs and the hooks warn once, saying why. What TRL asked for (temperature, outputs, fp32 head, softcap, logit
-scale) is read, never changed, from the closure of the forward TRL installed.
-
-Served: ``log_probs`` (exact, with gradients, via ``reduction="none"``), ``label_mask``, ``is_top1`` as a 0-dim
-count of top-1 hits (fused_lce's public API gives the token accuracy, not per-token flags; SFTTrainer only sums it),
-``entropy`` per token via ``fused_lce.linear_logprobs`` when this fused_lce has it (with ``log_entropy=False``: a
-0-dim NaN), and ``loss``/``aux_loss`` as TRL defines them. Not served (TRL's head runs): ``log_sum_sq_probs``,
-``mean_logits`` (DPO, KTO), ``cast_lm_head_to_fp32=True``, a softcap together with a temperature or logit scale.
+On a patched model the hooks of :func:`fused_lce.patch` see such a call before TRL's forward runs. If fused_lce can
+serve it exactly (:func:`unsupported` is None) they drop ``fused_lm_head``, TRL's forward falls through to the stock
+forward, and the armed output layer computes every field in one :func:`fused_lce.linear_logprobs` call
+(:func:`compute`). What TRL asked for (temperature, outputs, fp32 head, softcap, logit scale) is read, never
+changed, from the closure of the forward TRL installed.
 """
 from __future__ import annotations
 
@@ -27,7 +21,11 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-SERVED_OUTPUTS = ("log_probs", "entropy", "is_top1")
+from ..api import linear_logprobs
+
+# TRL's field -> fused_lce.linear_logprobs' extra output (non-differentiable metrics)
+_EXTRAS = {"mean_logits": "mean_logit", "is_top1": "is_top1", "log_sum_sq_probs": "log_sum_sq_probs"}
+SERVED_OUTPUTS = ("log_probs", "entropy") + tuple(_EXTRAS)
 # the closure variables of TRL's fused forward that say what it computes
 _SETTINGS = ("temperature", "outputs", "cast_lm_head_to_fp32", "final_logit_softcapping", "logit_scale")
 
@@ -85,79 +83,70 @@ def _read(fn):
                 found["final_logit_softcapping"], 1.0 if scale is None else float(scale))
 
 
-def unsupported(head: Head, log_entropy: bool, have_logprobs: bool) -> Optional[str]:
-    """None if fused_lce serves this head's calls exactly, else the reason."""
+def unsupported(head: Union[Head, str]) -> Optional[str]:
+    """None if fused_lce serves this head's calls exactly, else the reason (then TRL's own head runs)."""
+    if isinstance(head, str):
+        return head
     extra = [k for k in head.outputs if k not in SERVED_OUTPUTS]
     if extra:
         return f"TRL asks for {extra}, which fused_lce does not compute"
     if head.cast_fp32:
         return "cast_lm_head_to_fp32=True"
-    if head.softcap is not None and (head.temperature != 1.0 or head.logit_scale != 1.0):
-        return "a logit softcap combined with a temperature or logit scale"
-    if "entropy" in head.outputs and log_entropy and not have_logprobs:
-        return ("TRL logs the per-token entropy, which needs fused_lce.linear_logprobs (not in this fused_lce); "
-                "fused_lce.patch(model, log_entropy=False) serves these calls with fused_lce and logs the "
-                "entropy as NaN")
+    if head.logit_scale != 1.0:
+        return f"the model scales its logits by {head.logit_scale} (config logit_scale or similar)"
     return None
 
 
-def output(model, out, loss, fields):
-    """TRL's ``FusedCausalLMOutput`` from the stock forward's output, the loss the armed head computed and the
-    fields it filled in. The stock forward adds the router aux loss only when it gets ``labels``; with
-    ``shift_labels`` alone it returns no loss, and the aux loss is added here, as TRL does."""
+def compute(head: Head, hidden, weight, bias, labels, *, log_entropy: bool, options: dict):
+    """The armed output layer's work for a served call: ``(carrier, fields)``. ``carrier`` holds the
+    differentiable per-token outputs as one tensor (log-prob, then entropy, on the last dimension) -- the layer
+    returns it, so module hooks that replace a layer's output (ZeRO-3) see all of them; ``fields`` holds the label
+    mask and the metrics (no gradient)."""
+    want_entropy = "entropy" in head.outputs and log_entropy
+    extras = tuple(_EXTRAS[k] for k in head.outputs if k in _EXTRAS)
+    out = linear_logprobs(hidden, weight, labels, bias, temperature=head.temperature, softcap=head.softcap,
+                          return_entropy=want_entropy, extra_outputs=extras, ignore_index=-100, **options)
+    if not extras:  # linear_logprobs returns the log-probs, or (log-probs, entropy), then
+        logprobs, entropy = out if want_entropy else (out, None)
+        metrics = {}
+    else:
+        logprobs, entropy = out.logprobs, out.entropy
+        metrics = {k: getattr(out, v) for k, v in _EXTRAS.items() if k in head.outputs}
+    carrier = torch.stack([logprobs, entropy], -1) if want_entropy else logprobs.unsqueeze(-1)
+    fields = {"label_mask": labels != -100, "entropy_nan": "entropy" in head.outputs and not want_entropy, **metrics}
+    return carrier, fields
+
+
+def _per_token(carrier, fields, shifted):
+    """TRL's per-token fields from the carrier (as the stock forward passed it on) and the metrics; without
+    ``shift_labels`` TRL scores positions 0..T-2 against labels 1..T-1, so the last position is dropped."""
+    # contiguous, as TRL's own fields are: a sum over a strided view may round differently (DPO's rewards compare
+    # the policy's and the reference's summed log-probs)
+    cut = (lambda t: t.contiguous()) if shifted else (lambda t: t[..., :-1].contiguous())  # noqa: E731
+    out = {"log_probs": cut(carrier[..., 0]), "label_mask": cut(fields["label_mask"]),
+           "entropy": cut(carrier[..., 1]) if carrier.shape[-1] == 2 else None}
+    if fields["entropy_nan"]:  # log_entropy=False: not computed
+        out["entropy"] = torch.full((), float("nan"), device=carrier.device)
+    out.update({k: cut(fields[k]) for k in _EXTRAS if fields.get(k) is not None})
+    return out
+
+
+def loss(carrier, fields, num_items, shifted):
+    """TRL's loss (before the router aux loss): ``-sum(log_probs) / (num_items_in_batch or the label count)``."""
+    f = _per_token(carrier, fields, shifted)
+    denominator = num_items if num_items is not None else f["label_mask"].sum().clamp(min=1)
+    return -f["log_probs"].sum() / denominator
+
+
+def output(model, out, carrier, fields, num_items, shifted):
+    """TRL's ``FusedCausalLMOutput`` from the stock forward's output ``out`` and the carrier. With ``labels``
+    the stock forward's loss is TRL's (the relay computed it from the carrier; MoE forwards added the router aux
+    loss); with ``shift_labels`` alone it returns no loss, and it is made here, the aux loss added as TRL does."""
     from trl.trainer.utils import FusedCausalLMOutput
 
-    aux = out.get("aux_loss")
-    if out.get("loss") is not None:
-        loss = out["loss"]
-    elif aux is not None:
-        loss = loss + getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) * aux
-    return FusedCausalLMOutput(loss=loss, log_probs=fields["log_probs"], entropy=fields["entropy"],
-                               is_top1=fields["is_top1"], label_mask=fields["label_mask"], aux_loss=aux)
-
-
-def compute(leaf, frame, hidden, labels):
-    """The armed output layer's work for a served TRL call: TRL's per-token fields into ``frame.trl_fields``;
-    returns the loss of TRL's ``FusedCausalLMOutput`` before the router aux loss. Calls the op through
-    :mod:`fused_lce.integrations.hf` (one place to count its calls)."""
-    from . import hf
-
-    linear_cross_entropy = hf.linear_cross_entropy
-    spec, fields, opts = frame.trl, frame.trl_fields, frame.loss_options
-    weight, bias = leaf.weight, leaf.bias
-    softcap = spec.softcap
-    # TRL: z -> softcap(z * logit_scale) / temperature; without a softcap both scales fold into the hidden states
-    scale = spec.logit_scale if softcap is not None else spec.logit_scale / spec.temperature
-    if scale != 1.0:
-        hidden = hidden * scale
-        bias = bias * scale if bias is not None else None
-    valid = labels != -100
-    want_entropy = "entropy" in spec.outputs and fields["log_entropy"]
-    entropy = top1 = None
-    if want_entropy:
-        logprobs, entropy = hf._linear_logprobs()(hidden, weight, labels, bias, temperature=1.0, softcap=softcap,
-                                                  return_entropy=True, ignore_index=-100,
-                                                  backend=opts.get("backend", "auto"),
-                                                  validate=opts.get("validate", True))
-        nll = torch.where(valid, -logprobs, 0.0)
-        entropy = torch.where(valid, entropy, 0.0)
-        if "is_top1" in spec.outputs:
-            with torch.no_grad():
-                stats = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="sum",
-                                             return_stats=True, **opts)
-            top1 = torch.round(stats.token_accuracy * stats.n_valid).to(torch.long)
-    else:
-        out = linear_cross_entropy(hidden, weight, labels, bias, softcap=softcap, reduction="none",
-                                   return_stats="is_top1" in spec.outputs, **opts)
-        nll = out.loss if "is_top1" in spec.outputs else out
-        if "is_top1" in spec.outputs:
-            top1 = torch.round(out.token_accuracy * out.n_valid).to(torch.long)
-        if "entropy" in spec.outputs:
-            entropy = torch.full((), float("nan"), device=hidden.device)  # log_entropy=False: not computed
-    if not frame.trl_shifted:  # TRL scores positions 0..T-2 against labels 1..T-1
-        nll, valid = nll[..., :-1], valid[..., :-1]
-        if entropy is not None and entropy.dim() > 0:
-            entropy = entropy[..., :-1]
-    denominator = frame.num_items if frame.num_items is not None else valid.sum().clamp(min=1)
-    fields.update(log_probs=-nll, entropy=entropy, is_top1=top1, label_mask=valid)
-    return nll.sum() / denominator
+    aux, total = out.get("aux_loss"), out.get("loss")
+    if total is None:
+        total = loss(carrier, fields, num_items, shifted)
+        if aux is not None:
+            total = total + getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) * aux
+    return FusedCausalLMOutput(loss=total, aux_loss=aux, **_per_token(carrier, fields, shifted))

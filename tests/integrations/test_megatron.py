@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -216,3 +217,119 @@ def _errors_case(rank, world, spec):
     except ValueError as e:
         out["defer"] = str(e)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ GPTModel
+def _cpu_stand_ins():
+    """megatron-core's attention takes a scratch buffer on the current CUDA device and forks the CUDA RNG (for
+    dropout, 0 here): CPU stand-ins for both, in the worker processes only."""
+    import contextlib
+
+    from megatron.core import tensor_parallel, utils
+
+    class NoFork:
+        @contextlib.contextmanager
+        def fork(self, *args, **kwargs):
+            yield
+
+    tensor_parallel.get_cuda_rng_tracker = lambda *args, **kwargs: NoFork()
+    utils.GlobalMemoryBuffer.get_tensor = lambda self, shape, dtype, name, *args, **kwargs: torch.empty(shape,
+                                                                                                    dtype=dtype)
+
+
+def _gpt_case(rank, world, spec):
+    import warnings
+
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from fused_lce.core import driver
+    from fused_lce.integrations.megatron import convert_output_layer
+
+    from .conftest import record_driver_calls
+
+    _cpu_stand_ins()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    cfg = TransformerConfig(num_layers=2, hidden_size=D, num_attention_heads=4, use_cpu_initialization=True,
+                            tensor_model_parallel_size=world, hidden_dropout=0.0,
+                            attention_dropout=0.0, params_dtype=torch.float32)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(spec["seed"])
+        models.append(GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=V, max_sequence_length=S,
+                               share_embeddings_and_output_weights=spec["tied"]))
+    stock, fused = models
+    convert_output_layer(fused.output_layer, label_smoothing=0.0)
+    ids, labels = spec["ids"], spec["labels"]
+    pos = torch.arange(S).expand(B, S)
+    mask = torch.ones(S, S, dtype=torch.bool).triu(1)[None, None]
+    out = {}
+    real = driver.forward, driver.logprobs_forward
+    calls = record_driver_calls(setattr)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            losses = [m(ids, pos, mask, labels=labels) for m in (stock, fused)]
+            (losses[0] * spec["g"]).sum().backward()
+            (losses[1] * spec["g"]).sum().backward()
+        out["calls"] = [(c.op, c.reduction, c.weight_shape) for c in calls]
+        out["warnings"] = [str(w.message) for w in seen if "fused_lce" in str(w.message)]
+        out["loss"], out["ref"] = losses[1].detach(), losses[0].detach()
+        out["grads"] = {n: (p.grad, q.grad) for (n, p), q in zip(fused.named_parameters(), stock.parameters())}
+        # without labels: the logits, unchanged
+        with torch.no_grad():
+            out["logits"] = (fused(ids, pos, mask), stock(ids, pos, mask))
+        # multi-token prediction: not routed, says so
+        fused.config.mtp_num_layers = 1
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                fused(ids, pos, mask, labels=labels)
+            except Exception:  # noqa: BLE001 (this model has no MTP block: the stock path cannot run it)
+                pass
+        out["mtp"] = [str(w.message) for w in seen if "fused_lce" in str(w.message)]
+    finally:
+        driver.forward, driver.logprobs_forward = real
+    return out
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gpt_model_forward_is_routed_tp2(pools, tied):
+    """convert_output_layer(model.output_layer) and the stock GPTModel.forward(labels=...): one fused call per
+    forward (no logits), per-token [b, s] losses and every parameter's gradient equal to the unconverted model's;
+    without labels the logits are unchanged; multi-token prediction is not routed and warns. (Sequence
+    parallelism: megatron-core's norms need Apex or TE for it, absent on CPU; the fused layer's own sequence-
+    parallel loss is tested above.)"""
+    pytest.importorskip("megatron.core.models.gpt")
+    seed = int(torch.randint(0, 2**31, ()))
+    ids = torch.randint(0, V, (B, S))
+    spec = {"seed": seed, "tied": tied, "ids": ids, "labels": torch.roll(ids, -1, 1),
+            "g": torch.rand(B, S) + 0.5}
+    for r in run_ok(pools(2), _gpt_case, spec):
+        assert r["calls"] == [("loss", "none", (V // 2, D))], r["calls"]
+        assert r["warnings"] == []
+        assert r["loss"].shape == (B, S)
+        torch.testing.assert_close(r["loss"], r["ref"], atol=1e-5, rtol=1e-5)
+        for name, (ours, want) in r["grads"].items():
+            torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {name}: {m}")
+        torch.testing.assert_close(*r["logits"])
+        assert len(r["mtp"]) == 1 and "multi-token prediction" in r["mtp"][0], r["mtp"]
+
+
+def test_layer_without_labels_in_training_warns():
+    """A fused layer called without labels in a training step outside GPTModel returns the logits: the loss is
+    not fused, and it says so once."""
+    from fused_lce.integrations.megatron import convert_output_layer
+
+    layer = convert_output_layer(FakeTELinear(torch.randn(V, D)))
+    h = torch.randn(S, B, D, requires_grad=True)
+    with pytest.warns(UserWarning, match="without labels in a training step"):
+        logits, _ = layer(h)
+    assert logits.shape == (S, B, V)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(h)  # once per layer
+        layer.eval()(h)  # eval / generation: no warning

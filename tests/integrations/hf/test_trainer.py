@@ -1,6 +1,7 @@
 """fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA, bf16,
 label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the FUSED_LINEAR_CE=1
-switch for scripts that are not edited (autopatch through the shipped sitecustomize). TRL: test_hf_trl.py."""
+switch for scripts that are not edited (autopatch through the start-up hook; more in ../test_startup.py). TRL:
+../test_trl.py."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import fused_lce  # noqa: E402
 from fused_lce.integrations import hf  # noqa: E402
+
+from ..conftest import record_driver_calls  # noqa: E402
 
 V = 128
 
@@ -61,16 +64,8 @@ def trainer_args(tmp_path, **kw):
 
 
 def spy(monkeypatch):
-    """Record every call of the fused op made by the patch (and the num_items it received)."""
-    calls = []
-    real = hf.linear_cross_entropy
-
-    def wrapper(*args, **kwargs):
-        calls.append(kwargs.get("num_items"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hf, "linear_cross_entropy", wrapper)
-    return calls
+    """Record every forward of the fused op from now on (the driver's view: see ../conftest.py)."""
+    return record_driver_calls(monkeypatch.setattr)
 
 
 def run_trainer(model, tmp_path, data, **kw):
@@ -105,7 +100,7 @@ def test_trainer_grad_accumulation_step_equals_stock(lora, tmp_path, seed, monke
 
     # the fused path ran once per micro-batch, with Trainer's token count of the whole accumulated batch
     assert len(calls) == 2, calls
-    assert all(c is not None for c in calls) and int(calls[0]) == int(calls[1])
+    assert all(c.num_items is not None for c in calls) and int(calls[0].num_items) == int(calls[1].num_items)
     assert trainer.model_accepts_loss_kwargs
     assert abs(out.training_loss - ref.training_loss) < 1e-5 * max(1.0, abs(ref.training_loss)), seed
     moved = 0
@@ -126,7 +121,7 @@ def test_trainer_bf16_autocast_keeps_the_patch(tmp_path, seed, monkeypatch):
     trainer, out = run_trainer(fused, tmp_path / "fused", data, bf16=True)
     assert len(calls) == 2
     # accelerate wrapped the patched forward in its autocast wrapper
-    assert getattr(fused.forward, "func", None) is not hf._instance_forward
+    assert getattr(fused.forward, "func", None) is not hf.runtime._instance_forward
     # same bf16 logits; the stock loss rounds them to bf16 before its fp32 softmax, the fused one does not
     assert abs(out.training_loss - ref.training_loss) < 2e-2 * abs(ref.training_loss)
     fused_lce.unpatch(fused)  # under accelerate's wrapper: our layer becomes a pass-through
@@ -210,43 +205,38 @@ USER_SCRIPT = '''
 import json, sys, warnings
 import torch, transformers
 sys.path.insert(0, sys.argv[2])
-from test_hf_trainer import tiny_qwen3, examples, collate, trainer_args
+from tests.integrations.hf.test_trainer import tiny_qwen3, examples, collate, trainer_args
+from tests.integrations.conftest import record_driver_calls  # PROBE: count the fused op's calls
 
-import fused_lce.integrations.hf as probe  # PROBE: count the fused op's calls
-calls, real = [], probe.linear_cross_entropy
-probe.linear_cross_entropy = lambda *a, **k: calls.append(k.get("num_items")) or real(*a, **k)
-
+calls = record_driver_calls(setattr)  # PROBE
 seed = int(sys.argv[1])
 model = tiny_qwen3(seed)
 trainer = transformers.Trainer(model=model, args=trainer_args(sys.argv[3]), train_dataset=examples(seed),
                                data_collator=collate)
 result = trainer.train()
-status = probe.is_patched(model)  # PROBE
-options = probe._options_of(model)  # PROBE
+from fused_lce.integrations import hf  # PROBE
 # patch() validates its options with one call (num_items None); training calls carry Trainer's token count
-print(json.dumps({"loss": result.training_loss, "calls": sum(c is not None for c in calls), "patched": bool(status),
-                  "options": options,
+print(json.dumps({"loss": result.training_loss, "calls": sum(c.num_items is not None for c in calls),
+                  "patched": bool(hf.is_patched(model)), "options": hf.runtime.options_of(model),
                   "params": [float(p.double().sum()) for p in model.parameters()]}))
 '''
 
 
-def test_env_switch_patches_an_unedited_script(tmp_path, seed):
-    """FUSED_LINEAR_CE=1 with fused_lce's start-up folder on PYTHONPATH: a Trainer script that never mentions
-    fused_lce trains with it (one fused call per micro-batch) and matches stock training; with the switch off the
-    folder's sitecustomize does nothing (imports nothing either way until transformers' trainer is imported)."""
+def test_env_switch_alone_patches_an_unedited_script(tmp_path, seed):
+    """FUSED_LINEAR_CE=1 and nothing else (the start-up hook pip installed in site-packages arms autopatch): a
+    Trainer script that never mentions fused_lce trains with it (one fused call per micro-batch) and matches
+    stock training."""
     import json
     import subprocess
     import sys
 
-    from fused_lce.integrations import startup
-
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([startup.DIR, os.environ.get("PYTHONPATH", "")]),
-           "FUSED_LINEAR_CE": "1", "FUSED_LINEAR_CE_OPTIONS": "tile_budget_mb=64, log_entropy=false",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, str(script), str(seed), here, str(tmp_path / "out")], env=env,
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"FUSED_LINEAR_CE": "1", "FUSED_LINEAR_CE_OPTIONS": "tile_budget_mb=64, log_entropy=false",
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    run = subprocess.run([sys.executable, str(script), str(seed), root, str(tmp_path / "out")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
@@ -258,14 +248,6 @@ def test_env_switch_patches_an_unedited_script(tmp_path, seed):
     assert abs(got["loss"] - ref.training_loss) < 1e-5 * max(1.0, abs(ref.training_loss)), seed
     want = [float(p.double().sum()) for p in stock.parameters()]
     assert got["params"] == pytest.approx(want, rel=1e-5, abs=1e-5)
-
-    # start-up imports nothing heavy; with the switch off it installs nothing at all
-    probe = ("import sys; print('torch' in sys.modules, 'fused_lce' in sys.modules, "
-             "any(type(f).__name__ == '_AutopatchAfterTrainerImport' for f in sys.meta_path))")
-    for value, hooked in (("1", True), ("0", False)):
-        env["FUSED_LINEAR_CE"] = value
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
-        assert out.stdout.split() == ["False", "False", str(hooked)], (value, out.stdout, out.stderr)
 
 
 def test_autopatch_off_by_default_and_env_options(monkeypatch):

@@ -15,18 +15,11 @@ fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_available():
     pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard", allow_module_level=True)
 
+from ..conftest import tiny_qwen3  # noqa: E402
+
 pytestmark = pytest.mark.distributed
 WORLD = 2
 V = 96
-
-
-def _model(seed, tie):
-    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0,
-                                   bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(seed)
-    return transformers.Qwen3ForCausalLM(cfg).float().train()
 
 
 def _batch(seed, rank):
@@ -51,9 +44,11 @@ def _worker(rank, init_file, seed):
 
 def _check(rank, seed, tie):
     import fused_lce
-    from fused_lce.integrations import hf
+    from fused_lce.core import driver
 
-    model = _model(seed, tie)
+    from ..conftest import record_driver_calls
+
+    model = tiny_qwen3(seed, tie, V)
     ref = copy.deepcopy(model)
     for layer in model.model.layers:
         fsdp.fully_shard(layer)
@@ -62,22 +57,16 @@ def _check(rank, seed, tie):
     fsdp.fully_shard(model)
     fused_lce.patch(model)
 
-    seen = []
-    real = hf.linear_cross_entropy
-
-    def spy(hidden, weight, *args, **kwargs):
-        seen.append((type(weight), tuple(weight.shape)))
-        return real(hidden, weight, *args, **kwargs)
-
-    hf.linear_cross_entropy = spy
+    real = driver.forward, driver.logprobs_forward
+    seen = record_driver_calls(setattr)
     try:
         out = model(**_batch(seed, rank))
         out.loss.backward()
     finally:
-        hf.linear_cross_entropy = real
+        driver.forward, driver.logprobs_forward = real
     assert out.logits is None
-    # the op got the unsharded (V, D) weight as a plain tensor: FSDP's pre-forward hook ran around it
-    assert seen == [(torch.nn.Parameter, (V, 32))] or seen == [(torch.Tensor, (V, 32))], seen
+    # the op got the unsharded (V, D) weight: FSDP's pre-forward hook ran around it
+    assert [(c.op, c.weight_shape) for c in seen] == [("loss", (V, 32))], seen
 
     # reference: the unsharded stock model; FSDP averages the gradients of the ranks' losses
     losses = [ref(**_batch(seed, r)).loss for r in range(WORLD)]
