@@ -25,3 +25,11 @@ def test_native_cpu_backend_built_in_ci():
     info = fused_lce.backend_info()
     assert info["cpp"]["available"], info["cpp"]["reason"]
     assert info["auto"]["cpu"] == "cpp"
+
+
+@pytest.mark.skipif(not IN_CI or os.environ.get("FUSED_LCE_CI_SWIFT", "1") != "1",
+                    reason="only enforced in CI (CI=true) unless FUSED_LCE_CI_SWIFT=0")
+def test_swift_environment_built_in_ci():
+    # .ci/run builds ms-swift's own environment and points FUSED_LCE_SWIFT_PYTHON at it; without it test_swift skips
+    path = os.environ.get("FUSED_LCE_SWIFT_PYTHON", "")
+    assert path and os.access(path, os.X_OK), f"FUSED_LCE_SWIFT_PYTHON={path!r}"
