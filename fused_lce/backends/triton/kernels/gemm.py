@@ -32,6 +32,28 @@ MODE_EXP, MODE_STATS, MODE_DZ = 0, 1, 2
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U: tl.constexpr, HAS_B: tl.constexpr,
+              HAS_SCALE: tl.constexpr, BR: tl.constexpr):
+    """The driver's per-row gradient coefficients ``(a, t, u, b)`` of ``rows`` (``u`` / ``b`` 0 when absent), each
+    times the 0-dim scale when there is one."""
+    a = tl.load(a_ptr + rows, mask=rmask, other=0.0)
+    t = tl.load(t_ptr + rows, mask=rmask, other=0.0)
+    u = tl.zeros([BR], tl.float32)
+    if HAS_U:
+        u = tl.load(u_ptr + rows, mask=rmask, other=0.0)
+    b = tl.zeros([BR], tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + rows, mask=rmask, other=0.0)
+    if HAS_SCALE:
+        sc = tl.load(scale_ptr)
+        a = a * sc
+        t = t * sc
+        u = u * sc
+        b = b * sc
+    return a, t, u, b
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     bm: int = 128
@@ -105,20 +127,7 @@ def _one_tile(
     z = tl.where(cmask[None, :], acc, float("-inf"))
     if MODE == 2:  # DZ: the gradient of this tile, the row lse known: dz = p (a + b z) - t onehot - u (driver's rows)
         lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-        a = tl.load(a_ptr + rows, mask=rmask, other=0.0)
-        tc = tl.load(t_ptr + rows, mask=rmask, other=0.0)
-        uc = tl.zeros([BM], tl.float32)
-        if HAS_U:
-            uc = tl.load(u_ptr + rows, mask=rmask, other=0.0)
-        cb = tl.zeros([BM], tl.float32)
-        if HAS_B:
-            cb = tl.load(b_ptr + rows, mask=rmask, other=0.0)
-        if HAS_SCALE:
-            sc = tl.load(scale_ptr)
-            a = a * sc
-            tc = tc * sc
-            uc = uc * sc
-            cb = cb * sc
+        a, tc, uc, cb = row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U, HAS_B, HAS_SCALE, BM)
         yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
         p = tl.exp2((z - lse[:, None]) * 1.4426950408889634)
         if HAS_B:  # the entropy term; z floored where p underflows, so p = 0 gives 0 also where z = -inf

@@ -8,10 +8,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import TileStats
+from .gemm import TileStats, row_coefs
 
 
 # ---------------------------------------------------------------------------------------------- statistics
+@triton.jit
+def store_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, MERGE: tl.constexpr, ENTROPY: tl.constexpr):
+    """Stores the row's statistics ``(m, s, am, ez)``, merged first (MERGE) into the stored ones of the columns to
+    their left; returns the stored ``(m, s)``."""
+    if MERGE:
+        m, s, am, ez = merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
+    tl.store(m_ptr + row, m)
+    tl.store(s_ptr + row, s)
+    tl.store(am_ptr + row, am)
+    if ENTROPY:
+        tl.store(ez_ptr + row, ez)
+    return m, s
+
+
 @triton.jit
 def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.constexpr):
     """The row's stored statistics (max, sum-exp, first argmax, entropy sum ``ez``: columns to the left) merged with
@@ -71,14 +85,9 @@ def _combine_kernel(
     am = tl.where(am == 2147483647, 0, am).to(tl.int64) + col_off  # global id
     zs = tl.sum(z_v, axis=0)
     if MERGE:  # fold into the statistics of the vocabulary chunks to the left
-        m, s, am, ez = merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
         zs += tl.load(zs_ptr + row)
-    tl.store(m_ptr + row, m)
-    tl.store(s_ptr + row, s)
     tl.store(zs_ptr + row, zs)
-    tl.store(am_ptr + row, am)
-    if ENTROPY:
-        tl.store(ez_ptr + row, ez)
+    m, s = store_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, MERGE, ENTROPY)
     if WRITE_LSE:
         tl.store(lse_ptr + row, m + tl.log(s))
 
@@ -164,16 +173,7 @@ def _dz_from_exp_kernel(
         u = g * u0
         keep = g != 0.0
     else:  # the driver's per-row coefficients
-        coef = tl.load(a_ptr + rows, mask=rmask, other=0.0)
-        tgt = tl.load(t_ptr + rows, mask=rmask, other=0.0)
-        u = tl.zeros([BR], tl.float32)
-        if HAS_U:
-            u = tl.load(u_ptr + rows, mask=rmask, other=0.0)
-        if HAS_SCALE:
-            sc = tl.load(scale_ptr)
-            coef = coef * sc
-            tgt = tgt * sc
-            u = u * sc
+        coef, tgt, u, _ = row_coefs(a_ptr, t_ptr, u_ptr, a_ptr, scale_ptr, rows, rmask, HAS_U, False, HAS_SCALE, BR)
         keep = (coef != 0.0) | (tgt != 0.0) | (u != 0.0)  # a NaN is not 0: it poisons its row
     ref = tl.where(m_t == float("-inf"), 0.0, m_t)
     c = coef * tl.exp(ref - lse)  # the tile's exp values were taken relative to its max

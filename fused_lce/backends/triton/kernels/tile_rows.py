@@ -21,6 +21,18 @@ def _tanh(x):
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
 
+
+@triton.jit
+def _capped(z_row, bias_ptr, cols, msk, cap, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr):
+    """The logits of ``cols`` of one row as the loss sees them: plus the bias, then softcapped (0 where masked)."""
+    z = tl.load(z_row + cols, mask=msk, other=0.0)
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
+    if SOFTCAP:
+        z = cap * _tanh(z / cap)
+    return z
+
+
 @triton.jit
 def _rows_kernel(
     z_ptr, stride_z,  # float32 logits rows (bias, softcap and temperature not applied yet)
@@ -62,11 +74,7 @@ def _rows_kernel(
             k = nblk - 1 - kk
             cols = k * BLOCK + offs
             msk = cols < ncols
-            z = tl.load(z_row + cols, mask=msk, other=0.0)
-            if HAS_BIAS:
-                z += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
-            if SOFTCAP:
-                z = cap * _tanh(z / cap)
+            z = _capped(z_row, bias_ptr, cols, msk, cap, HAS_BIAS, SOFTCAP)
             if TEMP:  # after the softcap
                 z = z * inv_temp
             if SMOOTH:
@@ -96,26 +104,17 @@ def _rows_kernel(
         am = tl.min(tl.where(m_v == m, am_v, 2147483647), axis=0).to(tl.int64)
         zs = tl.sum(zs_v, axis=0)
         yc = tl.where(inside, yl, 0)
-        zt = tl.load(z_row + yc, mask=inside, other=0.0)
-        if HAS_BIAS:
-            zt += tl.load(bias_ptr + yc, mask=inside, other=0.0).to(tl.float32)
-        if SOFTCAP:
-            zt = cap * _tanh(zt / cap)
+        zt = _capped(z_row, bias_ptr, yc, inside, cap, HAS_BIAS, SOFTCAP)
         if TEMP:
             zt = zt * inv_temp
         zt = tl.where(inside, zt, 0.0)
         am += label_off  # global id
         if MERGE:  # fold in the statistics of the chunks to the left
-            m, s, am, ez = rows.merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
             zt += tl.load(zt_ptr + row)
             zs += tl.load(zs_ptr + row)
-        tl.store(m_ptr + row, m)
-        tl.store(s_ptr + row, s)
         tl.store(zt_ptr + row, zt)
         tl.store(zs_ptr + row, zs)
-        tl.store(am_ptr + row, am)
-        if ENTROPY:
-            tl.store(ez_ptr + row, ez)
+        m, s = rows.store_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, MERGE, ENTROPY)
         lse = m + tl.log(s)  # one device: the row's own statistics are global
     else:
         lse = tl.load(lse_ptr + row)
@@ -158,11 +157,7 @@ def _rows_kernel(
             for k in range(0, nblk):
                 cols = k * BLOCK + offs
                 msk = cols < ncols
-                c = tl.load(z_row + cols, mask=msk, other=0.0)
-                if HAS_BIAS:
-                    c += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
-                if SOFTCAP:
-                    c = cap * _tanh(c / cap)  # the capped logit
+                c = _capped(z_row, bias_ptr, cols, msk, cap, HAS_BIAS, SOFTCAP)
                 z = c
                 if TEMP:
                     z = c * inv_temp

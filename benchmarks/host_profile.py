@@ -1,0 +1,145 @@
+"""Where one CUDA fwd+bwd step's time goes besides the kernels: host work, synchronisations, device idle.
+
+For each shape (bf16, 15% of labels ignored, fwd+bwd of the mean loss, as in gpu.py) and method it records
+  - wall_ms: median CUDA-event time of the step (what gpu.py reports),
+  - host_ms: median host time to issue the step (``perf_counter`` around it, no final sync; includes the host's
+    waits at synchronisations),
+  - from one torch.profiler run (CPU + CUDA): lead_ms (step start on the host to the first kernel), span / busy /
+    idle ms of the kernels, the number of kernels, and the host's synchronising runtime calls with their durations,
+  - the top host functions of one step (cProfile, cumulative), for ``fused_lce`` only.
+Writes host_profile.json and host_profile.md into --out.
+
+    PYTHONPATH=. python benchmarks/host_profile.py --out bench-out [--shapes 8192x4096x151936,...]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu import fwd_bwd, method_table  # noqa: E402
+
+from fused_lce.tools.bench import environment, make_inputs  # noqa: E402
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMemGetInfo", "cudaEventSynchronize",
+              "cudaMemcpyAsync", "cuStreamSynchronize", "cuMemGetInfo")
+
+
+def timed(fn, h, w, y, reps):
+    walls, hosts = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        t0 = time.perf_counter()
+        r = fwd_bwd(fn, h, w, y)
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        e.record()
+        torch.cuda.synchronize()
+        walls.append(s.elapsed_time(e))
+        del r
+    return statistics.median(walls), statistics.median(hosts)
+
+
+def profiled(fn, h, w, y):
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("step"):
+            fwd_bwd(fn, h, w, y)
+        torch.cuda.synchronize()
+    evs = list(prof.events())
+    step = next(e for e in evs if e.name == "step")
+    kern = sorted((e.time_range.start, e.time_range.end) for e in evs if e.device_type == DeviceType.CUDA)
+    busy, end = 0.0, kern[0][0]
+    for s, e in kern:
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    syncs = [(round((e.time_range.start - step.time_range.start) / 1e3, 3), e.name,
+              round((e.time_range.end - e.time_range.start) / 1e3, 3))
+             for e in evs if e.device_type == DeviceType.CPU and e.name.startswith(SYNC_CALLS)]
+    span = (kern[-1][1] - kern[0][0]) / 1e3
+    return {"lead_ms": (kern[0][0] - step.time_range.start) / 1e3, "span_ms": span, "busy_ms": busy / 1e3,
+            "idle_ms": span - busy / 1e3, "kernels": len(kern), "syncs": syncs[:40]}
+
+
+def host_top(fn, h, w, y, k=25):
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    fwd_bwd(fn, h, w, y)
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(k)
+    return s.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="8192x4096x151936,2048x1536x151936")
+    ap.add_argument("--methods", default="fused_lce,cce_torch_compile")
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    methods, versions = method_table()
+    env = environment("cuda")
+    env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
+    result = {"meta": {"environment": env, "versions": versions,
+                       "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}, "rows": []}
+    for shape in args.shapes.split(","):
+        n, d, v = map(int, shape.split("x"))
+        h, w, y = make_inputs(n, d, v, torch.bfloat16, "cuda", seed=n + v)
+        for name in args.methods.split(","):
+            if name not in methods:
+                continue
+            fn, menv = methods[name]
+            old = {k: os.environ.get(k) for k in menv}
+            os.environ.update(menv)
+            for _ in range(3):
+                fwd_bwd(fn, h, w, y)
+            wall, host = timed(fn, h, w, y, args.reps)
+            row = {"shape": shape, "method": name, "wall_ms": wall, "host_ms": host, **profiled(fn, h, w, y)}
+            if name.startswith("fused_lce"):
+                row["host_top"] = host_top(fn, h, w, y)
+            for k, val in old.items():
+                if val is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = val
+            print(json.dumps({k: (round(x, 3) if isinstance(x, float) else x) for k, x in row.items()
+                              if k not in ("host_top", "syncs")}), flush=True)
+            result["rows"].append(row)
+        del h, w, y
+        torch.cuda.empty_cache()
+    with open(os.path.join(args.out, "host_profile.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "host_profile.md"), "w") as f:
+        f.write(f"# Host work and device idle per fwd+bwd step (torch {torch.__version__}, commit {env['commit']})\n\n"
+                "| shape | method | wall ms | host ms | lead ms | span ms | busy ms | idle in span ms | kernels |\n"
+                "|---|---|---|---|---|---|---|---|---|\n")
+        for r in result["rows"]:
+            f.write(f"| {r['shape']} | {r['method']} | {r['wall_ms']:.2f} | {r['host_ms']:.2f} | {r['lead_ms']:.2f} "
+                    f"| {r['span_ms']:.2f} | {r['busy_ms']:.2f} | {r['idle_ms']:.2f} | {r['kernels']} |\n")
+        for r in result["rows"]:
+            f.write(f"\n## {r['shape']} {r['method']}: synchronising host calls (ms from step start, name, ms)\n\n"
+                    + "".join(f"- {s}\n" for s in r["syncs"]))
+            if "host_top" in r:
+                f.write("\n```\n" + r["host_top"] + "```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
