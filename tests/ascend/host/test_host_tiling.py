@@ -300,14 +300,26 @@ def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
     return out
 
 
-def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
-    """(ok, message): a GEMM's A is kept in L1 over its n_tiles N tiles (depthA1 = kIter, stepN = n_tiles) where A's
-    whole K and B's double buffer fit L1, and the tiling is left alone (A not resident) otherwise."""
-    kiter = -(-k // t["baseK"])
-    fits = (t["baseM"] * kiter + 2 * t["baseN"]) * t["baseK"] * elt <= l1
+def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str, a_trans: bool, b_trans: bool):
+    """(ok, message): as much of a GEMM's A as fits L1 beside B's double buffer is kept over its n_tiles N tiles
+    (ORDER_M, stepM 1, stepN = n_tiles, depthB1 2, depthA1 = the A blocks that fit, at most kIter: the Norm template
+    caches the whole K, or the first depthA1 - 2 K blocks when depthA1 > 2), L1 blocks sized as the Matmul library
+    does (float32: the K side aligned to 16 for a transposed A and a non-transposed B); the tiling is left alone
+    (A not cached) where fewer than three A blocks, or A's whole K, fit."""
+    bk = t["baseK"]
+    kiter = -(-k // bk)
+
+    def block(rows, k16):
+        return rows * (-(-bk // 16) * 16 if elt == 4 and k16 else bk) * elt
+
+    a_blk, b_db = block(t["baseM"], a_trans), 2 * block(t["baseN"], not b_trans)
+    depth = min(kiter, max(0, l1 - b_db) // a_blk)
     kept = (t["depthA1"], t["stepN"], t["depthB1"], t["stepM"], t["iterateOrder"])
-    ok = kept == (kiter, n_tiles, 2, 1, 0) if fits else t["depthA1"] < kiter * t["stepM"]
-    return ok, f"{name} L1 residency {kept}, fits={fits}"
+    if depth == kiter or depth >= 3:
+        ok = kept == (depth, n_tiles, 2, 1, 0) and t["shareL1Size"] == depth * a_blk + b_db <= l1
+    else:
+        ok = t["depthA1"] <= 2 and t["depthA1"] < kiter * t["stepM"]
+    return ok, f"{name} L1 residency {kept}, {depth} A blocks fit"
 
 
 def cube_problems(line: str, r: dict) -> list[str]:
@@ -354,8 +366,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
         if b["n"] > 0:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
             dcols = -(-d // b["base_d"])
-            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx"))
-            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw"))
+            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx", False, False))
+            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw", True, False))
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
@@ -373,7 +385,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
         if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment
-            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits"))
+            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits", False,
+                             True))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
             want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
     for name, (m_, n_, k_, tbm, tbn) in gemms.items():

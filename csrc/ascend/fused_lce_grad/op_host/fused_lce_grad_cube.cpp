@@ -108,8 +108,8 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
         if (!ok) return fh::fail(ctx, "FusedLceGradCube: the Matmul API found no tiling");
         // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
-        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1);
-        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1);
+        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1, false, false);  // dz @ W
+        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1, true, false);   // dz^T @ h
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_lce_cube_tiling_data.h"  // csrc/ascend/common
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
 #include "launch.h"
@@ -757,6 +758,20 @@ void mm_l1_stale() {
     }
 }
 
+// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling_data.h l1_block_bytes): keep_a_resident
+// on a float32 GEMM with baseK 24 (16 x 24 blocks of A, a non-transposed B of 24 x 128 taking 32 x 128 in L1) takes
+// depthA1 = (512 KiB - 2 x 16 KiB) / 1.5 KiB = 320 A blocks, which Init accepts; with the raw 24 x 128 B block it
+// would take 325, 7.5 KiB more than L1.
+void mm_keep_a_fp32_align() {
+    if (!on_cube()) return;
+    TPipe pipe;
+    MatmulImpl<MmA, MmA, MmA> mm;
+    tiling::TCubeTiling t = mm_tiling(kT, 4 * 128, 24 * 400, kT, 128, 24);
+    fused_lce::cube::keep_a_resident(&t, 24 * 400, 4, 4, twin::rt().cfg.l1_bytes, false, false);
+    EXPECT(t.depthA1 == 320 && t.stepN == 4 && t.depthB1 == 2);
+    mm.Init(&t, &pipe);
+}
+
 // A kernel that took an optional argument's presence from a non-null address, given the twin's placeholder for an
 // absent one (as CANN may pass any address): the access is reported.
 void absent_by_address(GM_ADDR optional) {
@@ -807,6 +822,7 @@ void field_probes(std::map<std::string, Probe>& p) {
     p["ok_mm_l1_reuse"] = {1, 2, [](auto&, auto&) { mm_l1_reuse(); }};
     p["ok_mm_l1_partial_residency"] = {1, 2, [](auto&, auto&) { mm_l1_partial(); }};
     p["ok_mm_l1_stale_operand"] = {1, 2, [](auto&, auto&) { mm_l1_stale(); }};
+    p["ok_mm_keep_a_resident_fp32_align"] = {1, 2, [](auto&, auto&) { mm_keep_a_fp32_align(); }};
     p["cube_l1_tail_k_beyond_tiling"] = {1, 2, [](auto&, auto&) {  // a whole-K buffer for singleCoreK 16, K 32
         if (!on_cube()) return;
         TPipe pipe;
@@ -819,6 +835,14 @@ void field_probes(std::map<std::string, Probe>& p) {
         mm.SetTensorB(gwide()[kWideB], true);
         mm.SetTail(kT, kT, 2 * kT);
         mm.IterateAll(gout());
+    }};
+    p["cube_l1_fp32_k_align"] = {1, 2, [](auto&, auto&) {  // float32 B (not transposed): 8 x 16 blocks take 16 x 16
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, 8, kT, kT, 8);
+        t.depthA1 = 2, t.depthB1 = 1000;  // 1 KiB + 500 KiB of raw blocks, 1 KiB + 1000 KiB aligned
+        mm.Init(&t, &pipe);
     }};
     p["absent_optional_by_address"] = {1, 0, [](auto&, auto&) { absent_by_address(twin::absent_placeholder()); }};
     p["field_copyext_blockcount"] = {1, 0, [](auto&, auto&) {  // 65536 + 4 rows: uint16_t keeps 4
