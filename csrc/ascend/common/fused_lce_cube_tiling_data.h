@@ -56,28 +56,45 @@ struct FusedLceGradCubeTilingData {
 
 namespace fused_lce {
 namespace cube {
-// Keeps a GEMM's A in L1 across its N tiles. With the Norm template, ORDER_M and one M tile, A stays in L1 for a
-// group of stepN N tiles when its buffer holds the whole K (depthA1 >= kIter * stepM: the "k full load" of asc-devkit
-// resource/cube_in_buffer/cube_in_buffer_normal.h; A is reset after each N group, scheduler/base/
-// scheduler_norm_base.h MoveOnIterateOrderM). Where A (baseM x K) and B's double buffer fit L1, this sets
-// depthA1 = kIter and stepN = n_tiles, so A is copied in once instead of once per N tile; otherwise the tiling is left
-// as GetTiling returned it. (ops-nn sets tiling fields after GetTiling the same way, e.g. weight_quant_batch_matmul_v2's
-// stepN / depthB1.) The kernels are correct for any legal values: the tests run them under a grid of them. Used for
+// L1 bytes of one base block of a Norm-template operand whose other side is `rows` (baseM for A, baseN for B; multiples
+// of 16), as the Matmul library lays its L1 buffers out (asc-devkit stage/copy_cube_in/base/copy_cube_in_params_base.h
+// GetBaseHeightAlign x GetBaseWidthAlign): a 32-bit operand's K side is aligned to 16 for an A declared transposed
+// and a B declared not transposed (`k_align16`), else to 8 (baseK already is); 16-bit operands take the block as is.
+inline uint64_t l1_block_bytes(uint64_t rows, uint64_t base_k, uint32_t elt, bool k_align16) {
+    return rows * (elt == 4 && k_align16 ? ft::align_up(base_k, 16) : base_k) * elt;
+}
+
+// Keeps as much of a GEMM's A in L1 across its N tiles as L1 holds besides B's double buffer. With the Norm template,
+// ORDER_M and stepM 1, A's buffer is reset only when a group of stepN N tiles ends (asc-devkit scheduler/base/
+// scheduler_norm_base.h MoveOnIterateOrderM) and its position is the K index (stage/copy_cube_in/base/
+// copy_cube_in_norm.h GetIterIndex); its Init (resource/cube_in_buffer/cube_in_buffer_normal.h), from the tiling's
+// singleCoreK, caches the whole K when depthA1 >= kIter, else, with depthA1 > 2, the first depthA1 - 2 K blocks (two
+// more rotate). So this sets stepN = n_tiles, depthB1 = 2 and depthA1 = the most A blocks that fit, up to kIter:
+// A's whole K is copied once per group, or its first depthA1 - 2 K blocks are and the rest once per tile. Where not
+// even three A blocks (or A's whole K) fit, the tiling is left as GetTiling returned it. (ops-nn sets tiling fields
+// after GetTiling the same way, e.g. weight_quant_batch_matmul_v2's stepN / depthB1.) `a_trans` / `b_trans`: the
+// MatmulType transposes of the kernel's object (the L1 block sizes depend on them for float32). The kernels are
+// correct for any legal values: the tests run them under a grid of them. Used for
 //   * FusedLceStatsCube's mmLogits: one Iterate sequence per task, A = the token block's hidden rows, the N tiles the
-//     segment's vocabulary blocks (A fits L1 for D up to about 1.5 K at base_m 128, bf16);
+//     segment's vocabulary blocks (bf16, a 128 x 128 x 128 base tile: the whole K up to D = 1664, 11 K blocks
+//     beyond);
 //   * FusedLceGradCube's per-tile mmDx / mmDw: A = the dz tile (K = base_n or base_m), the N tiles D's columns.
 inline void keep_a_resident(AscendC::tiling::TCubeTiling* t, uint64_t k, uint64_t n_tiles, uint32_t elt,
-                            uint64_t l1_bytes) {
+                            uint64_t l1_bytes, bool a_trans, bool b_trans) {
     if (t->baseK <= 0 || t->baseM <= 0 || t->baseN <= 0 || n_tiles == 0 || n_tiles > 0x7fffffffull) return;
     const uint64_t bk = static_cast<uint64_t>(t->baseK), kiter = ft::ceil_div(k, bk);
-    const uint64_t need = (static_cast<uint64_t>(t->baseM) * kiter + 2ull * t->baseN) * bk * elt;
-    if (need > l1_bytes || kiter > 0x7fffffffull) return;
+    const uint64_t a_blk = l1_block_bytes(static_cast<uint64_t>(t->baseM), bk, elt, a_trans);
+    const uint64_t b_db = 2 * l1_block_bytes(static_cast<uint64_t>(t->baseN), bk, elt, !b_trans);
+    if (kiter == 0 || kiter > 0x7fffffffull || b_db + a_blk > l1_bytes) return;
+    uint64_t depth = (l1_bytes - b_db) / a_blk;
+    if (depth > kiter) depth = kiter;
+    if (depth < kiter && depth < 3) return;  // two blocks or fewer below the whole K cache nothing
     t->stepM = 1;
-    t->depthA1 = static_cast<int32_t>(kiter);
+    t->depthA1 = static_cast<int32_t>(depth);
     t->stepN = static_cast<int32_t>(n_tiles);
     t->depthB1 = 2;
     t->iterateOrder = 0;
-    t->shareL1Size = static_cast<int32_t>(need);
+    t->shareL1Size = static_cast<int32_t>(depth * a_blk + b_db);
 }
 }  // namespace cube
 }  // namespace fused_lce

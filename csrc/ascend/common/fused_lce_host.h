@@ -160,6 +160,19 @@ inline bool gemm_tiling(const platform_ascendc::PlatformAscendC& plat, ge::DataT
     return ok && api.GetTiling(out) != -1;
 }
 
+// Fails the tiling unless GetTiling kept the base M / N that gemm_tiling fixed with SetFixSplit: the kernels size
+// their GM ring slots and place the tiles they read back (ring, z cache) by the plan's base tile, while the Matmul
+// library's fixpipe places a tile by the tiling's (asc-devkit stage/copy_cube_out/copy_cube_out_fixpipe.h). CANN's
+// SetFixSplit pins them (matmul_tiling_base.cpp, min = max), so this holds today; a host library that did otherwise
+// must not give wrong results silently.
+inline bool kept_base_tile(gert::TilingContext* ctx, const char* op, const char* gemm,
+                           const AscendC::tiling::TCubeTiling& t, uint32_t baseM, uint32_t baseN) {
+    if (t.baseM == static_cast<int32_t>(baseM) && t.baseN == static_cast<int32_t>(baseN)) return true;
+    fail(ctx, "%s: GetTiling returned a %d x %d base tile for %s, not the %u x %u the plan fixed (SetFixSplit)", op,
+         t.baseM, t.baseN, gemm, baseM, baseN);
+    return false;
+}
+
 // Sets the launch outputs shared by every op: block dim (MIX kernel, KERNEL_TYPE_MIX_AIC_1_2: the number of AI cores,
 // each one cube with its two vector cores; asc-devkit CV融合/算子实现.md, 分离模式: the block count is the number of
 // AIC + AIV combinations used), batch scheduling, and the workspace (the Matmul library's system workspace + the

@@ -300,14 +300,26 @@ def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
     return out
 
 
-def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str):
-    """(ok, message): a GEMM's A is kept in L1 over its n_tiles N tiles (depthA1 = kIter, stepN = n_tiles) where A's
-    whole K and B's double buffer fit L1, and the tiling is left alone (A not resident) otherwise."""
-    kiter = -(-k // t["baseK"])
-    fits = (t["baseM"] * kiter + 2 * t["baseN"]) * t["baseK"] * elt <= l1
+def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str, a_trans: bool, b_trans: bool):
+    """(ok, message): as much of a GEMM's A as fits L1 beside B's double buffer is kept over its n_tiles N tiles
+    (ORDER_M, stepM 1, stepN = n_tiles, depthB1 2, depthA1 = the A blocks that fit, at most kIter: the Norm template
+    caches the whole K, or the first depthA1 - 2 K blocks when depthA1 > 2), L1 blocks sized as the Matmul library
+    does (float32: the K side aligned to 16 for a transposed A and a non-transposed B); the tiling is left alone
+    (A not cached) where fewer than three A blocks, or A's whole K, fit."""
+    bk = t["baseK"]
+    kiter = -(-k // bk)
+
+    def block(rows, k16):
+        return rows * (-(-bk // 16) * 16 if elt == 4 and k16 else bk) * elt
+
+    a_blk, b_db = block(t["baseM"], a_trans), 2 * block(t["baseN"], not b_trans)
+    depth = min(kiter, max(0, l1 - b_db) // a_blk)
     kept = (t["depthA1"], t["stepN"], t["depthB1"], t["stepM"], t["iterateOrder"])
-    ok = kept == (kiter, n_tiles, 2, 1, 0) if fits else t["depthA1"] < kiter * t["stepM"]
-    return ok, f"{name} L1 residency {kept}, fits={fits}"
+    if depth == kiter or depth >= 3:
+        ok = kept == (depth, n_tiles, 2, 1, 0) and t["shareL1Size"] == depth * a_blk + b_db <= l1
+    else:
+        ok = t["depthA1"] <= 2 and t["depthA1"] < kiter * t["stepM"]
+    return ok, f"{name} L1 residency {kept}, {depth} A blocks fit"
 
 
 def cube_problems(line: str, r: dict) -> list[str]:
@@ -354,8 +366,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
         if b["n"] > 0:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
             dcols = -(-d // b["base_d"])
-            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx"))
-            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw"))
+            want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx", False, False))
+            want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw", True, False))
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
@@ -373,7 +385,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
         if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment
-            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits"))
+            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits", False,
+                             True))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
             want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
     for name, (m_, n_, k_, tbm, tbn) in gemms.items():
@@ -462,6 +475,36 @@ def test_cube_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
     r = driver.one(case(what.split(":")[0], **kw))
     assert r["status"] == "failed", f"{what}: tiling accepted {r}"
     assert r["block_dim_set"] is False and r["workspace_set"] is False
+
+
+@pytest.mark.parametrize("op", ["stats_cube", "grad_cube"])
+def test_cube_tiling_fails_when_get_tiling_moves_the_fixed_base_tile(op, driver):
+    """The kernels size their ring slots and place the tiles they read back by the plan's base tile, the fixpipe by
+    the tiling's: a GetTiling that did not keep SetFixSplit's base M / N fails the tiling, naming the GEMM."""
+    line = case(op, n=300, d=256, v=5000, keep_dz=1, keep_z=1)
+    assert driver.one(line)["status"] == "ok"
+    r = driver.one(line + " mm_base=16,16")
+    assert r["status"] == "failed" and not r["block_dim_set"] and not r["workspace_set"], r
+    gemm = "mmLogits" if op == "stats_cube" else "mmZ"
+    assert f"GetTiling returned a 16 x 16 base tile for {gemm}" in driver.stderr, driver.stderr
+
+
+@pytest.mark.parametrize("keep_z,out,msg", [
+    (1, "absent", "keep_z is set but no z_cache output"),
+    (1, "37,302", "keep_z is set but no z_cache output"),
+    (1, "0", "keep_z is set but no z_cache output"),
+    (0, "37,301", "a z_cache output is given but keep_z is not set"),
+])
+def test_stats_cube_keep_z_must_match_the_z_cache_output(keep_z, out, msg, driver):
+    """keep_z makes the kernel write N x V floats into z_cache: the tiling fails unless the output is given with shape
+    (N, V) exactly when keep_z is set (not given: absent, or empty as ops-nn's aclnn layer passes an absent optional
+    output)."""
+    for zc in ("absent", "0"):  # consistent: not given, both ways
+        assert driver.one(case("stats_cube", keep_z=0, out__z_cache=zc))["status"] == "ok"
+    assert driver.one(case("stats_cube", keep_z=1, out__z_cache="37,301"))["status"] == "ok"
+    r = driver.one(case("stats_cube", keep_z=keep_z, out__z_cache=out))
+    assert r["status"] == "failed" and not r["block_dim_set"] and not r["workspace_set"], r
+    assert msg in driver.stderr, driver.stderr
 
 
 def test_cube_inferred_shapes_and_dtypes(driver):

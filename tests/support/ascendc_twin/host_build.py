@@ -64,9 +64,11 @@ def build_driver(cxx: str, out_dir: str, op_host_define: str | None, name: str) 
 class Driver:
     def __init__(self, exe: str):
         self.exe = exe
+        self.stderr = ""  # of the last call: the tilings' error messages
 
     def __call__(self, lines: list[str]) -> list[dict]:
         r = subprocess.run([self.exe], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300)
+        self.stderr = r.stderr
         outs = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
         if r.returncode != 0 or len(outs) != len(lines):
             at = lines[len(outs)] if len(outs) < len(lines) else "?"

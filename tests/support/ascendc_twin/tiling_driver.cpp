@@ -6,6 +6,8 @@
 //   op=stats_vector|grad_vector|stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32
 //   label=i32|i64 bias=0|1 softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1]
 //   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   [out.z_cache=absent|a,b] (FusedLceStatsCube's optional output; default: (N, V) with keep_z, else absent, as the
+//   adapter passes it) [mm_base=M,N] (GetTiling returns this base tile instead of the fixed one)
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -19,6 +21,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "twin_host_runtime.h"
@@ -77,6 +80,8 @@ struct Case {
     std::vector<th::TensorArg> inputs;
     std::map<std::string, th::AttrArg> attrs;
     th::Part part;
+    std::map<size_t, th::TensorArg> outputs;  // overrides of the inferred outputs
+    std::vector<int64_t> mm_base;             // the base tile GetTiling returns instead of the fixed one
 };
 
 Case build(const std::map<std::string, std::string>& kv) {
@@ -123,10 +128,27 @@ Case build(const std::map<std::string, std::string>& kv) {
     } else {
         if (kind == "stats_cube" && kv.count("keep_z"))
             c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
+        if (kind == "stats_cube") {  // z_cache, the last output
+            const std::string zc = get(kv, "out.z_cache", get(kv, "keep_z", "0") == "1" ? "" : "absent");
+            if (!zc.empty())
+                c.outputs[op->outputs.size() - 1] =
+                    th::TensorArg{zc != "absent", zc != "absent" ? dims_of(zc) : std::vector<int64_t>(), ge::DT_FLOAT};
+        }
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
+    if (kv.count("mm_base")) c.mm_base = dims_of(get(kv, "mm_base", ""));
     return c;
+}
+
+// The tiling function run on a case: twice (two buffer poisons), under its GetTiling quirk if any.
+std::pair<th::TilingResult, th::TilingResult> run_twice(const Case& c) {
+    if (c.mm_base.size() == 2)
+        th::set_base_tile_quirk(static_cast<int32_t>(c.mm_base[0]), static_cast<int32_t>(c.mm_base[1]));
+    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD, c.outputs);
+    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A, c.outputs);
+    th::set_base_tile_quirk(0, 0);
+    return {r, r2};
 }
 
 // The HwSpec the tiling should see on `p`, computed from the part's physical sizes (not through PlatformAscendC).
@@ -213,8 +235,8 @@ std::string cube_plan_json(const fc::CubeGradPlan& m) {  // plus the kept-dz wor
 }
 
 void run_cube_case(const Case& c) {
-    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
-    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
+    const auto runs = run_twice(c);
+    const th::TilingResult &r = runs.first, &r2 = runs.second;
     const bool grad = c.type == "FusedLceGradCube";
     const size_t td_size = grad ? sizeof(FusedLceGradCubeTilingData) : sizeof(FusedLceStatsCubeTilingData);
     std::ostringstream o;
@@ -277,8 +299,8 @@ void run_case(const std::map<std::string, std::string>& kv) {
         run_cube_case(c);
         return;
     }
-    const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD);
-    const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A);
+    const auto runs = run_twice(c);
+    const th::TilingResult &r = runs.first, &r2 = runs.second;
     const size_t td_size = sizeof(FusedLceVectorTilingData);
     std::ostringstream o;
     o << std::boolalpha;

@@ -106,10 +106,17 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
                                        p.base_d, td->mmDwAll);
         }
         if (!ok) return fh::fail(ctx, "FusedLceGradCube: the Matmul API found no tiling");
+        const char* op = "FusedLceGradCube";
+        ok = fh::kept_base_tile(ctx, op, "mmZ", td->mmZ, bm, bn) &&
+             fh::kept_base_tile(ctx, op, "mmDx", td->mmDx, bm, p.base_d) &&
+             fh::kept_base_tile(ctx, op, "mmDw", td->mmDw, bn, p.base_d) &&
+             (!keepDz || (fh::kept_base_tile(ctx, op, "mmDxAll", td->mmDxAll, bm, p.base_d) &&
+                          fh::kept_base_tile(ctx, op, "mmDwAll", td->mmDwAll, bn, p.base_d)));
+        if (!ok) return ge::GRAPH_FAILED;
         // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
-        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1);
-        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1);
+        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1, false, false);  // dz @ W
+        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1, true, false);   // dz^T @ h
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }

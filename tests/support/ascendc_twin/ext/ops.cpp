@@ -118,8 +118,9 @@ void vary_tiling(AscendC::tiling::TCubeTiling& t, uint32_t elt) {
         case 5: v.iterateOrder = 0, v.stepN = 3, v.depthA1 = kiter(), v.depthB1 = 2; break;  // A kept over 3 tiles
         default: TORCH_CHECK(false, "fused_lce twin: unknown Matmul tiling variant ", variant);
     }
-    const uint64_t l1 = (static_cast<uint64_t>(v.depthA1) * v.baseM + static_cast<uint64_t>(v.depthB1) * v.baseN) *
-                        v.baseK * elt;
+    // L1 with float32 blocks sized for either transpose (the K side aligned to 16: fc::l1_block_bytes)
+    const uint64_t l1 = v.depthA1 * fc::l1_block_bytes(v.baseM, v.baseK, elt, true) +
+                        v.depthB1 * fc::l1_block_bytes(v.baseN, v.baseK, elt, true);
     const uint64_t ab = (v.dbL0A == 2 && v.dbL0B == 2) ? 2 : 1;
     if (l1 <= hw.l1_bytes && static_cast<uint64_t>(v.baseM) * v.baseK * elt * ab <= hw.l0a_bytes &&
         static_cast<uint64_t>(v.baseN) * v.baseK * elt * ab <= hw.l0b_bytes)
@@ -286,7 +287,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_cu
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasZCache = keep_z ? 1u : 0u;
         td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
-        fc::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes);  // as op_host
+        fc::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes, false, true);
         vary_tiling(td.mmLogits, p.elt_bytes);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
         const StatsCubeKernel k = pick_stats_cube(h.scalar_type(), y.scalar_type());
@@ -368,8 +369,8 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_cube(const Tensor& hidden, const T
         td.mmZ = gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
         td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
-        fc::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);  // as op_host
-        fc::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes);
+        fc::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, false, false);
+        fc::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, true, false);
         vary_tiling(td.mmDx, p.elt_bytes);
         vary_tiling(td.mmDw, p.elt_bytes);
         if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)

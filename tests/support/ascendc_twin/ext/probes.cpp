@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_lce_cube_tiling_data.h"  // csrc/ascend/common
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
 #include "launch.h"
@@ -646,6 +647,24 @@ void mm_overlay(int bug) {
     }
 }
 
+// GM -> L1 bytes of one Iterate sequence of the cube over `tiles` N tiles of 16 under tiling t (fp32, K = k: A 16 x k
+// from wide[0], B^T from wide[kWideLd], both at row stride k).
+uint64_t mm_l1_copied(TPipe& pipe, tiling::TCubeTiling t, int tiles, int k) {
+    MatmulImpl<MmA, MmB, MmA> mm;
+    mm.Init(&t, &pipe);
+    const uint64_t before = twin::cur().cnt.l1_in;
+    mm.SetOrgShape(kT, tiles * kT, k);
+    mm.SetTensorA(gwide());
+    mm.SetTensorB(gwide()[kWideLd], true);
+    mm.SetTail(kT, tiles * kT, k);
+    for (int i = 0; i < tiles; ++i) {
+        EXPECT(mm.template Iterate<true>());
+        mm.GetTensorC(gout()[i * kT * kT], 0, true);
+    }
+    mm.End();
+    return twin::cur().cnt.l1_in - before;
+}
+
 // Cube operand bytes copied GM -> L1 (the performance model's count): 4 N tiles of 16 x 16 x K = 64 (fp32), A and B
 // 4 KiB per tile. One Iterate sequence with stepN = 4 and A's whole K in L1 (depthA1 = kIter) copies A once; a
 // SetTensorA per tile, or a depthA1 below kIter, copies it for every tile (copy_cube_in_norm.h SetInput resets the
@@ -654,21 +673,12 @@ void mm_l1_reuse() {
     if (!on_cube()) return;
     TPipe pipe;
     constexpr int kK64 = 64, kTiles = 4, kTileBytes = kT * kK64 * 4;
-    MatmulImpl<MmA, MmB, MmA> mm;
     tiling::TCubeTiling t = mm_tiling(kT, kT, kK64, kT, kT, 8);
     t.depthA1 = kK64 / 8, t.depthB1 = 2, t.stepN = kTiles;
+    EXPECT(mm_l1_copied(pipe, t, kTiles, kK64) == static_cast<uint64_t>(kTiles + 1) * kTileBytes);  // A once
+    MatmulImpl<MmA, MmB, MmA> mm;
     mm.Init(&t, &pipe);
     uint64_t& l1 = twin::cur().cnt.l1_in;
-    const uint64_t before = l1;
-    mm.SetTensorA(gwide());
-    mm.SetTensorB(gwide()[kWideLd], true);
-    mm.SetTail(kT, kTiles * kT, kK64);
-    for (int k = 0; k < kTiles; ++k) {
-        EXPECT(mm.template Iterate<true>());
-        mm.GetTensorC(gout()[k * kT * kT], 0, true);
-    }
-    mm.End();
-    EXPECT(l1 - before == static_cast<uint64_t>(kTiles + 1) * kTileBytes);  // A once, B per tile
     const uint64_t mid = l1;
     for (int k = 0; k < kTiles; ++k) {  // the per-tile pattern
         mm.SetTensorA(gwide());
@@ -678,6 +688,88 @@ void mm_l1_reuse() {
         mm.End();
     }
     EXPECT(l1 - mid == static_cast<uint64_t>(2 * kTiles) * kTileBytes);
+}
+
+// Partial residency (cube_in_buffer_normal.h Init, Hit): with depthA1 > 2 but below A's whole K, the first
+// depthA1 - 2 K blocks of A stay in L1 over an N group and the others are copied for every tile; Init lays the buffer
+// out from the tiling's singleCoreK, not from SetTail's K. fp32 A blocks of 16 x 8 (512 bytes), 4 N tiles of 16,
+// K = 64 (kIter 8), B (depthB1 2) copied for every tile (4 x 8 blocks):
+//   depthA1 5, singleCoreK 64: 3 blocks cached, A = 8 + 3 x 5 = 23 blocks (kept only with its whole K: 32);
+//   depthA1 8, singleCoreK 128 (kIter 16 at Init): 6 blocks cached though 8 would hold K = 64: 8 + 3 x 2 = 14 (a
+//   layout taken from SetTail's K: 8).
+void mm_l1_partial() {
+    if (!on_cube()) return;
+    TPipe pipe;
+    constexpr int kK64 = 64, kTiles = 4, kBlock = kT * 8 * 4;
+    const int depth[2] = {5, 8}, org_k[2] = {kK64, 2 * kK64}, want_a[2] = {23, 14};
+    for (int c = 0; c < 2; ++c) {
+        tiling::TCubeTiling t = mm_tiling(kT, kTiles * kT, org_k[c], kT, kT, 8);
+        t.depthA1 = depth[c], t.depthB1 = 2, t.stepN = kTiles;
+        EXPECT(mm_l1_copied(pipe, t, kTiles, kK64) == static_cast<uint64_t>(want_a[c] + kTiles * 8) * kBlock);
+    }
+}
+
+// The cube reads a cached operand block from L1 as it was copied in, not from GM: a write to GM under a resident block
+// is not seen (cube_in_buffer_normal.h Hit / GetBuffer). The vector cores write A (16 x 32 fp32, all 1) into GM; the
+// cube computes N tile 0 of A B^T with depthA1 3 (kIter 4: K block 0 of A cached, blocks 1..3 rotating); the vector
+// cores overwrite A with 2; the cube computes N tile 1: block 0 (K 0..7) from L1 (1), blocks 1..3 copied again (2).
+// Re-reading GM for every tile, or keeping all or none of K, gives another value.
+void mm_l1_stale() {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    constexpr int kK32 = 32, kAt = 2 * kT * kT;  // C tiles at out[0] and out[256], A at out[512..1023]
+    GlobalTensor<float> a = gout()[kAt];
+    if ASCEND_IS_AIC {
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, 2 * kT, kK32, kT, kT, 8);
+        t.depthA1 = 3, t.depthB1 = 2, t.stepN = 2;
+        mm.Init(&t, &pipe);
+        mm.SetTensorA(a);
+        mm.SetTensorB(gwide(), true);
+        for (int k = 0; k < 2; ++k) {
+            CrossCoreWaitFlag(3);  // the vector cores wrote A
+            EXPECT(mm.template Iterate<true>());
+            mm.GetTensorC(gout()[k * kT * kT], 0, true);
+            if (k == 0) CrossCoreSetFlag<2, PIPE_FIX>(4);  // tile 0 read A: the vector cores may overwrite it
+        }
+        mm.End();
+        order<HardEvent::FIX_S>();
+        for (int j = 0; j < kT; j += 5) {  // row 0 of tile 1: B^T rows 16.. of gwide
+            float ref = 0;
+            for (int x = 0; x < kK32; ++x) ref += (x < 8 ? 1.0f : 2.0f) * gwide().GetValue((kT + j) * kK32 + x);
+            EXPECT(std::fabs(gout().GetValue(kT * kT + j) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+        }
+        return;
+    }
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 8 * kK32 * 4);
+    LocalTensor<float> t = buf.Get<float>(8 * kK32);
+    const int r0 = static_cast<int>(GetSubBlockIdx()) * 8;
+    for (int k = 0; k < 2; ++k) {
+        if (k == 1) {
+            CrossCoreWaitFlag(4);
+            order<HardEvent::MTE3_V>();
+        }
+        Duplicate(t, k == 0 ? 1.0f : 2.0f, 8 * kK32);
+        order<HardEvent::V_MTE3>();
+        DataCopy(a[r0 * kK32], t, 8 * kK32);
+        CrossCoreSetFlag<2, PIPE_MTE3>(3);
+    }
+}
+
+// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling_data.h l1_block_bytes): keep_a_resident
+// on a float32 GEMM with baseK 24 (16 x 24 blocks of A, a non-transposed B of 24 x 128 taking 32 x 128 in L1) takes
+// depthA1 = (512 KiB - 2 x 16 KiB) / 1.5 KiB = 320 A blocks, which Init accepts; with the raw 24 x 128 B block it
+// would take 325, 7.5 KiB more than L1.
+void mm_keep_a_fp32_align() {
+    if (!on_cube()) return;
+    TPipe pipe;
+    MatmulImpl<MmA, MmA, MmA> mm;
+    tiling::TCubeTiling t = mm_tiling(kT, 4 * 128, 24 * 400, kT, 128, 24);
+    fused_lce::cube::keep_a_resident(&t, 24 * 400, 4, 4, twin::rt().cfg.l1_bytes, false, false);
+    EXPECT(t.depthA1 == 320 && t.stepN == 4 && t.depthB1 == 2);
+    mm.Init(&t, &pipe);
 }
 
 // A kernel that took an optional argument's presence from a non-null address, given the twin's placeholder for an
@@ -728,6 +820,30 @@ void field_probes(std::map<std::string, Probe>& p) {
     p["ok_mm_overlay_with_end"] = {1, 2, [](auto&, auto&) { mm_overlay(0); }};
     p["cube_overlay_missing_end"] = {1, 2, [](auto&, auto&) { mm_overlay(1); }};
     p["ok_mm_l1_reuse"] = {1, 2, [](auto&, auto&) { mm_l1_reuse(); }};
+    p["ok_mm_l1_partial_residency"] = {1, 2, [](auto&, auto&) { mm_l1_partial(); }};
+    p["ok_mm_l1_stale_operand"] = {1, 2, [](auto&, auto&) { mm_l1_stale(); }};
+    p["ok_mm_keep_a_resident_fp32_align"] = {1, 2, [](auto&, auto&) { mm_keep_a_fp32_align(); }};
+    p["cube_l1_tail_k_beyond_tiling"] = {1, 2, [](auto&, auto&) {  // a whole-K buffer for singleCoreK 16, K 32
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        t.depthA1 = 2;  // kIter 2 at Init: A's whole K
+        mm.Init(&t, &pipe);
+        mm.SetOrgShape(kT, kT, 2 * kT);
+        mm.SetTensorA(gwide());
+        mm.SetTensorB(gwide()[kWideB], true);
+        mm.SetTail(kT, kT, 2 * kT);
+        mm.IterateAll(gout());
+    }};
+    p["cube_l1_fp32_k_align"] = {1, 2, [](auto&, auto&) {  // float32 B (not transposed): 8 x 16 blocks take 16 x 16
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmA, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, 8, kT, kT, 8);
+        t.depthA1 = 2, t.depthB1 = 1000;  // 1 KiB + 500 KiB of raw blocks, 1 KiB + 1000 KiB aligned
+        mm.Init(&t, &pipe);
+    }};
     p["absent_optional_by_address"] = {1, 0, [](auto&, auto&) { absent_by_address(twin::absent_placeholder()); }};
     p["field_copyext_blockcount"] = {1, 0, [](auto&, auto&) {  // 65536 + 4 rows: uint16_t keeps 4
         TPipe pipe;
@@ -848,6 +964,7 @@ void mm_probe(bool sequential, int tail_n, int c_elems, int tail_k) {
     TPipe pipe;
     Matmul<MmA, MmB, MmC> mm;
     tiling::TCubeTiling t = mm_tiling(kM, kN, kK, kM, kN, kK);
+    t.depthA1 = t.depthB1 = 2;  // kIter 1: two rotating buffers each (cube_in_buffer_normal.h), so K may grow
     REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &t);
     TBuf<TPosition::VECCALC> buf;
     pipe.InitBuffer(buf, 64 * 1024);

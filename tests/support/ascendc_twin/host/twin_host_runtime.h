@@ -102,8 +102,16 @@ struct TilingResult {
 // attribute takes its OpDef default, a missing required one throws std::invalid_argument), outputs shaped by the
 // registered InferShape (if any). Throws std::invalid_argument for an unknown op or a bad argument list.
 // The tiling buffer is filled with `poison` first: running twice with two poisons shows bytes the tiling left unset.
+// `outputs` (by output index) overrides InferShape's shape of an output, or makes an optional output absent
+// (present = false: no output instance, GetOutputShape returns nullptr).
 TilingResult run_tiling(const std::string& op_type, const std::vector<TensorArg>& ir_inputs,
-                        const std::map<std::string, AttrArg>& attrs, const Part& part, uint8_t poison = 0xCD);
+                        const std::map<std::string, AttrArg>& attrs, const Part& part, uint8_t poison = 0xCD,
+                        const std::map<size_t, TensorArg>& outputs = {});
+
+// Makes the host MatmulApiTiling::GetTiling return base M / N other than SetFixSplit's (0: keep them, as CANN's
+// does: matmul_tiling_base.cpp SetFixSplit pins min = max): for tests that the tilings refuse a tiling whose base tile
+// is not the one their plan fixed. Stays in effect until reset with (0, 0).
+void set_base_tile_quirk(int32_t base_m, int32_t base_n);
 
 struct InferResult {
     ge::graphStatus shape_status = ge::GRAPH_FAILED, dtype_status = ge::GRAPH_FAILED;

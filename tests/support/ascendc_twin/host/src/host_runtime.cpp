@@ -27,7 +27,8 @@ struct TwinNode {
     std::vector<CompileTimeTensorDesc> input_descs;     // per instance
     std::vector<StorageShape> input_shapes;             // per instance
     std::vector<CompileTimeTensorDesc> output_descs;    // per output
-    std::vector<StorageShape> output_shapes;            // per output (tiling: as inferred)
+    std::vector<StorageShape> output_shapes;            // per output (tiling: as inferred, or as the caller gave)
+    std::vector<char> output_absent;                    // per output: an optional output the caller did not give
     std::vector<Shape> infer_output_shapes;             // InferShape writes here
     std::vector<ge::DataType> infer_output_dtypes;      // InferDataType writes here
     std::vector<uint64_t> attr_slots;                   // one 8-byte slot per attribute
@@ -115,7 +116,7 @@ const void* RuntimeAttrs::GetPointerByIndex(size_t index) const {
 const void* TilingContext::GetCompileInfo() const { return nullptr; }
 const StorageShape* TilingContext::GetOutputShape(const size_t index) const {
     const TwinNode* n = TwinAccess::node(this);
-    return index < n->output_shapes.size() ? &n->output_shapes[index] : nullptr;
+    return index < n->output_shapes.size() && !n->output_absent[index] ? &n->output_shapes[index] : nullptr;
 }
 ge::graphStatus TilingContext::SetTilingKey(const uint64_t tiling_key) {
     TwinNode* n = TwinAccess::mut(this);
@@ -745,8 +746,14 @@ int64_t MatmulApiTiling::GetTiling(optiling::TCubeTiling&) { return -1; }  // no
 
 static int32_t align_up(int32_t a, int32_t b) { return (a + b - 1) / b * b; }
 
+// A host library that does not keep SetFixSplit's base M / N (fused_lce_twin_host::set_base_tile_quirk): what the
+// next GetTiling calls return instead (0: keep them, as CANN's does).
+static int32_t g_quirk_base_m = 0, g_quirk_base_n = 0;
+
 int64_t MatmulApiTiling::Compute() {
     if (!CheckSetParam()) return -1;
+    if (g_quirk_base_m > 0) baseM = g_quirk_base_m;
+    if (g_quirk_base_n > 0) baseN = g_quirk_base_n;
     // documented limits of a fixed split (SetFixSplit.md): base M <= singleM aligned to 16, base N <= singleN aligned
     // to the C0 size of the output
     if (baseM != -1 && baseM > align_up(singleM, C0_SIZE)) return -1;
@@ -811,6 +818,11 @@ int64_t MatmulApiTiling::GetTiling(AscendC::tiling::TCubeTiling& t) {
 
 // ------------------------------------------------------------------------------------------------ the harness
 namespace fused_lce_twin_host {
+
+void set_base_tile_quirk(int32_t base_m, int32_t base_n) {
+    matmul_tiling::g_quirk_base_m = base_m;
+    matmul_tiling::g_quirk_base_n = base_n;
+}
 
 Part part(const std::string& name) {
     Part p;
@@ -906,6 +918,7 @@ static void build_node(gert::TwinNode& n, const OpInfo& op, const std::vector<Te
     if (!left.empty()) throw std::invalid_argument(op.type + ": unknown attribute " + left.begin()->first);
     n.output_descs.resize(op.outputs.size());
     n.output_shapes.resize(op.outputs.size());
+    n.output_absent.assign(op.outputs.size(), 0);
     n.infer_output_shapes.resize(op.outputs.size());
     n.infer_output_dtypes.assign(op.outputs.size(), ge::DT_UNDEFINED);
     gert::TwinAccess::bind(&n.attrs, &n);
@@ -941,7 +954,8 @@ InferResult run_infer(const std::string& op_type, const std::vector<TensorArg>& 
 }
 
 TilingResult run_tiling(const std::string& op_type, const std::vector<TensorArg>& ir_inputs,
-                        const std::map<std::string, AttrArg>& attrs, const Part& part, uint8_t poison) {
+                        const std::map<std::string, AttrArg>& attrs, const Part& part, uint8_t poison,
+                        const std::map<size_t, TensorArg>& outputs) {
     const OpInfo* op = find_op(op_type);
     if (op == nullptr) throw std::invalid_argument("no OpDef recorded for " + op_type);
     const auto& f = gert::TwinAccess::funcs_of(op_type);
@@ -959,6 +973,17 @@ TilingResult run_tiling(const std::string& op_type, const std::vector<TensorArg>
                 n.output_shapes[i].MutableStorageShape() = n.infer_output_shapes[i];
             }
         }
+    }
+    for (const auto& o : outputs) {  // outputs the caller gives otherwise (or not at all)
+        if (o.first >= n.output_shapes.size())
+            throw std::invalid_argument(op->type + ": no output " + std::to_string(o.first));
+        if (!o.second.present && op->outputs[o.first].param_type != ops::OPTIONAL)
+            throw std::invalid_argument(op->type + ": required output " + op->outputs[o.first].name + " is absent");
+        n.output_absent[o.first] = o.second.present ? 0 : 1;
+        gert::Shape s;
+        for (const int64_t v : o.second.shape) s.AppendDim(v);
+        n.output_shapes[o.first].MutableOriginShape() = s;
+        n.output_shapes[o.first].MutableStorageShape() = s;
     }
     fe::PlatFormInfos plat;
     plat.part = part;

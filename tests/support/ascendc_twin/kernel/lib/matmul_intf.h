@@ -18,13 +18,16 @@
 //     at offset (mIdx * baseM) * orgN + nIdx * baseN;
 //   * stage/copy_cube_in/base/copy_cube_in_params_base.h: A is (M, Ka) with row stride orgKa, or (Ka, M) with stride
 //     orgM when transposed; B is (Kb, N) with stride orgN, or (N, Kb) with stride orgKb when transposed;
-//   * scheduler_norm_base.h: iterateOrder 0 (ORDER_M) walks N inside M.
+//   * scheduler_norm_base.h: iterateOrder 0 (ORDER_M) walks M tile by M tile inside each group of stepN N tiles, N
+//     innermost; ORDER_N the other way round.
 // The cube computes in float32: products of bf16 / fp16 operands are exact, sums run in K order (the hardware's
 // order inside a fractal is not modelled). Also modelled, each rule with its probe (docs/npu-twin-rules.md): the
 // MatmulConfig field set (Norm / MDL, intrinsicsCheck); every operand copy's Nd2NzParams and every output copy's
 // fixpipe params as the library builds them, checked against their field widths; the tiling checks of CheckTiling;
-// the real iterate order; the overlay of a cube core's objects in L1 / L0C (End() between two objects' use); which
-// operand tiles stay in L1, and the cube's GM -> L1 bytes (a counter of the performance model).
+// the real iterate order; the overlay of a cube core's objects in L1 / L0C (End() between two objects' use); the L1
+// buffers of the Norm template as laid out at Init (whole K, the first depth - 2 K blocks, or none cached) with the
+// cube computing from the blocks as they were copied in, not from GM; the cube's GM -> L1 bytes (a counter of the
+// performance model).
 #ifndef FUSED_LCE_TWIN_MATMUL_INTF_H_
 #define FUSED_LCE_TWIN_MATMUL_INTF_H_
 
@@ -204,6 +207,12 @@ public:
         rd_pipe_ = impl_ ? twin::kMTE2 : twin::kS;
         wr_pipe_ = impl_ ? twin::kFIX : twin::kS;
         check_tiling(api, loc);
+        // the L1 buffers are laid out once, from the tiling's single-core shape (scheduler_base.h Init runs KLoop
+        // Init before CopyCubeInA / B Init): a later SetTail does not change what they cache
+        const bool shaped = t_.singleCoreM > 0 && t_.singleCoreN > 0 && t_.singleCoreK > 0;
+        const int kiter0 = shaped ? ceil_div(t_.singleCoreK, t_.baseK) : 0;
+        a_l1_.init(t_.depthA1, kiter0, t_.stepM);
+        b_l1_.init(t_.depthB1, kiter0, t_.stepN);
         single_m_ = t_.singleCoreM;
         single_n_ = t_.singleCoreN;
         single_k_ = t_.singleCoreK;
@@ -386,25 +395,40 @@ public:
 protected:
     bool impl_ = false;  // MatmulImpl (the cube core drives it) rather than the client
 private:
-    // The L1 contents of one operand: which of its base tiles are loaded in this cache epoch (the CubeInBuffer of
-    // A or B; reset by SetTensorA / SetTensorB, End and the scheduler's loop ends).
-    struct L1Cache {
-        int64_t epoch = -1;
-        std::vector<int> loaded;
-        void reset() {
-            epoch = -1;
-            loaded.clear();
-        }
-        // true when tile `t` must be copied in; remembers it when the buffer keeps it (`keep`)
-        bool need(int64_t ep, int t, bool keep) {
-            if (ep != epoch) {
-                epoch = ep;
-                loaded.clear();
+    // One operand's L1 buffer as the Norm template keeps it (resource/cube_in_buffer/cube_in_buffer_normal.h). Init
+    // decides once, from the tiling: with depth > 2 base blocks and fewer than the whole K of the major axis's step
+    // (depth < kIter * stepM for A, * stepN for B), the first depth - 2 buffer positions are cached and two more
+    // rotate; with the whole K, every position is cached; with depth <= 2 and not the whole K (or kIter 1 and depth
+    // 2), nothing is. A block at position pos is copied in unless pos < cacheSize_ and pos < cacheProc_ (Hit); a
+    // hit hands the cube the block as it was copied (a snapshot: a later write to GM does not reach it). Reset
+    // (SetTensorA / B, the scheduler's loop ends, End) forgets the cached blocks.
+    struct L1Buffer {
+        struct Block {
+            bool filled = false;
+            int rows = 0, cols = 0;
+            std::vector<float> data;  // rows x cols, as the cube reads it (A: M x K, B: K x N)
+        };
+        int cache_size = 0;        // cacheSize_
+        int queue = 0;             // buffers of the rotating queue qid_ (0: none initialised)
+        int proc = 0;              // cacheProc_: cached positions copied in since the last reset
+        std::vector<Block> slots;  // cacheHead_[pos]
+        void init(int cache_num, int kiter, int major) {
+            proc = 0;
+            const bool whole_k = static_cast<int64_t>(cache_num) >= static_cast<int64_t>(kiter) * major;
+            if (cache_num > 2) {
+                cache_size = whole_k ? cache_num : cache_num - 2;
+                queue = whole_k ? 0 : 2;
+            } else if (!whole_k || (kiter == 1 && cache_num == 2)) {
+                cache_size = 0;
+                queue = cache_num;
+            } else {
+                cache_size = cache_num;
+                queue = 0;
             }
-            if (std::find(loaded.begin(), loaded.end(), t) != loaded.end()) return false;
-            if (keep) loaded.push_back(t);
-            return true;
+            slots.assign(static_cast<size_t>(cache_size), Block());
         }
+        void reset() { proc = 0; }
+        bool hit(int pos) const { return pos < cache_size && pos < proc; }
     };
 
     // One GEMM tile on the cube core: operands in on MTE2, the cube (M), results out through the fixpipe, which knows
@@ -442,6 +466,18 @@ private:
         }
     }
 
+    // Bytes of one L1 base block of an operand whose other side is `rows` (baseM for A, baseN for B), as
+    // CopyCubeInParams::GetBaseSize sizes it (stage/copy_cube_in/base/copy_cube_in_params_base.h GetBaseHeightAlign
+    // x GetBaseWidthAlign): a float operand has its M / N side aligned to 16 and its K side to 8, or to 16 for an A
+    // and a B declared transposed and not transposed respectively (`k_align16`); 16-bit types take the base tile as
+    // it is.
+    template <typename T>
+    uint64_t l1_block(int rows, bool k_align16) const {
+        const uint64_t k = static_cast<uint64_t>(t_.baseK), r = static_cast<uint64_t>(rows);
+        if (!std::is_same<T, float>::value) return r * k * sizeof(T);
+        const uint64_t ka = k_align16 ? 16 : 8;
+        return (r + 15) / 16 * 16 * ((k + ka - 1) / ka * ka) * sizeof(T);
+    }
     // Tiling checks of the Matmul API (impl/adv_api/detail/matmul/param/matmul_shape_tiling.h CheckTiling, CPU-debug
     // build): positive depths and steps; base tiles within L0A / L0B (doubled when both dbL0A and dbL0B are 2) and
     // L0C (doubled with dbL0C 2); MDL: depthA1 a multiple of stepM * stepKa and at most twice it (B likewise); and
@@ -477,8 +513,8 @@ private:
                               "(%d) or twice it",
                               t_.depthA1, sa, t_.depthB1, sb);
         }
-        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) * t_.baseM * t_.baseK * sizeof(SrcAT) +
-                    static_cast<uint64_t>(t_.depthB1) * t_.baseN * t_.baseK * sizeof(SrcBT);
+        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) * l1_block<SrcAT>(t_.baseM, A_TYPE::isTrans) +
+                    static_cast<uint64_t>(t_.depthB1) * l1_block<SrcBT>(t_.baseN, !B_TYPE::isTrans);
         if (l1_bytes_ > cfg.l1_bytes)
             twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (ull)l1_bytes_,
                           t_.depthA1, t_.depthB1, (ull)cfg.l1_bytes);
@@ -488,23 +524,32 @@ private:
         }
     }
 
-    // The next tile of the iteration (false after the last). Order as the scheduler's MoveNext
+    // ORDER_M unless the config or, with the config's UNDEF, the tiling says ORDER_N (scheduler_norm_base.h MoveNext).
+    bool order_m() const {
+        return kCfg.iterateOrder == IterateOrder::UNDEF ? t_.iterateOrder == static_cast<int>(IterateOrder::ORDER_M)
+                                                        : kCfg.iterateOrder == IterateOrder::ORDER_M;
+    }
+    // The next tile of the iteration (false after the last). Order as the scheduler's MoveOnIterateOrderM / N
     // (scheduler_norm_base.h): ORDER_M walks groups of stepN N tiles, inside each every M tile, inside that the
-    // group's N tiles; ORDER_N symmetrically with stepM. The operands' L1 epochs follow the buffer resets there:
-    // ORDER_M resets A after each N group of one M tile and B after each N group; ORDER_N the other way round.
+    // group's N tiles (N innermost within a group); ORDER_N symmetrically with stepM. The operand buffers are reset
+    // where the scheduler resets them: ORDER_M resets A after each N group of one M tile and B after each N group;
+    // ORDER_N the other way round.
     bool next_tile() {
         const int m_iter = ceil_div(single_m_, t_.baseM), n_iter = ceil_div(single_n_, t_.baseN);
+        const int64_t a_was = a_epoch_, b_was = b_epoch_;
         if (first_) {
             idx_ = 0;
             first_ = false;
             a_l1_.reset();
             b_l1_.reset();
         } else if (idx_ + 1 >= m_iter * n_iter) {
+            a_l1_.reset();
+            b_l1_.reset();
             return false;
         } else {
             ++idx_;
         }
-        if (t_.iterateOrder == static_cast<int>(IterateOrder::ORDER_N)) {
+        if (!order_m()) {
             const int g = t_.stepM, per = g * n_iter;  // tiles per group of stepM M tiles
             const int mo = idx_ / per, r = idx_ % per, gm = std::min(g, m_iter - mo * g);
             ni_ = r / gm;
@@ -519,47 +564,42 @@ private:
             a_epoch_ = static_cast<int64_t>(no) * m_iter + mi_;
             b_epoch_ = no;
         }
+        if (idx_ > 0 && a_epoch_ != a_was) a_l1_.reset();
+        if (idx_ > 0 && b_epoch_ != b_was) b_l1_.reset();
         return true;
     }
     int tile_m() const { return std::min(t_.baseM, single_m_ - mi_ * t_.baseM); }
     int tile_n() const { return std::min(t_.baseN, single_n_ - ni_ * t_.baseN); }
 
-    // The GM -> L1 copy of one operand tile (rows x cols of a row-major GM matrix of row stride gcol), in the load
-    // units of the template (Norm: base blocks; MDL: stepM * baseM x stepKa * baseK for A, likewise for B), each one
-    // ND2NZ DataCopy whose Nd2NzParams are checked as CopyND2NZ builds them (data_copy_wrapper_nd.h, dav-2201):
-    // without intrinsicsCheck the row stride gcol goes into srcDValue (16 bits); with it a stride >= 65535 is copied
-    // row by row (nValue 1, srcDValue = the row's width) from an int32 offset gCol * row.
+    // The GM -> L1 copy of one base block (rows x cols of a row-major GM matrix of row stride gcol): one ND2NZ
+    // DataCopy whose Nd2NzParams are checked as CopyND2NZ builds them (data_copy_wrapper_nd.h, dav-2201): without
+    // intrinsicsCheck the row stride gcol goes into srcDValue (16 bits); with it a stride >= 65535 is copied row by
+    // row (nValue 1, srcDValue = the row's width) from an int32 offset gCol * row.
     template <typename T>
-    void copy_in(const char* what, uint64_t gcol, uint64_t rows, uint64_t cols, uint64_t unit_r, uint64_t unit_c,
-                 const char* api, const twin::Loc& loc) {
+    void copy_in(const char* what, uint64_t gcol, uint64_t h, uint64_t w, const char* api, const twin::Loc& loc) {
         const bool looped = kCfg.intrinsicsCheck && gcol >= 65535;
-        for (uint64_t r0 = 0; r0 < rows; r0 += unit_r)
-            for (uint64_t c0 = 0; c0 < cols; c0 += unit_c) {
-                const uint64_t h = std::min(unit_r, rows - r0), w = std::min(unit_c, cols - c0);
-                Nd2NzParams p;
-                p.ndNum = 1;
-                p.nValue = looped ? 1 : h;
-                p.dValue = w;
-                p.srcNdMatrixStride = 0;
-                p.srcDValue = looped ? w : gcol;
-                p.dstNzC0Stride = (h + 15) / 16 * 16;
-                p.dstNzNStride = 1;
-                p.dstNzMatrixStride = 0;
-                if (looped && gcol * (h - 1) > static_cast<uint64_t>(INT32_MAX))
-                    twin::fail_at(loc, api,
-                                  "%s: the looped copy's source offset gCol * row = %llu * %llu overflows its int32 "
-                                  "(data_copy_wrapper_nd.h CopyND2NZ)",
-                                  what, (unsigned long long)gcol, (unsigned long long)(h - 1));
-                try {
-                    twin_ops::check_nd2nz(p, api, loc);
-                } catch (const twin::Error& e) {
-                    throw twin::Error(std::string(e.what()) +
-                                      twin::format(" (the Matmul library's GM -> L1 copy of %s, row stride %llu: "
-                                                   "MatmulConfig::intrinsicsCheck copies strides >= 65535 row by "
-                                                   "row)",
-                                                   what, (unsigned long long)gcol));
-                }
-            }
+        Nd2NzParams p;
+        p.ndNum = 1;
+        p.nValue = looped ? 1 : h;
+        p.dValue = w;
+        p.srcNdMatrixStride = 0;
+        p.srcDValue = looped ? w : gcol;
+        p.dstNzC0Stride = (h + 15) / 16 * 16;
+        p.dstNzNStride = 1;
+        p.dstNzMatrixStride = 0;
+        if (looped && gcol * (h - 1) > static_cast<uint64_t>(INT32_MAX))
+            twin::fail_at(loc, api,
+                          "%s: the looped copy's source offset gCol * row = %llu * %llu overflows its int32 "
+                          "(data_copy_wrapper_nd.h CopyND2NZ)",
+                          what, (unsigned long long)gcol, (unsigned long long)(h - 1));
+        try {
+            twin_ops::check_nd2nz(p, api, loc);
+        } catch (const twin::Error& e) {
+            throw twin::Error(std::string(e.what()) +
+                              twin::format(" (the Matmul library's GM -> L1 copy of %s, row stride %llu: "
+                                           "MatmulConfig::intrinsicsCheck copies strides >= 65535 row by row)",
+                                           what, (unsigned long long)gcol));
+        }
         // the library's own threshold (MatmulConfig.md; the loop starts at UINT16_MAX): 65535 fits the field, but
         // only intrinsicsCheck is documented to copy it
         if (gcol >= 65535 && !kCfg.intrinsicsCheck)
@@ -567,31 +607,97 @@ private:
                           "%s has a row stride of %llu elements (>= 65535): copy it with MatmulConfig::"
                           "intrinsicsCheck (GetNormalConfig(true), MatmulConfig.md) or keep the stride below 65535",
                           what, (unsigned long long)gcol);
-        core_->cnt.l1_in += rows * cols * sizeof(T);
+        core_->cnt.l1_in += h * w * sizeof(T);
     }
-    // Copies in what tile (mi_, ni_) needs and L1 does not hold: A's rows x K, B's K x columns. An operand stays in L1
-    // across the tiles of its epoch when its buffer holds its whole K ("k full load": depthA1 >= kIter * stepM,
-    // depthB1 >= kIter * stepN; cube_in_buffer_normal.h Init).
-    void load_operands(int mh, int nw, int K, const char* api, const twin::Loc& loc) {
-        const int kiter = ceil_div(K, t_.baseK);
-        const bool mdl = kCfg.doMultiDataLoad;
-        const uint64_t ka = static_cast<uint64_t>(t_.baseK) * (mdl ? t_.stepKa : 1);
-        const uint64_t kb = static_cast<uint64_t>(t_.baseK) * (mdl ? t_.stepKb : 1);
-        const uint64_t um = static_cast<uint64_t>(t_.baseM) * (mdl ? t_.stepM : 1);
-        const uint64_t un = static_cast<uint64_t>(t_.baseN) * (mdl ? t_.stepN : 1);
-        if (a_l1_.need(a_epoch_, mi_, t_.depthA1 >= kiter * t_.stepM)) {
-            if (!trans_a_) {  // (M, K) at row stride orgKa
-                copy_in<SrcAT>("A", org_ka_, mh, K, um, ka, api, loc);
-            } else {  // stored (K, M) at row stride orgM
-                copy_in<SrcAT>("A (transposed)", org_m_, K, mh, ka, um, api, loc);
+
+    // The current tile's operand as L1 holds it, into `out` (A: mh x K, B: K x nw, row-major): base block kb comes
+    // from its cached slot on a hit (what was copied then, whatever GM holds now), else it is copied from GM now
+    // (checked, counted, kept in the slot when its position is cached). Buffer positions as CopyCubeIn::
+    // GetIterIndex (copy_cube_in_norm.h): A's is its K index under ORDER_M, (M index * kIter + K index) modulo
+    // stepM * kIter under ORDER_N; B's is its K index under ORDER_N, (K index + N index * kIter) modulo
+    // stepN * kIter under ORDER_M. Runs of blocks copied together are read from GM in one pass.
+    template <typename T>
+    void load_operand(bool is_a, const GlobalTensor<T>& g, std::vector<float>& out, const char* api,
+                      const twin::Loc& loc) {
+        const int mh = tile_m(), nw = tile_n(), K = single_k_, bk = t_.baseK, kiter = ceil_div(K, bk);
+        const int other = is_a ? mh : nw;  // the tile's extent besides K
+        const bool trans = is_a ? trans_a_ : trans_b_;
+        const char* what = is_a ? (trans ? "A (transposed)" : "A") : (trans ? "B (transposed)" : "B");
+        L1Buffer& buf = is_a ? a_l1_ : b_l1_;
+        // element (x, k) of the tile's operand (x along M for A, along N for B) in `out`
+        auto at = [&](int x, int k) -> float& {
+            return is_a ? out[static_cast<size_t>(x) * K + k] : out[static_cast<size_t>(k) * nw + x];
+        };
+        out.assign(static_cast<size_t>(other) * K, 0.0f);
+        std::vector<int> pos(kiter);
+        std::vector<char> copy(kiter);
+        for (int kb = 0; kb < kiter; ++kb) {
+            if (is_a) {
+                pos[kb] = order_m() ? kb : (mi_ * kiter + kb) % (t_.stepM * kiter);
+            } else {
+                pos[kb] = order_m() ? (kb + ni_ * kiter) % (t_.stepN * kiter) : kb;
             }
+            const int kw = std::min(bk, K - kb * bk);
+            copy[kb] = !buf.hit(pos[kb]);
+            if (copy[kb]) continue;
+            const typename L1Buffer::Block& b = buf.slots[pos[kb]];
+            const int rows = is_a ? other : kw, cols = is_a ? kw : other;
+            if (!b.filled || b.rows != rows || b.cols != cols)
+                twin::fail_at(loc, api,
+                              "%s's L1 buffer position %d hits a block %s (%d x %d) where the tile needs %d x %d "
+                              "(cube_in_buffer_normal.h Hit returns the slot as it is)",
+                              what, pos[kb], b.filled ? "of another shape" : "never copied in", b.rows, b.cols, rows,
+                              cols);
+            for (int x = 0; x < other; ++x)
+                for (int k = 0; k < kw; ++k) at(x, kb * bk + k) = is_a ? b.data[x * kw + k] : b.data[k * other + x];
         }
-        if (b_l1_.need(b_epoch_, ni_, t_.depthB1 >= kiter * t_.stepN)) {
-            if (!trans_b_) {  // (K, N) at row stride orgN
-                copy_in<SrcBT>("B", org_n_, K, nw, kb, un, api, loc);
-            } else {  // stored (N, K) at row stride orgKb
-                copy_in<SrcBT>("B (transposed)", org_kb_, nw, K, un, kb, api, loc);
+        const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
+        const uint64_t x0 = is_a ? m0 : n0;
+        for (int kb = 0; kb < kiter;) {
+            if (!copy[kb]) {
+                ++kb;
+                continue;
             }
+            int ke = kb;
+            while (ke < kiter && copy[ke]) ++ke;
+            const int k0 = kb * bk, klen = std::min(K, ke * bk) - k0;
+            // GM layout: A (M, K) at stride orgKa or (K, M) at orgM; B (K, N) at orgN or (N, K) at orgKb
+            const bool k_rows = is_a == trans;  // GM rows run along K
+            const uint64_t gcol = is_a ? (trans ? org_m_ : org_ka_) : (trans ? org_kb_ : org_n_);
+            for (int b = kb; b < ke; ++b) {  // the copies' parameters first, then the data
+                const int kw = std::min(bk, K - b * bk);
+                if (pos[b] >= buf.cache_size && buf.queue == 0)
+                    twin::fail_at(loc, api,
+                                  "%s's L1 buffer was laid out at Init for the whole K of the tiling (singleCoreK %d: "
+                                  "%d positions) but this tile needs position %d: a K beyond singleCoreK (SetTail) "
+                                  "has no buffer to copy into (cube_in_buffer_normal.h Init / AllocTensor)",
+                                  what, t_.singleCoreK, buf.cache_size, pos[b]);
+                copy_in<T>(what, gcol, k_rows ? kw : other, k_rows ? other : kw, api, loc);
+            }
+            std::vector<float> run;
+            if (k_rows) {
+                read_rows(g, k0, klen, gcol, x0, other, run, what, api, loc);
+            } else {
+                read_rows(g, x0, other, gcol, k0, klen, run, what, api, loc);
+            }
+            for (int x = 0; x < other; ++x)
+                for (int k = 0; k < klen; ++k)
+                    at(x, k0 + k) = k_rows ? run[static_cast<size_t>(k) * other + x]
+                                           : run[static_cast<size_t>(x) * klen + k];
+            for (int b = kb; b < ke; ++b) {
+                if (pos[b] >= buf.cache_size) continue;  // a rotating buffer
+                const int kw = std::min(bk, K - b * bk);
+                typename L1Buffer::Block& s = buf.slots[pos[b]];  // AllocTensor: into the cache
+                s.filled = true;
+                s.rows = is_a ? other : kw;
+                s.cols = is_a ? kw : other;
+                s.data.resize(static_cast<size_t>(other) * kw);
+                for (int x = 0; x < other; ++x)
+                    for (int k = 0; k < kw; ++k)
+                        (is_a ? s.data[x * kw + k] : s.data[k * other + x]) = at(x, b * bk + k);
+                ++buf.proc;
+            }
+            kb = ke;
         }
     }
 
@@ -624,30 +730,15 @@ private:
         }
     }
     void compute(const char* api, const twin::Loc& loc) {
+        if (kCfg.doMultiDataLoad)
+            twin::fail_at(loc, api, "the twin models the Norm template's L1 buffers only (MDL's are not modelled)");
         const int mh = tile_m(), nw = tile_n(), K = single_k_;
         core_->cnt.cube_flops += 2ull * static_cast<uint64_t>(mh) * nw * K;
-        load_operands(mh, nw, K, api, loc);
-        const uint64_t m0 = static_cast<uint64_t>(mi_) * t_.baseM, n0 = static_cast<uint64_t>(ni_) * t_.baseN;
-        std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw)
+        const uint64_t n0 = static_cast<uint64_t>(ni_) * t_.baseN;
+        std::vector<float>& A = a_buf_;  // A as (mh, K), B as (K, nw), as L1 holds them
         std::vector<float>& B = b_buf_;
-        if (!trans_a_) {
-            read_rows(a_, m0, mh, org_ka_, 0, K, A, "A", api, loc);
-        } else {  // stored (K, M): row k holds A[:, k]
-            std::vector<float> at;
-            read_rows(a_, 0, K, org_m_, m0, mh, at, "A (transposed)", api, loc);
-            A.assign(static_cast<size_t>(mh) * K, 0.0f);
-            for (int k = 0; k < K; ++k)
-                for (int i = 0; i < mh; ++i) A[static_cast<size_t>(i) * K + k] = at[static_cast<size_t>(k) * mh + i];
-        }
-        if (!trans_b_) {
-            read_rows(b_, 0, K, org_n_, n0, nw, B, "B", api, loc);
-        } else {  // stored (N, K)
-            std::vector<float> bt;
-            read_rows(b_, n0, nw, org_kb_, 0, K, bt, "B (transposed)", api, loc);
-            B.assign(static_cast<size_t>(K) * nw, 0.0f);
-            for (int j = 0; j < nw; ++j)
-                for (int k = 0; k < K; ++k) B[static_cast<size_t>(k) * nw + j] = bt[static_cast<size_t>(j) * K + k];
-        }
+        load_operand<SrcAT>(true, a_, A, api, loc);
+        load_operand<SrcBT>(false, b_, B, api, loc);
         tile_.assign(static_cast<size_t>(mh) * nw, 0.0f);
         if (has_bias_) {
             std::vector<float> bias;
@@ -732,7 +823,7 @@ private:
     bool first_ = true, done_ = false, has_tile_ = false;
     int idx_ = 0, mi_ = 0, ni_ = 0;
     int64_t a_epoch_ = 0, b_epoch_ = 0;
-    L1Cache a_l1_, b_l1_;
+    L1Buffer a_l1_, b_l1_;
     uint64_t l1_bytes_ = 0;
     std::vector<float> tile_, a_buf_, b_buf_;
 };
