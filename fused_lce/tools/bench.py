@@ -315,8 +315,7 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--preset", default="qwen2.5-0.5b", choices=sorted(PRESETS),
                    help="LM head shape (hidden, vocab) of a Qwen model (default: qwen2.5-0.5b)")
     p.add_argument("--tokens", default=[256], type=_token_list,
-                   help="tokens per step; a comma list sweeps (default: 256, which takes well under a minute on a "
-                        "2-core CPU)")
+                   help="tokens per step; a comma list sweeps (default: 256, one to two minutes on a 2-core CPU)")
     p.add_argument("--hidden", type=_positive_int, help="override the preset's hidden size")
     p.add_argument("--vocab", type=_positive_int, help="override the preset's vocabulary size")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
