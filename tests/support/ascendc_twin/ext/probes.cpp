@@ -812,7 +812,7 @@ void mm_l1_a_kept_over_set_tensor_b() {
     write_a_twice(a);
 }
 
-// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling_data.h l1_block_bytes): keep_a_resident
+// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling.h l1_block_bytes): keep_a_resident
 // on a float32 GEMM with baseK 24 (16 x 24 blocks of A, a non-transposed B of 24 x 128 taking 32 x 128 in L1) takes
 // depthA1 = (512 KiB - 2 x 16 KiB) / 1.5 KiB = 320 A blocks, which Init accepts; with the raw 24 x 128 B block it
 // would take 325, 7.5 KiB more than L1.
@@ -824,6 +824,20 @@ void mm_keep_a_fp32_align() {
     fused_lce::cube::keep_a_resident(&t, 24 * 400, 4, 4, twin::rt().cfg.l1_bytes, false, false);
     EXPECT(t.depthA1 == 320 && t.stepN == 4 && t.depthB1 == 2);
     mm.Init(&t, &pipe);
+}
+
+// One L1 base block as CopyCubeInParams::GetBaseSize sizes it (copy_cube_in_params_base.h), the function the twin's
+// L1 check and the planner share: float32 A aligns baseM to 16 and baseK to 8 (16 when transposed); float32 B aligns
+// baseN to c0 = 8 and baseK to 16 (not at all when transposed); 16-bit operands as they are. A 24 x 24 base tile, and a
+// transposed B of baseN 20, baseK 12 (24 x 12 elements; aligning N to 16 or K to 8 gives another size).
+void mm_l1_block_sizes() {
+    namespace fc = fused_lce::cube;
+    EXPECT(fc::l1_block_bytes(true, false, 24, 24, 4) == 32 * 24 * 4);
+    EXPECT(fc::l1_block_bytes(true, true, 24, 24, 4) == 32 * 32 * 4);
+    EXPECT(fc::l1_block_bytes(false, true, 24, 24, 4) == 24 * 24 * 4);
+    EXPECT(fc::l1_block_bytes(false, false, 24, 24, 4) == 24 * 32 * 4);
+    EXPECT(fc::l1_block_bytes(false, true, 20, 12, 4) == 24 * 12 * 4);
+    EXPECT(fc::l1_block_bytes(true, true, 24, 24, 2) == 24 * 24 * 2);
 }
 
 // A kernel that took an optional argument's presence from a non-null address, given the twin's placeholder for an
@@ -877,6 +891,7 @@ void field_probes(std::map<std::string, Probe>& p) {
     p["ok_mm_l1_partial_residency"] = {1, 2, [](auto&, auto&) { mm_l1_partial(); }};
     p["ok_mm_l1_stale_operand"] = {1, 2, [](auto&, auto&) { mm_l1_stale(); }};
     p["ok_mm_keep_a_resident_fp32_align"] = {1, 2, [](auto&, auto&) { mm_keep_a_fp32_align(); }};
+    p["ok_mm_l1_block_sizes"] = {1, 0, [](auto&, auto&) { mm_l1_block_sizes(); }};
     p["ok_mm_l1_a_kept_over_set_tensor_b"] = {1, 2, [](auto&, auto&) { mm_l1_a_kept_over_set_tensor_b(); }};
     p["cube_iterate_after_end_without_restart"] = {1, 2, [](auto&, auto&) {  // End does not restart the scheduler
         if (!on_cube()) return;

@@ -31,6 +31,7 @@
 #ifndef FUSED_LCE_TWIN_MATMUL_INTF_H_
 #define FUSED_LCE_TWIN_MATMUL_INTF_H_
 
+#include "fused_lce_cube_tiling.h"  // csrc/ascend/common: l1_block_bytes, the L1 block sizes shared with the planner
 #include "kernel_operator.h"
 #include "kernel_tiling/kernel_tiling.h"
 
@@ -485,18 +486,6 @@ private:
         }
     }
 
-    // Bytes of one L1 base block of an operand whose other side is `rows` (baseM for A, baseN for B), as
-    // CopyCubeInParams::GetBaseSize sizes it (stage/copy_cube_in/base/copy_cube_in_params_base.h GetBaseHeightAlign
-    // x GetBaseWidthAlign): a float operand has its M / N side aligned to 16 and its K side to 8, or to 16 for an A
-    // and a B declared transposed and not transposed respectively (`k_align16`); 16-bit types take the base tile as
-    // it is.
-    template <typename T>
-    uint64_t l1_block(int rows, bool k_align16) const {
-        const uint64_t k = static_cast<uint64_t>(t_.baseK), r = static_cast<uint64_t>(rows);
-        if (!std::is_same<T, float>::value) return r * k * sizeof(T);
-        const uint64_t ka = k_align16 ? 16 : 8;
-        return (r + 15) / 16 * 16 * ((k + ka - 1) / ka * ka) * sizeof(T);
-    }
     // Tiling checks of the Matmul API (impl/adv_api/detail/matmul/param/matmul_shape_tiling.h CheckTiling, CPU-debug
     // build): positive depths and steps; base tiles within L0A / L0B (doubled when both dbL0A and dbL0B are 2) and
     // L0C (doubled with dbL0C 2); MDL: depthA1 a multiple of stepM * stepKa and at most twice it (B likewise); and
@@ -532,8 +521,12 @@ private:
                               "(%d) or twice it",
                               t_.depthA1, sa, t_.depthB1, sb);
         }
-        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) * l1_block<SrcAT>(t_.baseM, A_TYPE::isTrans) +
-                    static_cast<uint64_t>(t_.depthB1) * l1_block<SrcBT>(t_.baseN, !B_TYPE::isTrans);
+        // each block as CopyCubeInParams::GetBaseSize sizes it (fused_lce::cube::l1_block_bytes)
+        namespace fc = fused_lce::cube;
+        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) *
+                        fc::l1_block_bytes(true, A_TYPE::isTrans, t_.baseM, t_.baseK, sizeof(SrcAT)) +
+                    static_cast<uint64_t>(t_.depthB1) *
+                        fc::l1_block_bytes(false, B_TYPE::isTrans, t_.baseN, t_.baseK, sizeof(SrcBT));
         if (l1_bytes_ > cfg.l1_bytes)
             twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (ull)l1_bytes_,
                           t_.depthA1, t_.depthB1, (ull)cfg.l1_bytes);
