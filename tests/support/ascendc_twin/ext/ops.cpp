@@ -476,7 +476,8 @@ std::vector<int64_t> twin_plan_stats_cube(int64_t n, int64_t d, int64_t v, int64
     const ft::Plan& p = m.base;
     return {m.status, p.base_m, p.base_n, p.base_k, p.vec_rows, static_cast<int64_t>(p.m_blocks),
             static_cast<int64_t>(p.n_blocks), static_cast<int64_t>(p.segments), static_cast<int64_t>(p.tasks),
-            p.used_cores, static_cast<int64_t>(p.tail_n), m.ub_end, static_cast<int64_t>(m.ws_total)};
+            p.used_cores, static_cast<int64_t>(p.tail_n), m.ub_end, static_cast<int64_t>(m.ws_total),
+            static_cast<int64_t>(p.seg_blocks)};
 }
 
 // Work counters of the last launch, one row per core: [is_aic, vector instructions, vector UB bytes written,
