@@ -86,7 +86,8 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
         return fh::fail(ctx, "FusedLceStatsCube: the Matmul API found no tiling");
-    if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n))
+    if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n,
+                                          p.d))
         return ge::GRAPH_FAILED;
     if (p.n > 0)  // A = h (not transposed), B = W (transposed)
         fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes, false, true);
