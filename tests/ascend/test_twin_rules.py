@@ -8,7 +8,8 @@ CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok
          "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions", "ok_xflag_ring",
          "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim", "ok_mm_wide_stride_intrinsics_check",
          "ok_mm_overlay_with_end", "ok_mm_l1_reuse", "ok_mm_iterate_order", "ok_mm_l1_partial_residency",
-         "ok_mm_l1_stale_operand", "ok_mm_keep_a_resident_fp32_align"]
+         "ok_mm_l1_stale_operand", "ok_mm_keep_a_resident_fp32_align", "ok_mm_l1_a_kept_over_set_tensor_b",
+         "ok_mm_l1_block_sizes"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
     "raw_v_s": "HardEvent::V_S",
@@ -70,6 +71,7 @@ VIOLATIONS = {
     "cube_mdl_depth_not_a_step_multiple": "MDL: depthA1 3 must be stepM * stepKa (2) or twice it",
     "cube_l1_tail_k_beyond_tiling": "has no buffer to copy into",
     "cube_l1_fp32_k_align": "L1 needs 1025024 bytes (depthA1 2, depthB1 1000) > 524288",
+    "cube_iterate_after_end_without_restart": "only those restart the scheduler (not End)",
 }
 
 

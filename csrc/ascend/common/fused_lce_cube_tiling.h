@@ -241,6 +241,18 @@ inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, 
     return m;
 }
 
+// L1 bytes of one base block of a Norm-template Matmul operand, A (`is_a`: baseM x baseK) or B (baseK x baseN), as
+// the library sizes its L1 buffers (asc-devkit stage/copy_cube_in/base/copy_cube_in_params_base.h GetBaseSize =
+// GetBaseHeightAlign x GetBaseWidthAlign, both taken on the untransposed base shape whatever `trans`, the MatmulType's
+// isTrans). float32: A's baseM aligned to 16 and its baseK to 16 if A is transposed, else to c0 = 8; B's baseN aligned
+// to c0 = 8 and its baseK to 16 if B is not transposed, else not at all. 16-bit operands take the block as it is.
+// The twin's Matmul (tests/support/ascendc_twin/kernel/lib/matmul_intf.h) sizes its L1 check with this function.
+inline uint64_t l1_block_bytes(bool is_a, bool trans, uint64_t base_mn, uint64_t base_k, uint32_t elt) {
+    if (elt != 4) return base_mn * base_k * elt;
+    if (is_a) return ft::align_up(base_mn, 16) * ft::align_up(base_k, trans ? 16 : 8) * 4;
+    return ft::align_up(base_mn, 8) * (trans ? base_k : ft::align_up(base_k, 16)) * 4;
+}
+
 }  // namespace cube
 }  // namespace fused_lce
 

@@ -56,14 +56,6 @@ struct FusedLceGradCubeTilingData {
 
 namespace fused_lce {
 namespace cube {
-// L1 bytes of one base block of a Norm-template operand whose other side is `rows` (baseM for A, baseN for B; multiples
-// of 16), as the Matmul library lays its L1 buffers out (asc-devkit stage/copy_cube_in/base/copy_cube_in_params_base.h
-// GetBaseHeightAlign x GetBaseWidthAlign): a 32-bit operand's K side is aligned to 16 for an A declared transposed
-// and a B declared not transposed (`k_align16`), else to 8 (baseK already is); 16-bit operands take the block as is.
-inline uint64_t l1_block_bytes(uint64_t rows, uint64_t base_k, uint32_t elt, bool k_align16) {
-    return rows * (elt == 4 && k_align16 ? ft::align_up(base_k, 16) : base_k) * elt;
-}
-
 // Keeps as much of a GEMM's A in L1 across its N tiles as L1 holds besides B's double buffer. With the Norm template,
 // ORDER_M and stepM 1, A's buffer is reset only when a group of stepN N tiles ends (asc-devkit scheduler/base/
 // scheduler_norm_base.h MoveOnIterateOrderM) and its position is the K index (stage/copy_cube_in/base/
@@ -83,8 +75,8 @@ inline void keep_a_resident(AscendC::tiling::TCubeTiling* t, uint64_t k, uint64_
                             uint64_t l1_bytes, bool a_trans, bool b_trans) {
     if (t->baseK <= 0 || t->baseM <= 0 || t->baseN <= 0 || n_tiles == 0 || n_tiles > 0x7fffffffull) return;
     const uint64_t bk = static_cast<uint64_t>(t->baseK), kiter = ft::ceil_div(k, bk);
-    const uint64_t a_blk = l1_block_bytes(static_cast<uint64_t>(t->baseM), bk, elt, a_trans);
-    const uint64_t b_db = 2 * l1_block_bytes(static_cast<uint64_t>(t->baseN), bk, elt, !b_trans);
+    const uint64_t a_blk = l1_block_bytes(true, a_trans, static_cast<uint64_t>(t->baseM), bk, elt);
+    const uint64_t b_db = 2 * l1_block_bytes(false, b_trans, static_cast<uint64_t>(t->baseN), bk, elt);
     if (kiter == 0 || kiter > 0x7fffffffull || b_db + a_blk > l1_bytes) return;
     uint64_t depth = (l1_bytes - b_db) / a_blk;
     if (depth > kiter) depth = kiter;

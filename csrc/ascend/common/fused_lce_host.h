@@ -164,13 +164,23 @@ inline bool gemm_tiling(const platform_ascendc::PlatformAscendC& plat, ge::DataT
 // their GM ring slots and place the tiles they read back (ring, z cache) by the plan's base tile, while the Matmul
 // library's fixpipe places a tile by the tiling's (asc-devkit stage/copy_cube_out/copy_cube_out_fixpipe.h). CANN's
 // SetFixSplit pins them (matmul_tiling_base.cpp, min = max), so this holds today; a host library that did otherwise
-// must not give wrong results silently.
+// must not give wrong results silently. Likewise singleCoreK must be the `k` given (a single-core SetShape makes it
+// so): the library lays an operand's L1 buffer out at Init from singleCoreK (scheduler_base.h Init -> KLoop ->
+// cube_in_buffer_normal.h Init), so with a smaller one keep_a_resident's "whole K" depth would leave no rotating
+// buffer for the K blocks the kernels' SetTail asks beyond it.
 inline bool kept_base_tile(gert::TilingContext* ctx, const char* op, const char* gemm,
-                           const AscendC::tiling::TCubeTiling& t, uint32_t baseM, uint32_t baseN) {
-    if (t.baseM == static_cast<int32_t>(baseM) && t.baseN == static_cast<int32_t>(baseN)) return true;
-    fail(ctx, "%s: GetTiling returned a %d x %d base tile for %s, not the %u x %u the plan fixed (SetFixSplit)", op,
-         t.baseM, t.baseN, gemm, baseM, baseN);
-    return false;
+                           const AscendC::tiling::TCubeTiling& t, uint32_t baseM, uint32_t baseN, uint64_t k) {
+    if (t.baseM != static_cast<int32_t>(baseM) || t.baseN != static_cast<int32_t>(baseN)) {
+        fail(ctx, "%s: GetTiling returned a %d x %d base tile for %s, not the %u x %u the plan fixed (SetFixSplit)",
+             op, t.baseM, t.baseN, gemm, baseM, baseN);
+        return false;
+    }
+    if (t.singleCoreK < 0 || static_cast<uint64_t>(t.singleCoreK) != k) {
+        fail(ctx, "%s: GetTiling returned singleCoreK %d for %s, not its K = %llu (the L1 buffers are laid out from "
+             "singleCoreK)", op, t.singleCoreK, gemm, static_cast<unsigned long long>(k));
+        return false;
+    }
+    return true;
 }
 
 // Sets the launch outputs shared by every op: block dim (MIX kernel, KERNEL_TYPE_MIX_AIC_1_2: the number of AI cores,

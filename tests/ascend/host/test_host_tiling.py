@@ -478,28 +478,32 @@ def test_cube_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
 
 
 @pytest.mark.parametrize("op", ["stats_cube", "grad_cube"])
-def test_cube_tiling_fails_when_get_tiling_moves_the_fixed_base_tile(op, driver):
+@pytest.mark.parametrize("quirk,msg", [
+    ("mm_base=16,16", "GetTiling returned a 16 x 16 base tile for {}"),
+    ("mm_single_k=128", "GetTiling returned singleCoreK 128 for {}, not its K = 256"),
+], ids=["base_tile", "single_core_k"])
+def test_cube_tiling_fails_when_get_tiling_moves_what_the_plan_fixed(op, quirk, msg, driver):
     """The kernels size their ring slots and place the tiles they read back by the plan's base tile, the fixpipe by
-    the tiling's: a GetTiling that did not keep SetFixSplit's base M / N fails the tiling, naming the GEMM."""
+    the tiling's; the Matmul library lays an operand's L1 buffer out from the tiling's singleCoreK, keep_a_resident
+    sizes "A's whole K" from the GEMM's K. A GetTiling that did not keep SetFixSplit's base M / N, or returned another
+    singleCoreK, fails the tiling, naming the GEMM (the first checked: mmLogits / mmZ, K = D = 256)."""
     line = case(op, n=300, d=256, v=5000, keep_dz=1, keep_z=1)
     assert driver.one(line)["status"] == "ok"
-    r = driver.one(line + " mm_base=16,16")
+    r = driver.one(line + " " + quirk)
     assert r["status"] == "failed" and not r["block_dim_set"] and not r["workspace_set"], r
-    gemm = "mmLogits" if op == "stats_cube" else "mmZ"
-    assert f"GetTiling returned a 16 x 16 base tile for {gemm}" in driver.stderr, driver.stderr
+    assert msg.format("mmLogits" if op == "stats_cube" else "mmZ") in driver.stderr, driver.stderr
 
 
 @pytest.mark.parametrize("keep_z,out,msg", [
     (1, "absent", "keep_z is set but no z_cache output"),
     (1, "37,302", "keep_z is set but no z_cache output"),
     (1, "0", "keep_z is set but no z_cache output"),
-    (0, "37,301", "a z_cache output is given but keep_z is not set"),
 ])
-def test_stats_cube_keep_z_must_match_the_z_cache_output(keep_z, out, msg, driver):
+def test_stats_cube_keep_z_needs_the_z_cache_output(keep_z, out, msg, driver):
     """keep_z makes the kernel write N x V floats into z_cache: the tiling fails unless the output is given with shape
-    (N, V) exactly when keep_z is set (not given: absent, or empty as ops-nn's aclnn layer passes an absent optional
-    output)."""
-    for zc in ("absent", "0"):  # consistent: not given, both ways
+    (N, V). Without keep_z the kernel never touches z_cache, so any z_cache is accepted: absent (the generated aclnn's
+    null tensor), empty (a hand-written op_api's shape (0)) or (N, V) (a graph allocating it from InferShape)."""
+    for zc in ("absent", "0", "37,301"):
         assert driver.one(case("stats_cube", keep_z=0, out__z_cache=zc))["status"] == "ok"
     assert driver.one(case("stats_cube", keep_z=1, out__z_cache="37,301"))["status"] == "ok"
     r = driver.one(case("stats_cube", keep_z=keep_z, out__z_cache=out))

@@ -7,7 +7,8 @@
 //   label=i32|i64 bias=0|1 softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1]
 //   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 //   [out.z_cache=absent|a,b] (FusedLceStatsCube's optional output; default: (N, V) with keep_z, else absent, as the
-//   adapter passes it) [mm_base=M,N] (GetTiling returns this base tile instead of the fixed one)
+//   adapter passes it) [mm_base=M,N] (GetTiling returns this base tile instead of the fixed one) [mm_single_k=K]
+//   (GetTiling returns this singleCoreK instead of the GEMM's K)
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
 // fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
@@ -82,6 +83,7 @@ struct Case {
     th::Part part;
     std::map<size_t, th::TensorArg> outputs;  // overrides of the inferred outputs
     std::vector<int64_t> mm_base;             // the base tile GetTiling returns instead of the fixed one
+    int32_t mm_single_k = 0;                  // the singleCoreK GetTiling returns instead of the GEMM's K
 };
 
 Case build(const std::map<std::string, std::string>& kv) {
@@ -138,6 +140,7 @@ Case build(const std::map<std::string, std::string>& kv) {
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
     if (kv.count("mm_base")) c.mm_base = dims_of(get(kv, "mm_base", ""));
+    if (kv.count("mm_single_k")) c.mm_single_k = static_cast<int32_t>(std::stoll(get(kv, "mm_single_k", "0")));
     return c;
 }
 
@@ -145,9 +148,11 @@ Case build(const std::map<std::string, std::string>& kv) {
 std::pair<th::TilingResult, th::TilingResult> run_twice(const Case& c) {
     if (c.mm_base.size() == 2)
         th::set_base_tile_quirk(static_cast<int32_t>(c.mm_base[0]), static_cast<int32_t>(c.mm_base[1]));
+    th::set_single_k_quirk(c.mm_single_k);
     const th::TilingResult r = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0xCD, c.outputs);
     const th::TilingResult r2 = th::run_tiling(c.type, c.inputs, c.attrs, c.part, 0x5A, c.outputs);
     th::set_base_tile_quirk(0, 0);
+    th::set_single_k_quirk(0);
     return {r, r2};
 }
 

@@ -107,11 +107,11 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
         }
         if (!ok) return fh::fail(ctx, "FusedLceGradCube: the Matmul API found no tiling");
         const char* op = "FusedLceGradCube";
-        ok = fh::kept_base_tile(ctx, op, "mmZ", td->mmZ, bm, bn) &&
-             fh::kept_base_tile(ctx, op, "mmDx", td->mmDx, bm, p.base_d) &&
-             fh::kept_base_tile(ctx, op, "mmDw", td->mmDw, bn, p.base_d) &&
-             (!keepDz || (fh::kept_base_tile(ctx, op, "mmDxAll", td->mmDxAll, bm, p.base_d) &&
-                          fh::kept_base_tile(ctx, op, "mmDwAll", td->mmDwAll, bn, p.base_d)));
+        ok = fh::kept_base_tile(ctx, op, "mmZ", td->mmZ, bm, bn, p.d) &&
+             fh::kept_base_tile(ctx, op, "mmDx", td->mmDx, bm, p.base_d, bn) &&
+             fh::kept_base_tile(ctx, op, "mmDw", td->mmDw, bn, p.base_d, bm) &&
+             (!keepDz || (fh::kept_base_tile(ctx, op, "mmDxAll", td->mmDxAll, bm, p.base_d, plan.keep_cols) &&
+                          fh::kept_base_tile(ctx, op, "mmDwAll", td->mmDwAll, bn, p.base_d, n)));
         if (!ok) return ge::GRAPH_FAILED;
         // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);

@@ -51,16 +51,17 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     const bool withZsum = at.withZsum, withEntropy = at.withEntropy;
     bool keepZ = false;
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
-    // keep_z says the kernel writes N x V floats into z_cache: it must agree with the output given. Not given: no
-    // output instance, or an empty tensor (ops-nn's aclnn layer allocates an absent optional output with shape (0))
+    // keep_z says the kernel writes N x V floats into z_cache, so then the output must be given with that shape.
+    // Without keep_z the kernel never touches z_cache, whatever is given: the generated aclnn passes an absent optional
+    // output as a null tensor (asc-devkit tools/build/opbuild/op_aclnn_generator.cpp, NnopbaseAddOutput), a graph
+    // allocates it from InferShape's (N, V) below, and a hand-written op_api may pass an empty one (ops-nn's for its
+    // built-in fused_linear_online_max_sum allocates shape (0)); none of them is refused.
     const gert::StorageShape* zcs = ctx->GetOutputShape(kZCacheOut);
     const gert::Shape* zc = zcs != nullptr ? &zcs->GetStorageShape() : nullptr;
     if (keepZ && (zc == nullptr || zc->GetDimNum() != 2 || zc->GetDim(0) != static_cast<int64_t>(n) ||
                   zc->GetDim(1) != static_cast<int64_t>(v)))
         return fh::fail(ctx, "FusedLceStatsCube: keep_z is set but no z_cache output of shape (N, V) = (%lld, %lld) "
                         "is given", static_cast<long long>(n), static_cast<long long>(v));
-    if (!keepZ && zc != nullptr && zc->GetShapeSize() != 0)
-        return fh::fail(ctx, "FusedLceStatsCube: a z_cache output is given but keep_z is not set");
 
     // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has
     // six planes
@@ -85,7 +86,8 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
         return fh::fail(ctx, "FusedLceStatsCube: the Matmul API found no tiling");
-    if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n))
+    if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n,
+                                          p.d))
         return ge::GRAPH_FAILED;
     if (p.n > 0)  // A = h (not transposed), B = W (transposed)
         fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes, false, true);

@@ -118,9 +118,9 @@ void vary_tiling(AscendC::tiling::TCubeTiling& t, uint32_t elt) {
         case 5: v.iterateOrder = 0, v.stepN = 3, v.depthA1 = kiter(), v.depthB1 = 2; break;  // A kept over 3 tiles
         default: TORCH_CHECK(false, "fused_lce twin: unknown Matmul tiling variant ", variant);
     }
-    // L1 with float32 blocks sized for either transpose (the K side aligned to 16: fc::l1_block_bytes)
-    const uint64_t l1 = v.depthA1 * fc::l1_block_bytes(v.baseM, v.baseK, elt, true) +
-                        v.depthB1 * fc::l1_block_bytes(v.baseN, v.baseK, elt, true);
+    // L1 with the blocks sized for either transpose (the larger: A transposed, B not; fc::l1_block_bytes)
+    const uint64_t l1 = v.depthA1 * fc::l1_block_bytes(true, true, v.baseM, v.baseK, elt) +
+                        v.depthB1 * fc::l1_block_bytes(false, false, v.baseN, v.baseK, elt);
     const uint64_t ab = (v.dbL0A == 2 && v.dbL0B == 2) ? 2 : 1;
     if (l1 <= hw.l1_bytes && static_cast<uint64_t>(v.baseM) * v.baseK * elt * ab <= hw.l0a_bytes &&
         static_cast<uint64_t>(v.baseN) * v.baseK * elt * ab <= hw.l0b_bytes)
@@ -476,7 +476,8 @@ std::vector<int64_t> twin_plan_stats_cube(int64_t n, int64_t d, int64_t v, int64
     const ft::Plan& p = m.base;
     return {m.status, p.base_m, p.base_n, p.base_k, p.vec_rows, static_cast<int64_t>(p.m_blocks),
             static_cast<int64_t>(p.n_blocks), static_cast<int64_t>(p.segments), static_cast<int64_t>(p.tasks),
-            p.used_cores, static_cast<int64_t>(p.tail_n), m.ub_end, static_cast<int64_t>(m.ws_total)};
+            p.used_cores, static_cast<int64_t>(p.tail_n), m.ub_end, static_cast<int64_t>(m.ws_total),
+            static_cast<int64_t>(p.seg_blocks)};
 }
 
 // Work counters of the last launch, one row per core: [is_aic, vector instructions, vector UB bytes written,

@@ -709,6 +709,31 @@ void mm_l1_partial() {
     }
 }
 
+// The stale-operand probes' A: 16 x 32 fp32 at out[512..1023] (their C tiles go to out[0] and out[256]).
+constexpr int kK32 = 32;
+GlobalTensor<float> stale_a() { return gout()[2 * kT * kT]; }
+
+// Their vector side: each AIV writes its 8 rows of A with 1, sets flag 3, waits for flag 4 (the cube read A),
+// overwrites them with 2 and sets flag 3 again.
+void write_a_twice(const GlobalTensor<float>& a) {
+    constexpr int k = kK32;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 8 * k * 4);
+    LocalTensor<float> t = buf.Get<float>(8 * k);
+    const int r0 = static_cast<int>(GetSubBlockIdx()) * 8;
+    for (int i = 0; i < 2; ++i) {
+        if (i == 1) {
+            CrossCoreWaitFlag(4);
+            order<HardEvent::MTE3_V>();
+        }
+        Duplicate(t, i == 0 ? 1.0f : 2.0f, 8 * k);
+        order<HardEvent::V_MTE3>();
+        DataCopy(a[r0 * k], t, 8 * k);
+        CrossCoreSetFlag<2, PIPE_MTE3>(3);
+    }
+}
+
 // The cube reads a cached operand block from L1 as it was copied in, not from GM: a write to GM under a resident block
 // is not seen (cube_in_buffer_normal.h Hit / GetBuffer). The vector cores write A (16 x 32 fp32, all 1) into GM; the
 // cube computes N tile 0 of A B^T with depthA1 3 (kIter 4: K block 0 of A cached, blocks 1..3 rotating); the vector
@@ -716,8 +741,7 @@ void mm_l1_partial() {
 // Re-reading GM for every tile, or keeping all or none of K, gives another value.
 void mm_l1_stale() {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-    constexpr int kK32 = 32, kAt = 2 * kT * kT;  // C tiles at out[0] and out[256], A at out[512..1023]
-    GlobalTensor<float> a = gout()[kAt];
+    GlobalTensor<float> a = stale_a();
     if ASCEND_IS_AIC {
         TPipe pipe;
         MatmulImpl<MmA, MmB, MmA> mm;
@@ -741,24 +765,54 @@ void mm_l1_stale() {
         }
         return;
     }
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> buf;
-    pipe.InitBuffer(buf, 8 * kK32 * 4);
-    LocalTensor<float> t = buf.Get<float>(8 * kK32);
-    const int r0 = static_cast<int>(GetSubBlockIdx()) * 8;
-    for (int k = 0; k < 2; ++k) {
-        if (k == 1) {
-            CrossCoreWaitFlag(4);
-            order<HardEvent::MTE3_V>();
-        }
-        Duplicate(t, k == 0 ? 1.0f : 2.0f, 8 * kK32);
-        order<HardEvent::V_MTE3>();
-        DataCopy(a[r0 * kK32], t, 8 * kK32);
-        CrossCoreSetFlag<2, PIPE_MTE3>(3);
-    }
+    write_a_twice(a);
 }
 
-// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling_data.h l1_block_bytes): keep_a_resident
+// SetTensorB resets B's L1 buffer and restarts the scheduler, and nothing more: A's cached blocks survive into the
+// next sequence (copy_cube_in_norm.h SetInput resets only its own operand's CubeInBuffer; scheduler_norm_base.h
+// MoveOnFirstIterate resets none). A (16 x 32 fp32, whole K cached: depthA1 4 = kIter) is written 1 by the vector
+// cores; the cube computes one tile against B0 and stops (no End, no Iterate past the tile); the vector cores
+// overwrite A with 2; SetTensorB(B1) alone: the tile is computed from A's cached 1s and only B is copied in (2 KiB).
+// A twin resetting A at the start of every sequence reads 2 and copies 4 KiB.
+void mm_l1_a_kept_over_set_tensor_b() {
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    GlobalTensor<float> a = stale_a();
+    if ASCEND_IS_AIC {
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kK32, kT, kT, 8);
+        t.depthA1 = 4, t.depthB1 = 2;
+        mm.Init(&t, &pipe);
+        auto row0 = [](int tile, float av, int b_row0) {  // row 0 of C tile `tile` against B^T rows b_row0..
+            for (int j = 0; j < kT; j += 5) {
+                float ref = 0;
+                for (int x = 0; x < kK32; ++x) ref += av * gwide().GetValue((b_row0 + j) * kK32 + x);
+                EXPECT(std::fabs(gout().GetValue(tile * kT * kT + j) - ref) <= 1e-4f * (1 + std::fabs(ref)));
+            }
+        };
+        CrossCoreWaitFlag(3);  // A holds 1
+        mm.SetTensorA(a);
+        mm.SetTensorB(gwide(), true);
+        EXPECT(mm.template Iterate<true>());
+        mm.GetTensorC(gout(), 0, true);
+        CrossCoreSetFlag<2, PIPE_FIX>(4);  // A was read: the vector cores may overwrite it
+        CrossCoreWaitFlag(3);              // A holds 2
+        uint64_t& l1 = twin::cur().cnt.l1_in;
+        const uint64_t before = l1;
+        mm.SetTensorB(gwide()[kT * kK32], true);
+        EXPECT(mm.template Iterate<true>());
+        mm.GetTensorC(gout()[kT * kT], 0, true);
+        EXPECT(l1 - before == static_cast<uint64_t>(kT) * kK32 * 4);  // B only
+        mm.End();
+        order<HardEvent::FIX_S>();
+        row0(0, 1.0f, 0);
+        row0(1, 1.0f, kT);  // A's cached blocks, not GM's 2
+        return;
+    }
+    write_a_twice(a);
+}
+
+// The planner sizes L1 blocks as the library does (fused_lce_cube_tiling.h l1_block_bytes): keep_a_resident
 // on a float32 GEMM with baseK 24 (16 x 24 blocks of A, a non-transposed B of 24 x 128 taking 32 x 128 in L1) takes
 // depthA1 = (512 KiB - 2 x 16 KiB) / 1.5 KiB = 320 A blocks, which Init accepts; with the raw 24 x 128 B block it
 // would take 325, 7.5 KiB more than L1.
@@ -770,6 +824,20 @@ void mm_keep_a_fp32_align() {
     fused_lce::cube::keep_a_resident(&t, 24 * 400, 4, 4, twin::rt().cfg.l1_bytes, false, false);
     EXPECT(t.depthA1 == 320 && t.stepN == 4 && t.depthB1 == 2);
     mm.Init(&t, &pipe);
+}
+
+// One L1 base block as CopyCubeInParams::GetBaseSize sizes it (copy_cube_in_params_base.h), the function the twin's
+// L1 check and the planner share: float32 A aligns baseM to 16 and baseK to 8 (16 when transposed); float32 B aligns
+// baseN to c0 = 8 and baseK to 16 (not at all when transposed); 16-bit operands as they are. A 24 x 24 base tile, and a
+// transposed B of baseN 20, baseK 12 (24 x 12 elements; aligning N to 16 or K to 8 gives another size).
+void mm_l1_block_sizes() {
+    namespace fc = fused_lce::cube;
+    EXPECT(fc::l1_block_bytes(true, false, 24, 24, 4) == 32 * 24 * 4);
+    EXPECT(fc::l1_block_bytes(true, true, 24, 24, 4) == 32 * 32 * 4);
+    EXPECT(fc::l1_block_bytes(false, true, 24, 24, 4) == 24 * 24 * 4);
+    EXPECT(fc::l1_block_bytes(false, false, 24, 24, 4) == 24 * 32 * 4);
+    EXPECT(fc::l1_block_bytes(false, true, 20, 12, 4) == 24 * 12 * 4);
+    EXPECT(fc::l1_block_bytes(true, true, 24, 24, 2) == 24 * 24 * 2);
 }
 
 // A kernel that took an optional argument's presence from a non-null address, given the twin's placeholder for an
@@ -823,6 +891,20 @@ void field_probes(std::map<std::string, Probe>& p) {
     p["ok_mm_l1_partial_residency"] = {1, 2, [](auto&, auto&) { mm_l1_partial(); }};
     p["ok_mm_l1_stale_operand"] = {1, 2, [](auto&, auto&) { mm_l1_stale(); }};
     p["ok_mm_keep_a_resident_fp32_align"] = {1, 2, [](auto&, auto&) { mm_keep_a_fp32_align(); }};
+    p["ok_mm_l1_block_sizes"] = {1, 0, [](auto&, auto&) { mm_l1_block_sizes(); }};
+    p["ok_mm_l1_a_kept_over_set_tensor_b"] = {1, 2, [](auto&, auto&) { mm_l1_a_kept_over_set_tensor_b(); }};
+    p["cube_iterate_after_end_without_restart"] = {1, 2, [](auto&, auto&) {  // End does not restart the scheduler
+        if (!on_cube()) return;
+        TPipe pipe;
+        MatmulImpl<MmA, MmB, MmA> mm;
+        tiling::TCubeTiling t = mm_tiling(kT, kT, kT, kT, kT, 8);
+        mm.Init(&t, &pipe);
+        mm.SetTensorA(gwide());
+        mm.SetTensorB(gwide()[kWideB], true);
+        mm.IterateAll(gout());
+        mm.End();
+        mm.IterateAll(gout());
+    }};
     p["cube_l1_tail_k_beyond_tiling"] = {1, 2, [](auto&, auto&) {  // a whole-K buffer for singleCoreK 16, K 32
         if (!on_cube()) return;
         TPipe pipe;

@@ -112,6 +112,8 @@ TilingResult run_tiling(const std::string& op_type, const std::vector<TensorArg>
 // does: matmul_tiling_base.cpp SetFixSplit pins min = max): for tests that the tilings refuse a tiling whose base tile
 // is not the one their plan fixed. Stays in effect until reset with (0, 0).
 void set_base_tile_quirk(int32_t base_m, int32_t base_n);
+// Makes GetTiling return this singleCoreK instead of SetShape's K (0: keep it, as a single-core SetShape does).
+void set_single_k_quirk(int32_t single_k);
 
 struct InferResult {
     ge::graphStatus shape_status = ge::GRAPH_FAILED, dtype_status = ge::GRAPH_FAILED;

@@ -746,9 +746,9 @@ int64_t MatmulApiTiling::GetTiling(optiling::TCubeTiling&) { return -1; }  // no
 
 static int32_t align_up(int32_t a, int32_t b) { return (a + b - 1) / b * b; }
 
-// A host library that does not keep SetFixSplit's base M / N (fused_lce_twin_host::set_base_tile_quirk): what the
-// next GetTiling calls return instead (0: keep them, as CANN's does).
-static int32_t g_quirk_base_m = 0, g_quirk_base_n = 0;
+// A host library that does not keep SetFixSplit's base M / N (fused_lce_twin_host::set_base_tile_quirk) or SetShape's
+// K as singleCoreK (set_single_k_quirk): what the next GetTiling calls return instead (0: keep them, as CANN's does).
+static int32_t g_quirk_base_m = 0, g_quirk_base_n = 0, g_quirk_single_k = 0;
 
 int64_t MatmulApiTiling::Compute() {
     if (!CheckSetParam()) return -1;
@@ -791,7 +791,7 @@ int64_t MatmulApiTiling::GetTiling(AscendC::tiling::TCubeTiling& t) {
     t.Kb = orgKb;
     t.singleCoreM = singleM;
     t.singleCoreN = singleN;
-    t.singleCoreK = singleK;
+    t.singleCoreK = g_quirk_single_k > 0 ? g_quirk_single_k : singleK;
     t.baseM = baseM;
     t.baseN = baseN;
     t.baseK = baseK;
@@ -823,6 +823,7 @@ void set_base_tile_quirk(int32_t base_m, int32_t base_n) {
     matmul_tiling::g_quirk_base_m = base_m;
     matmul_tiling::g_quirk_base_n = base_n;
 }
+void set_single_k_quirk(int32_t single_k) { matmul_tiling::g_quirk_single_k = single_k; }
 
 Part part(const std::string& name) {
     Part p;

@@ -31,6 +31,7 @@
 #ifndef FUSED_LCE_TWIN_MATMUL_INTF_H_
 #define FUSED_LCE_TWIN_MATMUL_INTF_H_
 
+#include "fused_lce_cube_tiling.h"  // csrc/ascend/common: l1_block_bytes, the L1 block sizes shared with the planner
 #include "kernel_operator.h"
 #include "kernel_tiling/kernel_tiling.h"
 
@@ -263,8 +264,8 @@ public:
         a_ = gm;
         trans_a_ = isTransposeA;
         has_a_ = true;
-        first_ = true;
-        a_l1_.reset();  // SetTensorA resets the L1 input buffer of A (copy_cube_in_norm.h SetInput)
+        restart();
+        a_l1_.reset();  // SetTensorA resets A's L1 buffer only (copy_cube_in_norm.h SetInput)
     }
     __aicore__ inline void SetTensorB(const GlobalTensor<SrcBT>& gm, bool isTransposeB = false, twin::Loc loc = {}) {
         static const char* api = "Matmul::SetTensorB";
@@ -275,13 +276,14 @@ public:
         b_ = gm;
         trans_b_ = isTransposeB;
         has_b_ = true;
-        first_ = true;
-        b_l1_.reset();
+        restart();
+        b_l1_.reset();  // and SetTensorB B's only: a sequence started by it computes with A's cached blocks
     }
     __aicore__ inline void SetBias(const GlobalTensor<BiasT>& gm, twin::Loc loc = {}) {
         check("Matmul::SetBias", loc);
         bias_ = gm;
         has_bias_ = true;
+        restart();  // no L1 operand buffer is reset
     }
     __aicore__ inline void DisableBias() { has_bias_ = false; }
     __aicore__ inline void ClearBias() { has_bias_ = false; }
@@ -296,6 +298,11 @@ public:
         if (!has_a_ || !has_b_) twin::fail_at(loc, api, "Iterate before SetTensorA / SetTensorB");
         make_live(api, loc);
         (void)enPartialSum;
+        if (done_ && impl_)
+            twin::fail_at(loc, api,
+                          "Iterate after the sequence's last tile without SetTensorA / SetTensorB / SetBias: only "
+                          "those restart the scheduler (not End), whose loops would run on past their end "
+                          "(scheduler_norm_base.h)");
         if (!next_tile()) {
             done_ = true;
             has_tile_ = false;
@@ -375,14 +382,21 @@ public:
         (void)waitIterateAll, (void)fakeMsg;
         check(api, loc);
         if (enAtomic > 1) twin::fail_at(loc, api, "only enAtomic 0 / 1 (add) are modelled");
-        first_ = true;
+        // the client posts IterateAll as the first message of a sequence (matmul_client.h asserts isFirstIter); on
+        // the cube it just loops Iterate, from wherever the scheduler stands (matmul_impl.h IterateAll)
+        if (!impl_ && !first_)
+            twin::fail_at(loc, api,
+                          "the client's IterateAll starts a sequence: SetTensorA / SetTensorB / SetBias first");
         while (Iterate<true>(false, loc)) fixpipe_gm(gm, enAtomic == 1, enSequentialWrite, api, loc);
+        if (!impl_) {  // the server ends a client's IterateAll with End (matmul_server.h IterateAll)
+            a_l1_.reset();
+            b_l1_.reset();
+        }
     }
     // End: the object gives L1 / L0C back (CopyCubeInA / B Destroy, scheduler_base.h End), so another object of the
-    // core may use them.
+    // core may use them. It does not restart the scheduler (isFirstIter_ is set by SetTensorA / B and SetBias only).
     __aicore__ inline void End() {
         has_tile_ = false;
-        first_ = true;
         a_l1_.reset();
         b_l1_.reset();
         if (impl_ && core_ != nullptr && core_->aic >= 0) {
@@ -442,6 +456,12 @@ private:
         c.clk.known[twin::kFIX][twin::kM] = c.clk.epoch[twin::kM];
     }
     int rd_pipe_ = twin::kS, wr_pipe_ = twin::kS;
+    // The scheduler's Reset (matmul_impl_base.h SetTensorA / SetTensorB / SetBias): the next Iterate starts at the
+    // first tile. It resets no L1 buffer (scheduler_norm_base.h MoveOnFirstIterate).
+    void restart() {
+        first_ = true;
+        done_ = false;
+    }
     static int ceil_div(int a, int b) { return (a + b - 1) / b; }
     void check(const char* api, const twin::Loc& loc) const {
         if (!inited_) twin::fail_at(loc, api, "Matmul object used before REGIST_MATMUL_OBJ / Init");
@@ -466,18 +486,6 @@ private:
         }
     }
 
-    // Bytes of one L1 base block of an operand whose other side is `rows` (baseM for A, baseN for B), as
-    // CopyCubeInParams::GetBaseSize sizes it (stage/copy_cube_in/base/copy_cube_in_params_base.h GetBaseHeightAlign
-    // x GetBaseWidthAlign): a float operand has its M / N side aligned to 16 and its K side to 8, or to 16 for an A
-    // and a B declared transposed and not transposed respectively (`k_align16`); 16-bit types take the base tile as
-    // it is.
-    template <typename T>
-    uint64_t l1_block(int rows, bool k_align16) const {
-        const uint64_t k = static_cast<uint64_t>(t_.baseK), r = static_cast<uint64_t>(rows);
-        if (!std::is_same<T, float>::value) return r * k * sizeof(T);
-        const uint64_t ka = k_align16 ? 16 : 8;
-        return (r + 15) / 16 * 16 * ((k + ka - 1) / ka * ka) * sizeof(T);
-    }
     // Tiling checks of the Matmul API (impl/adv_api/detail/matmul/param/matmul_shape_tiling.h CheckTiling, CPU-debug
     // build): positive depths and steps; base tiles within L0A / L0B (doubled when both dbL0A and dbL0B are 2) and
     // L0C (doubled with dbL0C 2); MDL: depthA1 a multiple of stepM * stepKa and at most twice it (B likewise); and
@@ -513,8 +521,12 @@ private:
                               "(%d) or twice it",
                               t_.depthA1, sa, t_.depthB1, sb);
         }
-        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) * l1_block<SrcAT>(t_.baseM, A_TYPE::isTrans) +
-                    static_cast<uint64_t>(t_.depthB1) * l1_block<SrcBT>(t_.baseN, !B_TYPE::isTrans);
+        // each block as CopyCubeInParams::GetBaseSize sizes it (fused_lce::cube::l1_block_bytes)
+        namespace fc = fused_lce::cube;
+        l1_bytes_ = static_cast<uint64_t>(t_.depthA1) *
+                        fc::l1_block_bytes(true, A_TYPE::isTrans, t_.baseM, t_.baseK, sizeof(SrcAT)) +
+                    static_cast<uint64_t>(t_.depthB1) *
+                        fc::l1_block_bytes(false, B_TYPE::isTrans, t_.baseN, t_.baseK, sizeof(SrcBT));
         if (l1_bytes_ > cfg.l1_bytes)
             twin::fail_at(loc, api, "L1 needs %llu bytes (depthA1 %d, depthB1 %d) > %llu", (ull)l1_bytes_,
                           t_.depthA1, t_.depthB1, (ull)cfg.l1_bytes);
@@ -537,14 +549,18 @@ private:
     bool next_tile() {
         const int m_iter = ceil_div(single_m_, t_.baseM), n_iter = ceil_div(single_n_, t_.baseN);
         const int64_t a_was = a_epoch_, b_was = b_epoch_;
-        if (first_) {
+        if (first_) {  // no buffer reset here: only where SetTensorA / B, End and the scheduler's loops reset
             idx_ = 0;
             first_ = false;
-            a_l1_.reset();
-            b_l1_.reset();
+        } else if (done_) {  // the client counts its tiles itself and says false again (matmul_client.h Iterate)
+            return false;
         } else if (idx_ + 1 >= m_iter * n_iter) {
-            a_l1_.reset();
-            b_l1_.reset();
+            // the cube's last MoveNext resets both; the client says false without asking the cube (matmul_client.h
+            // Iterate counts mnIter_), so there the buffers keep their blocks until End
+            if (impl_) {
+                a_l1_.reset();
+                b_l1_.reset();
+            }
             return false;
         } else {
             ++idx_;
