@@ -9,6 +9,7 @@ CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok
          "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim", "ok_mm_wide_stride_intrinsics_check",
          "ok_mm_overlay_with_end", "ok_mm_l1_reuse", "ok_mm_iterate_order", "ok_mm_l1_partial_residency",
          "ok_mm_l1_stale_operand", "ok_mm_keep_a_resident_fp32_align", "ok_mm_l1_a_kept_over_set_tensor_b",
+         "ok_client_shared_l1",
          "ok_mm_l1_block_sizes"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
@@ -72,6 +73,7 @@ VIOLATIONS = {
     "cube_l1_tail_k_beyond_tiling": "has no buffer to copy into",
     "cube_l1_fp32_k_align": "L1 needs 1025024 bytes (depthA1 2, depthB1 1000) > 524288",
     "cube_iterate_after_end_without_restart": "only those restart the scheduler (not End)",
+    "client_shared_l1_reuse": "share one L1 region",
 }
 
 

@@ -143,7 +143,6 @@ private:
         const uint64_t slot = static_cast<uint64_t>(p_->vec_rows) * p_->base_n;
         const uint32_t tileElems = rows * p_->base_n;
         const bool wantDx = td_->gradMask & 1u, wantDw = td_->gradMask & 2u, wantDb = td_->gradMask & 4u;
-        mmLogits.SetTensorA(hGm_[row0 * p_->d]);
         uint32_t buf = 0;
         for (uint64_t nb = nb0; nb < nb1; ++nb) {
             const uint64_t c0 = nb * p_->base_n;
@@ -152,6 +151,10 @@ private:
             Order<HardEvent::V_MTE2>();
             Order<HardEvent::S_MTE2>();
             Order<HardEvent::MTE3_MTE2>();  // fp32: the previous dz was staged to GM straight from z
+            // A again for every block: the cube serves several Matmul objects (and both vector cores) from one
+            // L1 region (shareMode 0: AuxShareBufStart puts each object at the share start, kernel_tpipe_base.h,
+            // from scheduler_base.h Init), so hidden rows cached by an earlier sequence may be overwritten since
+            mmLogits.SetTensorA(hGm_[row0 * p_->d]);
             mmLogits.SetTensorB(wGm_[c0 * p_->d], true);
             mmLogits.SetTail(rows, cols, static_cast<int>(p_->d));
             mmLogits.template Iterate<true>();

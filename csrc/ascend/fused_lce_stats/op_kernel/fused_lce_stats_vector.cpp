@@ -131,7 +131,6 @@ private:
         ResetStats();
         uint64_t nb0, nb1;
         ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
-        mm.SetTensorA(hGm_[row0 * p_->d]);
         for (uint64_t nb = nb0; nb < nb1; ++nb) {
             const uint64_t c0 = nb * p_->base_n;
             const uint32_t cols = static_cast<uint32_t>(ft::block_cols(*p_, nb));
@@ -139,6 +138,10 @@ private:
             // overwrites them
             Order<HardEvent::V_MTE2>();
             Order<HardEvent::S_MTE2>();
+            // A again for every block: the cube serves several Matmul objects (and both vector cores) from one
+            // L1 region (shareMode 0: AuxShareBufStart puts each object at the share start, kernel_tpipe_base.h,
+            // from scheduler_base.h Init), so hidden rows cached by an earlier sequence may be overwritten since
+            mm.SetTensorA(hGm_[row0 * p_->d]);
             mm.SetTensorB(wGm_[c0 * p_->d], true);
             mm.SetTail(rows, cols, static_cast<int>(p_->d));
             mm.template Iterate<true>();

@@ -774,6 +774,8 @@ void mm_l1_stale() {
 // cores; the cube computes one tile against B0 and stops (no End, no Iterate past the tile); the vector cores
 // overwrite A with 2; SetTensorB(B1) alone: the tile is computed from A's cached 1s and only B is copied in (2 KiB).
 // A twin resetting A at the start of every sequence reads 2 and copies 4 KiB.
+void client_shared_l1(int bug);  // below, beside mm_probe
+
 void mm_l1_a_kept_over_set_tensor_b() {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     GlobalTensor<float> a = stale_a();
@@ -892,6 +894,8 @@ void field_probes(std::map<std::string, Probe>& p) {
     p["ok_mm_l1_stale_operand"] = {1, 2, [](auto&, auto&) { mm_l1_stale(); }};
     p["ok_mm_keep_a_resident_fp32_align"] = {1, 2, [](auto&, auto&) { mm_keep_a_fp32_align(); }};
     p["ok_mm_l1_block_sizes"] = {1, 0, [](auto&, auto&) { mm_l1_block_sizes(); }};
+    p["ok_client_shared_l1"] = {1, 2, [](auto&, auto&) { client_shared_l1(0); }};
+    p["client_shared_l1_reuse"] = {1, 2, [](auto&, auto&) { client_shared_l1(1); }};
     p["ok_mm_l1_a_kept_over_set_tensor_b"] = {1, 2, [](auto&, auto&) { mm_l1_a_kept_over_set_tensor_b(); }};
     p["cube_iterate_after_end_without_restart"] = {1, 2, [](auto&, auto&) {  // End does not restart the scheduler
         if (!on_cube()) return;
@@ -1039,6 +1043,31 @@ void field_probes(std::map<std::string, Probe>& p) {
         t.stepKa = 2, t.depthA1 = 3;
         mm.Init(&t, &pipe);
     }};
+}
+
+// Two client objects of one AIC: the second's copies may overwrite the first's cached A (one shared L1 region), so
+// the first must set A again before its next sequence (bug: it reuses the cached A after SetTensorB alone).
+void client_shared_l1(int bug) {
+    if (GetSubBlockIdx() != 0) return;
+    TPipe pipe;
+    Matmul<MmA, MmB, MmC> m1, m2;
+    tiling::TCubeTiling t1 = mm_tiling(kM, kN, kK, kM, kN, kK), t2 = t1;  // kIter 1, depth 1: A cached whole
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), m1, &t1, m2, &t2);
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 3 * kM * kN * sizeof(float));
+    GlobalTensor<float> a = gin(), b = gin()[kM * kK];
+    int n = 0;
+    auto tile = [&](Matmul<MmA, MmB, MmC>& m, bool set_a) {  // each C tile into its own UB slot
+        if (set_a) m.SetTensorA(a);
+        m.SetTensorB(b, true);
+        m.template Iterate<true>();
+        m.template GetTensorC<true>(buf.GetWithOffset<float>(kM * kN, (n++) * kM * kN * sizeof(float)), 0, false);
+    };
+    tile(m1, true);
+    tile(m2, true);
+    tile(m1, !bug);
+    m1.End();
+    m2.End();
 }
 
 void mm_probe(bool sequential, int tail_n, int c_elems, int tail_k) {

@@ -471,6 +471,26 @@ private:
         return static_cast<int>(
             twin::field_value(loc, api, name, v, lo, INT32_MAX, "the Matmul API's int shape arguments"));
     }
+    // A client object may reuse a block it cached only while no other client object of the same AIC has copied
+    // into the shared L1 region since its own last copy (the other object's blocks may lie over it).
+    uint64_t l1_gen_ = 0;
+    void note_shared_l1(const twin::Loc& loc) {
+        if (impl_ || core_->aic < 0) return;
+        twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
+        l1_gen_ = ++r.client_l1_gen;
+        r.client_l1_site = twin::format("%s:%d", twin::base_name(loc.file), loc.line);
+    }
+    void check_shared_l1(const char* what, const char* api, const twin::Loc& loc) const {
+        if (impl_ || core_->aic < 0) return;
+        const twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
+        if (r.client_l1_gen != l1_gen_)
+            twin::fail_at(loc, api,
+                          "%s hits a block this object cached in L1, but another Matmul object served by the same "
+                          "cube has copied into L1 since (at %s): the server objects share one L1 region "
+                          "(shareMode 0, kernel_tpipe_base.h AuxShareBufStart), so the block may be overwritten; "
+                          "SetTensor the operand again (or End the object) before reusing it",
+                          what, r.client_l1_site.c_str());
+    }
     // The MatmulImpl objects of a core overlay L1 / L0C (MatmulResources): one holds data at a time.
     void make_live(const char* api, const twin::Loc& loc) {
         if (!impl_ || core_->aic < 0) return;
@@ -656,6 +676,7 @@ private:
             const int kw = std::min(bk, K - kb * bk);
             copy[kb] = !buf.hit(pos[kb]);
             if (copy[kb]) continue;
+            check_shared_l1(what, api, loc);
             const typename L1Buffer::Block& b = buf.slots[pos[kb]];
             const int rows = is_a ? other : kw, cols = is_a ? kw : other;
             if (!b.filled || b.rows != rows || b.cols != cols)
@@ -690,6 +711,7 @@ private:
                                   what, t_.singleCoreK, buf.cache_size, pos[b]);
                 copy_in<T>(what, gcol, k_rows ? kw : other, k_rows ? other : kw, api, loc);
             }
+            note_shared_l1(loc);
             std::vector<float> run;
             if (k_rows) {
                 read_rows(g, k0, klen, gcol, x0, other, run, what, api, loc);
