@@ -26,7 +26,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu import fwd_bwd, method_table  # noqa: E402
+from gpu import _Env, fwd_bwd, method_table  # noqa: E402
 
 from fused_lce.tools.bench import environment, make_inputs  # noqa: E402
 
@@ -106,19 +106,13 @@ def main():
             if name not in methods:
                 continue
             fn, menv = methods[name]
-            old = {k: os.environ.get(k) for k in menv}
-            os.environ.update(menv)
-            for _ in range(3):
-                fwd_bwd(fn, h, w, y)
-            wall, host = timed(fn, h, w, y, args.reps)
-            row = {"shape": shape, "method": name, "wall_ms": wall, "host_ms": host, **profiled(fn, h, w, y)}
-            if name.startswith("fused_lce"):
-                row["host_top"] = host_top(fn, h, w, y)
-            for k, val in old.items():
-                if val is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = val
+            with _Env(menv):
+                for _ in range(3):
+                    fwd_bwd(fn, h, w, y)
+                wall, host = timed(fn, h, w, y, args.reps)
+                row = {"shape": shape, "method": name, "wall_ms": wall, "host_ms": host, **profiled(fn, h, w, y)}
+                if name.startswith("fused_lce"):
+                    row["host_top"] = host_top(fn, h, w, y)
             print(json.dumps({k: (round(x, 3) if isinstance(x, float) else x) for k, x in row.items()
                               if k not in ("host_top", "syncs")}), flush=True)
             result["rows"].append(row)
