@@ -35,8 +35,9 @@ EXTRA_OUTPUTS = ("mean_logit", "is_top1", "log_sum_sq_probs")
 
 
 class LCEOutput(NamedTuple):
-    """What ``return_stats=True`` returns. ``lse`` (float32, per token, detached) and ``token_accuracy``
-    (fraction of valid tokens whose first argmax logit is the label) are statistics, not differentiable."""
+    """What ``return_stats=True`` returns. ``lse`` (float32, per token, 0 where ignored, detached) and
+    ``token_accuracy`` (fraction of valid tokens whose first argmax logit is the label) are statistics, not
+    differentiable."""
 
     loss: torch.Tensor
     lse: torch.Tensor

@@ -45,10 +45,11 @@ def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[tor
 
 def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int):
     """Per-token (loss, lse, correct) from global statistics: the SPEC loss
-    ``(1 - eps) (lse - z_y) + eps (lse - mean z) + z_loss lse^2``, 0 where ignored, NaN for a bad label."""
+    ``(1 - eps) (lse - z_y) + eps (lse - mean z) + z_loss lse^2``, 0 where ignored, NaN for a bad label. The
+    statistics of an ignored token are not read (a provider may skip its logits): its lse is 0."""
     vt = opts.vocab(v_local)
     valid, bad = label_classes(labels, opts, v_local)
-    lse = lse_of(st.m, st.s)
+    lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
     eps = opts.label_smoothing
     per = (1.0 - eps) * (lse - st.target)
     if eps:
@@ -81,14 +82,15 @@ def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int, l
     mean_logit | None, is_top1, log_sum_sq | None) with ``logprob = z_y - lse``, ``entropy = log s - ez / s =
     lse - E_p[z]``, ``mean_logit = sum z / V``, ``is_top1``: the label is the first argmax, and ``log sum p^2 =
     lse(2 z) - 2 lse(z)`` (``lse_half``: the lse of the logits at half the temperature, i.e. of ``2 z``). 0 (False)
-    where ignored, NaN for a bad label."""
+    where ignored, NaN for a bad label; the statistics of an ignored token are not read (its lse and E_p[z], saved
+    for the backward, are 0)."""
     valid, bad = label_classes(labels, opts, v_local)
-    lse = lse_of(st.m, st.s)
+    lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
     logprob = per_token(st.target - lse, valid, bad)
     entropy = zmean = None
     if opts.entropy:
         q = st.ez / st.s  # E_p[z] - m
-        entropy, zmean = per_token(torch.log(st.s) - q, valid, bad), st.m + q
+        entropy, zmean = per_token(torch.log(st.s) - q, valid, bad), torch.where(valid, st.m + q, 0.0)
     mean_logit = per_token(st.zsum / max(opts.vocab(v_local), 1), valid, bad) if opts.mean_logit else None
     log_sum_sq = per_token(lse_half - 2.0 * lse, valid, bad) if lse_half is not None else None
     is_top1 = valid & ~bad & (st.argmax == labels.long())
@@ -154,8 +156,8 @@ def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, redu
         hidden, y = hidden[..., :-1, :], y[..., 1:]
     z = reference_logits(hidden, weight, bias, softcap=softcap, dtype=dtype)
     valid = y != ignore_index
-    with torch.no_grad():
-        lse = torch.logsumexp(z, dim=-1)  # of every token (-inf where every logit is), not differentiated
+    with torch.no_grad():  # of every valid token (-inf where every logit is), 0 where ignored; not differentiated
+        lse = torch.where(valid, torch.logsumexp(z, dim=-1), 0.0)
     # an ignored token contributes nothing, also no 0 * NaN where all its logits are -inf
     z = torch.where(valid[..., None], z, torch.zeros_like(z))
     lse_v = torch.logsumexp(z, dim=-1)

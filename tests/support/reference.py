@@ -68,7 +68,7 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         assert not (ys != ignore_index).any(), "V == 0 has no reference answer for a valid label"
         per = torch.zeros(ys.shape, dtype=f64)
         loss = per if reduction == "none" else per.sum()
-        lse, acc, n_valid = torch.full(ys.shape, -math.inf, dtype=f64), torch.zeros((), dtype=f64), (ys < 0).sum() * 0
+        lse, acc, n_valid = torch.zeros(ys.shape, dtype=f64), torch.zeros((), dtype=f64), (ys < 0).sum() * 0
         g = torch.ones_like(loss) if upstream is None else upstream.detach().cpu().to(f64).reshape(loss.shape)
         grads = tuple(None if t is None else torch.zeros_like(t) for t in (hr, wr, br))
     else:

@@ -9,7 +9,7 @@ import torch
 from ...core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
-from .planner import (SLACK, _free_bytes, _interpreting, _live_order, _pad, compact_mode, gemm_path_reason,
+from .planner import (_free_bytes, _interpreting, _live_order, _pad, compact_mode, gemm_path_reason,
                       plan_token_chunk, plan_vocab_chunk)
 
 kgemm, krows = kernels.gemm, kernels.rows
@@ -28,6 +28,12 @@ def _new_stats(n, dev, entropy: bool = False):
     f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
     st = Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
     return EntropyStats(*st, f()) if entropy else st
+
+
+def _neutral(st, rows: slice) -> None:
+    """Statistics of tokens whose logits are skipped (ignored labels; the driver does not read them): lse 0."""
+    for x in st:
+        x[rows].fill_(1.0) if x is st.s else x[rows].zero_()
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -129,6 +135,26 @@ class TritonProvider(Provider):
 
     # -- kernels ----------------------------------------------------------------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+        h = t.hidden[rows]
+        nc = h.shape[0]
+        v = t.weight.shape[0]
+        if v and not keep:
+            # the driver reads no statistic of an ignored token: only the others' logits are computed
+            perm = _live_order(t.labels[rows] != opts.ignore_index)
+            if perm is not None:
+                order, count = perm
+                raw = _new_stats(nc, h.device, opts.entropy)
+                _neutral(raw, slice(0, nc))
+                if count:
+                    idx = order[:count]
+                    sub = Tensors(h.index_select(0, idx), t.weight, t.labels[rows].index_select(0, idx), t.bias)
+                    part, _ = self._stats(sub, slice(0, count), opts, False)
+                    for dst, src in zip(raw, part):
+                        dst.index_copy_(0, idx, src)
+                return raw, None
+        return self._stats(t, rows, opts, keep)
+
+    def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
@@ -254,8 +280,8 @@ class TritonProvider(Provider):
 
     def _fused_gemm(self, t: Tensors, g, terms: LossTerms, kscale, opts: Options, out: Grads, raw: Stats) -> None:
         """The one-pass loss on the fused-GEMM path. Tokens with a gradient (weight g != 0) are gathered to the
-        front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks; the ignored
-        ones only through the STATS epilogue (their statistics, for lse and accuracy)."""
+        front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks. An ignored
+        token (g == 0; a valid label has g == 1, a bad one NaN) costs no logit: its statistics are not read."""
         st, want_dw = out.extra
         h, w, y = t.hidden, t.weight, t.labels
         (n, d), v = h.shape, w.shape[0]
@@ -267,17 +293,18 @@ class TritonProvider(Provider):
         order, count, sp = None, n, raw
         if perm is not None:
             order, count = perm
-            h, y, g = h.index_select(0, order), y.index_select(0, order), g.index_select(0, order)
-            sp = _new_stats(n, h.device)  # statistics in the gathered order
+            idx = order[:count]
+            h, y, g = h.index_select(0, idx), y.index_select(0, idx), g.index_select(0, idx)
+            sp = _new_stats(n, h.device)  # statistics in the gathered order; the ignored rows' stay neutral
+            _neutral(sp, slice(count, n))
             if out.dh is not None:
                 out.dh.zero_()  # the rows of ignored tokens
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
-        # ignored tokens: statistics only, in chunks whose tile statistics fit the slack
-        dead_rows = max(1, min(n - count, max(nrows, SLACK // max(1, 16 * ntiles))))
         vp = _pad(v, 64)
-        buf = torch.empty(min(nrows, count) * vp, device=h.device, dtype=h.dtype)
-        tiles = kgemm.TileStats.new(max(min(nrows, count), min(dead_rows, n - count)), ntiles, h.device, smooth)
+        rows = min(nrows, count)
+        buf = torch.empty(rows * vp, device=h.device, dtype=h.dtype)
+        tiles = kgemm.TileStats.new(rows, ntiles, h.device, smooth)
         lse = torch.empty(count, device=h.device, dtype=torch.float32)
         z = None
         for i0 in range(0, count, nrows):
@@ -292,11 +319,6 @@ class TritonProvider(Provider):
             dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
-        for i0 in range(count, n, dead_rows):
-            r = slice(i0, min(i0 + dead_rows, n))
-            tl_ = tiles.rows(r.stop - r.start)
-            kgemm.lce_gemm(kgemm.MODE_STATS, h[r], w, None, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
-            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start)
         if order is not None:  # back to token order (the label logits were computed in it)
             for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
                 dst.index_copy_(0, order, src)
