@@ -30,10 +30,10 @@ write the entropy's tile sums, the DZ epilogue has the entropy's term. Outside t
 kernels form the loss's coefficients from the driver's four ``LossTerms``) every gradient kernel takes the driver's
 per-row coefficients ``Coefs(a, t, b, u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
 
-Live rows: on the fused-GEMM path the one-pass loss and the recompute backward gather the tokens that have a
-gradient (coefficients not all 0) to the front and run dz, dX and dW over them only; ignored tokens get only the
-statistics their lse needs. The count is read on the host (``_live_order``), the one host synchronisation, skipped
-while a CUDA graph is captured.
+Live rows: the one-pass loss and the recompute backward gather the tokens that have a gradient (coefficients not
+all 0) to the front and run dz, dX and dW over them only; the statistics passes (log-probs, reduction "none") run
+over the tokens whose label is not ignored. An ignored token costs no logit (its outputs are 0). The count is read
+on the host (``_live_order``), the one host synchronisation, skipped while a CUDA graph is captured.
 
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the

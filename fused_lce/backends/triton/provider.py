@@ -144,13 +144,14 @@ class TritonProvider(Provider):
             if perm is not None:
                 order, count = perm
                 raw = _new_stats(nc, h.device, opts.entropy)
-                _neutral(raw, slice(0, nc))
+                part = None
                 if count:
                     idx = order[:count]
                     sub = Tensors(h.index_select(0, idx), t.weight, t.labels[rows].index_select(0, idx), t.bias)
                     part, _ = self._stats(sub, slice(0, count), opts, False)
-                    for dst, src in zip(raw, part):
-                        dst.index_copy_(0, idx, src)
+                _neutral(raw, slice(0, nc))  # (after the GEMM's launch)
+                for dst, src in zip(raw, part or ()):
+                    dst.index_copy_(0, idx, src)
                 return raw, None
         return self._stats(t, rows, opts, keep)
 
@@ -288,7 +289,8 @@ class TritonProvider(Provider):
         cfg = self._cfg(d)
         smooth = opts.wants_zsum
         ntiles = kgemm.num_tiles_n(v, cfg)
-        krows.target_logit(h, w, t.bias, y, opts.vocab_start, raw.target)
+        # launched after the first GEMM (the device waits for nothing else when it starts a step)
+        late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
         perm = _live_order(g != 0)  # NaN != 0: a bad label's token keeps its (poisoned) gradient
         order, count, sp = None, n, raw
         if perm is not None:
@@ -296,9 +298,9 @@ class TritonProvider(Provider):
             idx = order[:count]
             h, y, g = h.index_select(0, idx), y.index_select(0, idx), g.index_select(0, idx)
             sp = _new_stats(n, h.device)  # statistics in the gathered order; the ignored rows' stay neutral
-            _neutral(sp, slice(count, n))
+            late.append(lambda: _neutral(sp, slice(count, n)))
             if out.dh is not None:
-                out.dh.zero_()  # the rows of ignored tokens
+                late.append(out.dh.zero_)  # the rows of ignored tokens (before the first dX is scattered)
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
         vp = _pad(v, 64)
@@ -313,12 +315,16 @@ class TritonProvider(Provider):
             z = buf[: nc * vp].view(nc, vp)[:, :v]
             tl_ = tiles.rows(nc)
             kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            while late:
+                late.pop(0)()
             krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start,
                           lse=lse[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
             dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
+        while late:  # no live token: no GEMM ran
+            late.pop(0)()
         if order is not None:  # back to token order (the label logits were computed in it)
             for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
                 dst.index_copy_(0, order, src)
