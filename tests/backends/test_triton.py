@@ -186,6 +186,21 @@ for n, frac in ((29, 0.4), (9, 1.0)):
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
         assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
+# a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
+# the others never written; one program per tile and persistent
+from fused_lce.backends.triton.kernels import gemm as kg
+h = torch.randn(70, 16).bfloat16(); w = torch.randn(200, 16).bfloat16()
+z = h.double() @ w.double().t()
+for cfg_text in ("16,64,16,2,4,2,2,0", "16,64,16,2,4,2,2,1"):
+    cfg = kg.GemmConfig.parse(cfg_text)
+    for live in (0, 1, 33, 70):
+        tiles = kg.TileStats.new(70, kg.num_tiles_n(200, cfg), "cpu", False)
+        tiles.m.fill_(float("nan"))
+        kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles, live=torch.tensor(live))
+        done = -(-live // cfg.bm) * cfg.bm
+        want = torch.stack([z[:, j:j + 64].amax(1) for j in range(0, 200, 64)], 1).float()
+        assert torch.allclose(tiles.m[:done], want[:done], atol=1e-3), (cfg_text, live)
+        assert bool(tiles.m[done:].isnan().all()), (cfg_text, live)
 print("RESULT" + json.dumps(out))
 """
 
@@ -262,7 +277,8 @@ cases = [
 out = []
 for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in cases:
     os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
-    os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0" if path == "gemm" else ""
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact" else "32,64,16,2,4,2,2,0") \
+        if path == "gemm" else ""  # one program per tile / persistent
     os.environ["FUSED_LCE_COMPACT"] = "1" if sched == "compact" else "0"
     dtype = getattr(torch, dt)
     h = torch.randn(n, d).to(dtype).requires_grad_()

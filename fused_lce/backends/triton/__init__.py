@@ -32,8 +32,10 @@ per-row coefficients ``Coefs(a, t, b, u)``: ``dz = p (a + b z) - t onehot - u``,
 
 Live rows: the one-pass loss and the recompute backward gather the tokens that have a gradient (coefficients not
 all 0) to the front and run dz, dX and dW over them only; the statistics passes (log-probs, reduction "none") run
-over the tokens whose label is not ignored. An ignored token costs no logit (its outputs are 0). The count is read
-on the host (``_live_order``), the one host synchronisation, skipped while a CUDA graph is captured.
+over the tokens whose label is not ignored. An ignored token costs no logit (its outputs are 0). The gradient
+products read the count on the host (``_live_order``; cuBLAS takes its sizes there), the one host synchronisation;
+the statistics pass reads it on the device (the GEMM skips the other row tiles). Neither gathers while a CUDA graph
+is captured.
 
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the

@@ -129,6 +129,15 @@ def skip_dead_rows() -> bool:
     return os.environ.get("FUSED_LCE_SKIP_IGNORED", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """``(order, count)`` as ``_live_order`` but ``count`` stays a 0-dim device tensor (no host synchronisation:
+    for kernels that read it on the device); None as there, and when no row is dead is not known here."""
+    n = live.shape[0]
+    if n == 0 or not skip_dead_rows() or (live.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    return torch.argsort(live.logical_not().to(torch.uint8), stable=True), live.sum()
+
+
 def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
     """``(order, count)``: the rows where ``live`` holds first (stable) and how many there are; None when every row
     is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.

@@ -9,8 +9,8 @@ import torch
 from ...core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
-from .planner import (_free_bytes, _interpreting, _live_order, _pad, compact_mode, gemm_path_reason,
-                      plan_token_chunk, plan_vocab_chunk)
+from .planner import (_free_bytes, _interpreting, _live_order, _live_order_device, _pad, compact_mode,
+                      gemm_path_reason, plan_token_chunk, plan_vocab_chunk)
 
 kgemm, krows = kernels.gemm, kernels.rows
 _launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
@@ -100,8 +100,11 @@ class TritonProvider(Provider):
         # linear_logprobs' backward (keep False) also gets the final dW's room: its blocks free their buffer
         # before finish allocates dW, as the one-pass loss's chunks do
         want_dw = p.mask[1] and (keep or p.op == "logprobs")
+        row = self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm)
+        if gemm and not keep and not any(p.mask):  # statistics only: the STATS epilogue stores no logit
+            row -= p.dtype.itemsize * _pad(p.v, 64)
         rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
-                                   _free_bytes(p.device), self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm))
+                                   _free_bytes(p.device), row)
         return rows
 
     def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
@@ -138,24 +141,25 @@ class TritonProvider(Provider):
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
-        if v and not keep:
-            # the driver reads no statistic of an ignored token: only the others' logits are computed
-            perm = _live_order(t.labels[rows] != opts.ignore_index)
-            if perm is not None:
-                order, count = perm
-                raw = _new_stats(nc, h.device, opts.entropy)
-                part = None
-                if count:
-                    idx = order[:count]
-                    sub = Tensors(h.index_select(0, idx), t.weight, t.labels[rows].index_select(0, idx), t.bias)
-                    part, _ = self._stats(sub, slice(0, count), opts, False)
-                _neutral(raw, slice(0, nc))  # (after the GEMM's launch)
-                for dst, src in zip(raw, part or ()):
-                    dst.index_copy_(0, idx, src)
-                return raw, None
-        return self._stats(t, rows, opts, keep)
+        perm = None
+        if v and nc and not keep and self.path_reason(t, opts) is None:
+            perm = _live_order_device(t.labels[rows] != opts.ignore_index)
+        if perm is None:
+            return self._stats(t, rows, opts, keep)
+        # the driver reads no statistic of an ignored token: the others are gathered to the front and the GEMM
+        # computes their row tiles only, counting them on the device (no host synchronisation)
+        order, count = perm
+        sub = Tensors(h.index_select(0, order), t.weight, t.labels[rows].index_select(0, order), t.bias)
+        part, _ = self._stats(sub, slice(0, nc), opts, False, live=count)
+        raw = _new_stats(nc, h.device, opts.entropy)
+        for dst, src in zip(raw, part):
+            dst.index_copy_(0, order, src)
+        ignored = t.labels[rows] == opts.ignore_index
+        for x in raw:  # the ignored rows' (never computed): neutral
+            x.masked_fill_(ignored, 1.0 if x is raw.s else 0)
+        return raw, None
 
-    def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
+    def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, live=None):
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
@@ -168,7 +172,7 @@ class TritonProvider(Provider):
             return raw, None
         if compact_mode():
             if gemm:
-                self._compact_stats_gemm(t, rows, opts, raw)
+                self._compact_stats_gemm(t, rows, opts, raw, live)
                 return raw, None
             cols = plan_vocab_chunk(t.hidden.shape[0], v, t.hidden.shape[1], t.hidden.element_size(),
                                     (False, False, False), opts.tile_bytes)
@@ -189,7 +193,7 @@ class TritonProvider(Provider):
                 e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
             inv_t = 1.0 / opts.temperature
             kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
-                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t)
+                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t, live=live)
             krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
             krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start,
                           ez=raw.ez if opts.entropy else None)
@@ -367,8 +371,9 @@ class TritonProvider(Provider):
             cols = max(self._cfg(h.shape[1]).bn, cols)
         return cols
 
-    def _compact_stats_gemm(self, t: Tensors, rows: slice, opts: Options, raw: Stats) -> None:
-        """Statistics over vocabulary chunks from the STATS epilogue (no logits stored), merged left to right."""
+    def _compact_stats_gemm(self, t: Tensors, rows: slice, opts: Options, raw: Stats, live=None) -> None:
+        """Statistics over vocabulary chunks from the STATS epilogue (no logits stored), merged left to right
+        (``live``: the GEMM's device row count)."""
         h, w = t.hidden[rows], t.weight
         n, v = h.shape[0], w.shape[0]
         cfg = self._cfg(h.shape[1])
@@ -380,7 +385,7 @@ class TritonProvider(Provider):
             v1 = min(v0 + cols, v)
             kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
                            bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
-                           smooth=opts.wants_zsum, inv_temp=inv_t)
+                           smooth=opts.wants_zsum, inv_temp=inv_t, live=live)
             krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
                           col_off=opts.vocab_start + v0, merge=v0 > 0, ez=raw.ez if opts.entropy else None)
         krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)

@@ -95,14 +95,13 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _one_tile(
-    tile, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr,
+    tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr,
     label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
     MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
     HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(V, BN)
     pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
     off_m = pid_m * BM
@@ -170,6 +169,7 @@ def _one_tile(
 def _lce_gemm_kernel(
     h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
     M, V, D,
+    live_ptr,  # LIVE: the number of leading rows to compute (a device int), the other row tiles are skipped
     bias_ptr,  # bias [V] (HAS_BIAS)
     # per-tile max / sum-exp / argmax (int32) / sum z (SMOOTH) / entropy sum (ENTROPY): [M, tiles]
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t,
@@ -179,18 +179,23 @@ def _lce_gemm_kernel(
     MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
     HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr, LIVE: tl.constexpr,
 ):
+    m_live = M
+    if LIVE:  # read on the device: the host never waits for the count
+        m_live = tl.minimum(tl.load(live_ptr).to(tl.int32), M)
+    num_m = tl.cdiv(m_live, BM)  # the live rows' tiles come first in tile order (GROUP_M groups of row tiles)
+    num_tiles = num_m * tl.cdiv(V, BN)
     if NUM_PROGS == 0:  # one tile per program
-        _one_tile(tl.program_id(0), h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                  te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
-                  MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M,
-                  SUBTILE, UPCAST)
+        if tl.program_id(0) < num_tiles:
+            _one_tile(tl.program_id(0), num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr,
+                      tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,
+                      inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
+                      GROUP_M, SUBTILE, UPCAST)
     else:  # persistent: a fixed grid walks the tiles
-        num_tiles = tl.cdiv(M, BM) * tl.cdiv(V, BN)
         for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WS):
-            _one_tile(tile, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr,
-                      te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+            _one_tile(tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr,
+                      stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
                       MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
                       GROUP_M, SUBTILE, UPCAST)
 
@@ -229,12 +234,13 @@ class TileStats:
 def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
              bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
              labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, b=None, u=None,
-             scale=None, inv_temp: float = 1.0) -> None:
+             scale=None, inv_temp: float = 1.0, live: Optional[torch.Tensor] = None) -> None:
     """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T`` (divided by the temperature when ``inv_temp``
     is not 1). ``out``: an ``[M, V]`` view with unit column stride and a 16-byte aligned row stride (EXP / DZ), in
     the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez`` given: the entropy sums too).
     DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``b``, ``u`` of ``dz = softmax (a + b z) - t onehot
-    - u`` (times the 0-dim ``scale``)."""
+    - u`` (times the 0-dim ``scale``). ``live``: a 0-dim integer device tensor; only rows ``[0, live)`` are computed
+    (whole row tiles: the rows after them in the last tile are computed too, from the data there)."""
     m, d = h.shape
     v = w.shape[0]
     if m == 0 or v == 0:
@@ -253,7 +259,7 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
     opt = lambda x: dummy if x is None else x  # noqa: E731  (pointers whose flag is off are never read)
     ts = tiles if tiles is not None else TileStats(dummy, dummy, dummy, None)
     _lce_gemm_kernel[(nprog or num_tiles,)](
-        h_desc, w_desc, o_desc, m, v, d, opt(bias),
+        h_desc, w_desc, o_desc, m, v, d, opt(live), opt(bias),
         ts.m, ts.s, ts.am, opt(ts.zs), opt(ts.ez), ts.m.stride(0) if tiles is not None else 0,
         opt(labels), int(label_off), opt(lse), opt(a), opt(t), opt(b), opt(u), opt(scale), float(inv_temp),
         MODE=mode, HAS_BIAS=bias is not None, TEMP=inv_temp != 1.0, SMOOTH=bool(smooth) and ts.zs is not None,
@@ -261,6 +267,6 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
         OUT_BF16=h.dtype == torch.bfloat16,
         BM=bm, BN=bn, BK=bk, GROUP_M=cfg.group_m, SUBTILE=cfg.subtile, NUM_PROGS=nprog,
         FLATTEN=bool(cfg.persistent) and not cfg.ws, WS=bool(cfg.persistent and cfg.ws),
-        UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16,
+        UPCAST=h.device.type != "cuda" and h.dtype == torch.bfloat16, LIVE=live is not None,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
