@@ -186,6 +186,18 @@ for n, frac in ((29, 0.4), (9, 1.0)):
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
         assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
+# fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at the
+# end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
+os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0"
+for path in ("1", "0"):
+    os.environ["FUSED_LCE_TRITON_GEMM"] = path
+    h = torch.randn(9, 16).half(); w = (torch.randn(300, 16) / 4).half(); y = torch.randint(0, 300, (9,))
+    y[2], y[5] = -100, 300  # ignored, out of range
+    o = Options(vocab_total=300, backend="triton")
+    g = formulas.token_weights(*formulas.label_classes(y, o, 300))
+    st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+    assert gr[0].dtype == torch.float16 and bool(gr[0][5].isnan().all()) and bool(gr[1].isnan().any()), path
+    assert float(gr[0][[0, 1, 2, 3, 4, 6, 7, 8]].float().abs().sum()) == 0, path
 # a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
 # the others never written; one program per tile and persistent
 from fused_lce.backends.triton.kernels import gemm as kg

@@ -26,33 +26,41 @@ def _mm32(a, b, out=None):
         return out
 
 
-def _mm_into(a, b, out):
-    """out = a @ b in out's dtype (fp32 accumulation inside the GEMM)."""
+def _mm_into(a, b, out, alpha: float = 1.0):
+    """out = alpha * (a @ b) in out's dtype (fp32 accumulation and alpha inside the GEMM, one rounding)."""
     if out.dtype == torch.float32:
-        return _mm32(a, b, out)
+        if alpha != 1.0 and a.device.type == "cuda" and a.dtype != torch.float32 and _ADDMM_FP32[0] is not False:
+            try:  # beta = 0: out is not read
+                return torch.addmm(out, a, b, beta=0, alpha=alpha, out_dtype=torch.float32, out=out)
+            except (RuntimeError, TypeError):
+                _ADDMM_FP32[0] = False
+        _mm32(a, b, out)
+        return out.mul_(alpha) if alpha != 1.0 else out
     if a.device.type != "cuda":
-        out.copy_(a.float() @ b.float())
+        out.copy_((a.float() @ b.float()) * alpha)
         return out
+    if alpha != 1.0:  # beta = 0: out is not read
+        return torch.addmm(out, a, b, beta=0, alpha=alpha, out=out)
     return torch.mm(a, b, out=out)
 
 
-def _mm_acc(acc, a, b):
-    """acc (float32) += a @ b, accumulating in float32, without a full-size temporary."""
+def _mm_acc(acc, a, b, alpha: float = 1.0):
+    """acc (float32) += alpha * (a @ b), accumulating in float32, without a full-size temporary."""
     if a.device.type == "cuda" and a.dtype != torch.float32 and _ADDMM_FP32[0] is not False:
         try:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
             _ADDMM_FP32[0] = True
             return acc
         except (RuntimeError, TypeError):  # this torch's addmm wants self in the operand dtype
             _ADDMM_FP32[0] = False
     if a.dtype == torch.float32 or a.device.type != "cuda":
         if a.device.type == "cuda":
-            return acc.addmm_(a, b)
-        return acc.add_(a.float() @ b.float())
+            return acc.addmm_(a, b, alpha=alpha)
+        return acc.add_(a.float() @ b.float(), alpha=alpha)
     # fallback: row slices of a float32 product, each at most ~64 MiB
     step = max(1, (64 * 2**20) // max(1, 4 * acc.shape[1]))
     for r0 in range(0, acc.shape[0], step):
-        acc[r0:r0 + step] += torch.mm(a[r0:r0 + step], b, out_dtype=torch.float32)
+        acc[r0:r0 + step].add_(torch.mm(a[r0:r0 + step], b, out_dtype=torch.float32), alpha=alpha)
     return acc
 
 
@@ -73,30 +81,30 @@ def _logits32(h, w, z):
         _mm32(h, w[a:b].t(), z[:, a:b])
 
 
-def _mm_add(out, a, b):
-    """out += a @ b in out's dtype (one rounding of the sum when out is not float32)."""
+def _mm_add(out, a, b, alpha: float = 1.0):
+    """out += alpha * (a @ b) in out's dtype (one rounding of the sum when out is not float32)."""
     if out.dtype == torch.float32:
-        return _mm_acc(out, a, b)
+        return _mm_acc(out, a, b, alpha)
     if a.device.type == "cuda":
-        return out.addmm_(a, b)
-    return out.copy_(out.float() + a.float() @ b.float())
+        return out.addmm_(a, b, alpha=alpha)
+    return out.copy_(out.float() + (a.float() @ b.float()) * alpha)
 
 
-def _dx_into(dz, w, out, accumulate: bool = False):
-    """out (+)= dz @ w over the vocabulary (dz: [n, V] view, w: [V, D]): the small remainder first, then the
-    aligned bulk on top of it, so a low-precision out is rounded once more only by the remainder's tiny part."""
+def _dx_into(dz, w, out, accumulate: bool = False, alpha: float = 1.0):
+    """out (+)= alpha * (dz @ w) over the vocabulary (dz: [n, V] view, w: [V, D]): the small remainder first, then
+    the aligned bulk on top of it, so a low-precision out is rounded once more only by the remainder's tiny part."""
     parts = _vparts(w.shape[0])
     for k, (a, b) in enumerate(reversed(parts)):
         if accumulate or k > 0:
-            _mm_add(out, dz[:, a:b], w[a:b])
+            _mm_add(out, dz[:, a:b], w[a:b], alpha)
         else:
-            _mm_into(dz[:, a:b], w[a:b], out)
+            _mm_into(dz[:, a:b], w[a:b], out, alpha)
 
 
-def _dw_into(dz, h, out, accumulate: bool):
-    """out[V, D] (+)= dz.T @ h, row block by row block of the vocabulary."""
+def _dw_into(dz, h, out, accumulate: bool, alpha: float = 1.0):
+    """out[V, D] (+)= alpha * (dz.T @ h), row block by row block of the vocabulary."""
     for a, b in _vparts(out.shape[0]):
         if accumulate:
-            _mm_acc(out[a:b], dz[:, a:b].t(), h)
+            _mm_acc(out[a:b], dz[:, a:b].t(), h, alpha)
         else:
-            _mm_into(dz[:, a:b].t(), h, out[a:b])
+            _mm_into(dz[:, a:b].t(), h, out[a:b], alpha)

@@ -48,9 +48,23 @@ def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) ->
 class _State:
     """Provider-private part of a Grads: fp16 post-scaling and the dW accumulator mode."""
 
-    def __init__(self, post_scale: bool):
-        self.post_scale = post_scale  # fp16: dz written unscaled, the float32 results scaled at the end
+    def __init__(self, post_scale: bool, host_alpha: bool):
+        self.post_scale = post_scale  # fp16: dz written unscaled (its range), the scale applied to the products
+        # ... as cuBLAS's alpha (read on the host; float32, before the fp16 rounding), else (CUDA-graph capture,
+        # compact mode, float32 dX) on float32 results at the end
+        self.host_alpha = post_scale and host_alpha
+        self.alpha: Optional[float] = None
+        self.late = False  # a scale of 0 / inf / NaN: multiplied in at the end (0 * NaN stays NaN, as elsewhere)
         self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
+
+    @property
+    def fp32_results(self) -> bool:
+        return self.post_scale and not self.host_alpha
+
+    def read_alpha(self, scale) -> None:
+        if self.host_alpha and self.alpha is None and not self.late:
+            a = float(scale)  # next to the live-row count's read: the device has just drained
+            self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
 
 
 class _ExpCache(tuple):
@@ -109,9 +123,10 @@ class TritonProvider(Provider):
 
     def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
         h, w = t.hidden, t.weight
-        st = _State(scaled and h.dtype == torch.float16)
+        capturing = h.is_cuda and torch.cuda.is_current_stream_capturing()
+        st = _State(scaled and h.dtype == torch.float16, not (capturing or fp32_dh or compact_mode()))
         f32 = torch.float32
-        dh_dtype = f32 if (fp32_dh or st.post_scale or compact_mode()) else h.dtype
+        dh_dtype = f32 if (fp32_dh or st.fp32_results or compact_mode()) else h.dtype
         dh = torch.empty(h.shape, device=h.device, dtype=dh_dtype) if mask[0] else None
         if dh is not None and (h.shape[0] == 0 or w.shape[0] == 0):
             dh.zero_()
@@ -124,14 +139,15 @@ class TritonProvider(Provider):
         dh, dw, db = out.dh, out.dw, out.db
         if want_dw and dw is None:  # no tokens: nothing was written
             dw = torch.zeros(w.shape, device=w.device, dtype=w.dtype)
-        post = scale if st.post_scale and scale is not None else None
+        post = scale if (st.fp32_results or st.late) and scale is not None else None
+        late = post if st.late else None  # results in the input dtype, their scale not yet applied
         if dh is not None:
             if out.fp32_dh:
                 dh = dh.mul_(post) if post is not None else dh
             else:
-                dh = _cast(dh, h.dtype, post if dh.dtype == torch.float32 else None)
+                dh = _cast(dh, h.dtype, post) if dh.dtype == torch.float32 else (dh if late is None else dh.mul_(late))
         if dw is not None:  # one pass: float32 accumulator (times the fp16 scale) -> weight dtype
-            dw = _cast(dw, w.dtype, post if dw.dtype == torch.float32 else None)
+            dw = _cast(dw, w.dtype, post) if dw.dtype == torch.float32 else (dw if late is None else dw.mul_(late))
         if db is not None:
             db = (db.mul_(post) if post is not None else db).to(t.bias.dtype)
         return dh, dw, db
@@ -207,6 +223,7 @@ class TritonProvider(Provider):
               cache=None) -> None:
         st, _ = out.extra
         kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
+        st.read_alpha(scale)
         coef = Coefs(*(None if x is None else x.to(torch.float32).contiguous() for x in coef))
         h = t.hidden[rows]
         v = t.weight.shape[0]
@@ -258,6 +275,7 @@ class TritonProvider(Provider):
         n, v = h.shape[0], w.shape[0]
         gemm = self.path_reason(t, opts) is None
         kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
+        st.read_alpha(scale)
         raw = _new_stats(n, h.device)
         if gemm:
             if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
@@ -265,7 +283,7 @@ class TritonProvider(Provider):
                 return raw
             self._fused_gemm(t, g, terms, kscale, opts, out, raw)
             return raw
-        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
                                                                           False))
         vp = _pad(v, 32)
@@ -305,7 +323,7 @@ class TritonProvider(Provider):
             late.append(lambda: _neutral(sp, slice(count, n)))
             if out.dh is not None:
                 late.append(out.dh.zero_)  # the rows of ignored tokens (before the first dX is scattered)
-        nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.post_scale, opts.tile_bytes,
+        nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
         vp = _pad(v, 64)
         rows = min(nrows, count)
@@ -345,23 +363,24 @@ class TritonProvider(Provider):
         ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated. ``whole``:
         this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
         st, want_dw = out.extra
+        alpha = 1.0 if st.alpha is None else st.alpha  # the fp16 loss scale, inside the products
         if dh is not None:
             if dh_index is None:
-                _dx_into(dz, t.weight, dh)
+                _dx_into(dz, t.weight, dh, alpha=alpha)
             else:
                 tmp = torch.empty(h_c.shape, device=h_c.device, dtype=dh.dtype)
-                _dx_into(dz, t.weight, tmp)
+                _dx_into(dz, t.weight, tmp, alpha=alpha)
                 dh.index_copy_(0, dh_index, tmp)
         if want_dw:
             if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
-                st.dw_acc = not whole or st.post_scale
+                st.dw_acc = not whole or st.fp32_results
                 dtype = torch.float32 if st.dw_acc else t.weight.dtype
                 out.dw = torch.empty(t.weight.shape, device=t.weight.device, dtype=dtype)
-                _dw_into(dz, h_c, out.dw, accumulate=False)
+                _dw_into(dz, h_c, out.dw, accumulate=False, alpha=alpha)
             else:
-                _dw_into(dz, h_c, out.dw, accumulate=True)
+                _dw_into(dz, h_c, out.dw, accumulate=True, alpha=alpha)
         if out.db is not None:
-            out.db += dz.sum(dim=0, dtype=torch.float32)
+            out.db.add_(dz.sum(dim=0, dtype=torch.float32), alpha=alpha)
 
     def _compact_cols(self, t: Tensors, n: int, mask, opts: Options, gemm: bool) -> int:
         h, w = t.hidden, t.weight
