@@ -321,10 +321,16 @@ class TritonProvider(Provider):
             h, y, g = h.index_select(0, idx), y.index_select(0, idx), g.index_select(0, idx)
             sp = _new_stats(n, h.device)  # statistics in the gathered order; the ignored rows' stay neutral
             late.append(lambda: _neutral(sp, slice(count, n)))
-            if out.dh is not None:
-                late.append(out.dh.zero_)  # the rows of ignored tokens (before the first dX is scattered)
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
+        # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
+        # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those rows)
+        lazy = order is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
+        dh_dtype = None
+        if lazy:
+            dh_dtype, out.dh = out.dh.dtype, None
+        elif order is not None and out.dh is not None:
+            late.append(out.dh.zero_)  # the rows of ignored tokens (before the first dX is scattered)
         vp = _pad(v, 64)
         rows = min(nrows, count)
         buf = torch.empty(rows * vp, device=h.device, dtype=h.dtype)
@@ -342,11 +348,19 @@ class TritonProvider(Provider):
             krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start,
                           lse=lse[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
+            if r.stop == count:  # the tile statistics are read (stream order keeps them until then)
+                tiles = tl_ = None
+            if lazy:
+                self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
+                _dx_into(z, w, h, alpha=1.0 if st.alpha is None else st.alpha)
+                continue
             dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
         while late:  # no live token: no GEMM ran
             late.pop(0)()
+        if lazy:
+            out.dh = torch.zeros((n, d), device=h.device, dtype=dh_dtype).index_copy_(0, order[:count], h)
         if order is not None:  # back to token order (the label logits were computed in it)
             for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
                 dst.index_copy_(0, order, src)
@@ -371,6 +385,7 @@ class TritonProvider(Provider):
                 tmp = torch.empty(h_c.shape, device=h_c.device, dtype=dh.dtype)
                 _dx_into(dz, t.weight, tmp, alpha=alpha)
                 dh.index_copy_(0, dh_index, tmp)
+                del tmp  # before dW is allocated
         if want_dw:
             if st.dw_acc is None:  # first chunk: one chunk of every token needs no accumulator
                 st.dw_acc = not whole or st.fp32_results
