@@ -180,8 +180,9 @@ for n, frac in ((29, 0.4), (9, 1.0)):
         assert torch.equal(a[keep], b[keep]), (n, a, b)
     lse_skip = formulas.lse_of(res["1"][0].m, res["1"][0].s).double()
     assert bool((lse_skip[~keep] == 0).all()), (n, lse_skip)
-    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):
-        assert float((a.float() - b.float()).abs().max()) <= 1e-6 * (1 + float(b.float().abs().max())), n
+    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):  # token chunks of other rows: float32 sums in another order,
+        a, b = a.float(), b.float()                        # so up to one bf16 rounding step apart
+        assert bool(((a - b).abs() <= 2**-7 * b.abs() + 1e-6 * (1 + float(b.abs().max()))).all()), n
     ref_lse = torch.logsumexp(h.double() @ w.double().t(), 1)
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
