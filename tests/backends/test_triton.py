@@ -61,6 +61,22 @@ def test_token_plan_respects_memory_rule(n, d, v):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_statistics_only_pass_is_one_block(monkeypatch):
+    """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics only,
+    so 8192 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs several."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
+    from fused_lce.backends.triton.provider import PROVIDER
+    from fused_lce.core import Options, Problem
+    for op in ("loss", "logprobs"):
+        p = Problem(8192, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(), op=op)
+        assert PROVIDER.token_block(p, keep=False) == 8192, op
+        p_grad = Problem(8192, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(),
+                         (True, True, False), op)
+        assert PROVIDER.token_block(p_grad, keep=op == "loss") < 8192, op
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_vocab_plan():
     tc = _tc()
     for buf_elt in (4, 2):
