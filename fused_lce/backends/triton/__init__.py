@@ -30,12 +30,14 @@ write the entropy's tile sums, the DZ epilogue has the entropy's term. Outside t
 kernels form the loss's coefficients from the driver's four ``LossTerms``) every gradient kernel takes the driver's
 per-row coefficients ``Coefs(a, t, b, u)``: ``dz = p (a + b z) - t onehot - u``, times the softcap derivative.
 
-Live rows: the one-pass loss and the recompute backward gather the tokens that have a gradient (coefficients not
-all 0) to the front and run dz, dX and dW over them only; the statistics passes (log-probs, reduction "none") run
-over the tokens whose label is not ignored. An ignored token costs no logit (its outputs are 0). The gradient
-products read the count on the host (``_live_order``; cuBLAS takes its sizes there), the one host synchronisation;
-the statistics pass reads it on the device (the GEMM skips the other row tiles). Neither gathers while a CUDA graph
-is captured.
+Live rows (fused-GEMM path): the one-pass loss and the recompute backward gather the tokens that have a gradient
+(coefficients not all 0) to the front and run the GEMM, dz, dX and dW over them only; the statistics-only passes
+(log-probs, reduction "none") compute the row tiles of the tokens whose label is not ignored. So an ignored token
+costs no logit (its outputs are 0) beyond the rest of the last live row tile; the cuBLAS path and a vocab-parallel
+loss with gradients (kept tiles) still compute every row. The gradient products read the count on the host
+(``_live_order``; cuBLAS takes its sizes there) - the host synchronisation, with fp16's loss scale read right after it
+(``_State.product_alpha``); the statistics pass reads it on the device. Neither gathers while a CUDA graph is
+captured.
 
 Rows of every logits buffer are padded to 16 bytes, so an odd vocabulary keeps cuBLAS on its fast kernels.
 With a vocab-parallel group the statistics of each chunk are combined across ranks between the statistics and the

@@ -143,9 +143,10 @@ def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
     is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.
 
     The gradient products then run over ``count`` rows instead of all: a token without gradient (an ignored
-    label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there: the one
-    host synchronisation of these kernels. It comes before their first large launch, so the device waits only for
-    the host's launch latency after it (the caller queues nothing large before it)."""
+    label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there: the host
+    synchronisation of these kernels (fp16's loss scale is read right after it, when the device has drained). It
+    comes before their first large launch, so the device waits only for the host's launch latency after it (the
+    caller queues nothing large before it)."""
     n = live.shape[0]
     if n == 0 or not skip_dead_rows() or (live.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None

@@ -56,15 +56,23 @@ class _State:
         self.alpha: Optional[float] = None
         self.late = False  # a scale of 0 / inf / NaN: multiplied in at the end (0 * NaN stays NaN, as elsewhere)
         self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
+        self._scale = None  # the loss scale (a device tensor) until the first product reads it
 
     @property
     def fp32_results(self) -> bool:
         return self.post_scale and not self.host_alpha
 
-    def read_alpha(self, scale) -> None:
+    def defer_scale(self, scale) -> None:
         if self.host_alpha and self.alpha is None and not self.late:
-            a = float(scale)  # next to the live-row count's read: the device has just drained
+            self._scale = scale
+
+    def product_alpha(self) -> float:
+        """The alpha of the gradient products. The scale is read on the host at the first product, after the
+        live-row count's synchronisation (the device has drained there: this read waits for nothing)."""
+        if self._scale is not None:
+            a, self._scale = float(self._scale), None
             self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
+        return 1.0 if self.alpha is None else self.alpha
 
 
 class _ExpCache(tuple):
@@ -115,8 +123,9 @@ class TritonProvider(Provider):
         # before finish allocates dW, as the one-pass loss's chunks do
         want_dw = p.mask[1] and (keep or p.op == "logprobs")
         row = self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm)
-        if gemm and not keep and not any(p.mask):  # statistics only: the STATS epilogue stores no logit
-            row -= p.dtype.itemsize * _pad(p.v, 64)
+        if gemm and not keep and not any(p.mask):  # statistics only: the STATS epilogue stores no logit; the
+            # rows are gathered (a copy of the hidden row) and their statistics scattered back (a second set)
+            row += p.dtype.itemsize * (p.d - _pad(p.v, 64)) + 28
         rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
                                    _free_bytes(p.device), row)
         return rows
@@ -223,7 +232,7 @@ class TritonProvider(Provider):
               cache=None) -> None:
         st, _ = out.extra
         kscale = None if (scale is None or st.post_scale) else scale.to(torch.float32).reshape(())
-        st.read_alpha(scale)
+        st.defer_scale(scale)
         coef = Coefs(*(None if x is None else x.to(torch.float32).contiguous() for x in coef))
         h = t.hidden[rows]
         v = t.weight.shape[0]
@@ -275,7 +284,7 @@ class TritonProvider(Provider):
         n, v = h.shape[0], w.shape[0]
         gemm = self.path_reason(t, opts) is None
         kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
-        st.read_alpha(scale)
+        st.defer_scale(scale)
         raw = _new_stats(n, h.device)
         if gemm:
             if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
@@ -283,6 +292,7 @@ class TritonProvider(Provider):
                 return raw
             self._fused_gemm(t, g, terms, kscale, opts, out, raw)
             return raw
+        st.product_alpha()  # read now, before anything is queued (this path has no live-row count to wait for)
         nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
                                                                           False))
@@ -352,7 +362,7 @@ class TritonProvider(Provider):
                 tiles = tl_ = None
             if lazy:
                 self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
-                _dx_into(z, w, h, alpha=1.0 if st.alpha is None else st.alpha)
+                _dx_into(z, w, h, alpha=st.product_alpha())
                 continue
             dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
@@ -377,7 +387,7 @@ class TritonProvider(Provider):
         ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated. ``whole``:
         this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
         st, want_dw = out.extra
-        alpha = 1.0 if st.alpha is None else st.alpha  # the fp16 loss scale, inside the products
+        alpha = st.product_alpha()  # the fp16 loss scale, inside the products (else 1)
         if dh is not None:
             if dh_index is None:
                 _dx_into(dz, t.weight, dh, alpha=alpha)

@@ -240,7 +240,8 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
     the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez`` given: the entropy sums too).
     DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``b``, ``u`` of ``dz = softmax (a + b z) - t onehot
     - u`` (times the 0-dim ``scale``). ``live``: a 0-dim integer device tensor; only rows ``[0, live)`` are computed
-    (whole row tiles: the rows after them in the last tile are computed too, from the data there)."""
+    (whole row tiles: the rest of the last one too). Nothing is written for the other rows: their tile statistics and
+    outputs keep whatever the buffers held (the caller overwrites them)."""
     m, d = h.shape
     v = w.shape[0]
     if m == 0 or v == 0:
