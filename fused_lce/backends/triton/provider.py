@@ -30,10 +30,12 @@ def _new_stats(n, dev, entropy: bool = False):
     return EntropyStats(*st, f()) if entropy else st
 
 
-def _neutral(st, rows: slice) -> None:
-    """Statistics of tokens whose logits are skipped (ignored labels; the driver does not read them): lse 0."""
+def _neutral(st, rows) -> None:
+    """Statistics of tokens whose logits are skipped (ignored labels, their outputs 0): m = 0, s = 1 (lse 0).
+    ``rows``: a slice, or a bool mask of the rows."""
     for x in st:
-        x[rows].fill_(1.0) if x is st.s else x[rows].zero_()
+        val = 1.0 if x is st.s else 0
+        x.masked_fill_(rows, val) if isinstance(rows, torch.Tensor) else x[rows].fill_(val)
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -179,9 +181,7 @@ class TritonProvider(Provider):
         raw = _new_stats(nc, h.device, opts.entropy)
         for dst, src in zip(raw, part):
             dst.index_copy_(0, order, src)
-        ignored = t.labels[rows] == opts.ignore_index
-        for x in raw:  # the ignored rows' (never computed): neutral
-            x.masked_fill_(ignored, 1.0 if x is raw.s else 0)
+        _neutral(raw, t.labels[rows] == opts.ignore_index)  # the ignored rows' were never computed
         return raw, None
 
     def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, live=None):
