@@ -147,9 +147,8 @@ def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
     synchronisation of these kernels (fp16's loss scale is read right after it, when the device has drained). It
     comes before their first large launch, so the device waits only for the host's launch latency after it (the
     caller queues nothing large before it)."""
-    n = live.shape[0]
-    if n == 0 or not skip_dead_rows() or (live.is_cuda and torch.cuda.is_current_stream_capturing()):
+    perm = _live_order_device(live)
+    if perm is None:
         return None
-    order = torch.argsort(live.logical_not().to(torch.uint8), stable=True)
-    count = int(live.sum())
-    return None if count == n else (order, count)
+    order, count = perm[0], int(perm[1])
+    return None if count == live.shape[0] else (order, count)
