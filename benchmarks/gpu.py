@@ -57,6 +57,7 @@ OURS = ("fused_lce", "fused_lce_all_rows", "fused_lce_cublas", "fused_lce_compac
 # the default set (--methods all: every importable one)
 DEFAULT_METHODS = ("fused_lce", "fused_lce_all_rows", "cce_torch_compile", "cce", "liger", "torch_eager")
 GiB = 2**30
+PROFILED = ("fused_lce", "cce_torch_compile")  # --profile: our default and the fastest peer, kernel by kernel
 
 
 def gemm_rate(dtype=torch.bfloat16, n=8192, reps=10):
@@ -326,24 +327,24 @@ def probe(rate, bw):
     return out
 
 
-def profile_ours(h, w, y, env):
-    """Device time per kernel (ms, top 14) for one fused_lce fwd+bwd (torch.profiler)."""
-    import fused_lce
+def profile_method(fn, h, w, y, env, top=12):
+    """Device time per kernel family (ms, the ``top`` largest, then launches per family) for one fwd+bwd of
+    ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn = lambda a, b, c: fused_lce.linear_cross_entropy(a, b, c, backend="triton", validate=False)  # noqa: E731
     with _Env(env):
         fwd_bwd(fn, h, w, y)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fwd_bwd(fn, h, w, y)
             torch.cuda.synchronize()
-    fam = {}
+    fam, calls = {}, {}
     for ev in prof.key_averages():
         t = getattr(ev, "self_device_time_total", None) or getattr(ev, "device_time_total", 0)
         if not t or ev.key.startswith(("aten::", "fused_lce::", "autograd::", "torch::")):
             continue
         fam[ev.key[:80]] = fam.get(ev.key[:80], 0.0) + t / 1e3
+        calls[ev.key[:80]] = calls.get(ev.key[:80], 0) + ev.count
     from torch.autograd import DeviceType
 
     kern = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
@@ -354,14 +355,16 @@ def profile_ours(h, w, y, env):
             gaps.append((s - end, name[:24]))
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
-    top = dict(sorted(fam.items(), key=lambda kv: -kv[1])[:12])
+    order = sorted(fam.items(), key=lambda kv: -kv[1])
+    out = dict(order[:top])
+    out["_launches"] = {k[:48]: calls[k] for k, _ in order}
     for k, (g, name) in enumerate(sorted(gaps, reverse=True)[:3]):
-        top[f"_gap{k} before {name}"] = g / 1e3
-    top["_busy_ms"] = busy / 1e3
-    top["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
-    top["_idle_ms"] = top["_span_ms"] - top["_busy_ms"]  # device idle between the step's first and last kernel
-    top["_kernels"] = float(len(kern))
-    return top
+        out[f"_gap{k} before {name}"] = g / 1e3
+    out["_busy_ms"] = busy / 1e3
+    out["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
+    out["_idle_ms"] = out["_span_ms"] - out["_busy_ms"]  # device idle between the step's first and last kernel
+    out["_kernels"] = float(len(kern))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -479,7 +482,8 @@ def write_outputs(result, out_dir, show=True):
     if result.get("profile"):
         lines += ["", "Device time per kernel, one fwd+bwd (ms):", ""]
         for key, prof in result["profile"].items():
-            lines.append(f"- {key}: " + "; ".join(f"{k}: {v:.2f}" for k, v in prof.items()))
+            lines.append(f"- {key}: " + "; ".join(f"{k}: {v:.2f}" for k, v in prof.items() if k != "_launches"))
+            lines.append("  - launches: " + "; ".join(f"{k}: {v}" for k, v in prof.get("_launches", {}).items()))
     with open(os.path.join(out_dir, "gpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:
@@ -520,7 +524,8 @@ def main(argv=None):
     ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of fused_lce per shape")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler breakdown per bf16 shape of " + " and ".join(PROFILED))
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
     ap.add_argument("--time-budget", type=float, default=480.0, help="stop starting new shapes after this (s)")
     ap.add_argument("--warm-config", default="", help=argparse.SUPPRESS)
@@ -573,10 +578,13 @@ def main(argv=None):
                   f"{r['peak_extra_gib']:.2f} GiB loss_err {r['loss_abs_err']:.1e} dx {r['dx_rel_err']:.1e} "
                   f"dw {r['dw_rel_err']:.1e}" if "ms" in r else r["error"]) + f" [{time.time() - t0:.0f}s]",
                   flush=True)
-        if args.profile and dt == "bfloat16" and n >= 8192:
-            for key, env in (("default", {}),):
+        if args.profile and dt == "bfloat16":
+            for name in PROFILED:
+                if "ms" not in entry["results"].get(name, {}):
+                    continue
                 try:
-                    result["profile"][f"{n}x{d}x{v} {dt} {key}"] = profile_ours(h, w, y, env)
+                    fn, env = methods[name]
+                    result["profile"][f"{n}x{d}x{v} {dt} {name}"] = profile_method(fn, h, w, y, env)
                 except Exception as e:  # noqa: BLE001
                     print("profile failed:", e)
         result["shapes"].append(entry)
