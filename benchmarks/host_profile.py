@@ -74,7 +74,7 @@ def profiled(fn, h, w, y):
             "idle_ms": span - busy / 1e3, "kernels": len(kern), "syncs": syncs[:40]}
 
 
-def host_top(fn, h, w, y, k=25):
+def host_top(fn, h, w, y, k=25, sort="cumulative"):
     pr = cProfile.Profile()
     torch.cuda.synchronize()
     pr.enable()
@@ -82,8 +82,69 @@ def host_top(fn, h, w, y, k=25):
     pr.disable()
     torch.cuda.synchronize()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(k)
+    pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(k)
     return s.getvalue()
+
+
+def _host_us(call, reps=40):
+    """Median host microseconds to issue ``call`` (asynchronous launches; the queue is drained every 10)."""
+    call()
+    torch.cuda.synchronize()
+    ts = []
+    for k in range(reps):
+        t0 = time.perf_counter()
+        call()
+        ts.append((time.perf_counter() - t0) * 1e6)
+        if k % 10 == 9:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def launch_costs(h, w, y):
+    """Host microseconds per call of the step's building blocks at this shape (the triton provider's kernels, the
+    cuBLAS products, a few small torch ops and the driver's formula functions)."""
+    from fused_lce.backends.triton import cublas
+    from fused_lce.backends.triton.kernels import gemm as kg
+    from fused_lce.backends.triton.kernels import rows as kr
+    from fused_lce.core import Options, formulas, types
+
+    n, d = h.shape
+    v = w.shape[0]
+    cfg = kg.default_config(d)
+    nt = kg.num_tiles_n(v, cfg)
+    vp = -(-v // 64) * 64
+    e = torch.empty(n, vp, device=h.device, dtype=h.dtype)[:, :v]
+    tiles = kg.TileStats.new(n, nt, h.device, False)
+    f = lambda: torch.empty(n, device=h.device)  # noqa: E731
+    m, s, zs, lse, g, tgt = f(), f(), f(), f(), f(), f()
+    am = torch.empty(n, device=h.device, dtype=torch.int64)
+    g.fill_(1.0)
+    dx = torch.empty_like(h)
+    dw = torch.empty_like(w)
+    one = torch.ones((), device=h.device)
+    mask = y != -100
+    idx = torch.arange(n, device=h.device)
+    x = torch.randn(n, device=h.device)
+    opts = Options()
+    st = types.Stats(m.fill_(0), s.fill_(1), tgt.zero_(), zs.zero_(), am.zero_())
+    out = {
+        "lce_gemm EXP": lambda: kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles),
+        "combine": lambda: kr.combine(tiles, nt, m, s, zs, am, col_off=0, lse=lse),
+        "target_logit": lambda: kr.target_logit(h, w, None, y, 0, tgt),
+        "dz_from_exp": lambda: kr.dz_from_exp(e, tiles.m, cfg.bn, lse, g, None, y, 0),
+        "scale_unless_one_ (dX, dW)": lambda: kr.scale_unless_one_([dx, dw], one),
+        "cuBLAS dX": lambda: cublas._dx_into(e, w, dx),
+        "cuBLAS dW": lambda: cublas._dw_into(e, h, dw, accumulate=False),
+        "torch.where(mask, x, 0.0)": lambda: torch.where(mask, x, 0.0),
+        "x.index_select(0, idx)": lambda: h.index_select(0, idx),
+        "argsort(uint8, stable)": lambda: torch.argsort(mask.logical_not().to(torch.uint8), stable=True),
+        "mask.sum()": lambda: mask.sum(),
+        "formulas.label_classes": lambda: formulas.label_classes(y, opts, v),
+        "formulas.loss_from_stats": lambda: formulas.loss_from_stats(st, y, opts, v),
+        "formulas.token_weights": lambda: formulas.token_weights(*formulas.label_classes(y, opts, v)),
+    }
+    return {k: round(_host_us(c), 1) for k, c in out.items()}
 
 
 def main():
@@ -92,6 +153,7 @@ def main():
     ap.add_argument("--shapes", default="8192x4096x151936,2048x1536x151936")
     ap.add_argument("--methods", default="fused_lce,cce_torch_compile")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--launch-costs", action="store_true", help="host microseconds per building-block call")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     methods, versions = method_table()
@@ -113,9 +175,13 @@ def main():
                 row = {"shape": shape, "method": name, "wall_ms": wall, "host_ms": host, **profiled(fn, h, w, y)}
                 if name.startswith("fused_lce"):
                     row["host_top"] = host_top(fn, h, w, y)
+                    row["host_self"] = host_top(fn, h, w, y, 40, "tottime")
             print(json.dumps({k: (round(x, 3) if isinstance(x, float) else x) for k, x in row.items()
                               if k not in ("host_top", "syncs")}), flush=True)
             result["rows"].append(row)
+        if args.launch_costs:
+            result.setdefault("launch_us", {})[shape] = launch_costs(h, w, y)
+            print("launch us", shape, json.dumps(result["launch_us"][shape]), flush=True)
         del h, w, y
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, "host_profile.json"), "w") as f:
@@ -130,8 +196,11 @@ def main():
         for r in result["rows"]:
             f.write(f"\n## {r['shape']} {r['method']}: synchronising host calls (ms from step start, name, ms)\n\n"
                     + "".join(f"- {s}\n" for s in r["syncs"]))
-            if "host_top" in r:
-                f.write("\n```\n" + r["host_top"] + "```\n")
+            for key in ("host_top", "host_self"):
+                if key in r:
+                    f.write("\n```\n" + r[key] + "```\n")
+        for shape, costs in result.get("launch_us", {}).items():
+            f.write(f"\n## {shape}: host microseconds per call\n\n" + "".join(f"- {k}: {c}\n" for k, c in costs.items()))
     return 0
 
 
