@@ -152,15 +152,22 @@ def _tensors(hidden, weight, labels, bias) -> Tensors:
     return Tensors(c(hidden), c(weight), c(labels), c(bias))
 
 
-def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None):
+def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None, classes=None,
+                  weights: bool = True):
     """Per-token weights of the gradient of the reduced loss (times ``grad_loss``, the upstream gradient of the
-    loss output: (N,) for "none", 0-dim otherwise) and the reduction's ``1 / divisor`` (0-dim)."""
-    inv = safe_inverse(mean_divisor(reduction, num_items, labels, opts.ignore_index))
+    loss output: (N,) for "none", 0-dim otherwise; None when not ``weights``) and the reduction's ``1 / divisor``
+    (0-dim; None for "none"). ``classes``: the ``label_classes`` of ``labels`` when the caller has them."""
+    valid, bad = classes if classes is not None else label_classes(labels, opts, v_local)
+    inv = None
+    if reduction != "none":
+        inv = safe_inverse(mean_divisor(reduction, num_items, labels, opts.ignore_index, valid))
+    if not weights:
+        return None, inv
     up = None
     if grad_loss is not None:
         up = grad_loss.to(torch.float32)
         up = up if reduction == "none" else (up.reshape(()) * inv).expand(labels.shape)
-    return token_weights(*label_classes(labels, opts, v_local), up), inv
+    return token_weights(valid, bad, up), inv
 
 
 @explains_oom
@@ -174,10 +181,10 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
     t = _tensors(distributed.sp_gather_rows(hidden, group, labels.shape[0]), weight, labels, bias)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
     want = reduction != "none" and any(mask)
-    g, inv = _token_weight(reduction, num_items, labels, opts, weight.shape[0])
-    st, grads = run_forward(provider, t, opts, g if want else None, inv if want else None,
-                            mask if want else (False,) * 3, group)
-    per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0])
+    classes = label_classes(labels, opts, weight.shape[0])  # once: every small op costs host time
+    g, inv = _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
+    st, grads = run_forward(provider, t, opts, g, inv if want else None, mask if want else (False,) * 3, group)
+    per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0], classes)
     loss = per if reduction == "none" else per.sum() * inv
     dh, dw, db = grads if grads is not None else (None, None, None)
     if dh is not None:  # all-reduce, or reduce-scatter to this rank's rows (sequence parallel), in float32

@@ -24,39 +24,47 @@ def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 def label_classes(labels: torch.Tensor, opts: Options, v_local: int):
     """(valid, bad): not ignored, and valid but outside [0, vocab_total)."""
-    y = labels.long()
+    y = _int64(labels)
     valid = y != opts.ignore_index
     bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
     return valid, bad
 
 
+def _int64(labels: torch.Tensor) -> torch.Tensor:
+    """Labels as int64: a Python int compared with an int32 tensor is cast to int32 (2**32 + 1 would equal 1)."""
+    return labels if labels.dtype == torch.int64 else labels.long()
+
+
+# Few, scalar-operand ops below: each costs a launch and tens of microseconds of host time per step on the GPU,
+# which at small token counts is the step's critical path.
 def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """``x`` where the label is valid, 0 where it is ignored, NaN where it is out of range."""
-    x = torch.where(valid, x, torch.zeros_like(x))
-    return torch.where(bad, torch.full_like(x, math.nan), x)
+    return torch.where(bad, math.nan, torch.where(valid, x, 0.0))
 
 
 def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where the
     label is out of range (a bad label must poison the gradients it would have produced, never index)."""
-    up = torch.ones((), device=valid.device) if upstream is None else upstream.to(torch.float32)
-    return per_token(up.expand(valid.shape), valid, bad)
+    if upstream is None:
+        return valid.to(torch.float32).masked_fill_(bad, math.nan)
+    return per_token(upstream.to(torch.float32).expand(valid.shape), valid, bad)
 
 
-def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int):
+def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int, classes=None):
     """Per-token (loss, lse, correct) from global statistics: the SPEC loss
     ``(1 - eps) (lse - z_y) + eps (lse - mean z) + z_loss lse^2``, 0 where ignored, NaN for a bad label. The
-    statistics of an ignored token are not read (a provider may skip its logits): its lse is 0."""
+    statistics of an ignored token are not read (a provider may skip its logits): its lse is 0. ``classes``: the
+    ``label_classes`` of ``labels`` when the caller has them."""
     vt = opts.vocab(v_local)
-    valid, bad = label_classes(labels, opts, v_local)
+    valid, bad = classes if classes is not None else label_classes(labels, opts, v_local)
     lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
     eps = opts.label_smoothing
-    per = (1.0 - eps) * (lse - st.target)
+    per = lse - st.target
     if eps:
-        per = per + eps * (lse - st.zsum / vt)
+        per = (1.0 - eps) * per + eps * (lse - st.zsum / vt)
     if opts.z_loss:
         per = per + opts.z_loss * lse * lse
-    return per_token(per, valid, bad), lse, valid & (st.argmax == labels.long())
+    return per_token(per, valid, bad), lse, valid & (st.argmax == _int64(labels))
 
 
 def loss_terms(opts: Options, v_local: int) -> LossTerms:
@@ -119,19 +127,21 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
     return Coefs(a=coef(a), t=coef(t), b=None if b is None else coef(b))
 
 
-def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int):
-    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"."""
+def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int,
+                 valid: Optional[torch.Tensor] = None):
+    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"
+    (``valid``: the mask of those tokens when the caller has it)."""
     if reduction != "mean":
         return torch.ones((), device=labels.device)
     if num_items is not None:
         return num_items.to(device=labels.device, dtype=torch.float32).reshape(())
-    return (labels != ignore_index).sum().to(torch.float32)
+    return (labels != ignore_index if valid is None else valid).sum(dtype=torch.float32)
 
 
 def safe_inverse(div: torch.Tensor) -> torch.Tensor:
-    """1 / div, and 0 where div is 0: all tokens ignored (or num_items == 0) gives loss 0 and zero gradients."""
-    pos = div > 0
-    return torch.where(pos, 1.0 / torch.where(pos, div, torch.ones_like(div)), torch.zeros_like(div))
+    """1 / div, and 0 where div is not > 0: all tokens ignored (or num_items == 0) gives loss 0 and zero
+    gradients."""
+    return torch.where(div > 0, div.reciprocal(), 0.0)
 
 
 # ------------------------------------------------------------------------------------ the float64 reference

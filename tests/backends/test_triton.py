@@ -191,10 +191,15 @@ for n, frac in ((29, 0.4), (9, 1.0)):
         os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
         res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5), (True, True, False))
     os.environ.pop("FUSED_LCE_SKIP_IGNORED")
-    keep = y != -100  # skipped: an ignored token's logits are never computed, its statistics neutral (lse 0)
+    keep = y != -100  # skipped: an ignored token's logits are never computed, its statistics left unset
     for a, b in zip(res["1"][0], res["0"][0]):
         assert torch.equal(a[keep], b[keep]), (n, a, b)
-    lse_skip = formulas.lse_of(res["1"][0].m, res["1"][0].s).double()
+    for x in res["1"][0]:  # what unset statistics may hold: the driver's outputs must not read them
+        x[~keep] = float("nan") if x.is_floating_point() else -7
+    outs = [formulas.loss_from_stats(res[k][0], y, o, 333) for k in ("1", "0")]
+    for a, b in zip(*outs):  # per-token loss, lse (0 where ignored), correct
+        assert torch.equal(a, b), (n, a, b)
+    lse_skip = outs[0][1].double()
     assert bool((lse_skip[~keep] == 0).all()), (n, lse_skip)
     for a, b in zip(res["1"][1][:2], res["0"][1][:2]):  # token chunks of other rows: float32 sums in another order,
         a, b = a.float(), b.float()                        # so up to one bf16 rounding step apart

@@ -129,26 +129,30 @@ def skip_dead_rows() -> bool:
     return os.environ.get("FUSED_LCE_SKIP_IGNORED", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _may_gather(live: torch.Tensor) -> bool:
+    return live.shape[0] > 0 and skip_dead_rows() and not (live.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """``(order, count)`` as ``_live_order`` but ``count`` stays a 0-dim device tensor (no host synchronisation:
-    for kernels that read it on the device); None as there, and when no row is dead is not known here."""
-    n = live.shape[0]
-    if n == 0 or not skip_dead_rows() or (live.is_cuda and torch.cuda.is_current_stream_capturing()):
+    """``(order, count)``: a permutation with the rows where ``live`` holds first (stable) and their number as a
+    0-dim device tensor (no host synchronisation: for kernels that read it on the device); None as ``_live_order``
+    does, and when no row is dead is not known here."""
+    if not _may_gather(live):
         return None
     return torch.argsort(live.logical_not().to(torch.uint8), stable=True), live.sum()
 
 
 def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
-    """``(order, count)``: the rows where ``live`` holds first (stable) and how many there are; None when every row
+    """``(rows, count)``: the indices where ``live`` holds, ascending, and how many there are; None when every row
     is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.
 
     The gradient products then run over ``count`` rows instead of all: a token without gradient (an ignored
-    label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there: the host
-    synchronisation of these kernels (fp16's loss scale is read right after it, when the device has drained). It
-    comes before their first large launch, so the device waits only for the host's launch latency after it (the
-    caller queues nothing large before it)."""
-    perm = _live_order_device(live)
-    if perm is None:
+    label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there (by
+    ``nonzero``): the host synchronisation of these kernels (fp16's loss scale is read right after it, when the
+    device has drained). It comes before their first large launch, so the device waits only for the host's launch
+    latency after it (the caller queues nothing large before it)."""
+    if not _may_gather(live):
         return None
-    order, count = perm[0], int(perm[1])
-    return None if count == live.shape[0] else (order, count)
+    rows = torch.nonzero(live).squeeze(1)
+    count = rows.shape[0]
+    return None if count == live.shape[0] else (rows, count)

@@ -25,9 +25,9 @@ def _dz_view(z, dtype):
 
 def _new_stats(n, dev, entropy: bool = False):
     """Statistics buffers: a ``Stats``, or an ``EntropyStats`` (the entropy sum ``ez`` too)."""
-    f = lambda: torch.empty(n, device=dev, dtype=torch.float32)  # noqa: E731
-    st = Stats(f(), f(), f(), f(), torch.empty(n, device=dev, dtype=torch.int64))
-    return EntropyStats(*st, f()) if entropy else st
+    f = torch.empty(5 if entropy else 4, n, device=dev, dtype=torch.float32).unbind(0)  # one allocation
+    st = Stats(f[0], f[1], f[2], f[3], torch.empty(n, device=dev, dtype=torch.int64))
+    return EntropyStats(*st, f[4]) if entropy else st
 
 
 def _neutral(st, rows) -> None:
@@ -259,8 +259,7 @@ class TritonProvider(Provider):
             idx = None
             perm = _live_order(live)
             if perm is not None:
-                order, count = perm
-                idx = order[:count]
+                idx, _ = perm
                 h, y, lse = h.index_select(0, idx), y.index_select(0, idx), lse.index_select(0, idx)
                 coef = Coefs(*(None if x is None else x.index_select(0, idx) for x in coef))
                 if dh is not None:
@@ -323,23 +322,21 @@ class TritonProvider(Provider):
         ntiles = kgemm.num_tiles_n(v, cfg)
         # launched after the first GEMM (the device waits for nothing else when it starts a step)
         late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
-        perm = _live_order(g != 0)  # NaN != 0: a bad label's token keeps its (poisoned) gradient
-        order, count, sp = None, n, raw
-        if perm is not None:
-            order, count = perm
-            idx = order[:count]
+        # the live rows (NaN != 0: a bad label's token keeps its poisoned gradient); the driver reads no statistic
+        # of the others, so they are left unset
+        perm = _live_order(g != 0)
+        idx, count = perm if perm is not None else (None, n)
+        if idx is not None:
             h, y, g = h.index_select(0, idx), y.index_select(0, idx), g.index_select(0, idx)
-            sp = _new_stats(n, h.device)  # statistics in the gathered order; the ignored rows' stay neutral
-            late.append(lambda: _neutral(sp, slice(count, n)))
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
         # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
         # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those rows)
-        lazy = order is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
+        lazy = idx is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
         dh_dtype = None
         if lazy:
             dh_dtype, out.dh = out.dh.dtype, None
-        elif order is not None and out.dh is not None:
+        elif idx is not None and out.dh is not None:
             late.append(out.dh.zero_)  # the rows of ignored tokens (before the first dX is scattered)
         vp = _pad(v, 64)
         rows = min(nrows, count)
@@ -355,8 +352,10 @@ class TritonProvider(Provider):
             kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
             while late:
                 late.pop(0)()
-            krows.combine(tl_, ntiles, sp.m[r], sp.s[r], sp.zsum[r], sp.argmax[r], col_off=opts.vocab_start,
-                          lse=lse[r])
+            # statistics straight into token order (rows idx[r]), the lse in the gathered order for dz
+            sr = (lambda x: x) if idx is not None else (lambda x: x[r])  # noqa: E731
+            krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax), col_off=opts.vocab_start,
+                          lse=lse[r], rows_out=None if idx is None else idx[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
             if r.stop == count:  # the tile statistics are read (stream order keeps them until then)
                 tiles = tl_ = None
@@ -364,16 +363,13 @@ class TritonProvider(Provider):
                 self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
                 _dx_into(z, w, h, alpha=st.product_alpha())
                 continue
-            dh = None if out.dh is None else (out.dh if order is not None else out.dh[r])
-            self._token_gemms(t, h[r], z, out, nc == count, dh, None if order is None else order[r])
+            dh = None if out.dh is None else (out.dh if idx is not None else out.dh[r])
+            self._token_gemms(t, h[r], z, out, nc == count, dh, None if idx is None else idx[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
         while late:  # no live token: no GEMM ran
             late.pop(0)()
         if lazy:
-            out.dh = torch.zeros((n, d), device=h.device, dtype=dh_dtype).index_copy_(0, order[:count], h)
-        if order is not None:  # back to token order (the label logits were computed in it)
-            for dst, src in ((raw.m, sp.m), (raw.s, sp.s), (raw.zsum, sp.zsum), (raw.argmax, sp.argmax)):
-                dst.index_copy_(0, order, src)
+            out.dh = torch.zeros((n, d), device=h.device, dtype=dh_dtype).index_copy_(0, idx, h)
 
     # -- GEMMs ------------------------------------------------------------------------------------------------
     def _dz_gemm(self, h, w, bias, dz, labels, lse, coef: Coefs, kscale, opts: Options, v0: int) -> None:
