@@ -123,3 +123,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:  # the marker, not any keyword (a path part)
             item.add_marker(skip)
+
+
+def spawn_pair(fn, make_args, nprocs: int = 2) -> None:
+    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more when a process died of a signal: gloo's
+    teardown under load has aborted a rank that way ("terminate called without an active exception") after its
+    checks passed. A failed check raises ProcessRaisedException in the parent and is never retried."""
+    import torch.multiprocessing as mp
+
+    for attempt in range(2):
+        try:
+            mp.spawn(fn, args=make_args(attempt), nprocs=nprocs, join=True)
+            return
+        except mp.ProcessExitedException as e:
+            if attempt or not e.signal_name:
+                raise

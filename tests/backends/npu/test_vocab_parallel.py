@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from ...conftest import spawn_pair
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -81,7 +82,9 @@ def _worker(rank, world, port, seed):
 
 @pytest.mark.distributed
 def test_vocab_parallel_npu_backends_match_unsharded_reference(seed):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, seed), nprocs=2, join=True)
+    def args(_attempt):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return 2, s.getsockname()[1], seed
+
+    spawn_pair(_worker, args)

@@ -18,6 +18,7 @@ if importlib.util.find_spec("deepspeed") is None:  # imported in the workers onl
     pytest.skip("deepspeed is not installed", allow_module_level=True)
 pytest.importorskip("trl")
 
+from ...conftest import spawn_pair  # noqa: E402
 from ..conftest import tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -137,7 +138,7 @@ def test_zero3_tied_and_untied_gloo_two_processes(tmp_path, seed):
 
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(str(tmp_path / "pg_init"), seed, out), nprocs=WORLD, join=True)
+        spawn_pair(_worker, lambda k: (str(tmp_path / f"pg_init{k}"), seed, out), WORLD)
         results = dict(out)
     assert sorted(results) == [(r, t) for r in range(WORLD) for t in (False, True)]
     assert all(n > 10 for n in results.values()), results

@@ -15,6 +15,7 @@ fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_available():
     pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard", allow_module_level=True)
 
+from ...conftest import spawn_pair  # noqa: E402
 from ..conftest import tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -85,6 +86,4 @@ def _check(rank, seed, tie):
 
 def test_fsdp2_gloo_two_processes(tmp_path, seed):
     """Both layouts in one pair of processes (spawning and importing transformers dominates the runtime)."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(str(tmp_path / "pg_init"), seed), nprocs=WORLD, join=True)
+    spawn_pair(_worker, lambda k: (str(tmp_path / f"pg_init{k}"), seed), WORLD)
