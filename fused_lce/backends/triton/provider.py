@@ -324,12 +324,15 @@ class TritonProvider(Provider):
         late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
         # the live rows (NaN != 0: a bad label's token keeps its poisoned gradient); the driver reads no statistic
         # of the others, so they are left unset
+        # what the plan needs besides the count is read before the count's synchronisation: from there on the
+        # device waits for the host, so only the first GEMM's inputs come before its launch
+        row_bytes, free = self._row_bytes(v, d, h.element_size(), opts, True), _free_bytes(h.device)
         perm = _live_order(g != 0)
         idx, count = perm if perm is not None else (None, n)
         if idx is not None:
-            h, y, g = h.index_select(0, idx), y.index_select(0, idx), g.index_select(0, idx)
+            h = h.index_select(0, idx)
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
-                                    _free_bytes(h.device), self._row_bytes(v, d, h.element_size(), opts, True))
+                                    free, row_bytes)
         # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
         # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those rows)
         lazy = idx is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
@@ -350,6 +353,8 @@ class TritonProvider(Provider):
             z = buf[: nc * vp].view(nc, vp)[:, :v]
             tl_ = tiles.rows(nc)
             kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
+            if i0 == 0 and idx is not None:
+                y, g = y.index_select(0, idx), g.index_select(0, idx)
             while late:
                 late.pop(0)()
             # statistics straight into token order (rows idx[r]), the lse in the gathered order for dz
