@@ -235,6 +235,17 @@ for cfg_text in ("16,64,16,2,4,2,2,0", "16,64,16,2,4,2,2,1"):
         want = torch.stack([z[:, j:j + 64].amax(1) for j in range(0, 200, 64)], 1).float()
         assert torch.allclose(tiles.m[:done], want[:done], atol=1e-3), (cfg_text, live)
         assert bool(tiles.m[done:].isnan().all()), (cfg_text, live)
+# the upstream scale, one launch per three tensors of any dtypes and sizes: bit-identical when g == 1
+from fused_lce.backends.triton.kernels import rows as kr
+xs = [torch.randn(9001).bfloat16(), torch.randn(37), torch.randn(5000).half(), torch.randn(3, 3).bfloat16()]
+keep = [x.clone() for x in xs]
+kr.scale_unless_one_(xs, torch.ones(()))
+assert all(torch.equal(x, k) for x, k in zip(xs, keep))
+kr.scale_unless_one_(xs, torch.full((), -2.5))
+for x, k in zip(xs, keep):  # the interpreter rounds to bf16 its own way: one bf16 step there
+    want = (k.float() * -2.5).to(k.dtype).float()
+    tol = 2**-7 if x.dtype == torch.bfloat16 else 0.0
+    assert torch.allclose(x.float(), want, rtol=tol, atol=0), x.dtype
 print("RESULT" + json.dumps(out))
 """
 
@@ -696,3 +707,21 @@ def test_peak_memory_bounds(path, mode, monkeypatch, seed):
         assert peak <= 1.15 * (dx + dw) + 2 * dx, peak / 2**30
     assert dh.dtype == torch.bfloat16 and dw_.dtype == torch.bfloat16
     assert math.isfinite(float(formulas.loss_from_stats(st, y, opts, v)[0].nansum()))
+
+
+@cuda
+@needs_triton_cuda
+def test_allocator_bytes_match_torch_cuda_counters():
+    """The planner reads the allocator's counters from the nested statistics (cheaper on the host): the same
+    numbers as torch.cuda.memory_allocated / memory_reserved, and the free-memory estimate moves with an
+    allocation."""
+    from fused_lce.backends.triton import planner
+
+    idx = torch.cuda.current_device()
+    keep = torch.empty(3 << 20, device="cuda")
+    assert planner._allocator_bytes(idx) == (torch.cuda.memory_allocated(idx), torch.cuda.memory_reserved(idx))
+    before = planner._free_bytes(torch.device("cuda"))
+    more = torch.empty(16 << 20, device="cuda")
+    after = planner._free_bytes(torch.device("cuda"))
+    assert before - after == more.numel() * 4, (before, after)
+    del keep, more
