@@ -288,14 +288,14 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     hidden, weight, bias = _autocast(hidden, weight, bias)
 
     out_shape = tuple(labels.shape)
+    if labels.dtype == torch.int32 and not -2**31 <= ignore_index < 2**31:
+        labels = labels.long()  # compared with ignore_index (and padded with it): an int32 tensor would wrap it
     if shift:
         if hidden.dim() < 2:
             raise ValueError("shift=True: hidden needs a sequence dimension, expected shape (..., T, D), "
                              f"got {tuple(hidden.shape)}")
         # shift the labels, not the hidden states: position t is scored against label t+1 and the last
         # position against ignore_index, so hidden is used as is (no copy) and its last row gets zero gradient
-        if labels.dtype == torch.int32 and not -2**31 <= ignore_index < 2**31:
-            labels = labels.long()  # the ignore_index padding must be representable
         pad = torch.full_like(labels[..., :1], ignore_index)
         labels = torch.cat([labels[..., 1:], pad], dim=-1)
         out_shape = out_shape[:-1] + (max(out_shape[-1] - 1, 0),)

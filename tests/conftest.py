@@ -125,16 +125,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _marked(rank, fn, marker_dir, args):
+    fn(rank, *args)
+    open(os.path.join(marker_dir, f"done{rank}"), "w").close()  # every check of this rank passed
+
+
 def spawn_pair(fn, make_args, nprocs: int = 2) -> None:
-    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more when a process died of a signal: gloo's
-    teardown under load has aborted a rank that way ("terminate called without an active exception") after its
-    checks passed. A failed check raises ProcessRaisedException in the parent and is never retried."""
+    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more only when a process died of a signal after every
+    rank had returned from ``fn`` (all its checks passed): gloo's teardown under load has aborted a rank that way
+    ("terminate called without an active exception"). A failed check, or a signal before every rank finished, is
+    never retried."""
+    import tempfile
+
     import torch.multiprocessing as mp
 
     for attempt in range(2):
-        try:
-            mp.spawn(fn, args=make_args(attempt), nprocs=nprocs, join=True)
-            return
-        except mp.ProcessExitedException as e:
-            if attempt or not e.signal_name:
-                raise
+        with tempfile.TemporaryDirectory() as marks:
+            try:
+                mp.spawn(_marked, args=(fn, marks, make_args(attempt)), nprocs=nprocs, join=True)
+                return
+            except mp.ProcessExitedException as e:
+                finished = all(os.path.exists(os.path.join(marks, f"done{r}")) for r in range(nprocs))
+                if attempt or not e.signal_name or not finished:
+                    raise

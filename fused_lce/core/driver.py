@@ -145,10 +145,13 @@ def _oom_message(what: str, hidden, weight, opts: Options, text: str) -> str:
             f"live), or process fewer tokens per call. Allocator: {text}")
 
 
-def _tensors(hidden, weight, labels, bias) -> Tensors:
+def _tensors(hidden, weight, labels, bias, ignore_index: int) -> Tensors:
     """The provider's view of a problem: contiguous, non-overlapping inputs (an expanded or strided tensor is
-    copied here, so no kernel ever sees a stride it does not expect)."""
+    copied here, so no kernel ever sees a stride it does not expect), and int64 labels when ``ignore_index`` does
+    not fit in int32 (a kernel comparing int32 labels with it would wrap it)."""
     c = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    if labels.dtype != torch.int64 and not -2**31 <= ignore_index < 2**31:
+        labels = labels.long()
     return Tensors(c(hidden), c(weight), c(labels), c(bias))
 
 
@@ -178,7 +181,8 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
     mask = normalise_mask(grad_mask, bias)
     local_rows = hidden.shape[0]
     # sequence parallel: hidden holds this rank's N/world rows, labels all N (one all-gather)
-    t = _tensors(distributed.sp_gather_rows(hidden, group, labels.shape[0]), weight, labels, bias)
+    t = _tensors(distributed.sp_gather_rows(hidden, group, labels.shape[0]), weight, labels, bias,
+                 opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
     want = reduction != "none" and any(mask)
     classes = label_classes(labels, opts, weight.shape[0])  # once: every small op costs host time
@@ -202,7 +206,8 @@ def backward(grad_loss, hidden, weight, labels, bias, lse, num_items, reduction:
     if not any(mask):
         return None, None, None
     local_rows = hidden.shape[0]
-    t = _tensors(distributed.sp_gather_rows(hidden, group, labels.shape[0]), weight, labels, bias)
+    t = _tensors(distributed.sp_gather_rows(hidden, group, labels.shape[0]), weight, labels, bias,
+                 opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
     lse = lse.to(torch.float32).contiguous()
     g, _ = _token_weight(reduction, num_items, labels, opts, weight.shape[0], grad_loss)
@@ -218,7 +223,7 @@ def logprobs_forward(hidden, weight, labels, bias, opts: Options, group):
     """Kernel of ``fused_lce::logprobs``: the per-token outputs of ``formulas.logprobs_from_stats`` for
     ``p = softmax(z)``, ``z = softcap(hidden @ weight.T + bias) / T``. ``opts.sum_sq`` costs a second statistics
     pass at temperature ``T / 2`` (whose lse is ``lse(2 z)``); every provider with temperature support serves it."""
-    t = _tensors(hidden, weight, labels, bias)
+    t = _tensors(hidden, weight, labels, bias, opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, op=LOGPROBS))
     st, _ = run_forward(provider, t, opts, None, None, (False, False, False), group, LOGPROBS)
     lse_half = None
@@ -238,7 +243,7 @@ def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, 
     mask = normalise_mask(grad_mask, bias)
     if not any(mask):
         return None, None, None
-    t = _tensors(hidden, weight, labels, bias)
+    t = _tensors(hidden, weight, labels, bias, opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask, op=LOGPROBS))
     coef = logprob_coefs(grad_logprob, grad_entropy, zmean, *label_classes(labels, opts, weight.shape[0]),
                          opts.temperature)

@@ -438,3 +438,28 @@ def test_compile_bad_label_is_nan_and_label_errors_counts_it(bd):
         fused_lce.label_errors(y.float(), 11)
     with pytest.raises(ValueError, match="vocab_size"):
         fused_lce.label_errors(y, -1)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+def test_int32_labels_with_a_64_bit_ignore_index(bd, seed):
+    """int32 labels and an ignore_index outside the int32 range: no label equals it (none is ignored), through the
+    public API and the registered op alike, with the results of the same labels as int64. Compared as int32, the
+    index would wrap (2**40 to 0) and label 0 would count as ignored."""
+    backend, device = bd
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(9, 8, generator=g).to(device).requires_grad_()
+    w = torch.randn(50, 8, generator=g).to(device).requires_grad_()
+    y64 = torch.randint(0, 50, (9,), generator=g)
+    y64[:3] = 0  # the labels an int32 comparison with 2**40 would take for ignored
+    y64, y32 = y64.to(device), y64.to(device, torch.int32)
+    ii = 2**40
+    res = {}
+    for name, y in (("int64", y64), ("int32", y32)):
+        out = fused_lce.linear_cross_entropy(h, w, y, ignore_index=ii, backend=backend, return_stats=True)
+        grads = torch.autograd.grad(out.loss, (h, w))
+        op = torch.ops.fused_lce.forward(h.detach(), w.detach(), y, None, None, "mean",
+                                         *_opts(backend, ignore_index=ii), [True, True, False])
+        res[name] = (out.loss, out.lse, out.token_accuracy, out.n_valid, *grads, op[0], *op[3:5])
+    assert int(res["int32"][3]) == 9
+    for a, b in zip(res["int64"], res["int32"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -322,8 +322,8 @@ class TritonProvider(Provider):
         ntiles = kgemm.num_tiles_n(v, cfg)
         # launched after the first GEMM (the device waits for nothing else when it starts a step)
         late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
-        # the live rows (NaN != 0: a bad label's token keeps its poisoned gradient); the driver reads no statistic
-        # of the others, so they are left unset
+        # the live rows (NaN != 0: a bad label's token keeps its poisoned gradient); the others' statistics are
+        # left unset (the driver masks them out of every output)
         # what the plan needs besides the count is read before the count's synchronisation: from there on the
         # device waits for the host, so only the first GEMM's inputs come before its launch
         row_bytes, free = self._row_bytes(v, d, h.element_size(), opts, True), _free_bytes(h.device)
@@ -331,6 +331,7 @@ class TritonProvider(Provider):
         idx, count = perm if perm is not None else (None, n)
         if idx is not None:
             h = h.index_select(0, idx)
+            free = None if free is None else free - h.numel() * h.element_size()  # read before this copy
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     free, row_bytes)
         # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
