@@ -57,7 +57,7 @@ VIOLATIONS = {
     "cube_looped_copy_offset": "overflows its int32",
     "field_copy_count": "DataCopyParams::blockLen (count * sizeof(T) / 32) = 75000 does not fit",
     "field_pad_left": "DataCopyPadExtParams::leftPadding = 300 does not fit its field (8-bit",
-    "cube_overlay_missing_end": "has not called End()",
+    "cube_overlay_missing_end": "became live at probes.cpp:",
     "absent_optional_by_address": "placeholder address of an absent optional argument",
     "field_copyext_blockcount": "DataCopyExtParams::blockCount = 65540 does not fit its field (16-bit unsigned",
     "field_copyext_blocklen_range": "DataCopyExtParams::blockLen = 2097152 is outside its documented range",
@@ -73,7 +73,7 @@ VIOLATIONS = {
     "cube_l1_tail_k_beyond_tiling": "has no buffer to copy into",
     "cube_l1_fp32_k_align": "L1 needs 1025024 bytes (depthA1 2, depthB1 1000) > 524288",
     "cube_iterate_after_end_without_restart": "only those restart the scheduler (not End)",
-    "client_shared_l1_reuse": "share one L1 region",
+    "client_shared_l1_reuse": "copied into L1 since (at probes.cpp:",
 }
 
 

@@ -483,7 +483,7 @@ private:
         if (impl_ || core_->aic < 0) return;
         twin::MatmulResources& r = *twin::rt().mm_res[core_->aic];
         l1_gen_ = ++r.client_l1_gen;
-        r.client_l1_site = twin::format("%s:%d", twin::base_name(loc.file), loc.line);
+        r.client_l1_loc = loc;
     }
     void check_shared_l1(const char* what, const char* api, const twin::Loc& loc) const {
         if (impl_ || in_message_ || core_->aic < 0) return;
@@ -491,10 +491,10 @@ private:
         if (r.client_l1_gen != l1_gen_)
             twin::fail_at(loc, api,
                           "%s hits a block this object cached in L1, but another Matmul object served by the same "
-                          "cube has copied into L1 since (at %s): the server objects share one L1 region "
+                          "cube has copied into L1 since (at %s:%d): the server objects share one L1 region "
                           "(shareMode 0, kernel_tpipe_base.h AuxShareBufStart), so the block may be overwritten; "
                           "SetTensor the operand again (or End the object) before reusing it",
-                          what, r.client_l1_site.c_str());
+                          what, twin::base_name(r.client_l1_loc.file), r.client_l1_loc.line);
     }
     // The MatmulImpl objects of a core overlay L1 / L0C (MatmulResources): one holds data at a time.
     void make_live(const char* api, const twin::Loc& loc) {
@@ -503,11 +503,11 @@ private:
         if (r.live != nullptr && r.live != this)
             twin::fail_at(loc, api,
                           "the MatmulImpl objects of a cube core overlay L1 / L0C (their Init starts at the same "
-                          "share address): another object became live at %s and has not called End()",
-                          r.live_site.c_str());
+                          "share address): another object became live at %s:%d and has not called End()",
+                          twin::base_name(r.live_loc.file), r.live_loc.line);
         if (r.live != this) {
             r.live = this;
-            r.live_site = twin::format("%s:%d", twin::base_name(loc.file), loc.line);
+            r.live_loc = loc;
         }
     }
 

@@ -298,13 +298,13 @@ struct CacheLineCopy {
 struct MatmulResources {
     uint64_t l1_max_bytes = 0;   // the largest L1 need of the objects initialised on this AIC
     const void* live = nullptr;  // the object holding L1 / L0C now (nullptr: none)
-    std::string live_site;       // where it became live
+    Loc live_loc{nullptr, 0};    // where it became live
     // Client objects (driven from the AIVs) are served by this AIC's Matmul server from one L1 region: with
     // shareMode 0 every server object's buffers start at the share start (kernel_tpipe_base.h AuxShareBufStart,
     // called from scheduler_base.h Init; one server object per AIV, kernel_kfc.h). Each copy into L1 by a client
     // object bumps the generation and names the object.
     uint64_t client_l1_gen = 0;
-    std::string client_l1_site;  // where the last client copy into L1 was asked for
+    Loc client_l1_loc{nullptr, 0};  // where the last client copy into L1 was asked for (formatted on error)
 };
 
 struct Core {
