@@ -200,7 +200,8 @@ def main():
                 if key in r:
                     f.write("\n```\n" + r[key] + "```\n")
         for shape, costs in result.get("launch_us", {}).items():
-            f.write(f"\n## {shape}: host microseconds per call\n\n" + "".join(f"- {k}: {c}\n" for k, c in costs.items()))
+            f.write(f"\n## {shape}: host microseconds per call\n\n"
+                    + "".join(f"- {k}: {c}\n" for k, c in costs.items()))
     return 0
 
 
