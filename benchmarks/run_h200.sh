@@ -2,7 +2,7 @@
 # One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
 # own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
 # come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
-#   bash benchmarks/run_h200.sh probe ce lp alltests      # stages, in this order
+#   bash benchmarks/run_h200.sh probe ce lp host alltests      # stages, in this order
 # "probe" times the GEMM tile configurations of FUSED_LCE_PROBE_CONFIGS and exports the fastest (EXP + STATS + DZ
 # epilogues summed over FUSED_LCE_PROBE_SHAPES) as FUSED_LCE_GEMM_CONFIG for the stages after it.
 set -u
@@ -40,6 +40,9 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
                echo "GEMM config for the next stages: ${FUSED_LCE_GEMM_CONFIG:-default}" ;;
         ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile ${CE_ARGS:-} \
                    > "$OUT/ce.log" 2>&1; grep -E "ms \(|rror" "$OUT/ce.log" | cut -c1-150 ;;
+        host) timeout ${HOST_LIMIT:-150} python3 benchmarks/host_profile.py --out "$OUT" --launch-costs \
+                   ${HOST_ARGS:---shapes 2048x1536x151936} > "$OUT/host.log" 2>&1; grep '^{"shape' "$OUT/host.log" \
+                   | cut -c1-200 ;;
         lp) timeout ${LP_LIMIT:-300} python3 benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 \
                    --reps 5 --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
             python3 -c "
