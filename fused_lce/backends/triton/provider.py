@@ -30,12 +30,11 @@ def _new_stats(n, dev, entropy: bool = False):
     return EntropyStats(*st, f[4]) if entropy else st
 
 
-def _neutral(st, rows) -> None:
-    """Statistics of tokens whose logits are skipped (ignored labels, their outputs 0): m = 0, s = 1 (lse 0).
-    ``rows``: a slice, or a bool mask of the rows."""
+def _neutral(st, rows: torch.Tensor) -> None:
+    """Statistics of tokens whose logits are skipped (ignored labels, their outputs 0): m = 0, s = 1 (lse 0) on the
+    rows of the bool mask ``rows``."""
     for x in st:
-        val = 1.0 if x is st.s else 0
-        x.masked_fill_(rows, val) if isinstance(rows, torch.Tensor) else x[rows].fill_(val)
+        x.masked_fill_(rows, 1.0 if x is st.s else 0)
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
