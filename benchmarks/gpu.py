@@ -528,6 +528,8 @@ def main(argv=None):
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
     ap.add_argument("--time-budget", type=float, default=480.0, help="stop starting new shapes after this (s)")
+    ap.add_argument("--tile-mb", default="", help="comma-separated tile budgets (MiB): a fused_lce_tile<MB> method "
+                    "each (FUSED_LCE_TILE_MB), to measure the token-chunk plan against the default")
     ap.add_argument("--warm-config", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.warm_config:
@@ -535,9 +537,12 @@ def main(argv=None):
         return 0
     t_start = time.time()
     methods, versions = method_table()
+    methods_all = dict(methods)
     if args.methods != "all":
         keep = args.methods.split(",") if args.methods else DEFAULT_METHODS
         methods = {k: v for k, v in methods.items() if k in keep}
+    for mb in filter(None, args.tile_mb.split(",")):
+        methods[f"fused_lce_tile{mb}"] = (methods_all["fused_lce"][0], {"FUSED_LCE_TILE_MB": mb})
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rate = gemm_rate()
     bw = copy_bandwidth()
