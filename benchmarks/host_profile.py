@@ -6,7 +6,9 @@ For each shape (bf16, 15% of labels ignored, fwd+bwd of the mean loss, as in gpu
     waits at synchronisations),
   - from one torch.profiler run (CPU + CUDA): lead_ms (step start on the host to the first kernel), span / busy /
     idle ms of the kernels, the number of kernels, and the host's synchronising runtime calls with their durations,
-  - the top host functions of one step (cProfile, cumulative), for ``fused_lce`` only.
+  - the top host functions of one step (cProfile, cumulative), for ``fused_lce`` only,
+  - with ``--lead``: the host time from the call to the first logits-GEMM launch and its self-time profile (the
+    device idles through it: nothing large is queued before that GEMM).
 Writes host_profile.json and host_profile.md into --out.
 
     PYTHONPATH=. python benchmarks/host_profile.py --out bench-out [--shapes 8192x4096x151936,...]
@@ -86,6 +88,51 @@ def host_top(fn, h, w, y, k=25, sort="cumulative"):
     return s.getvalue()
 
 
+class _AtGemm(Exception):
+    """Raised by the patched logits GEMM: the step is cut at its first launch."""
+
+
+def lead_profile(fn, h, w, y, reps=30, k=40):
+    """Host time from the loss call to the first logits-GEMM launch of the triton provider (the device has nothing
+    large to run before it, so this is device idle), median ms, and a self-time profile of that part."""
+    from fused_lce.backends.triton.kernels import gemm as kg
+
+    real = kg.lce_gemm
+    mark = []
+
+    def cut(*a, **kw):
+        mark.append(time.perf_counter())
+        raise _AtGemm
+
+    def one(pr=None):
+        hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if pr is not None:
+            pr.enable()
+        try:
+            fn(hh, ww, y)
+        except Exception:  # noqa: BLE001 - _AtGemm, possibly re-wrapped on its way through the dispatcher
+            if not mark:
+                raise
+        finally:
+            if pr is not None:
+                pr.disable()
+        return (mark.pop() - t0) * 1e3 if mark else float("nan")
+
+    kg.lce_gemm = cut
+    try:
+        ms = statistics.median(one() for _ in range(reps))
+        pr = cProfile.Profile()
+        for _ in range(reps):
+            one(pr)
+    finally:
+        kg.lce_gemm = real
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(k)
+    return ms, f"{reps} calls, cut at the first logits-GEMM launch\n" + s.getvalue()
+
+
 def _host_us(call, reps=40):
     """Median host microseconds to issue ``call`` (asynchronous launches; the queue is drained every 10)."""
     call()
@@ -154,6 +201,7 @@ def main():
     ap.add_argument("--methods", default="fused_lce,cce_torch_compile")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--launch-costs", action="store_true", help="host microseconds per building-block call")
+    ap.add_argument("--lead", action="store_true", help="host time to the first logits-GEMM launch (fused_lce)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     methods, versions = method_table()
@@ -176,8 +224,10 @@ def main():
                 if name.startswith("fused_lce"):
                     row["host_top"] = host_top(fn, h, w, y)
                     row["host_self"] = host_top(fn, h, w, y, 40, "tottime")
+                    if args.lead:
+                        row["to_gemm_ms"], row["lead_self"] = lead_profile(fn, h, w, y)
             print(json.dumps({k: (round(x, 3) if isinstance(x, float) else x) for k, x in row.items()
-                              if k not in ("host_top", "syncs")}), flush=True)
+                              if k not in ("host_top", "host_self", "lead_self", "syncs")}), flush=True)
             result["rows"].append(row)
         if args.launch_costs:
             result.setdefault("launch_us", {})[shape] = launch_costs(h, w, y)
@@ -196,7 +246,9 @@ def main():
         for r in result["rows"]:
             f.write(f"\n## {r['shape']} {r['method']}: synchronising host calls (ms from step start, name, ms)\n\n"
                     + "".join(f"- {s}\n" for s in r["syncs"]))
-            for key in ("host_top", "host_self"):
+            if "to_gemm_ms" in r:
+                f.write(f"\nHost ms from the call to the first logits-GEMM launch: {r['to_gemm_ms']:.3f}\n")
+            for key in ("host_top", "host_self", "lead_self"):
                 if key in r:
                     f.write("\n```\n" + r[key] + "```\n")
         for shape, costs in result.get("launch_us", {}).items():
