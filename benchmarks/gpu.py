@@ -169,7 +169,8 @@ def fwd_bwd(fn, h, w, y):
     return loss, dx, dw
 
 
-def run_method(fn, env, h, w, y, ref, warmup, reps):
+def run_method(fn, env, h, w, y, ref, warmup):
+    """Warm-up, then one measured step: peak extra memory and errors against ``ref`` (timing: ``time_round``)."""
     with _Env(env):
         out = {}
         for _ in range(max(1, warmup)):  # compile / autotune outside the measured peak
@@ -188,18 +189,36 @@ def run_method(fn, env, h, w, y, ref, warmup, reps):
         out["dx_rel_err"] = rel_err(dx.float(), ref_dx)
         out["dw_rel_err"] = rel_err(dw.float(), ref_dw)
         del loss, dx, dw
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            r = fwd_bwd(fn, h, w, y)
-            e.record()
-            torch.cuda.synchronize()
-            del r
-            times.append(s.elapsed_time(e))
-        out["ms"] = statistics.median(times)
-        out["ms_all"] = times
         return out
+
+
+def time_round(fn, env, h, w, y) -> float:
+    """CUDA-event milliseconds of one fwd+bwd step."""
+    with _Env(env):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        r = fwd_bwd(fn, h, w, y)
+        e.record()
+        torch.cuda.synchronize()
+        del r
+        return s.elapsed_time(e)
+
+
+def time_methods(methods, results, h, w, y, reps):
+    """Median step time per method, measured in rounds (one step of each method per round, the order rotating),
+    so that the GPU's clock and temperature drift over the run is shared by every method alike."""
+    names = [k for k in methods if "error" not in results[k]]
+    for i in range(reps):
+        k = i % max(1, len(names))
+        for name in names[k:] + names[:k]:
+            fn, env = methods[name]
+            try:
+                results[name].setdefault("ms_all", []).append(time_round(fn, env, h, w, y))
+            except Exception as e:  # noqa: BLE001
+                results[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                names.remove(name)
+    for name in names:
+        results[name]["ms"] = statistics.median(results[name]["ms_all"])
 
 
 # ---------------------------------------------------------------------------------------------- probe
@@ -523,7 +542,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="all", help="'all', or indices into SHAPES, e.g. 0,4")
     ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timing rounds (one step of every method per round)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
@@ -571,18 +590,17 @@ def main(argv=None):
         entry = {"n": n, "d": d, "v": v, "dtype": dt, "floor_ms": floor_ms,
                  "min_gib": (n * d + v * d) * h.element_size() / GiB, "results": {}}
         for name, (fn, env) in methods.items():
-            t0 = time.time()
             try:
-                entry["results"][name] = run_method(fn, env, h, w, y, ref, args.warmup, args.reps)
+                entry["results"][name] = run_method(fn, env, h, w, y, ref, args.warmup)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 entry["results"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            r = entry["results"][name]
             torch.cuda.empty_cache()
+        time_methods(methods, entry["results"], h, w, y, args.reps)
+        for name, r in entry["results"].items():
             print(f"{n}x{d}x{v} {dt} {name}: " + (f"{r['ms']:.2f} ms ({r['ms'] / floor_ms:.2f}x) "
                   f"{r['peak_extra_gib']:.2f} GiB loss_err {r['loss_abs_err']:.1e} dx {r['dx_rel_err']:.1e} "
-                  f"dw {r['dw_rel_err']:.1e}" if "ms" in r else r["error"]) + f" [{time.time() - t0:.0f}s]",
-                  flush=True)
+                  f"dw {r['dw_rel_err']:.1e}" if "ms" in r else r["error"]), flush=True)
         if args.profile:
             for name in PROFILED:
                 if "ms" not in entry["results"].get(name, {}):
