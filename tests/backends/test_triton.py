@@ -7,6 +7,7 @@ descriptors included) with small tile configurations; it cannot show TMA / wgmma
 from __future__ import annotations
 
 import json
+import itertools
 import math
 import os
 import subprocess
@@ -43,19 +44,23 @@ def _tc():
                                    (8191, 5120, 151936), (7, 3, 11), (100000, 512, 32000)])
 def test_token_plan_respects_memory_rule(n, d, v):
     tc = _tc()
-    for want_dw in (True, False):
-        for free in (None, 140 * 2**30, 6 * 2**30):
-            rows, acc = tc.plan_token_chunk(n, v, d, 2, want_dw, False, 0, free)
-            assert 1 <= rows <= n
-            buf = rows * v * 4
-            if rows == n and not acc:
-                # one chunk: the buffer replaces the fp32 accumulator
-                assert buf <= tc.SLACK + (4 * v * d if want_dw else 0) or rows <= tc.MIN_ROWS
-            else:
-                assert acc == want_dw
-                assert buf <= tc.SLACK + (2 * v * d if want_dw else 0) + 8 * 4 * v or rows == min(n, tc.MIN_ROWS)
-            if free is not None and rows > tc.MIN_ROWS:
-                assert buf + (4 * v * d if acc else 0) <= 0.75 * free + 8 * 4 * v
+    for want_dw, free, full in itertools.product((True, False), (None, 140 * 2**30, 6 * 2**30),
+                                                 (0, tc.planner.FULL_RATE_ROWS)):
+        rows, acc = tc.plan_token_chunk(n, v, d, 2, want_dw, False, 0, free, None, full)
+        assert 1 <= rows <= n
+        buf = rows * v * 4
+        fewest = -(-n // -(-n // full)) if full else 0  # the rows of ceil(n / full) balanced chunks
+        if rows == n and not acc:
+            # one chunk: the buffer replaces the fp32 accumulator (or no more than ceil(n / full) chunks)
+            assert buf <= tc.SLACK + (4 * v * d if want_dw else 0) or rows <= max(tc.MIN_ROWS, fewest)
+        else:
+            assert acc == want_dw
+            assert (buf <= tc.SLACK + (2 * v * d if want_dw else 0) + 8 * 4 * v or rows == min(n, tc.MIN_ROWS)
+                    or rows <= fewest + 8)
+        if free is not None and rows > tc.MIN_ROWS:
+            assert buf + (4 * v * d if acc else 2 * v * d if want_dw else 0) <= 0.75 * free + 8 * 4 * v
+        if full and (free is None or free > 100 * 2**30):
+            assert -(-n // rows) <= -(-n // full)  # never more chunks than ceil(n / full) with memory to spare
     rows, _ = tc.plan_token_chunk(n, v, d, 2, True, False, 1000, None)  # explicit tile budget wins
     assert rows == max(1, min(n, 1000 // (4 * v)))
 
@@ -63,17 +68,17 @@ def test_token_plan_respects_memory_rule(n, d, v):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_statistics_only_pass_is_one_block(monkeypatch):
     """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics only,
-    so 8192 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs several."""
+    so 16384 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs several."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton.provider import PROVIDER
     from fused_lce.core import Options, Problem
     for op in ("loss", "logprobs"):
-        p = Problem(8192, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(), op=op)
-        assert PROVIDER.token_block(p, keep=False) == 8192, op
-        p_grad = Problem(8192, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(),
+        p = Problem(16384, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(), op=op)
+        assert PROVIDER.token_block(p, keep=False) == 16384, op
+        p_grad = Problem(16384, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(),
                          (True, True, False), op)
-        assert PROVIDER.token_block(p_grad, keep=op == "loss") < 8192, op
+        assert PROVIDER.token_block(p_grad, keep=op == "loss") < 16384, op
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

@@ -14,6 +14,11 @@ from . import kernels
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
 MIN_ROWS = 64  # smallest default token chunk: below this the GEMMs stop filling the GPU
+# Fused-GEMM path: token chunks of at least this many rows, memory permitting. The gradient products of a chunk have its rows as
+# M (dX) and K (dW); shorter ones lose rate (wave quantisation, each dW tile's prologue and epilogue over fewer K
+# steps), and every chunk after the first costs one more read and write of the float32 dW accumulator. On the
+# H200 at 16384 x 2048 x 151936 five chunks of 2785 rows took 4 ms more than one (fp16).
+FULL_RATE_ROWS = 8192
 BLOCK = kernels.tile_rows.BLOCK if kernels.tile_rows is not None else 2048
 
 
@@ -89,13 +94,15 @@ def _allocator_bytes(idx: int) -> tuple[int, int]:
 
 
 def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always: bool, tile_bytes: int,
-                     free: Optional[int], row_bytes: Optional[int] = None) -> tuple[int, bool]:
+                     free: Optional[int], row_bytes: Optional[int] = None, full_rate: int = 0) -> tuple[int, bool]:
     """(tokens per chunk, use a float32 dW accumulator) for the default schedule.
 
     ``row_bytes``: buffer bytes per token (default: a float32 logits row, 4 * V). One chunk (no accumulator) when
     its buffer fits in ``SLACK`` plus the room of the float32 accumulator it makes unnecessary. Otherwise the
     buffer gets ``SLACK`` plus the room of the final dW (allocated only after the buffer is freed), so the peak
-    stays near dX + dW + 4*V*D + SLACK. Both are capped by three quarters of the free device memory.
+    stays near dX + dW + 4*V*D + SLACK, but with ``full_rate`` (the fused-GEMM path passes ``FULL_RATE_ROWS``)
+    never more chunks than ``N / full_rate`` rounded up: shorter chunks cost more time than their memory is worth.
+    Both are capped by three quarters of the free device memory.
     ``tile_bytes`` (the caller's tile budget) overrides the rule.
     """
     n = max(n, 1)
@@ -105,13 +112,17 @@ def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always
         rows = max(1, tile_bytes // row)
     else:
         cap = None if free is None else int(0.75 * free)
-        single = n * row <= SLACK + (0 if acc_always else acc)
-        if single and (cap is None or n * row + v * d * elt <= cap):
+        one_fits = cap is None or n * row + v * d * elt <= cap
+        if one_fits and n * row <= SLACK + (0 if acc_always else acc):
             return n, want_dw and acc_always
-        budget = SLACK + (v * d * elt if want_dw else 0)
+        rows = (SLACK + (v * d * elt if want_dw else 0)) // row
+        if full_rate:
+            rows = max(rows, -(-n // -(-n // full_rate)))
+        if rows >= n and one_fits:
+            return n, want_dw and acc_always
         if cap is not None:
-            budget = min(budget, cap - acc)
-        rows = max(min(n, MIN_ROWS), budget // row)
+            rows = min(rows, (cap - acc) // row)
+        rows = max(min(n, MIN_ROWS), rows)
     if rows >= n:
         return n, want_dw and acc_always
     chunks = -(-n // rows)

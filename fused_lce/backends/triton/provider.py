@@ -9,8 +9,8 @@ import torch
 from ...core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
-from .planner import (_free_bytes, _interpreting, _live_order, _live_order_device, _pad, compact_mode,
-                      gemm_path_reason, plan_token_chunk, plan_vocab_chunk)
+from .planner import (FULL_RATE_ROWS, _free_bytes, _interpreting, _live_order, _live_order_device, _pad,
+                      compact_mode, gemm_path_reason, plan_token_chunk, plan_vocab_chunk)
 
 kgemm, krows = kernels.gemm, kernels.rows
 _launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
@@ -128,7 +128,7 @@ class TritonProvider(Provider):
             # rows are gathered (a copy of the hidden row) and their statistics scattered back (a second set)
             row += p.dtype.itemsize * (p.d - _pad(p.v, 64)) + 28
         rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
-                                   _free_bytes(p.device), row)
+                                   _free_bytes(p.device), row, FULL_RATE_ROWS if gemm else 0)
         return rows
 
     def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
@@ -332,7 +332,7 @@ class TritonProvider(Provider):
             h = h.index_select(0, idx)
             free = None if free is None else free - h.numel() * h.element_size()  # read before this copy
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
-                                    free, row_bytes)
+                                    free, row_bytes, FULL_RATE_ROWS)
         # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
         # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those rows)
         lazy = idx is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
