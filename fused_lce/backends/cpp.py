@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, WholeRowsProvider
+from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, TokenWeights, WholeRowsProvider
 
 _C = None
 _IMPORT_ERROR: Optional[str] = None
@@ -74,7 +74,8 @@ class CppProvider(WholeRowsProvider):
             1.0 if scale is None else float(scale), opts.tile_bytes, out.fp32_dh)
         self.store(t, rows, out, dh, dw, db)
 
-    def fused(self, t: Tensors, g, terms: LossTerms, scale, opts: Options, out: Grads) -> Stats:
+    def fused(self, t: Tensors, weights: TokenWeights, terms: LossTerms, opts: Options, out: Grads) -> Stats:
+        g, scale = weights.get()
         r = torch.ops.fused_lce._cpu_fused(t.hidden, t.weight, t.bias, t.labels, g, *terms, opts.softcap,
                                            opts.wants_zsum, list(out.extra), float(scale),
                                            opts.tile_bytes)

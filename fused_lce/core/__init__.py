@@ -3,7 +3,7 @@ provider registry and the distributed combine. Nothing here imports a backend; b
 package's interface (the names below)."""
 from .provider import Provider, WholeRowsProvider
 from .types import (LOGPROBS, LOSS, Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Stats, Tensors,
-                    op_fields)
+                    TokenWeights, op_fields)
 
 __all__ = ["Provider", "WholeRowsProvider", "LOSS", "LOGPROBS", "Coefs", "EntropyStats", "Grads", "LossTerms",
-           "Options", "Problem", "Stats", "Tensors", "op_fields"]
+           "Options", "Problem", "Stats", "Tensors", "TokenWeights", "op_fields"]

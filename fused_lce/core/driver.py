@@ -27,10 +27,10 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .formulas import (label_classes, logprob_coefs, logprobs_from_stats, loss_coefs, loss_from_stats,
-                       loss_terms, lse_of, mean_divisor, safe_inverse, token_weights)
+from .formulas import (label_classes, label_valid, logprob_coefs, logprobs_from_stats, loss_coefs,
+                       loss_from_stats, loss_terms, lse_of, mean_divisor, safe_inverse, token_weights)
 from .provider import Provider
-from .types import LOGPROBS, Coefs, EntropyStats, Options, Problem, Stats, Tensors
+from .types import LOGPROBS, Coefs, EntropyStats, Options, Problem, Stats, Tensors, TokenWeights
 
 
 def normalise_mask(grad_mask, bias) -> tuple[bool, bool, bool]:
@@ -68,16 +68,20 @@ def _zero_grads(t: Tensors, mask, fp32_dh: bool):
             torch.zeros_like(w) if mask[1] else None, torch.zeros_like(b) if mask[2] and b is not None else None)
 
 
-def run_forward(provider: Provider, t: Tensors, opts: Options, g: Optional[torch.Tensor],
-                scale: Optional[torch.Tensor], mask, group=None, op: str = "loss") -> tuple[Stats, Optional[tuple]]:
-    """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``."""
+def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optional[torch.Tensor], mask, group=None,
+                op: str = "loss") -> tuple[Stats, Optional[tuple]]:
+    """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``
+    (``g``: per-token weights, or ``TokenWeights`` that form (g, scale) on first use)."""
     n = t.hidden.shape[0]
     p = Problem.of(t, opts, mask, op)
     want = g is not None and any(mask)
     if want and group is None and provider.has_fused:
+        weights = g if isinstance(g, TokenWeights) else TokenWeights(g != 0, lambda: (g, scale))
         out = provider.new_grads(t, mask, fp32_dh=False, scaled=True)
-        st = provider.fused(t, g, loss_terms(opts, t.weight.shape[0]), scale, opts, out)
-        return st, provider.finish(t, out, scale)
+        st = provider.fused(t, weights, loss_terms(opts, t.weight.shape[0]), opts, out)
+        return st, provider.finish(t, out, weights.get()[1])
+    if isinstance(g, TokenWeights):
+        g, scale = g.get()
     fp32_dh = group is not None
     out = provider.new_grads(t, mask, fp32_dh=fp32_dh, scaled=scale is not None) if want else None
     st_all = _stat_buffers(n, t.hidden.device, opts.entropy)
@@ -185,9 +189,16 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
                  opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask))
     want = reduction != "none" and any(mask)
-    classes = label_classes(labels, opts, weight.shape[0])  # once: every small op costs host time
-    g, inv = _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
-    st, grads = run_forward(provider, t, opts, g, inv if want else None, mask if want else (False,) * 3, group)
+    valid = label_valid(labels, opts)
+    classes = []  # formed once (every small op costs host time), after a one-pass kernel's first launch
+
+    def weights():
+        classes.extend(label_classes(labels, opts, weight.shape[0], valid))
+        return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
+
+    tw = TokenWeights(valid, weights)
+    st, grads = run_forward(provider, t, opts, tw if want else None, None, mask if want else (False,) * 3, group)
+    _, inv = tw.get()
     per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0], classes)
     loss = per if reduction == "none" else per.sum() * inv
     dh, dw, db = grads if grads is not None else (None, None, None)

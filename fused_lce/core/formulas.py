@@ -22,10 +22,16 @@ def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return m + torch.log(s)
 
 
-def label_classes(labels: torch.Tensor, opts: Options, v_local: int):
-    """(valid, bad): not ignored, and valid but outside [0, vocab_total)."""
+def label_valid(labels: torch.Tensor, opts: Options) -> torch.Tensor:
+    """The tokens whose label is not ``ignore_index`` (bool)."""
+    return _int64(labels) != opts.ignore_index
+
+
+def label_classes(labels: torch.Tensor, opts: Options, v_local: int, valid: Optional[torch.Tensor] = None):
+    """(valid, bad): not ignored (``valid``: that mask when the caller has it), and valid but outside
+    [0, vocab_total)."""
     y = _int64(labels)
-    valid = y != opts.ignore_index
+    valid = y != opts.ignore_index if valid is None else valid
     bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
     return valid, bad
 

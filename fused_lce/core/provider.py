@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from .types import LOGPROBS, Coefs, Grads, LossTerms, Options, Problem, Stats, Tensors
+from .types import LOGPROBS, Coefs, Grads, LossTerms, Options, Problem, Stats, Tensors, TokenWeights
 
 
 class Provider:
@@ -80,10 +80,10 @@ class Provider:
     #: providers with a single-device one-pass kernel set this and implement ``fused``
     has_fused: bool = False
 
-    def fused(self, t: Tensors, g: torch.Tensor, terms: LossTerms, scale: torch.Tensor, opts: Options,
-              out: Grads) -> Stats:
+    def fused(self, t: Tensors, weights: TokenWeights, terms: LossTerms, opts: Options, out: Grads) -> Stats:
         """Statistics of all rows and the gradients of ``scale * sum_i g_i * loss_i`` into ``out``, on one
-        device (no vocab-parallel group): per row, ``Coefs`` from ``terms`` at the row's own ``lse``."""
+        device (no vocab-parallel group): per row, ``Coefs`` from ``terms`` at the row's own ``lse``;
+        ``(g, scale) = weights.get()``, best called after the first large launch (``weights.live``: g != 0)."""
         raise NotImplementedError
 
     # -- gradient buffers ------------------------------------------------------------------------------------------

@@ -152,6 +152,22 @@ class LossTerms(NamedTuple):
     u0: float
 
 
+class TokenWeights:
+    """The one-pass loss's per-token weights, formed on first use. ``live`` (bool, (N,)): the tokens with a
+    gradient (label not ignored), given at once; ``get()`` -> (``g``: float32 (N,) weights, 0 ignored and NaN for
+    a bad label; ``scale``: 0-dim float32, the reduction's 1 / divisor). A kernel provider calls ``get()`` after
+    its first large launch: the small ops that form them cost host time the device would otherwise wait through."""
+
+    def __init__(self, live: torch.Tensor, make: Callable[[], tuple]):
+        self.live = live
+        self._make, self._value = make, None
+
+    def get(self) -> tuple:
+        if self._make is not None:
+            self._value, self._make = self._make(), None
+        return self._value
+
+
 @dataclass
 class Grads:
     """Gradient buffers of one call. ``dh`` rows are written once per token block (its full sum over this rank's

@@ -7,9 +7,9 @@ descriptors included) with small tile configurations; it cannot show TMA / wgmma
 from __future__ import annotations
 
 import json
-import itertools
 import math
 import os
+import itertools
 import subprocess
 import sys
 
@@ -79,6 +79,37 @@ def test_statistics_only_pass_is_one_block(monkeypatch):
         p_grad = Problem(16384, 2304, 256000, torch.bfloat16, torch.device("cpu"), False, Options(),
                          (True, True, False), op)
         assert PROVIDER.token_block(p_grad, keep=op == "loss") < 16384, op
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype):
+    """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row gather
+    before it and forms the token weights and scale after it. fp16 reads its scale on the host (cuBLAS's alpha)
+    right after the live count's synchronisation, so it forms them first."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
+    from fused_lce.backends.triton import provider as P
+    from fused_lce.core import Options, Tensors, TokenWeights, formulas
+
+    class Stop(Exception):
+        pass
+
+    formed, seen = [], []
+
+    def gemm(*args, **kwargs):
+        seen.append(bool(formed))
+        raise Stop
+
+    monkeypatch.setattr(P.kgemm, "lce_gemm", gemm)
+    n, d, v = 40, 16, 64
+    t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype), torch.randint(0, v, (n,)), None)
+    t.labels[::3] = -100
+    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or ((t.labels != -100).float(), torch.tensor(0.5)))
+    out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
+    with pytest.raises(Stop):
+        P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), v), Options(), out)
+    assert seen == [dtype == torch.float16]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

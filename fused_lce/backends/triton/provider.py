@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from ...core import Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors
+from ...core import (Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors,
+                     TokenWeights)
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
 from .planner import (FULL_RATE_ROWS, _free_bytes, _interpreting, _live_order, _live_order_device, _pad,
@@ -68,8 +69,8 @@ class _State:
             self._scale = scale
 
     def product_alpha(self) -> float:
-        """The alpha of the gradient products. The scale is read on the host at the first product, after the
-        live-row count's synchronisation (the device has drained there: this read waits for nothing)."""
+        """The alpha of the gradient products, the scale read on the host once. The one-pass loss reads it right
+        after the live-row count's synchronisation, before its first GEMM is queued: the read waits for nothing."""
         if self._scale is not None:
             a, self._scale = float(self._scale), None
             self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
@@ -276,20 +277,18 @@ class TritonProvider(Provider):
         _launch(t, opts, z, rows, grad=True, dz=dz, coef=coef, scale=kscale, lse=lse)
         self._token_gemms(t, h, dz, out, whole, dh)
 
-    def fused(self, t: Tensors, g, terms: LossTerms, scale, opts: Options, out: Grads) -> Stats:
+    def fused(self, t: Tensors, weights: TokenWeights, terms: LossTerms, opts: Options, out: Grads) -> Stats:
         st, want_dw = out.extra
         h, w = t.hidden, t.weight
         n, v = h.shape[0], w.shape[0]
-        gemm = self.path_reason(t, opts) is None
-        kscale = None if st.post_scale else scale.to(torch.float32).reshape(())
-        st.defer_scale(scale)
         raw = _new_stats(n, h.device)
-        if gemm:
+        if self.path_reason(t, opts) is None:
             if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
                 raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
                 return raw
-            self._fused_gemm(t, g, terms, kscale, opts, out, raw)
+            self._fused_gemm(t, weights, terms, opts, out, raw)
             return raw
+        g, kscale = self._weights(weights, st)
         st.product_alpha()  # read now, before anything is queued (this path has no live-row count to wait for)
         nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
@@ -309,10 +308,19 @@ class TritonProvider(Provider):
         del buf, z, dz  # free the logits buffer before the final dW is allocated (finish)
         return raw
 
-    def _fused_gemm(self, t: Tensors, g, terms: LossTerms, kscale, opts: Options, out: Grads, raw: Stats) -> None:
-        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (weight g != 0) are gathered to the
+    @staticmethod
+    def _weights(weights: TokenWeights, st: _State):
+        """(g, the kernels' scale): the token weights formed now; fp16 takes the scale in the products instead."""
+        g, scale = weights.get()
+        st.defer_scale(scale)
+        return g, None if st.post_scale else scale.to(torch.float32).reshape(())
+
+    def _fused_gemm(self, t: Tensors, weights: TokenWeights, terms: LossTerms, opts: Options, out: Grads,
+                    raw: Stats) -> None:
+        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (``weights.live``) are gathered to the
         front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks. An ignored
-        token (g == 0; a valid label has g == 1, a bad one NaN) costs no logit: its statistics are not read."""
+        token costs no logit: its statistics are not read. The token weights are formed after the first GEMM's
+        launch (up to there the device waits for the host)."""
         st, want_dw = out.extra
         h, w, y = t.hidden, t.weight, t.labels
         (n, d), v = h.shape, w.shape[0]
@@ -321,12 +329,16 @@ class TritonProvider(Provider):
         ntiles = kgemm.num_tiles_n(v, cfg)
         # launched after the first GEMM (the device waits for nothing else when it starts a step)
         late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
-        # the live rows (NaN != 0: a bad label's token keeps its poisoned gradient); the others' statistics are
-        # left unset (the driver masks them out of every output)
+        # the live rows (a bad label's token is live: its weight NaN poisons its gradient); the others' statistics
+        # are left unset (the driver masks them out of every output)
         # what the plan needs besides the count is read before the count's synchronisation: from there on the
         # device waits for the host, so only the first GEMM's inputs come before its launch
         row_bytes, free = self._row_bytes(v, d, h.element_size(), opts, True), _free_bytes(h.device)
-        perm = _live_order(g != 0)
+        g = kscale = None
+        if st.host_alpha:  # fp16: the scale, cuBLAS's alpha, is formed first and read on the host right after the
+            g, kscale = self._weights(weights, st)  # live count's synchronisation (nothing else queued then)
+        perm = _live_order(weights.live)
+        st.product_alpha()
         idx, count = perm if perm is not None else (None, n)
         if idx is not None:
             h = h.index_select(0, idx)
@@ -345,16 +357,19 @@ class TritonProvider(Provider):
         rows = min(nrows, count)
         buf = torch.empty(rows * vp, device=h.device, dtype=h.dtype)
         tiles = kgemm.TileStats.new(rows, ntiles, h.device, smooth)
-        lse = torch.empty(count, device=h.device, dtype=torch.float32)
-        z = None
+        z = lse = None
         for i0 in range(0, count, nrows):
             r = slice(i0, min(i0 + nrows, count))
             nc = r.stop - r.start
             z = buf[: nc * vp].view(nc, vp)[:, :v]
             tl_ = tiles.rows(nc)
             kgemm.lce_gemm(kgemm.MODE_EXP, h[r], w, z, cfg, bias=t.bias, tiles=tl_, smooth=smooth)
-            if i0 == 0 and idx is not None:
-                y, g = y.index_select(0, idx), g.index_select(0, idx)
+            if i0 == 0:
+                if g is None:
+                    g, kscale = self._weights(weights, st)
+                lse = torch.empty(count, device=h.device, dtype=torch.float32)
+                if idx is not None:
+                    y, g = y.index_select(0, idx), g.index_select(0, idx)
             while late:
                 late.pop(0)()
             # statistics straight into token order (rows idx[r]), the lse in the gathered order for dz
@@ -371,7 +386,9 @@ class TritonProvider(Provider):
             dh = None if out.dh is None else (out.dh if idx is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if idx is None else idx[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
-        while late:  # no live token: no GEMM ran
+        if g is None:  # no live token: no GEMM ran
+            self._weights(weights, st)
+        while late:
             late.pop(0)()
         if lazy:
             out.dh = torch.zeros((n, d), device=h.device, dtype=dh_dtype).index_copy_(0, idx, h)
