@@ -84,14 +84,19 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optiona
         g, scale = g.get()
     fp32_dh = group is not None
     out = provider.new_grads(t, mask, fp32_dh=fp32_dh, scaled=scale is not None) if want else None
-    st_all = _stat_buffers(n, t.hidden.device, opts.entropy)
     if n == 0:  # no token block runs
-        return st_all, (_zero_grads(t, mask, fp32_dh) if want else None)
-    for rows in _blocks(provider, p, keep=want, group=group):
+        return _stat_buffers(n, t.hidden.device, opts.entropy), (_zero_grads(t, mask, fp32_dh) if want else None)
+    blocks = _blocks(provider, p, keep=want, group=group)
+    st_all = None
+    for rows in blocks:
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = combine(st, group)
-        for buf, val in zip(st_all, st):
-            buf[rows] = val
+        if len(blocks) == 1 and all(x.dtype == (torch.int64 if i == 4 else torch.float32) for i, x in enumerate(st)):
+            st_all = st  # one block of every token: its statistics are the result (no copy: host time per op)
+        else:
+            st_all = _stat_buffers(n, t.hidden.device, opts.entropy) if st_all is None else st_all
+            for buf, val in zip(st_all, st):
+                buf[rows] = val
         if want:
             coef = loss_coefs(lse_of(st.m, st.s), g[rows], opts, t.weight.shape[0])
             provider.grads(t, rows, lse_of(st.m, st.s), coef, scale, opts, out, cache)

@@ -244,6 +244,28 @@ for n, frac in ((29, 0.4), (9, 1.0)):
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
         assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
+# the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token order,
+# neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is computed;
+# one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
+for compact, tile in (("0", 0), ("1", 17 * 2 * 128)):
+    os.environ["FUSED_LCE_COMPACT"] = compact
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = "16,64,16,2,4,2,2,0"
+    h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (17,))
+    y[torch.rand(17) < 0.4] = -100
+    y[0], y[-1] = 5, -100
+    o = Options(vocab_total=333, backend="triton", tile_bytes=tile, entropy=True, temperature=0.7,
+                label_smoothing=0.1)
+    res = {}
+    for skip in ("1", "0"):
+        os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
+        res[skip], _ = tc.PROVIDER.stats(Tensors(h, w, y, None), slice(0, 17), o, keep=False)
+    os.environ.pop("FUSED_LCE_SKIP_IGNORED")
+    keep = y != -100
+    for name, a, b in zip(res["1"]._fields, res["1"], res["0"]):
+        assert torch.allclose(a[keep].double(), b[keep].double(), rtol=1e-5, atol=1e-5), (compact, name, a, b)
+        want = 1 if name == "s" else 0
+        assert bool((a[~keep] == want).all()), (compact, name, a)
+os.environ["FUSED_LCE_COMPACT"] = "0"
 # fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at the
 # end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
 os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0"

@@ -23,19 +23,11 @@ def _dz_view(z, dtype):
     return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
 
 
-
 def _new_stats(n, dev, entropy: bool = False):
     """Statistics buffers: a ``Stats``, or an ``EntropyStats`` (the entropy sum ``ez`` too)."""
     f = torch.empty(5 if entropy else 4, n, device=dev, dtype=torch.float32).unbind(0)  # one allocation
     st = Stats(f[0], f[1], f[2], f[3], torch.empty(n, device=dev, dtype=torch.int64))
     return EntropyStats(*st, f[4]) if entropy else st
-
-
-def _neutral(st, rows: torch.Tensor) -> None:
-    """Statistics of tokens whose logits are skipped (ignored labels, their outputs 0): m = 0, s = 1 (lse 0) on the
-    rows of the bool mask ``rows``."""
-    for x in st:
-        x.masked_fill_(rows, 1.0 if x is st.s else 0)
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -175,16 +167,12 @@ class TritonProvider(Provider):
             return self._stats(t, rows, opts, keep)
         # the driver reads no statistic of an ignored token: the others are gathered to the front and the GEMM
         # computes their row tiles only, counting them on the device (no host synchronisation)
-        order, count = perm
-        sub = Tensors(h.index_select(0, order), t.weight, t.labels[rows].index_select(0, order), t.bias)
-        part, _ = self._stats(sub, slice(0, nc), opts, False, live=count)
-        raw = _new_stats(nc, h.device, opts.entropy)
-        for dst, src in zip(raw, part):
-            dst.index_copy_(0, order, src)
-        _neutral(raw, t.labels[rows] == opts.ignore_index)  # the ignored rows' were never computed
-        return raw, None
+        return self._stats(t, rows, opts, False, live=perm)
 
     def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, live=None):
+        """``live``: (order, count) of the fused-GEMM path's live rows, or None for all rows. The GEMMs then take
+        the rows ``order`` (``count`` of them computed, a device integer); the combine kernel writes token order
+        and neutral statistics for the others, and the label's logit is taken in token order."""
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
@@ -209,6 +197,8 @@ class TritonProvider(Provider):
                 _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
             return raw, None
         if gemm:
+            order, count = live if live is not None else (None, None)
+            hg = h if order is None else h.index_select(0, order)
             cfg = self._cfg(h.shape[1])
             ntiles = kgemm.num_tiles_n(v, cfg)
             tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum, opts.entropy)
@@ -217,11 +207,11 @@ class TritonProvider(Provider):
             if keep:
                 e = torch.empty(nc, _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
             inv_t = 1.0 / opts.temperature
-            kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, h, t.weight, e, cfg, bias=t.bias,
-                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t, live=live)
+            kgemm.lce_gemm(kgemm.MODE_EXP if keep else kgemm.MODE_STATS, hg, t.weight, e, cfg, bias=t.bias,
+                           tiles=tiles, smooth=opts.wants_zsum, inv_temp=inv_t, live=count)
             krows.target_logit(h, t.weight, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
             krows.combine(tiles, ntiles, raw.m, raw.s, raw.zsum, raw.argmax, col_off=opts.vocab_start,
-                          ez=raw.ez if opts.entropy else None)
+                          ez=raw.ez if opts.entropy else None, rows_out=order, count=count)
             return raw, (_ExpCache((e, tiles.m)) if keep else None)
         z = torch.empty(nc, _pad(v, 32), device=h.device, dtype=torch.float32)[:, :v]
         _logits32(h, t.weight, z)
@@ -435,9 +425,11 @@ class TritonProvider(Provider):
 
     def _compact_stats_gemm(self, t: Tensors, rows: slice, opts: Options, raw: Stats, live=None) -> None:
         """Statistics over vocabulary chunks from the STATS epilogue (no logits stored), merged left to right
-        (``live``: the GEMM's device row count)."""
+        (``live``: (order, count) as in ``_stats``)."""
         h, w = t.hidden[rows], t.weight
         n, v = h.shape[0], w.shape[0]
+        order, count = live if live is not None else (None, None)
+        hg = h if order is None else h.index_select(0, order)
         cfg = self._cfg(h.shape[1])
         cols = self._compact_cols(t, n, (True, True, False), opts, True)
         ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
@@ -445,11 +437,12 @@ class TritonProvider(Provider):
         inv_t = 1.0 / opts.temperature
         for v0 in range(0, v, cols):
             v1 = min(v0 + cols, v)
-            kgemm.lce_gemm(kgemm.MODE_STATS, h, w[v0:v1], None, cfg,
+            kgemm.lce_gemm(kgemm.MODE_STATS, hg, w[v0:v1], None, cfg,
                            bias=None if t.bias is None else t.bias[v0:v1], tiles=tiles,
-                           smooth=opts.wants_zsum, inv_temp=inv_t, live=live)
+                           smooth=opts.wants_zsum, inv_temp=inv_t, live=count)
             krows.combine(tiles, kgemm.num_tiles_n(v1 - v0, cfg), raw.m, raw.s, raw.zsum, raw.argmax,
-                          col_off=opts.vocab_start + v0, merge=v0 > 0, ez=raw.ez if opts.entropy else None)
+                          col_off=opts.vocab_start + v0, merge=v0 > 0, ez=raw.ez if opts.entropy else None,
+                          rows_out=order, count=count)
         krows.target_logit(h, w, t.bias, t.labels[rows], opts.vocab_start, raw.target, inv_t)
 
     def _compact_grads(self, t: Tensors, rows: slice, lse, coef: Coefs, kscale, scale, opts: Options,

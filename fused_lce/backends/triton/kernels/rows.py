@@ -48,9 +48,9 @@ def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.con
 @triton.jit(do_not_specialize=["stride_t", "ntiles", "col_off"])
 def _combine_kernel(
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, ntiles,
-    m_ptr, s_ptr, zs_ptr, am_ptr, ez_ptr, lse_ptr, col_off, map_ptr,
+    m_ptr, s_ptr, zs_ptr, am_ptr, ez_ptr, lse_ptr, col_off, map_ptr, count_ptr,
     MERGE: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr, WRITE_LSE: tl.constexpr,
-    MAP: tl.constexpr, BLOCK_T: tl.constexpr,
+    MAP: tl.constexpr, COUNT: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     dst = row  # the output row of the statistics (the lse stays at ``row``)
@@ -87,6 +87,17 @@ def _combine_kernel(
     am = tl.min(a_v, axis=0)
     am = tl.where(am == 2147483647, 0, am).to(tl.int64) + col_off  # global id
     zs = tl.sum(z_v, axis=0)
+    if COUNT:  # rows from count on were not computed (their tiles are unset): neutral statistics, lse 0
+        dead = row >= tl.load(count_ptr)
+        zs = tl.where(dead, 0.0, zs)
+        ez = tl.where(dead, 0.0, ez)
+        am = tl.where(dead, 0, am)
+        if MERGE:  # an empty right part: the merge keeps the neutral left part
+            m = tl.where(dead, float("-inf"), m)
+            s = tl.where(dead, 0.0, s)
+        else:
+            m = tl.where(dead, 0.0, m)
+            s = tl.where(dead, 1.0, s)
     if MERGE:  # fold into the statistics of the vocabulary chunks to the left
         zs += tl.load(zs_ptr + dst)
     tl.store(zs_ptr + dst, zs)
@@ -97,11 +108,12 @@ def _combine_kernel(
 
 def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge: bool = False,
             lse: Optional[torch.Tensor] = None, ez: Optional[torch.Tensor] = None,
-            rows_out: Optional[torch.Tensor] = None) -> None:
+            rows_out: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None) -> None:
     """Row statistics from tile statistics (``ntiles`` columns of the tile arrays), optionally merged into
     ``m, s, zs, am`` (and ``ez``, the entropy sum, when the tiles have one); the lse too when ``lse`` is given (one
     device: the row's statistics are global). ``rows_out``: tile row ``r``'s statistics go to row ``rows_out[r]``
-    of the outputs (its lse stays at ``r``)."""
+    of the outputs (its lse stays at ``r``). ``count`` (a device integer): tile rows from ``count`` on were not
+    computed; their outputs get neutral statistics (m 0, s 1, the rest 0)."""
     rows = rows_out.shape[0] if rows_out is not None else m.shape[0]
     if rows == 0:
         return
@@ -112,9 +124,9 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
         tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m,
         tiles.ez if entropy else tiles.m, tiles.m.stride(0), ntiles,
         m, s, zs, am, ez if entropy else m, lse if lse is not None else m, int(col_off),
-        rows_out if rows_out is not None else m,
+        rows_out if rows_out is not None else m, count if count is not None else m,
         MERGE=bool(merge), SMOOTH=tiles.zs is not None, ENTROPY=entropy, WRITE_LSE=lse is not None,
-        MAP=rows_out is not None, BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))),
+        MAP=rows_out is not None, COUNT=count is not None, BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))),
         num_warps=1 if ntiles <= 64 else 4,
     )
 
