@@ -121,16 +121,18 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
 
     divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
     out of range, as the token weights of the loss."""
-    wl = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32)
-    a, t = -wl, -wl
-    b = None
-    if w_ent is not None:
+    # few ops (each costs host time the device waits through before the backward's GEMM): without entropy a and t
+    # are one tensor; with it the three are masked as one block
+    t = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32).neg()
+    if w_ent is None:
+        blk = t.unsqueeze(0)
+    else:
         we = w_ent.to(torch.float32)
-        a = a + we * zmean
-        b = -we
-    inv_t = 1.0 / temperature
-    coef = lambda x: per_token(x * inv_t if inv_t != 1.0 else x, valid, bad)  # noqa: E731
-    return Coefs(a=coef(a), t=coef(t), b=None if b is None else coef(b))
+        blk = torch.stack([torch.addcmul(t, we, zmean), t, we.neg()])
+    if temperature != 1.0:
+        blk = blk * (1.0 / temperature)
+    blk = per_token(blk, valid, bad)
+    return Coefs(a=blk[0], t=blk[0], b=None) if w_ent is None else Coefs(a=blk[0], t=blk[1], b=blk[2])
 
 
 def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int,

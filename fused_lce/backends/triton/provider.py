@@ -240,20 +240,21 @@ class TritonProvider(Provider):
                 self._token_gemms(t, h, dz, out, whole, dh)
                 return
             # recompute: the DZ epilogue over the live rows only (a token whose coefficients are all 0 has no
-            # gradient), gathered to the front
-            live = (coef.a != 0) | (coef.t != 0)  # a NaN coefficient is not 0: its row stays (it poisons)
-            for x in (coef.b, coef.u):
-                if x is not None:
-                    live |= x != 0
+            # gradient), gathered to the front. The lse and the coefficients travel as one block: one gather for
+            # all (the device waits through every small op before this GEMM)
+            fields = {id(x): x for x in coef if x is not None}  # a and t may be one tensor
+            blk = torch.stack([lse.to(torch.float32), *fields.values()])
+            live = blk[1:].ne(0).any(0)  # a NaN coefficient is not 0: its row stays (it poisons)
             y = t.labels[rows]
             idx = None
             perm = _live_order(live)
             if perm is not None:
                 idx, _ = perm
-                h, y, lse = h.index_select(0, idx), y.index_select(0, idx), lse.index_select(0, idx)
-                coef = Coefs(*(None if x is None else x.index_select(0, idx) for x in coef))
+                h, y, blk = h.index_select(0, idx), y.index_select(0, idx), blk.index_select(1, idx)
                 if dh is not None:
                     dh.zero_()  # the rows of dead tokens
+            lse, rows_of = blk[0], dict(zip(fields, blk[1:]))
+            coef = Coefs(*(None if x is None else rows_of[id(x)] for x in coef))
             if h.shape[0]:
                 dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
                 self._dz_gemm(h, t.weight, t.bias, dz, y, lse, coef, kscale, opts, 0)
