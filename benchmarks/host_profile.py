@@ -186,6 +186,7 @@ def launch_costs(h, w, y):
         "torch.where(mask, x, 0.0)": lambda: torch.where(mask, x, 0.0),
         "x.index_select(0, idx)": lambda: h.index_select(0, idx),
         "argsort(uint8, stable)": lambda: torch.argsort(mask.logical_not().to(torch.uint8), stable=True),
+        "sort(bool, stable, descending)": lambda: torch.sort(mask, stable=True, descending=True),
         "mask.sum()": lambda: mask.sum(),
         "formulas.label_classes": lambda: formulas.label_classes(y, opts, v),
         "formulas.loss_from_stats": lambda: formulas.loss_from_stats(st, y, opts, v),

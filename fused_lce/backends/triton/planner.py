@@ -162,7 +162,10 @@ def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch
     does, and when no row is dead is not known here."""
     if not _may_gather(live):
         return None
-    return torch.argsort(live.logical_not().to(torch.uint8), stable=True), live.sum()
+    try:  # one sort of the mask itself (descending: True first)
+        return torch.sort(live, stable=True, descending=True)[1], live.sum()
+    except (RuntimeError, NotImplementedError):  # a build whose sort takes no bool keys
+        return torch.argsort(live.logical_not().to(torch.uint8), stable=True), live.sum()
 
 
 def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
