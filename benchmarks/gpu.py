@@ -2,7 +2,9 @@
 
 For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss w.r.t.
 hidden and weight) and each method it records
-  - time: median over --reps timed fwd+bwd runs (CUDA events) after --warmup runs,
+  - time: median over --reps rounds of timed fwd+bwd runs (CUDA events; one run of every method per round, the
+    order rotating) after --warmup runs; with --steady K also the median of K runs of each method back to back
+    after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
   - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
     gradients included),
   - errors against a float32 reference from the same low-precision inputs (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32
@@ -221,6 +223,15 @@ def time_methods(methods, results, h, w, y, reps):
         results[name]["ms"] = statistics.median(results[name]["ms_all"])
 
 
+def time_steady(methods, results, h, w, y, reps, warm=2):
+    """Median step time per method with its ``reps`` steps back to back after ``warm`` more: ``ms_steady``."""
+    for name, (fn, env) in methods.items():
+        if "ms" not in results[name]:
+            continue
+        ts = [time_round(fn, env, h, w, y) for _ in range(warm + reps)][warm:]
+        results[name]["ms_steady"], results[name]["ms_steady_all"] = statistics.median(ts), ts
+
+
 # ---------------------------------------------------------------------------------------------- probe
 # bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS: ";"-list)
 PROBE_CONFIGS = [c for c in os.environ.get("FUSED_LCE_PROBE_CONFIGS", "").split(";") if c] or [
@@ -426,6 +437,8 @@ def targets(result):
                "fastest_peer": best[0], "peer_ms": best[1], "faster_than_peers": ours["ms"] < best[1],
                "peak_gib": ours["peak_extra_gib"], "loss_err_ok": ours["loss_abs_err"] <= 1e-4,
                "grad_err_le_eager": err_ok}
+        if "ms_steady" in ours and "ms_steady" in cce:
+            row["steady_ms"], row["cce_compile_steady_ms"] = ours["ms_steady"], cce["ms_steady"]
         allr = res.get("fused_lce_all_rows", {})
         if "ms" in allr:
             row["all_rows_x_floor"] = allr["ms"] / s["floor_ms"]
@@ -489,6 +502,12 @@ def write_outputs(result, out_dir, show=True):
             lines.append(f"| {t['shape']} | {lim} | {allr} | {cce} | {yes(t['faster_than_cce_compile'])} | "
                          f"{t['peak_gib']:.2f} {yes(t['mem_le_cce_compile'])} | {t['fastest_peer']} "
                          f"({t['peer_ms']:.1f}) | {yes(t['loss_err_ok'])} | {yes(t['grad_err_le_eager'])} | {odd} |")
+        steady = [t for t in result["targets"] if "steady_ms" in t]
+        if steady:
+            lines += ["", "Back to back (`--steady`: each method's steps in a row, after the rounds; ms):", "",
+                      "| shape | fused_lce | CCE torch_compile | ratio |", "|---|---|---|---|"]
+            lines += [f"| {t['shape']} | {t['steady_ms']:.2f} | {t['cce_compile_steady_ms']:.2f} | "
+                      f"{t['steady_ms'] / t['cce_compile_steady_ms']:.3f} |" for t in steady]
     if result.get("probe"):
         lines += ["", "Building blocks in isolation (ms; `--probe`):", ""]
         for row in result["probe"]["gemm"]:
@@ -543,6 +562,7 @@ def main(argv=None):
     ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5, help="timing rounds (one step of every method per round)")
+    ap.add_argument("--steady", type=int, default=0, help="also time this many steps of each method back to back")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
@@ -597,6 +617,8 @@ def main(argv=None):
                 entry["results"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             torch.cuda.empty_cache()
         time_methods(methods, entry["results"], h, w, y, args.reps)
+        if args.steady:
+            time_steady(methods, entry["results"], h, w, y, args.steady)
         for name, r in entry["results"].items():
             print(f"{n}x{d}x{v} {dt} {name}: " + (f"{r['ms']:.2f} ms ({r['ms'] / floor_ms:.2f}x) "
                   f"{r['peak_extra_gib']:.2f} GiB loss_err {r['loss_abs_err']:.1e} dx {r['dx_rel_err']:.1e} "

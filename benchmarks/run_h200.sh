@@ -38,7 +38,8 @@ ok = {k: sum(v) for k, v in tot.items() if len(v) == len(p)}
 print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
                if [ -n "$best" ]; then export FUSED_LCE_GEMM_CONFIG=$best; fi
                echo "GEMM config for the next stages: ${FUSED_LCE_GEMM_CONFIG:-default}" ;;
-        ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile ${CE_ARGS:-} \
+        ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile --steady ${CE_STEADY:-5} \
+                   ${CE_ARGS:-} \
                    > "$OUT/ce.log" 2>&1; grep -E "ms \(|rror" "$OUT/ce.log" | cut -c1-150 ;;
         host) timeout ${HOST_LIMIT:-150} python3 benchmarks/host_profile.py --out "$OUT" --launch-costs \
                    ${HOST_ARGS:---shapes 2048x1536x151936} > "$OUT/host.log" 2>&1; grep '^{"shape' "$OUT/host.log" \
