@@ -122,7 +122,7 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
     divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
     out of range, as the token weights of the loss."""
     # few ops (each costs host time the device waits through before the backward's GEMM): without entropy a and t
-    # are one tensor; with it the three are masked as one block
+    # hold the same numbers (one row of the block); with it the three are masked as one block
     t = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32).neg()
     if w_ent is None:
         blk = t.unsqueeze(0)

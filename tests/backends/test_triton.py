@@ -61,8 +61,32 @@ def test_token_plan_respects_memory_rule(n, d, v):
             assert buf + (4 * v * d if acc else 2 * v * d if want_dw else 0) <= 0.75 * free + 8 * 4 * v
         if full and (free is None or free > 100 * 2**30):
             assert -(-n // rows) <= -(-n // full)  # never more chunks than ceil(n / full) with memory to spare
+    for free, full in itertools.product((140 * 2**30, 6 * 2**30), (0, tc.planner.FULL_RATE_ROWS)):
+        # float32 results (CUDA-graph capture): even one chunk accumulates dW in float32, within the cap too
+        rows, acc = tc.plan_token_chunk(n, v, d, 2, True, True, 0, free, None, full)
+        if rows > tc.MIN_ROWS:
+            assert acc and rows * v * 4 + 4 * v * d <= 0.75 * free + 8 * 4 * v, (free, full, rows)
     rows, _ = tc.plan_token_chunk(n, v, d, 2, True, False, 1000, None)  # explicit tile budget wins
     assert rows == max(1, min(n, 1000 // (4 * v)))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("op", ["loss", "logprobs"])
+def test_recompute_blocks_leave_room_for_the_dw_accumulator(monkeypatch, op):
+    """The recompute backward's token blocks (several of them accumulate dW in float32) fit the free memory with
+    that accumulator: full-rate blocks only where the plan counts it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
+    from fused_lce.backends.triton import provider as P
+    from fused_lce.core import Options, Problem
+
+    free = 5 * 10**9
+    monkeypatch.setattr(P, "_free_bytes", lambda device: free)
+    n, d, v = 32768, 4096, 151936
+    p = Problem(n, d, v, torch.bfloat16, torch.device("cpu"), False, Options(), (True, True, False), op)
+    rows = P.PROVIDER.token_block(p, keep=False)
+    row = P.PROVIDER._row_bytes(v, d, 2, p.opts, True)
+    assert rows < n and rows * row + 4 * v * d <= 0.75 * free, (rows, rows * row + 4 * v * d)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -247,12 +271,13 @@ for n, frac in ((29, 0.4), (9, 1.0)):
 # the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token order,
 # neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is computed;
 # one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
-for compact, tile in (("0", 0), ("1", 17 * 2 * 128)):
+for compact, tile, frac in (("0", 0, 0.4), ("1", 17 * 2 * 128, 0.4), ("0", 0, 1.0), ("1", 17 * 2 * 128, 0.0)):
     os.environ["FUSED_LCE_COMPACT"] = compact
     os.environ["FUSED_LCE_GEMM_CONFIG"] = "16,64,16,2,4,2,2,0"
     h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (17,))
-    y[torch.rand(17) < 0.4] = -100
-    y[0], y[-1] = 5, -100
+    y[torch.rand(17) < frac] = -100
+    if 0 < frac < 1:
+        y[0], y[-1] = 5, -100
     o = Options(vocab_total=333, backend="triton", tile_bytes=tile, entropy=True, temperature=0.7,
                 label_smoothing=0.1)
     res = {}

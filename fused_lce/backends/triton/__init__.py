@@ -14,7 +14,9 @@ Default mode, bf16 / fp16 inputs on Hopper (the "gemm" path; token chunks, 3 GEM
    dtype when one chunk covers every token, else accumulated in float32 and cast at the end.
 
 The chunk size comes from the shapes and the free device memory: the peak stays under dX + dW + 4 V D + SLACK
-(one chunk when its buffer fits in the room of the float32 accumulator it makes unnecessary).
+(one chunk when its buffer fits in the room of the float32 accumulator it makes unnecessary), or the buffer of
+``FULL_RATE_ROWS`` tokens in place of that room when it is larger (fewer, longer chunks: at most N / 8192 of them,
+rounded up), within three quarters of the free memory.
 
 The "cublas" path (float32 inputs, softcap, a hidden size or pointer TMA cannot take, pre-Hopper GPUs, or
 ``FUSED_LCE_TRITON_GEMM=0``): ``z`` in float32 by cuBLAS, one Triton row kernel for statistics + ``dz`` (written in

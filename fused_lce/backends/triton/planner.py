@@ -14,10 +14,10 @@ from . import kernels
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
 MIN_ROWS = 64  # smallest default token chunk: below this the GEMMs stop filling the GPU
-# Fused-GEMM path: token chunks of at least this many rows, memory permitting. The gradient products of a chunk have its rows as
-# M (dX) and K (dW); shorter ones lose rate (wave quantisation, each dW tile's prologue and epilogue over fewer K
-# steps), and every chunk after the first costs one more read and write of the float32 dW accumulator. On the
-# H200 at 16384 x 2048 x 151936 five chunks of 2785 rows took 4 ms more than one (fp16).
+# Fused-GEMM path: token chunks of at least this many rows, memory permitting. The gradient products of a chunk
+# have its rows as M (dX) and K (dW); shorter ones lose rate (wave quantisation, each dW tile's prologue and
+# epilogue over fewer K steps), and every chunk after the first costs one more read and write of the float32 dW
+# accumulator. On the H200 at 16384 x 2048 x 151936 five chunks of 2785 rows took 4 ms more than one (fp16).
 FULL_RATE_ROWS = 8192
 BLOCK = kernels.tile_rows.BLOCK if kernels.tile_rows is not None else 2048
 
@@ -112,7 +112,7 @@ def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always
         rows = max(1, tile_bytes // row)
     else:
         cap = None if free is None else int(0.75 * free)
-        one_fits = cap is None or n * row + v * d * elt <= cap
+        one_fits = cap is None or n * row + max(v * d * elt, acc if acc_always else 0) <= cap
         if one_fits and n * row <= SLACK + (0 if acc_always else acc):
             return n, want_dw and acc_always
         rows = (SLACK + (v * d * elt if want_dw else 0)) // row

@@ -50,7 +50,7 @@ class _State:
         self.alpha: Optional[float] = None
         self.late = False  # a scale of 0 / inf / NaN: multiplied in at the end (0 * NaN stays NaN, as elsewhere)
         self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
-        self._scale = None  # the loss scale (a device tensor) until the first product reads it
+        self._scale = None  # the loss scale (a device tensor) until product_alpha reads it
 
     @property
     def fp32_results(self) -> bool:
@@ -118,10 +118,12 @@ class TritonProvider(Provider):
         want_dw = p.mask[1] and (keep or p.op == "logprobs")
         row = self._row_bytes(p.v, p.d, p.dtype.itemsize, p.opts, gemm)
         if gemm and not keep and not any(p.mask):  # statistics only: the STATS epilogue stores no logit; the
-            # rows are gathered (a copy of the hidden row) and their statistics scattered back (a second set)
-            row += p.dtype.itemsize * (p.d - _pad(p.v, 64)) + 28
+            # rows are gathered (a copy of the hidden row)
+            row += p.dtype.itemsize * (p.d - _pad(p.v, 64))
+        # full-rate chunks only where the plan counts the float32 dW accumulator that several chunks need
+        full = FULL_RATE_ROWS if gemm and (want_dw or not p.mask[1]) else 0
         rows, _ = plan_token_chunk(p.n, p.v, p.d, p.dtype.itemsize, want_dw, False, p.opts.tile_bytes,
-                                   _free_bytes(p.device), row, FULL_RATE_ROWS if gemm else 0)
+                                   _free_bytes(p.device), row, full)
         return rows
 
     def new_grads(self, t: Tensors, mask, fp32_dh: bool, scaled: bool = False) -> Grads:
@@ -242,7 +244,8 @@ class TritonProvider(Provider):
             # recompute: the DZ epilogue over the live rows only (a token whose coefficients are all 0 has no
             # gradient), gathered to the front. The lse and the coefficients travel as one block: one gather for
             # all (the device waits through every small op before this GEMM)
-            fields = {id(x): x for x in coef if x is not None}  # a and t may be one tensor
+            # a and t without entropy are views of the same numbers: they share one row
+            fields = {(x.data_ptr(), x.stride(), x.shape): x for x in coef if x is not None}
             blk = torch.stack([lse.to(torch.float32), *fields.values()])
             live = blk[1:].ne(0).any(0)  # a NaN coefficient is not 0: its row stays (it poisons)
             y = t.labels[rows]
@@ -254,7 +257,7 @@ class TritonProvider(Provider):
                 if dh is not None:
                     dh.zero_()  # the rows of dead tokens
             lse, rows_of = blk[0], dict(zip(fields, blk[1:]))
-            coef = Coefs(*(None if x is None else rows_of[id(x)] for x in coef))
+            coef = Coefs(*(None if x is None else rows_of[(x.data_ptr(), x.stride(), x.shape)] for x in coef))
             if h.shape[0]:
                 dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
                 self._dz_gemm(h, t.weight, t.bias, dz, y, lse, coef, kscale, opts, 0)

@@ -126,7 +126,8 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
         m, s, zs, am, ez if entropy else m, lse if lse is not None else m, int(col_off),
         rows_out if rows_out is not None else m, count if count is not None else m,
         MERGE=bool(merge), SMOOTH=tiles.zs is not None, ENTROPY=entropy, WRITE_LSE=lse is not None,
-        MAP=rows_out is not None, COUNT=count is not None, BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))),
+        MAP=rows_out is not None, COUNT=count is not None,
+        BLOCK_T=max(16, min(256, triton.next_power_of_2(max(ntiles, 1)))),
         num_warps=1 if ntiles <= 64 else 4,
     )
 
