@@ -2,9 +2,9 @@
 
 For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss w.r.t.
 hidden and weight) and each method it records
-  - time: median over --reps rounds of timed fwd+bwd runs (CUDA events; one run of every method per round, the
-    order rotating) after --warmup runs; with --steady K also the median of K runs of each method back to back
-    after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
+  - time: median over --reps rounds of timed fwd+bwd runs (CUDA events; one run of every method per round, in
+    an order shuffled each round) after --warmup runs; with --steady K also the median of K runs of each method
+    back to back after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
   - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
     gradients included),
   - errors against a float32 reference from the same low-precision inputs (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -206,13 +207,16 @@ def time_round(fn, env, h, w, y) -> float:
         return s.elapsed_time(e)
 
 
-def time_methods(methods, results, h, w, y, reps):
-    """Median step time per method, measured in rounds (one step of each method per round, the order rotating),
-    so that the GPU's clock and temperature drift over the run is shared by every method alike."""
+def time_methods(methods, results, h, w, y, reps, seed=0):
+    """Median step time per method, measured in rounds: one step of every method per round, in an order shuffled
+    afresh each round (seeded), so that clock and temperature drift over the run is shared by every method alike
+    and no method always runs right after the same other one (a step runs slower after a power-hungry step)."""
     names = [k for k in methods if "error" not in results[k]]
-    for i in range(reps):
-        k = i % max(1, len(names))
-        for name in names[k:] + names[:k]:
+    rng = random.Random(seed)
+    for _ in range(reps):
+        for name in rng.sample(names, len(names)):
+            if name not in names:  # failed earlier in this round
+                continue
             fn, env = methods[name]
             try:
                 results[name].setdefault("ms_all", []).append(time_round(fn, env, h, w, y))
@@ -561,7 +565,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="all", help="'all', or indices into SHAPES, e.g. 0,4")
     ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5, help="timing rounds (one step of every method per round)")
+    ap.add_argument("--reps", type=int, default=9, help="timing rounds (one step of every method per round)")
     ap.add_argument("--steady", type=int, default=0, help="also time this many steps of each method back to back")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
