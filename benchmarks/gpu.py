@@ -262,6 +262,8 @@ def _warm_config(text):
         try:
             kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles)
             kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles)
+            kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=kg.TileStats.new(n, tiles.m.shape[1], "cuda", False,
+                                                                                  entropy=True))
             kg.lce_gemm(kg.MODE_DZ, h, w, e, cfg, labels=y, lse=one, a=one, t=one)
             torch.cuda.synchronize()
         except Exception as ex:  # noqa: BLE001
@@ -305,6 +307,9 @@ def probe(rate, bw):
             try:
                 ms_exp = _time(lambda: kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles))
                 ms_stats = _time(lambda: kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles))
+                tiles_e = kg.TileStats.new(n, kg.num_tiles_n(v, cfg), "cuda", False, entropy=True)
+                ms_stats_ent = _time(lambda: kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles_e))
+                del tiles_e
                 lse0 = torch.full((n,), 12.0, device="cuda")
                 a0 = torch.ones(n, device="cuda")
                 ms_dz = _time(lambda: kg.lce_gemm(kg.MODE_DZ, h, w, e, cfg, labels=y, lse=lse0, a=a0, t=a0))
@@ -317,10 +322,11 @@ def probe(rate, bw):
                 er = torch.exp(zr.view(256, 4, cfg.bn) - mt[:, :, None]).view(256, -1)
                 err_e = float((e[:256, :cfg.bn * 4].float() - er).abs().max())
                 row.setdefault("configs", []).append({"cfg": text, "exp_ms": ms_exp, "stats_ms": ms_stats,
-                                                      "dz_ms": ms_dz,
+                                                      "stats_entropy_ms": ms_stats_ent, "dz_ms": ms_dz,
                                                       "exp_x_cublas": ms_exp / row["cublas_bf16_ms"],
                                                       "err_tile_max": err_m, "err_exp": err_e})
-                print(f"PROBE {row['shape']} {text}: exp {ms_exp:.3f} ms stats {ms_stats:.3f} ms dz {ms_dz:.3f} "
+                print(f"PROBE {row['shape']} {text}: exp {ms_exp:.3f} ms stats {ms_stats:.3f} ms stats+entropy "
+                      f"{ms_stats_ent:.3f} ms dz {ms_dz:.3f} "
                       f"(cuBLAS bf16 {row['cublas_bf16_ms']:.3f}) err {err_m:.1e} {err_e:.1e}", flush=True)
             except Exception as ex:  # noqa: BLE001
                 row.setdefault("configs", []).append({"cfg": text, "error": f"{type(ex).__name__}: {ex}"[:300]})
@@ -364,14 +370,19 @@ def probe(rate, bw):
 def profile_method(fn, h, w, y, env, top=12):
     """Device time per kernel family (ms, the ``top`` largest, then launches per family) for one fwd+bwd of
     ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count."""
+    with _Env(env):
+        return kernel_breakdown(lambda: fwd_bwd(fn, h, w, y), top)
+
+
+def kernel_breakdown(step, top=12):
+    """``profile_method``'s breakdown of one call of ``step`` (after one untimed call)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with _Env(env):
-        fwd_bwd(fn, h, w, y)
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fwd_bwd(fn, h, w, y)
-            torch.cuda.synchronize()
     fam, calls = {}, {}
     for ev in prof.key_averages():
         t = getattr(ev, "self_device_time_total", None) or getattr(ev, "device_time_total", 0)

@@ -3,7 +3,8 @@ path (logits / temperature -> log_softmax -> gather, entropy from the logits: wh
 fused head), forward + backward with random upstream gradients on both outputs.
 
 On CUDA (``--device cuda``) every method runs in this process against TRL's chunked log-prob (``gpu_main``:
-median ms by CUDA events x the FLOP floor, with and without entropy, fwd+bwd and under torch.no_grad()). On CPU
+median ms by CUDA events over rounds of one run of every method, in an order shuffled each round, x the FLOP floor,
+with and without entropy, fwd+bwd and under torch.no_grad()). On CPU
 each (shape, method) runs in a fresh subprocess and records:
   - time: min (and all values) of --reps forward+backward runs (CUDA: synchronised), and the process CPU time,
   - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients included);
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -264,6 +266,53 @@ def _gpu_method(name, temperature):
     return trl
 
 
+
+def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
+    """One timed call of a method: forward (+ backward of a random linear objective on both outputs)."""
+    import torch
+
+    def step():
+        if nograd:
+            with torch.no_grad():
+                return fn(h, w, y), None
+        hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+        lp, ent = fn(hh, ww, y)
+        obj = (lp * g_lp).sum() + ((ent * g_ent).sum() if ent is not None else 0)
+        return (lp, ent), torch.autograd.grad(obj, (hh, ww))
+    return step
+
+
+def _time_rounds(steps, reps, seed=0):
+    """CUDA-event ms of every method's step, ``reps`` rounds of one step each, in an order shuffled afresh each
+    round (seeded): drift over the run is shared alike and no method always follows the same other one. A method
+    that fails gets ``"name:error"`` instead of a list."""
+    import torch
+
+    rng, times = random.Random(seed), {k: [] for k in steps}
+    for _ in range(reps):
+        for name in rng.sample(list(steps), len(steps)):
+            if isinstance(times[name], str):
+                continue
+            try:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                out = steps[name]()
+                e.record()
+                torch.cuda.synchronize()
+                del out
+                times[name].append(s.elapsed_time(e))
+            except Exception as ex:  # noqa: BLE001
+                times[name] = f"{name}:{type(ex).__name__}: {ex}"[:300]
+    return times
+
+
+def _profile(step):
+    """Device time per kernel of one step and its idle gaps (``gpu.py``'s breakdown)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu import kernel_breakdown
+
+    return kernel_breakdown(step)
+
 def gpu_main(args) -> int:
     """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x the
     floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB, errors of
@@ -312,24 +361,14 @@ def gpu_main(args) -> int:
         ref_lp, ref_ent = reference(shape, args.dtype, "cuda", args.seed, args.temperature)
         g = torch.Generator(device="cuda").manual_seed(args.seed + 1)
         g_lp, g_ent = torch.randn(n, generator=g, device="cuda"), torch.randn(n, generator=g, device="cuda")
-        dx = {}
+        dx, steps, rows = {}, {}, []
         for name in methods:
             try:
                 fn = _gpu_method(name, args.temperature)
             except Exception as e:  # noqa: BLE001
-                report["results"].append({"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]})
+                rows.append({"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]})
                 continue
-            nograd = name.endswith("nograd")
-
-            def step():
-                if nograd:
-                    with torch.no_grad():
-                        return fn(h, w, y), None
-                hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
-                lp, ent = fn(hh, ww, y)
-                obj = (lp * g_lp).sum() + ((ent * g_ent).sum() if ent is not None else 0)
-                return (lp, ent), torch.autograd.grad(obj, (hh, ww))
-
+            step = _gpu_step(fn, name.endswith("nograd"), h, w, y, g_lp, g_ent)
             r = {"shape": shape, "method": name}
             try:
                 for _ in range(max(1, args.warmup)):
@@ -346,24 +385,27 @@ def gpu_main(args) -> int:
                 if grads is not None:
                     dx[name] = grads[0].float()
                 del lp, ent, grads
-                ts = []
-                for _ in range(args.reps):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    out = step()
-                    e.record()
-                    torch.cuda.synchronize()
-                    del out
-                    ts.append(s.elapsed_time(e))
-                r["ms"] = statistics.median(ts)
-                r["ms_all"] = ts
-                r["floor_ms"] = (2 if nograd else 8) * n * d * v / (rate * 1e12) * 1e3
-                r["x_floor"] = r["ms"] / r["floor_ms"]
+                steps[name] = step
             except Exception as e:  # noqa: BLE001
                 r = {"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]}
             torch.cuda.empty_cache()
+            rows.append(r)
+        times = _time_rounds(steps, args.reps, seed=args.seed)
+        for r in rows:
+            if r["method"] in times:
+                ts = times[r["method"]]
+                if isinstance(ts, str):
+                    r = {"shape": shape, "method": r["method"], "error": ts.split(":", 1)[1]}
+                else:
+                    r["ms"], r["ms_all"] = statistics.median(ts), ts
+                    r["floor_ms"] = (2 if r["method"].endswith("nograd") else 8) * n * d * v / (rate * 1e12) * 1e3
+                    r["x_floor"] = r["ms"] / r["floor_ms"]
             report["results"].append(r)
             print(json.dumps({k: x for k, x in r.items() if k != "ms_all"}), flush=True)
+        if args.profile:
+            report.setdefault("profile", {})[shape] = {k: _profile(steps[k]) for k in args.profile.split(",")
+                                                       if k in steps}
+        del steps
         for r in report["results"]:  # dX against TRL's on the same outputs (every token)
             if r["shape"] == shape and r["method"] in dx:
                 base = "trl_no_entropy" if "no_entropy" in r["method"] else "trl"
@@ -395,7 +437,8 @@ def render_gpu(report) -> str:
            f"{env.get('commit')}, {env['date']}. bf16 GEMM "
            f"rate in this run (8192^3): {report['gemm_tflops']:.0f} TFLOP/s. 15% of labels ignored. fwd+bwd: random "
            "upstream gradients on the log-probs (and the entropy), floor 8 N D V FLOPs; `_nograd`: forward under "
-           "torch.no_grad(), floor 2 N D V. Median of the timed runs. `trl`: ChunkedLogProbFunction on every token "
+           "torch.no_grad(), floor 2 N D V. Median of --reps timed rounds (one run of every method per round, in an "
+           "order shuffled each round). `trl`: ChunkedLogProbFunction on every token "
            f"(the same work as ours), `trl_valid`: on the labelled tokens only, as TRL's trainer calls it; vocabulary "
            f"tile {TRL_CHUNK}.", "",
            "| shape | method | ms (x floor) | peak extra GiB | logp max abs err | entropy max abs err | dX rel diff vs "
@@ -420,6 +463,12 @@ def render_gpu(report) -> str:
                          if (shape, k) in by else "-")
         out.append(f"| {shape} | {m} | {r['x_floor']:.2f} ({lim:.2f}) {'yes' if r['x_floor'] <= lim else 'NO'} | "
                    f"{cmp(peer)} | {cmp(valid)} |")
+    if report.get("profile"):
+        out += ["", "Device time per kernel, one call (ms; `--profile`):", ""]
+        for shape, per in report["profile"].items():
+            for m, br in per.items():
+                out.append(f"- {shape} {m}: " + "; ".join(
+                    f"{k}: {x:.2f}" for k, x in br.items() if not isinstance(x, dict)))
     return "\n".join(out) + "\n"
 
 
@@ -437,6 +486,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--name", default="", help="file stem of the results (default logprobs_<device type>)")
     p.add_argument("--warmup", type=int, default=1, help="CUDA: untimed runs per method first")
+    p.add_argument("--profile", default="", help="CUDA: comma list of methods to break down kernel by kernel")
     p.add_argument("--time-budget", type=float, default=420.0, help="CUDA: stop starting new shapes after this (s)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)

@@ -45,7 +45,7 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
                    ${HOST_ARGS:---shapes 2048x1536x151936} > "$OUT/host.log" 2>&1; grep '^{"shape' "$OUT/host.log" \
                    | cut -c1-200 ;;
         lp) timeout ${LP_LIMIT:-300} python3 benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 \
-                   --reps 5 --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
+                   --reps ${LP_REPS:-9} --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
             python3 -c "
 import json
 for r in json.load(open('$OUT/logprobs_h200.json'))['results']:
