@@ -546,6 +546,32 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 
 @cuda
 @needs_triton_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype):
+    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once dz is formed, so
+    they are not alive at the peak of the gradient products; the gradients are those of the weighted sum."""
+    from fused_lce.backends.triton import provider as P
+    from fused_lce.core import Options, Tensors, TokenWeights, formulas
+
+    monkeypatch.delenv("FUSED_LCE_TRITON_GEMM", raising=False)
+    h, w, y, _ = _problem(300, 64, 1000, dtype, seed=5)
+    t = Tensors(h.detach(), w.detach(), y, None)
+    assert P.PROVIDER.path_reason(t, Options()) is None  # the fused-GEMM path
+    g = (y != -100).float()
+    tw = TokenWeights(y != -100, lambda: (g, torch.tensor(1.0 / 300, device="cuda")))
+    out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
+    P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), 1000), Options(), out)
+    dh, dw, _ = P.PROVIDER.finish(t, out, tw.get()[1])
+    assert tw.get()[0] is None
+    z = h.float() @ w.float().t()
+    ref = torch.nn.functional.cross_entropy(z, y, ignore_index=-100, reduction="sum") / 300
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    torch.testing.assert_close(dh.float(), rh.float(), rtol=2e-2, atol=2e-2 * float(rh.abs().max()))
+    torch.testing.assert_close(dw.float(), rw.float(), rtol=2e-2, atol=2e-2 * float(rw.abs().max()))
+
+
+@cuda
+@needs_triton_cuda
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("mode", ["default", "compact"])

@@ -371,8 +371,9 @@ class TritonProvider(Provider):
             krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax), col_off=opts.vocab_start,
                           lse=lse[r], rows_out=None if idx is None else idx[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
-            if r.stop == count:  # the tile statistics are read (stream order keeps them until then)
-                tiles = tl_ = None
+            if r.stop == count:  # the tile statistics, labels, weights and lse are read (stream order keeps them
+                tiles = tl_ = y = g = lse = None  # until then): not alive at the peak of the products below
+                weights.release()
             if lazy:
                 self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
                 _dx_into(z, w, h, alpha=st.product_alpha())
@@ -380,7 +381,7 @@ class TritonProvider(Provider):
             dh = None if out.dh is None else (out.dh if idx is not None else out.dh[r])
             self._token_gemms(t, h[r], z, out, nc == count, dh, None if idx is None else idx[r])
         del buf, z  # free the logits buffer before the final dW is allocated (finish)
-        if g is None:  # no live token: no GEMM ran
+        if count == 0 and g is None:  # no live token: no GEMM ran
             self._weights(weights, st)
         while late:
             late.pop(0)()
