@@ -266,7 +266,6 @@ def _gpu_method(name, temperature):
     return trl
 
 
-
 def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
     """One timed call of a method: forward (+ backward of a random linear objective on both outputs)."""
     import torch
@@ -284,14 +283,14 @@ def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
 
 def _time_rounds(steps, reps, seed=0):
     """CUDA-event ms of every method's step, ``reps`` rounds of one step each, in an order shuffled afresh each
-    round (seeded): drift over the run is shared alike and no method always follows the same other one. A method
-    that fails gets ``"name:error"`` instead of a list."""
+    round (seeded): drift over the run is shared alike and no method always follows the same other one. Returns
+    (times: name -> list of ms, errors: name -> message of a method that failed, which then leaves the rounds)."""
     import torch
 
-    rng, times = random.Random(seed), {k: [] for k in steps}
+    rng, times, errors = random.Random(seed), {k: [] for k in steps}, {}
     for _ in range(reps):
         for name in rng.sample(list(steps), len(steps)):
-            if isinstance(times[name], str):
+            if name in errors:
                 continue
             try:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -302,8 +301,8 @@ def _time_rounds(steps, reps, seed=0):
                 del out
                 times[name].append(s.elapsed_time(e))
             except Exception as ex:  # noqa: BLE001
-                times[name] = f"{name}:{type(ex).__name__}: {ex}"[:300]
-    return times
+                errors[name] = f"{type(ex).__name__}: {ex}"[:300]
+    return times, errors
 
 
 def _profile(step):
@@ -312,6 +311,7 @@ def _profile(step):
     from gpu import kernel_breakdown
 
     return kernel_breakdown(step)
+
 
 def gpu_main(args) -> int:
     """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x the
@@ -348,7 +348,8 @@ def gpu_main(args) -> int:
             versions[dist] = f"not installed: {e}"
     methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
     shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else GPU_SHAPES
-    report = {"environment": env, "args": vars(args), "gemm_tflops": rate, "versions": versions, "results": [],
+    report = {"environment": env, "args": dict(vars(args), shapes=",".join(shapes), methods=",".join(methods)),
+              "gemm_tflops": rate, "versions": versions, "results": [],
               "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}
     t0 = time.time()
     for shape in shapes:
@@ -390,21 +391,25 @@ def gpu_main(args) -> int:
                 r = {"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]}
             torch.cuda.empty_cache()
             rows.append(r)
-        times = _time_rounds(steps, args.reps, seed=args.seed)
+        times, failed = _time_rounds(steps, args.reps, seed=args.seed)
         for r in rows:
-            if r["method"] in times:
-                ts = times[r["method"]]
-                if isinstance(ts, str):
-                    r = {"shape": shape, "method": r["method"], "error": ts.split(":", 1)[1]}
-                else:
-                    r["ms"], r["ms_all"] = statistics.median(ts), ts
-                    r["floor_ms"] = (2 if r["method"].endswith("nograd") else 8) * n * d * v / (rate * 1e12) * 1e3
-                    r["x_floor"] = r["ms"] / r["floor_ms"]
+            name = r["method"]
+            if name in failed:  # failed in the rounds: an error row (and no dX comparison)
+                r = {"shape": shape, "method": name, "error": failed[name]}
+                dx.pop(name, None)
+            elif times.get(name):
+                r["ms"], r["ms_all"] = statistics.median(times[name]), times[name]
+                r["floor_ms"] = (2 if name.endswith("nograd") else 8) * n * d * v / (rate * 1e12) * 1e3
+                r["x_floor"] = r["ms"] / r["floor_ms"]
             report["results"].append(r)
             print(json.dumps({k: x for k, x in r.items() if k != "ms_all"}), flush=True)
-        if args.profile:
-            report.setdefault("profile", {})[shape] = {k: _profile(steps[k]) for k in args.profile.split(",")
-                                                       if k in steps}
+        for name in (args.profile.split(",") if args.profile else ()):
+            if name in steps and name not in failed:
+                try:
+                    report.setdefault("profile", {}).setdefault(shape, {})[name] = _profile(steps[name])
+                except Exception as e:  # noqa: BLE001
+                    report.setdefault("profile", {}).setdefault(shape, {})[name] = {
+                        "error": f"{type(e).__name__}: {e}"[:300]}
         del steps
         for r in report["results"]:  # dX against TRL's on the same outputs (every token)
             if r["shape"] == shape and r["method"] in dx:
@@ -468,7 +473,8 @@ def render_gpu(report) -> str:
         for shape, per in report["profile"].items():
             for m, br in per.items():
                 out.append(f"- {shape} {m}: " + "; ".join(
-                    f"{k}: {x:.2f}" for k, x in br.items() if not isinstance(x, dict)))
+                    f"{k}: {x:.2f}" if isinstance(x, float) else f"{k}: {x}" for k, x in br.items()
+                    if not isinstance(x, dict)))
     return "\n".join(out) + "\n"
 
 
@@ -480,7 +486,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--backend", default="auto", help="fused_lce backend of the fused methods")
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=2, help="timed runs (CUDA: rounds) per method, at least 1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -493,6 +499,8 @@ def main(argv=None) -> int:
     p.add_argument("--method", help=argparse.SUPPRESS)
     p.add_argument("--save", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
     if args.child:
         child(args)
         return 0

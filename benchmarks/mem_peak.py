@@ -2,8 +2,10 @@
 
 gpu.py reports each method's peak extra memory; this script says what makes it up. It records the caching
 allocator's history (``torch.cuda.memory._record_memory_history``) over one step after a warm-up, replays the
-allocations and frees to the moment of the peak and lists the blocks alive then, grouped by the innermost frame of
-this repository (or of the peer's package) that allocated them. Writes mem_peak.json and .md into --out.
+allocations and frees to the moment of the peak and lists the blocks alive then, grouped by the innermost Python
+frame outside torch and the standard library that allocated them (for a torch.compile'd peer: its generated
+code's file). It sums the requested sizes: ``max_memory_allocated`` (gpu.py) also counts the allocator's rounding
+of each block, so the two peaks differ by that. Writes mem_peak.json and .md into --out.
 
     python benchmarks/mem_peak.py --shapes 8192x4096x151936,4096x4096x128256 --out /tmp/m
 """
@@ -22,6 +24,7 @@ from gpu import GiB, _Env, fwd_bwd, method_table  # noqa: E402
 from fused_lce.tools.bench import make_inputs  # noqa: E402
 
 MiB = 2**20
+MAX_ENTRIES = 200000  # allocator events recorded (the history keeps the last ones)
 
 
 def _site(frames) -> str:
@@ -41,7 +44,7 @@ def peak_blocks(fn, env, h, w, y):
         del r
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
         try:
             r = fwd_bwd(fn, h, w, y)
             torch.cuda.synchronize()
@@ -49,8 +52,11 @@ def peak_blocks(fn, env, h, w, y):
             snap = torch.cuda.memory._snapshot()
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][torch.cuda.current_device()]
+    if len(trace) >= MAX_ENTRIES:  # a ring buffer: the first events were dropped, the replay would be wrong
+        raise RuntimeError(f"more than {MAX_ENTRIES} allocator events in one step")
     live, cur, best, best_live = {}, 0, 0, {}
-    for ev in snap["device_traces"][torch.cuda.current_device()]:
+    for ev in trace:
         if ev["action"] == "alloc":
             live[ev["addr"]] = (ev["size"], _site(ev.get("frames", [])))
             cur += ev["size"]

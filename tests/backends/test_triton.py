@@ -547,24 +547,37 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 @cuda
 @needs_triton_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype):
-    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once dz is formed, so
-    they are not alive at the peak of the gradient products; the gradients are those of the weighted sum."""
+@pytest.mark.parametrize("plan", ["one_chunk", "chunks", "all_live"])
+def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype, plan):
+    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once the last dz is
+    formed, so with one chunk they are not alive at the peak of the gradient products; the gradients are those of
+    the weighted sum, with one chunk (dX written over the gathered rows), several, or every row live (nothing
+    gathered)."""
+    import weakref
+
     from fused_lce.backends.triton import provider as P
     from fused_lce.core import Options, Tensors, TokenWeights, formulas
 
-    monkeypatch.delenv("FUSED_LCE_TRITON_GEMM", raising=False)
-    h, w, y, _ = _problem(300, 64, 1000, dtype, seed=5)
+    monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
+    n, v = 300, 1000
+    h, w, y, _ = _problem(n, 64, v, dtype, seed=5, ignore=0.0 if plan == "all_live" else 0.15)
     t = Tensors(h.detach(), w.detach(), y, None)
-    assert P.PROVIDER.path_reason(t, Options()) is None  # the fused-GEMM path
-    g = (y != -100).float()
-    tw = TokenWeights(y != -100, lambda: (g, torch.tensor(1.0 / 300, device="cuda")))
+    opts = Options(tile_bytes=100 * 2 * 1024 if plan == "chunks" else 0)  # about 100 rows per chunk: 3 chunks
+    assert P.PROVIDER.path_reason(t, opts) is None  # the fused-GEMM path
+    made = []
+
+    def make():  # the weights are referenced from here only through the TokenWeights
+        g = (y != -100).float()
+        made.append(weakref.ref(g))
+        return g, torch.tensor(1.0 / n, device="cuda")
+
+    tw = TokenWeights(y != -100, make)
     out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
-    P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), 1000), Options(), out)
+    P.PROVIDER.fused(t, tw, formulas.loss_terms(opts, v), opts, out)
     dh, dw, _ = P.PROVIDER.finish(t, out, tw.get()[1])
-    assert tw.get()[0] is None
+    assert tw.get()[0] is None and made[0]() is None  # released, and nothing else holds it
     z = h.float() @ w.float().t()
-    ref = torch.nn.functional.cross_entropy(z, y, ignore_index=-100, reduction="sum") / 300
+    ref = torch.nn.functional.cross_entropy(z, y, ignore_index=-100, reduction="sum") / n
     rh, rw = torch.autograd.grad(ref, (h, w))
     torch.testing.assert_close(dh.float(), rh.float(), rtol=2e-2, atol=2e-2 * float(rh.abs().max()))
     torch.testing.assert_close(dw.float(), rw.float(), rtol=2e-2, atol=2e-2 * float(rw.abs().max()))

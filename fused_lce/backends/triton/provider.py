@@ -372,7 +372,7 @@ class TritonProvider(Provider):
                           lse=lse[r], rows_out=None if idx is None else idx[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
             if r.stop == count:  # the tile statistics, labels, weights and lse are read (stream order keeps them
-                tiles = tl_ = y = g = lse = None  # until then): not alive at the peak of the products below
+                tiles = tl_ = y = g = lse = None  # until then); with one chunk, not alive at the products' peak
                 weights.release()
             if lazy:
                 self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
