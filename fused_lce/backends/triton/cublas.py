@@ -26,14 +26,25 @@ def _mm32(a, b, out=None):
         return out
 
 
+def _addmm32(out, a, b, beta: float, alpha: float) -> bool:
+    """out (float32) = beta * out + alpha * (a @ b) in one cuBLAS call on 16-bit operands, when this torch can
+    (probed on first use); False: nothing was done, the caller falls back."""
+    if a.device.type != "cuda" or a.dtype == torch.float32 or _ADDMM_FP32[0] is False:
+        return False
+    try:
+        torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=torch.float32, out=out)
+    except (RuntimeError, TypeError):  # an older torch: addmm wants self in the operand dtype
+        _ADDMM_FP32[0] = False
+        return False
+    _ADDMM_FP32[0] = True
+    return True
+
+
 def _mm_into(a, b, out, alpha: float = 1.0):
     """out = alpha * (a @ b) in out's dtype (fp32 accumulation and alpha inside the GEMM, one rounding)."""
     if out.dtype == torch.float32:
-        if alpha != 1.0 and a.device.type == "cuda" and a.dtype != torch.float32 and _ADDMM_FP32[0] is not False:
-            try:  # beta = 0: out is not read
-                return torch.addmm(out, a, b, beta=0, alpha=alpha, out_dtype=torch.float32, out=out)
-            except (RuntimeError, TypeError):
-                _ADDMM_FP32[0] = False
+        if alpha != 1.0 and _addmm32(out, a, b, 0, alpha):  # beta = 0: out is not read
+            return out
         _mm32(a, b, out)
         return out.mul_(alpha) if alpha != 1.0 else out
     if a.device.type != "cuda":
@@ -46,13 +57,8 @@ def _mm_into(a, b, out, alpha: float = 1.0):
 
 def _mm_acc(acc, a, b, alpha: float = 1.0):
     """acc (float32) += alpha * (a @ b), accumulating in float32, without a full-size temporary."""
-    if a.device.type == "cuda" and a.dtype != torch.float32 and _ADDMM_FP32[0] is not False:
-        try:
-            torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
-            _ADDMM_FP32[0] = True
-            return acc
-        except (RuntimeError, TypeError):  # this torch's addmm wants self in the operand dtype
-            _ADDMM_FP32[0] = False
+    if _addmm32(acc, a, b, 1, alpha):
+        return acc
     if a.dtype == torch.float32 or a.device.type != "cuda":
         if a.device.type == "cuda":
             return acc.addmm_(a, b, alpha=alpha)
