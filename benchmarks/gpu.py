@@ -195,34 +195,54 @@ def run_method(fn, env, h, w, y, ref, warmup):
         return out
 
 
+def _event_ms(step) -> float:
+    """CUDA-event milliseconds of one call of ``step`` (its output dropped after the synchronisation)."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    r = step()
+    e.record()
+    torch.cuda.synchronize()
+    del r
+    return s.elapsed_time(e)
+
+
+def _method_step(fn, env, h, w, y):
+    with _Env(env):
+        return fwd_bwd(fn, h, w, y)
+
+
 def time_round(fn, env, h, w, y) -> float:
     """CUDA-event milliseconds of one fwd+bwd step."""
-    with _Env(env):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        r = fwd_bwd(fn, h, w, y)
-        e.record()
-        torch.cuda.synchronize()
-        del r
-        return s.elapsed_time(e)
+    return _event_ms(lambda: _method_step(fn, env, h, w, y))
+
+
+def time_rounds(steps, reps, seed=0):
+    """CUDA-event ms of every step in ``steps`` (name -> callable), ``reps`` rounds of one call each, in an order
+    shuffled afresh each round (seeded), so that clock and temperature drift over the run is shared by every
+    method alike and no method always runs right after the same other one (a step runs slower after a
+    power-hungry step). Returns (times: name -> list of ms, errors: name -> message of a method that failed, which
+    then leaves the rounds)."""
+    rng, times, errors = random.Random(seed), {k: [] for k in steps}, {}
+    for _ in range(reps):
+        for name in rng.sample(list(steps), len(steps)):
+            if name in errors:
+                continue
+            try:
+                times[name].append(_event_ms(steps[name]))
+            except Exception as ex:  # noqa: BLE001
+                errors[name] = f"{type(ex).__name__}: {ex}"[:300]
+    return times, errors
 
 
 def time_methods(methods, results, h, w, y, reps, seed=0):
-    """Median step time per method, measured in rounds: one step of every method per round, in an order shuffled
-    afresh each round (seeded), so that clock and temperature drift over the run is shared by every method alike
-    and no method always runs right after the same other one (a step runs slower after a power-hungry step)."""
+    """Median step time per method (``ms``, every time in ``ms_all``), measured by ``time_rounds``."""
     names = [k for k in methods if "error" not in results[k]]
-    rng = random.Random(seed)
-    for _ in range(reps):
-        for name in rng.sample(names, len(names)):
-            fn, env = methods[name]
-            try:
-                results[name].setdefault("ms_all", []).append(time_round(fn, env, h, w, y))
-            except Exception as e:  # noqa: BLE001
-                results[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-                names.remove(name)
+    times, failed = time_rounds({k: (lambda k=k: _method_step(*methods[k], h, w, y)) for k in names}, reps, seed)
     for name in names:
-        results[name]["ms"] = statistics.median(results[name]["ms_all"])
+        if name in failed:
+            results[name] = {"error": failed[name]}
+        else:
+            results[name]["ms_all"], results[name]["ms"] = times[name], statistics.median(times[name])
 
 
 def time_steady(methods, results, h, w, y, reps, warm=2):

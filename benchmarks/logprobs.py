@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -281,36 +280,13 @@ def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
     return step
 
 
-def _time_rounds(steps, reps, seed=0):
-    """CUDA-event ms of every method's step, ``reps`` rounds of one step each, in an order shuffled afresh each
-    round (seeded): drift over the run is shared alike and no method always follows the same other one. Returns
-    (times: name -> list of ms, errors: name -> message of a method that failed, which then leaves the rounds)."""
-    import torch
-
-    rng, times, errors = random.Random(seed), {k: [] for k in steps}, {}
-    for _ in range(reps):
-        for name in rng.sample(list(steps), len(steps)):
-            if name in errors:
-                continue
-            try:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                out = steps[name]()
-                e.record()
-                torch.cuda.synchronize()
-                del out
-                times[name].append(s.elapsed_time(e))
-            except Exception as ex:  # noqa: BLE001
-                errors[name] = f"{type(ex).__name__}: {ex}"[:300]
-    return times, errors
-
-
-def _profile(step):
-    """Device time per kernel of one step and its idle gaps (``gpu.py``'s breakdown)."""
+def _gpu_tools():
+    """``gpu.py``'s GEMM rate, shuffled timing rounds and kernel breakdown (imported late: the CPU parent never
+    loads torch)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from gpu import kernel_breakdown
+    from gpu import gemm_rate, kernel_breakdown, time_rounds
 
-    return kernel_breakdown(step)
+    return gemm_rate, time_rounds, kernel_breakdown
 
 
 def gpu_main(args) -> int:
@@ -324,18 +300,8 @@ def gpu_main(args) -> int:
     sys.path.insert(0, ROOT)
     from fused_lce.tools.bench import environment, make_inputs, rel_err
 
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    times = []
-    for _ in range(8):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    rate = 2 * 8192**3 / (statistics.median(times[2:]) * 1e-3) / 1e12
-    del a, b
+    gemm_rate, time_rounds, kernel_breakdown = _gpu_tools()
+    rate = gemm_rate()
     env = environment("cuda")
     env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
     versions = {}
@@ -391,7 +357,7 @@ def gpu_main(args) -> int:
                 r = {"shape": shape, "method": name, "error": f"{type(e).__name__}: {e}"[:300]}
             torch.cuda.empty_cache()
             rows.append(r)
-        times, failed = _time_rounds(steps, args.reps, seed=args.seed)
+        times, failed = time_rounds(steps, args.reps, seed=args.seed)
         for r in rows:
             name = r["method"]
             if name in failed:  # failed in the rounds: an error row (and no dX comparison)
@@ -406,7 +372,7 @@ def gpu_main(args) -> int:
         for name in (args.profile.split(",") if args.profile else ()):
             if name in steps and name not in failed:
                 try:
-                    report.setdefault("profile", {}).setdefault(shape, {})[name] = _profile(steps[name])
+                    report.setdefault("profile", {}).setdefault(shape, {})[name] = kernel_breakdown(steps[name])
                 except Exception as e:  # noqa: BLE001
                     report.setdefault("profile", {}).setdefault(shape, {})[name] = {
                         "error": f"{type(e).__name__}: {e}"[:300]}
