@@ -23,6 +23,13 @@ def _dz_view(z, dtype):
     return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
 
 
+def _live_rows(h, live):
+    """(hidden rows for the GEMM, order, count): ``live`` = (order, device count) gathers the rows ``order``;
+    None keeps ``h`` (every row computed)."""
+    order, count = live if live is not None else (None, None)
+    return (h if order is None else h.index_select(0, order)), order, count
+
+
 def _new_stats(n, dev, entropy: bool = False):
     """Statistics buffers: a ``Stats``, or an ``EntropyStats`` (the entropy sum ``ez`` too)."""
     f = torch.empty(5 if entropy else 4, n, device=dev, dtype=torch.float32).unbind(0)  # one allocation
@@ -199,8 +206,7 @@ class TritonProvider(Provider):
                 _launch(t, opts, z, rows, stats=raw, merge=v0 > 0, v0=v0, v1=v1)
             return raw, None
         if gemm:
-            order, count = live if live is not None else (None, None)
-            hg = h if order is None else h.index_select(0, order)
+            hg, order, count = _live_rows(h, live)
             cfg = self._cfg(h.shape[1])
             ntiles = kgemm.num_tiles_n(v, cfg)
             tiles = kgemm.TileStats.new(nc, ntiles, h.device, opts.wants_zsum, opts.entropy)
@@ -245,7 +251,8 @@ class TritonProvider(Provider):
             # gradient), gathered to the front. The lse and the coefficients travel as one block: one gather for
             # all (the device waits through every small op before this GEMM)
             # a and t without entropy are views of the same numbers: they share one row
-            fields = {(x.data_ptr(), x.stride(), x.shape): x for x in coef if x is not None}
+            key = lambda x: (x.data_ptr(), x.stride(), x.shape)  # noqa: E731
+            fields = {key(x): x for x in coef if x is not None}
             blk = torch.stack([lse.to(torch.float32), *fields.values()])
             live = blk[1:].ne(0).any(0)  # a NaN coefficient is not 0: its row stays (it poisons)
             y = t.labels[rows]
@@ -257,7 +264,7 @@ class TritonProvider(Provider):
                 if dh is not None:
                     dh.zero_()  # the rows of dead tokens
             lse, rows_of = blk[0], dict(zip(fields, blk[1:]))
-            coef = Coefs(*(None if x is None else rows_of[(x.data_ptr(), x.stride(), x.shape)] for x in coef))
+            coef = Coefs(*(None if x is None else rows_of[key(x)] for x in coef))
             if h.shape[0]:
                 dz = torch.empty(h.shape[0], _pad(v, 64), device=h.device, dtype=h.dtype)[:, :v]
                 self._dz_gemm(h, t.weight, t.bias, dz, y, lse, coef, kscale, opts, 0)
@@ -433,8 +440,7 @@ class TritonProvider(Provider):
         (``live``: (order, count) as in ``_stats``)."""
         h, w = t.hidden[rows], t.weight
         n, v = h.shape[0], w.shape[0]
-        order, count = live if live is not None else (None, None)
-        hg = h if order is None else h.index_select(0, order)
+        hg, order, count = _live_rows(h, live)
         cfg = self._cfg(h.shape[1])
         cols = self._compact_cols(t, n, (True, True, False), opts, True)
         ntiles = kgemm.num_tiles_n(min(cols, v), cfg)
