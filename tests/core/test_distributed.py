@@ -281,7 +281,7 @@ LOGPROB_BACKENDS = ["torch"] + [
 
 @pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
 @pytest.mark.parametrize("backend", LOGPROB_BACKENDS)
-def test_logprobs(pools, world, sizes, backend):
+def test_logprobs(pools, world, sizes, backend, seed):
     """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine), temperature,
     softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty shard; bf16."""
     pool = pools(world)
@@ -311,7 +311,7 @@ OPTION_SETS = {
 
 @pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_options(pools, world, sizes, reduction):
+def test_options(pools, world, sizes, reduction, seed):
     """Every option and reduction, uneven shards, one token block and many (tiny tile budget)."""
     pool = pools(world)
     for name, opts in OPTION_SETS.items():
@@ -323,7 +323,7 @@ def test_options(pools, world, sizes, reduction):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_sequence_parallel(pools, world):
+def test_sequence_parallel(pools, world, seed):
     """hidden sharded along its first dimension: (N/tp, D) rows with every option, Megatron's [s/tp, b, h] with
     many token blocks, and a sharded leading dimension combined with shift (which acts on the last token dim)."""
     pool = pools(world)
@@ -334,7 +334,7 @@ def test_sequence_parallel(pools, world):
         check_case(pool, lead=(2 * world, 5), sizes=sizes, sp=0, reduction=reduction, shift=True, z_loss=0.01)
 
 
-def test_bf16_and_fp16(pools):
+def test_bf16_and_fp16(pools, seed):
     pool = pools(2)
     for dtype in (torch.bfloat16, torch.float16):
         for reduction in ("mean", "none"):
@@ -343,7 +343,7 @@ def test_bf16_and_fp16(pools):
 
 
 @pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
-def test_labels_in_one_shard_and_all_ignored(pools, world, sizes):
+def test_labels_in_one_shard_and_all_ignored(pools, world, sizes, seed):
     pool = pools(world)
     for reduction in ("mean", "sum", "none"):
         # every label in the last shard: the other shards contribute a zero target logit
@@ -356,7 +356,7 @@ def test_labels_in_one_shard_and_all_ignored(pools, world, sizes):
         assert all(float(r["loss"].abs().sum()) == 0.0 and float(r["dw"].abs().sum()) == 0.0 for r in res)
 
 
-def test_empty_and_tiny_shards_need_agreement(pools):
+def test_empty_and_tiny_shards_need_agreement(pools, seed):
     """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without an
     agreed block size the ranks would run different numbers of combine_stats collectives."""
     pool = pools(4)
@@ -366,7 +366,7 @@ def test_empty_and_tiny_shards_need_agreement(pools):
 
 
 @pytest.mark.parametrize("backend", OTHER_CPU)
-def test_other_cpu_backends(pools, backend):
+def test_other_cpu_backends(pools, backend, seed):
     """The same checks through the other backends that take vocab-parallel problems on CPU (the C++ kernel)."""
     for world, sizes in ((2, (31, 44)), (4, (23, 40, 29, 31))):
         pool = pools(world)
@@ -377,7 +377,7 @@ def test_other_cpu_backends(pools, backend):
                        dtype=torch.bfloat16, ignore_frac=0.2)
 
 
-def test_subgroups_and_module(pools):
+def test_subgroups_and_module(pools, seed):
     """Two tensor-parallel groups of 2 inside 4 ranks (each with its own data), and the nn.Module form."""
     pool = pools(4)
     check_case(pool, sizes=(30, 41), groups=[[0, 1], [2, 3]], reduction="mean", bias=True, ignore_frac=0.2)
@@ -432,7 +432,7 @@ def _helpers_case(rank, world, spec):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_building_blocks(pools, world):
+def test_building_blocks(pools, world, seed):
     x, g, rows = torch.randn(3, 2 * world, 5), torch.randn(3, 2 * world, 5), torch.randn(4 * world, 3)
     res = run_ok(pools(world), _helpers_case, {"x": x, "g": g, "rows": rows})
     tot = world * (world + 1) / 2
