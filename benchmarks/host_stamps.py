@@ -1,0 +1,191 @@
+"""Host timeline of one fused_lce CUDA fwd+bwd step, without a profiler's overhead: ``perf_counter`` stamps at the
+entry and exit of the step's main functions (wrapped in place: ~1 us each), median microseconds from the step's
+start over --reps steps, with the device synchronised before each step (as gpu.py's rounds are). The gaps between
+stamps show where the host spends the time the device waits through before the first logits GEMM.
+
+With --launch-profile also a self-time profile (cProfile) of 100 launches of the EXP logits GEMM alone (the queue
+drained every 10), to see what one Triton launch costs on the host.
+
+    PYTHONPATH=. python benchmarks/host_stamps.py --out bench-out [--shapes 2048x1536x151936] [--dtype bfloat16]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu import _event_ms, fwd_bwd  # noqa: E402
+
+import fused_lce  # noqa: E402
+from fused_lce.tools.bench import environment, make_inputs  # noqa: E402
+
+STAMPS: list = []
+
+
+def _wrap(owner, name, label=None):
+    """Replace ``owner.name`` by a wrapper that stamps its entry and exit."""
+    fn = getattr(owner, name)
+    label = label or name
+
+    @functools.wraps(fn)
+    def stamped(*a, **k):
+        STAMPS.append((label + " >", time.perf_counter()))
+        try:
+            return fn(*a, **k)
+        finally:
+            STAMPS.append((label + " <", time.perf_counter()))
+
+    setattr(owner, name, stamped)
+
+
+def install():
+    from fused_lce import api
+    from fused_lce.backends.triton import provider as tp
+    from fused_lce.backends.triton.kernels import gemm as kg
+    from fused_lce.backends.triton.kernels import rows as kr
+    from fused_lce.core import driver, registry
+    from fused_lce.ops import loss as ops_loss
+
+    _wrap(fused_lce, "linear_cross_entropy", "api")
+    api.linear_cross_entropy = fused_lce.linear_cross_entropy
+    _wrap(ops_loss, "_check", "op check")
+    _wrap(driver, "forward", "driver.forward")
+    _wrap(registry, "resolve", "resolve")
+    _wrap(driver, "run_forward")
+    _wrap(driver, "loss_from_stats")
+    _wrap(tp.TritonProvider, "new_grads")
+    _wrap(tp.TritonProvider, "fused")
+    _wrap(tp, "_live_order", "live_order (sync)")
+    _wrap(tp, "_free_bytes")
+    _wrap(tp, "plan_token_chunk")
+    _wrap(kg, "lce_gemm", "lce_gemm launch")
+    _wrap(kr, "combine")
+    _wrap(kr, "dz_from_exp")
+    _wrap(kr, "target_logit")
+    _wrap(tp.TritonProvider, "_token_gemms", "token_gemms")
+    _wrap(tp.TritonProvider, "finish")
+    _wrap(torch.autograd, "grad", "autograd.grad")
+
+
+def step_stamps(h, w, y):
+    fn = lambda hh, ww, yy: fused_lce.linear_cross_entropy(hh, ww, yy, backend="triton", validate=False)  # noqa: E731
+    torch.cuda.synchronize()
+    STAMPS.clear()
+    t0 = time.perf_counter()
+    r = fwd_bwd(fn, h, w, y)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    del r
+    seen, out = {}, []
+    for label, t in STAMPS:  # the k-th occurrence of a label gets its own row
+        seen[label] = seen.get(label, 0) + 1
+        out.append((f"{label} #{seen[label]}" if seen[label] > 1 else label, (t - t0) * 1e6))
+    return out + [("step issued", (t1 - t0) * 1e6)]
+
+
+def launch_profile(h, w, reps=100, k=30):
+    """Median host microseconds of one EXP logits-GEMM launch and the self-time profile of ``reps`` of them."""
+    from fused_lce.backends.triton.kernels import gemm as kg
+
+    n, d = h.shape
+    v = w.shape[0]
+    cfg = kg.default_config(d)
+    out = torch.empty(n, -(-v // 64) * 64, device=h.device, dtype=h.dtype)[:, :v]
+    tiles = kg.TileStats.new(n, kg.num_tiles_n(v, cfg), h.device, False)
+    launch = getattr(kg.lce_gemm, "__wrapped__", kg.lce_gemm)
+    times, pr = [], cProfile.Profile()
+    for k_ in range(2 * reps):
+        if k_ % 10 == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if k_ >= reps:
+            pr.enable()
+        launch(kg.MODE_EXP, h, w, out, cfg, tiles=tiles)
+        if k_ >= reps:
+            pr.disable()
+        else:
+            times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(k)
+    return statistics.median(times), s.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="2048x1536x151936,8192x4096x151936")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--launch-profile", action="store_true", help="profile the EXP GEMM's launch alone")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    fn = lambda hh, ww, yy: fused_lce.linear_cross_entropy(hh, ww, yy, backend="triton", validate=False)  # noqa: E731
+    rows = []
+    for shape in args.shapes.split(","):
+        n, d, v = map(int, shape.split("x"))
+        h, w, y = make_inputs(n, d, v, dtype, "cuda", seed=n + v)
+        for _ in range(3):
+            fwd_bwd(fn, h, w, y)
+        plain = statistics.median(_event_ms(lambda: fwd_bwd(fn, h, w, y)) for _ in range(args.reps))
+        install_once()
+        runs = [step_stamps(h, w, y) for _ in range(args.reps + 2)][2:]
+        stamped = statistics.median(_event_ms(lambda: fwd_bwd(fn, h, w, y)) for _ in range(args.reps))
+        labels = [k for k, _ in runs[0]]
+        med = {k: statistics.median(dict(r)[k] for r in runs if k in dict(r)) for k in labels}
+        row = {"shape": shape, "dtype": args.dtype, "step_ms": plain, "step_ms_stamped": stamped,
+               "stamps_us": {k: round(t, 1) for k, t in med.items()}}
+        if args.launch_profile:
+            row["launch_us"], row["launch_self"] = launch_profile(h, w)
+            print(f"EXP GEMM launch: {row['launch_us']:.1f} us on the host\n{row['launch_self']}", flush=True)
+        rows.append(row)
+        print(json.dumps({"shape": shape, "step_ms": round(plain, 3), "stamped_ms": round(stamped, 3)}), flush=True)
+        prev = 0.0
+        for k, t in med.items():
+            print(f"  {t:9.1f} us  (+{t - prev:7.1f})  {k}", flush=True)
+            prev = t
+        del h, w, y
+        torch.cuda.empty_cache()
+    env = environment("cuda")
+    env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
+    base = os.path.join(args.out, f"host_stamps_{args.dtype}")
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": {"environment": env}, "rows": rows}, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(f"# Host timeline of one fwd+bwd step, {args.dtype} ({env.get('gpu')}, torch {env['torch']}, "
+                f"Triton {env.get('triton')}, commit {env['commit']})\n\nMedian microseconds from the step's start "
+                f"over {args.reps} steps, the device synchronised before each.\n")
+        for r in rows:
+            f.write(f"\n## {r['shape']}: step {r['step_ms']:.3f} ms (stamped {r['step_ms_stamped']:.3f})\n\n"
+                    "| us from start | gap us | stamp |\n|---|---|---|\n")
+            prev = 0.0
+            for k, t in r["stamps_us"].items():
+                f.write(f"| {t:.1f} | {t - prev:.1f} | {k} |\n")
+                prev = t
+            if "launch_us" in r:
+                f.write(f"\nEXP GEMM launch alone: {r['launch_us']:.1f} us on the host\n\n```\n{r['launch_self']}```\n")
+    return 0
+
+
+_INSTALLED = []
+
+
+def install_once():
+    if not _INSTALLED:
+        install()
+        _INSTALLED.append(True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
