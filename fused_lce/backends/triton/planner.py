@@ -2,6 +2,7 @@
 the free device memory, and which rows have a gradient (live rows)."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Optional
@@ -46,12 +47,22 @@ def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Opt
     if d % 8 or any(p % 16 for p in ptrs):
         return "hidden rows or base pointers are not 16-byte aligned (tensor descriptors need them)"
     if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] < 9 and env not in ("1", "on", "true", "yes", "gemm"):
+        if _major(device) < 9 and env not in ("1", "on", "true", "yes", "gemm"):
             return "a GPU before Hopper (no TMA): the cuBLAS path is faster there"
         return None
     if _interpreting() and env in ("1", "on", "true", "yes", "gemm"):
         return None
     return f"device {device.type}"
+
+
+def _major(device: torch.device) -> int:
+    return _cuda_major(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_major(index: int) -> int:
+    """The compute capability's major version, asked once per device (host time before the first launch)."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _pad(v: int, elems: int) -> int:

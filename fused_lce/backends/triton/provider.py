@@ -169,24 +169,25 @@ class TritonProvider(Provider):
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
+        gemm = self.path_reason(t, opts) is None
         perm = None
-        if v and nc and not keep and self.path_reason(t, opts) is None:
+        if v and nc and not keep and gemm:
             perm = _live_order_device(t.labels[rows] != opts.ignore_index)
         if perm is None:
-            return self._stats(t, rows, opts, keep)
+            return self._stats(t, rows, opts, keep, gemm)
         # the driver reads no statistic of an ignored token: the others are gathered to the front and the GEMM
         # computes their row tiles only, counting them on the device (no host synchronisation)
-        return self._stats(t, rows, opts, False, live=perm)
+        return self._stats(t, rows, opts, False, gemm, live=perm)
 
-    def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, live=None):
-        """``live``: (order, count) of the fused-GEMM path's live rows, or None for all rows. The GEMMs then take
-        the rows ``order`` (``count`` of them computed, a device integer); the combine kernel writes token order
-        and neutral statistics for the others, and the label's logit is taken in token order."""
+    def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, gemm: bool, live=None):
+        """``gemm``: the fused-GEMM path runs (``path_reason`` is None). ``live``: (order, count) of that path's
+        live rows, or None for all rows. The GEMMs then take the rows ``order`` (``count`` of them computed, a
+        device integer); the combine kernel writes token order and neutral statistics for the others, and the
+        label's logit is taken in token order."""
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
         raw = _new_stats(nc, h.device, opts.entropy)
-        gemm = self.path_reason(t, opts) is None
         if v == 0:
             raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
             if opts.entropy:

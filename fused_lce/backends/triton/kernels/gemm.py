@@ -19,6 +19,7 @@ tile's loads can start during the epilogue; ``ws`` asks Triton to warp-specialis
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -67,6 +68,7 @@ class GemmConfig:
     ws: int = 0  # persistent grid: Triton's automatic warp specialisation of the tile loop (loads / MMA / epilogue)
 
     @staticmethod
+    @functools.lru_cache(maxsize=64)  # the launch path parses the environment's text on every call
     def parse(text: str) -> "GemmConfig":
         """``"bm,bn,bk,stages,warps,group_m,subtile,persistent,ws"`` (a prefix is enough)."""
         vals = [int(x) for x in text.split(",") if x.strip()]
@@ -207,7 +209,14 @@ def num_tiles_n(v: int, cfg: GemmConfig) -> int:
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    """Once per device: asking torch every launch cost ~10 us of host time on the H200's host, where the first
+    GEMM's launch is on the critical path of a short step."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @dataclass
