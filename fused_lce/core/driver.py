@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .formulas import (label_classes, label_valid, logprob_coefs, logprobs_from_stats, loss_coefs,
+from .formulas import (count_scale, label_classes, label_valid, logprob_coefs, logprobs_from_stats, loss_coefs,
                        loss_from_stats, loss_terms, lse_of, mean_divisor, safe_inverse, token_weights)
 from .provider import Provider
 from .types import LOGPROBS, Coefs, EntropyStats, Options, Problem, Stats, Tensors, TokenWeights
@@ -201,7 +201,9 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
         classes.extend(label_classes(labels, opts, weight.shape[0], valid))
         return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
 
-    tw = TokenWeights(valid, weights)
+    # the scale from the live count alone, for a provider that reads it on the host (a tensor num_items is not)
+    by_count = functools.partial(count_scale, reduction) if num_items is None and reduction != "none" else None
+    tw = TokenWeights(valid, weights, by_count)
     st, grads = run_forward(provider, t, opts, tw if want else None, None, mask if want else (False,) * 3, group)
     _, inv = tw.get()
     per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0], classes)

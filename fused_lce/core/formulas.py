@@ -9,6 +9,7 @@ four numbers of ``LossTerms`` (``loss_terms``).
 from __future__ import annotations
 
 import math
+import struct
 from typing import Optional
 
 import torch
@@ -144,6 +145,18 @@ def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torc
     if num_items is not None:
         return num_items.to(device=labels.device, dtype=torch.float32).reshape(())
     return (labels != ignore_index if valid is None else valid).sum(dtype=torch.float32)
+
+
+def count_scale(reduction: str, count: int) -> Optional[float]:
+    """``safe_inverse(mean_divisor(reduction, None, ...))`` on the host when ``count`` tokens are valid: 1 for
+    "sum", float32 ``1 / count`` for "mean" (0 for no token), equal to the device's value: the count is exact in
+    float32 up to 2**24 (None above), and 1 / count rounded to double and then to float32 is the correctly rounded
+    float32 quotient (the double has more than 2 * 24 + 2 bits). None for "none"."""
+    if reduction == "sum":
+        return 1.0
+    if reduction != "mean" or not 0 <= count <= 2**24:
+        return None
+    return struct.unpack("f", struct.pack("f", 1.0 / count))[0] if count else 0.0
 
 
 def safe_inverse(div: torch.Tensor) -> torch.Tensor:

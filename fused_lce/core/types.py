@@ -156,11 +156,16 @@ class TokenWeights:
     """The one-pass loss's per-token weights, formed on first use. ``live`` (bool, (N,)): the tokens with a
     gradient (label not ignored), given at once; ``get()`` -> (``g``: float32 (N,) weights, 0 ignored and NaN for
     a bad label; ``scale``: 0-dim float32, the reduction's 1 / divisor). A kernel provider calls ``get()`` after
-    its first large launch: the small ops that form them cost host time the device would otherwise wait through."""
+    its first large launch: the small ops that form them cost host time the device would otherwise wait through.
+    ``scale_of_count``: when the scale depends on nothing but the number of live tokens ("mean" over them, or
+    "sum"), that number -> the scale as a Python float, equal to the device's float32 value; else None. A provider
+    that needs the scale on the host and counts the live rows anyway need not form the weights early for it."""
 
-    def __init__(self, live: torch.Tensor, make: Callable[[], tuple]):
+    def __init__(self, live: torch.Tensor, make: Callable[[], tuple],
+                 scale_of_count: Optional[Callable[[int], float]] = None):
         self.live = live
         self._make, self._value = make, None
+        self.scale_of_count = scale_of_count
 
     def get(self) -> tuple:
         if self._make is not None:

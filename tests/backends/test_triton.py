@@ -107,10 +107,12 @@ def test_statistics_only_pass_is_one_block(monkeypatch):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype):
+@pytest.mark.parametrize("by_count", [False, True], ids=["scale-on-device", "scale-by-count"])
+def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype, by_count):
     """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row gather
-    before it and forms the token weights and scale after it. fp16 reads its scale on the host (cuBLAS's alpha)
-    right after the live count's synchronisation, so it forms them first."""
+    before it and forms the token weights and scale after it. fp16 takes its scale on the host (cuBLAS's alpha):
+    from the live count when the weights give ``scale_of_count`` (then it forms them late too), else it forms them
+    first and reads the scale right after the live count's synchronisation."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton import provider as P
@@ -129,11 +131,14 @@ def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype):
     n, d, v = 40, 16, 64
     t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype), torch.randint(0, v, (n,)), None)
     t.labels[::3] = -100
-    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or ((t.labels != -100).float(), torch.tensor(0.5)))
+    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or ((t.labels != -100).float(), torch.tensor(0.5)),
+                      (lambda count: 0.5 if count == int((t.labels != -100).sum()) else None) if by_count else None)
     out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
     with pytest.raises(Stop):
         P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), v), Options(), out)
-    assert seen == [dtype == torch.float16]
+    assert seen == [dtype == torch.float16 and not by_count]
+    st = out.extra[0]
+    assert st.product_alpha() == (0.5 if dtype == torch.float16 else 1.0)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -303,6 +308,21 @@ for path in ("1", "0"):
     st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
     assert gr[0].dtype == torch.float16 and bool(gr[0][5].isnan().all()) and bool(gr[1].isnan().any()), path
     assert float(gr[0][[0, 1, 2, 3, 4, 6, 7, 8]].float().abs().sum()) == 0, path
+# fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same gradients, bit
+# for bit, as when the weights are formed first and the scale is read from the device
+import functools
+from fused_lce.core import TokenWeights
+os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
+h = torch.randn(23, 16).half(); w = (torch.randn(301, 16) / 4).half(); y = torch.randint(0, 301, (23,))
+y[::4] = -100
+o = Options(vocab_total=301, backend="triton")
+valid, bad = formulas.label_classes(y, o, 301)
+for red in ("mean", "sum"):
+    make = lambda: (formulas.token_weights(valid, bad),
+                    formulas.safe_inverse(formulas.mean_divisor(red, None, y, -100, valid)))
+    got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, TokenWeights(valid, make, by), None,
+                              (True, True, False))[1] for by in (None, functools.partial(formulas.count_scale, red))]
+    assert all(a.dtype == torch.float16 and torch.equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), red
 # a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
 # the others never written; one program per tile and persistent
 from fused_lce.backends.triton.kernels import gemm as kg

@@ -11,7 +11,7 @@ from ...core import (Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Pr
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
 from .planner import (FULL_RATE_ROWS, _free_bytes, _interpreting, _live_order, _live_order_device, _pad,
-                      compact_mode, gemm_path_reason, plan_token_chunk, plan_vocab_chunk)
+                      compact_mode, gemm_path_reason, plan_token_chunk, plan_vocab_chunk, skip_dead_rows)
 
 kgemm, krows = kernels.gemm, kernels.rows
 _launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
@@ -66,6 +66,11 @@ class _State:
     def defer_scale(self, scale) -> None:
         if self.host_alpha and self.alpha is None and not self.late:
             self._scale = scale
+
+    def take_scale(self, a: Optional[float]) -> None:
+        """The scale as a host number (``TokenWeights.scale_of_count``): ``product_alpha`` then reads nothing."""
+        if self.host_alpha and a is not None:
+            self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
 
     def product_alpha(self) -> float:
         """The alpha of the gradient products, the scale read on the host once. The one-pass loss reads it right
@@ -337,9 +342,16 @@ class TritonProvider(Provider):
         # device waits for the host, so only the first GEMM's inputs come before its launch
         row_bytes, free = self._row_bytes(v, d, h.element_size(), opts, True), _free_bytes(h.device)
         g = kscale = None
-        if st.host_alpha:  # fp16: the scale, cuBLAS's alpha, is formed first and read on the host right after the
-            g, kscale = self._weights(weights, st)  # live count's synchronisation (nothing else queued then)
+        # fp16: the scale is cuBLAS's alpha, a host number. From the live count when it depends on nothing else;
+        # else formed first and read on the host right after the count's synchronisation (nothing else queued)
+        by_count = weights.scale_of_count if skip_dead_rows() else None
+        if st.host_alpha and by_count is None:
+            g, kscale = self._weights(weights, st)
         perm = _live_order(weights.live)
+        if st.host_alpha and by_count is not None:
+            st.take_scale(by_count(n if perm is None else perm[1]))
+            if st.alpha is None and not st.late:  # no host value (a count beyond float32's integers)
+                g, kscale = self._weights(weights, st)
         st.product_alpha()
         idx, count = perm if perm is not None else (None, n)
         if idx is not None:
