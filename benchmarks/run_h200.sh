@@ -2,7 +2,7 @@
 # One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
 # own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
 # come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
-#   bash benchmarks/run_h200.sh probe ce lp host alltests      # stages, in this order
+#   bash benchmarks/run_h200.sh probe ce lp host stamps alltests      # stages, in this order
 # "probe" times the GEMM tile configurations of FUSED_LCE_PROBE_CONFIGS and exports the fastest (EXP + STATS + DZ
 # epilogues summed over FUSED_LCE_PROBE_SHAPES) as FUSED_LCE_GEMM_CONFIG for the stages after it.
 set -u
@@ -41,6 +41,8 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
         ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile --steady ${CE_STEADY:-5} \
                    ${CE_ARGS:-} \
                    > "$OUT/ce.log" 2>&1; grep -E "ms \(|rror" "$OUT/ce.log" | cut -c1-150 ;;
+        stamps) timeout ${STAMPS_LIMIT:-120} python3 benchmarks/host_stamps.py --out "$OUT" --launch-profile \
+                   ${STAMPS_ARGS:-} > "$OUT/stamps.log" 2>&1; grep -E 'step_ms|launch:' "$OUT/stamps.log" ;;
         host) timeout ${HOST_LIMIT:-150} python3 benchmarks/host_profile.py --out "$OUT" --launch-costs \
                    ${HOST_ARGS:---shapes 2048x1536x151936} > "$OUT/host.log" 2>&1; grep '^{"shape' "$OUT/host.log" \
                    | cut -c1-200 ;;
