@@ -23,20 +23,6 @@ settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
-def _warm_vector_math():
-    """One single-threaded call of each of MKL's vector-math functions that torch's CPU kernels use, before any
-    test. When a process's first call of one of them runs on two threads at once, one thread's part can come back
-    at a coarse accuracy (measured: exp off by 1.5e-4 relative on half of a (37, 75) tensor, once in ~40
-    processes, exact on every later call), and a float64 comparison then fails at random."""
-    for dtype in (torch.float32, torch.float64):
-        x = torch.full((64,), 0.5, dtype=dtype)  # below the parallel grain: runs on this thread alone
-        for fn in (torch.exp, torch.log, torch.log1p, torch.expm1, torch.tanh, torch.sigmoid, torch.sqrt):
-            fn(x)
-
-
-_warm_vector_math()
-
-
 def _devices():
     devs = ["cpu"]
     if torch.cuda.is_available():

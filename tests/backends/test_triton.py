@@ -309,20 +309,26 @@ for path in ("1", "0"):
     assert gr[0].dtype == torch.float16 and bool(gr[0][5].isnan().all()) and bool(gr[1].isnan().any()), path
     assert float(gr[0][[0, 1, 2, 3, 4, 6, 7, 8]].float().abs().sum()) == 0, path
 # fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same gradients, bit
-# for bit, as when the weights are formed first and the scale is read from the device
+# for bit, as when the weights are formed first and the scale is read from the device; also with ignored tokens
+# kept in the products (FUSED_LCE_SKIP_IGNORED=0: the count is not taken then) and with every token ignored
 import functools
 from fused_lce.core import TokenWeights
 os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
-h = torch.randn(23, 16).half(); w = (torch.randn(301, 16) / 4).half(); y = torch.randint(0, 301, (23,))
-y[::4] = -100
+h = torch.randn(23, 16).half(); w = (torch.randn(301, 16) / 4).half()
 o = Options(vocab_total=301, backend="triton")
-valid, bad = formulas.label_classes(y, o, 301)
-for red in ("mean", "sum"):
-    make = lambda: (formulas.token_weights(valid, bad),
-                    formulas.safe_inverse(formulas.mean_divisor(red, None, y, -100, valid)))
-    got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, TokenWeights(valid, make, by), None,
-                              (True, True, False))[1] for by in (None, functools.partial(formulas.count_scale, red))]
-    assert all(a.dtype == torch.float16 and torch.equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), red
+for y in (torch.where(torch.arange(23) % 4 == 0, -100, torch.randint(0, 301, (23,))), torch.full((23,), -100)):
+    valid, bad = formulas.label_classes(y, o, 301)
+    for red in ("mean", "sum"):
+        make = lambda: (formulas.token_weights(valid, bad),
+                        formulas.safe_inverse(formulas.mean_divisor(red, None, y, -100, valid)))
+        for skip in ("1", "0"):
+            os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
+            got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, TokenWeights(valid, make, by), None,
+                                      (True, True, False))[1]
+                   for by in (None, functools.partial(formulas.count_scale, red))]
+            assert all(a.dtype == torch.float16 and torch.equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), \
+                (red, skip, int(valid.sum()))
+os.environ.pop("FUSED_LCE_SKIP_IGNORED")
 # a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
 # the others never written; one program per tile and persistent
 from fused_lce.backends.triton.kernels import gemm as kg
@@ -378,6 +384,7 @@ def test_kernel_under_triton_interpreter(tmp_path, seed):
 LOGPROB_INTERP_SCRIPT = r"""
 import json, math, os, sys, torch
 sys.path.insert(0, sys.argv[1])
+import tests  # noqa: F401  (one single-threaded call into MKL's vector math first: tests/__init__.py)
 import fused_lce
 from fused_lce.core import registry
 from fused_lce.backends import triton as tc
