@@ -158,11 +158,12 @@ class TokenWeights:
     a bad label; ``scale``: 0-dim float32, the reduction's 1 / divisor). A kernel provider calls ``get()`` after
     its first large launch: the small ops that form them cost host time the device would otherwise wait through.
     ``scale_of_count``: when the scale depends on nothing but the number of live tokens ("mean" over them, or
-    "sum"), that number -> the scale as a Python float, equal to the device's float32 value; else None. A provider
-    that needs the scale on the host and counts the live rows anyway need not form the weights early for it."""
+    "sum"), that number -> the scale as a Python float, equal to the device's float32 value, or None where it has
+    none (a count above 2**24: then form the weights and read the scale); else None. A provider that needs the
+    scale on the host and counts the live rows anyway need not form the weights early for it."""
 
     def __init__(self, live: torch.Tensor, make: Callable[[], tuple],
-                 scale_of_count: Optional[Callable[[int], float]] = None):
+                 scale_of_count: Optional[Callable[[int], Optional[float]]] = None):
         self.live = live
         self._make, self._value = make, None
         self.scale_of_count = scale_of_count

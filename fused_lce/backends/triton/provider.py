@@ -327,7 +327,8 @@ class TritonProvider(Provider):
         """The one-pass loss on the fused-GEMM path. Tokens with a gradient (``weights.live``) are gathered to the
         front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks. An ignored
         token costs no logit: its statistics are not read. The token weights are formed after the first GEMM's
-        launch (up to there the device waits for the host)."""
+        launch (up to there the device waits for the host), except in fp16 when the products' scale does not come
+        from the live count (``TokenWeights.scale_of_count``): then before the count's synchronisation."""
         st, want_dw = out.extra
         h, w, y = t.hidden, t.weight, t.labels
         (n, d), v = h.shape, w.shape[0]
@@ -350,7 +351,7 @@ class TritonProvider(Provider):
         perm = _live_order(weights.live)
         if st.host_alpha and by_count is not None:
             st.take_scale(by_count(n if perm is None else perm[1]))
-            if st.alpha is None and not st.late:  # no host value (a count beyond float32's integers)
+            if st.alpha is None and not st.late:  # no host value (a count above 2**24)
                 g, kscale = self._weights(weights, st)
         st.product_alpha()
         idx, count = perm if perm is not None else (None, n)
