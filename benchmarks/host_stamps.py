@@ -1,12 +1,15 @@
-"""Host timeline of one fused_lce CUDA fwd+bwd step, without a profiler's overhead: ``perf_counter`` stamps at the
-entry and exit of the step's main functions (wrapped in place: ~1 us each), median microseconds from the step's
-start over --reps steps, with the device synchronised before each step (as gpu.py's rounds are). The gaps between
-stamps show where the host spends the time the device waits through before the first logits GEMM.
+"""Host timeline of one fused_lce CUDA step, without a profiler's overhead: ``perf_counter`` stamps at the entry
+and exit of the step's main functions (wrapped in place: ~1 us each), median microseconds from the step's start
+over --reps steps, with the device synchronised before each step (as gpu.py's rounds are). The gaps between stamps
+show where the host spends the time the device waits through before the first logits GEMM. --op picks the step:
+``loss`` (fwd+bwd of the mean loss, as gpu.py), ``logprobs`` (log-probs + entropy, fwd+bwd of their sum) or
+``logprobs_nograd`` (their forward under ``torch.no_grad``, as a reference model's).
 
 With --launch-profile also a self-time profile (cProfile) of 100 launches of the EXP logits GEMM alone (the queue
 drained every 10), to see what one Triton launch costs on the host.
 
     PYTHONPATH=. python benchmarks/host_stamps.py --out bench-out [--shapes 2048x1536x151936] [--dtype bfloat16]
+        [--op loss|logprobs|logprobs_nograd]
 """
 from __future__ import annotations
 
@@ -33,9 +36,24 @@ STAMPS: list = []
 _SAVED: list = []  # (owner, name, original) of every wrapped function, while installed
 
 
+OPS = ("loss", "logprobs", "logprobs_nograd")
+
+
 def _loss(h, w, y):
     """The step's loss call (``fused_lce.linear_cross_entropy`` looked up per call: the stamped one once installed)."""
     return fused_lce.linear_cross_entropy(h, w, y, backend="triton", validate=False)
+
+
+def _step(op, h, w, y):
+    """One step of ``op`` (the public function looked up per call, as ``_loss``)."""
+    if op == "loss":
+        return fwd_bwd(_loss, h, w, y)
+    if op == "logprobs_nograd":
+        with torch.no_grad():
+            return fused_lce.linear_logprobs(h, w, y, backend="triton", return_entropy=True)
+    hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+    lp, ent = fused_lce.linear_logprobs(hh, ww, y, backend="triton", return_entropy=True)
+    return torch.autograd.grad(lp.sum() + ent.sum(), (hh, ww))
 
 
 def _wrap(owner, name, label=None):
@@ -63,44 +81,57 @@ def uninstall():
     from fused_lce import api
 
     api.linear_cross_entropy = fused_lce.linear_cross_entropy
+    api.linear_logprobs = fused_lce.linear_logprobs
 
 
-def install():
-    """Wrap the step's main functions."""
+def install(op="loss"):
+    """Wrap the main functions of ``op``'s step."""
     uninstall()
     from fused_lce import api
     from fused_lce.backends.triton import provider as tp
     from fused_lce.backends.triton.kernels import gemm as kg
     from fused_lce.backends.triton.kernels import rows as kr
     from fused_lce.core import driver, registry
+    from fused_lce.ops import logprobs as ops_logprobs
     from fused_lce.ops import loss as ops_loss
 
-    _wrap(fused_lce, "linear_cross_entropy", "api")
-    api.linear_cross_entropy = fused_lce.linear_cross_entropy
-    _wrap(ops_loss, "_check", "op check")
-    _wrap(driver, "forward", "driver.forward")
+    public = "linear_cross_entropy" if op == "loss" else "linear_logprobs"
+    _wrap(fused_lce, public, "api")
+    setattr(api, public, getattr(fused_lce, public))
+    _wrap(ops_loss if op == "loss" else ops_logprobs, "_check", "op check")
     _wrap(registry, "resolve", "resolve")
     _wrap(driver, "run_forward")
-    _wrap(driver, "loss_from_stats")
-    _wrap(tp.TritonProvider, "new_grads")
-    _wrap(tp.TritonProvider, "fused")
-    _wrap(tp, "_live_order", "live_order (sync)")
     _wrap(tp, "_free_bytes")
-    _wrap(tp, "plan_token_chunk")
     _wrap(kg, "lce_gemm", "lce_gemm launch")
     _wrap(kr, "combine")
-    _wrap(kr, "dz_from_exp")
     _wrap(kr, "target_logit")
-    _wrap(tp.TritonProvider, "_token_gemms", "token_gemms")
-    _wrap(tp.TritonProvider, "finish")
     _wrap(torch.autograd, "grad", "autograd.grad")
+    if op == "loss":
+        _wrap(driver, "forward", "driver.forward")
+        _wrap(driver, "loss_from_stats")
+        _wrap(tp.TritonProvider, "new_grads")
+        _wrap(tp.TritonProvider, "fused")
+        _wrap(tp, "_live_order", "live_order (sync)")
+        _wrap(tp, "plan_token_chunk")
+        _wrap(kr, "dz_from_exp")
+        _wrap(tp.TritonProvider, "_token_gemms", "token_gemms")
+        _wrap(tp.TritonProvider, "finish")
+    else:
+        _wrap(driver, "logprobs_forward")
+        _wrap(driver, "logprobs_from_stats")
+        _wrap(driver, "logprobs_backward")
+        _wrap(driver, "run_backward")
+        _wrap(tp.TritonProvider, "token_block")
+        _wrap(tp.TritonProvider, "stats")
+        _wrap(tp.TritonProvider, "grads")
+        _wrap(tp, "_live_order_device", "live_order (device)")
 
 
-def step_stamps(h, w, y):
+def step_stamps(op, h, w, y):
     torch.cuda.synchronize()
     STAMPS.clear()
     t0 = time.perf_counter()
-    r = fwd_bwd(_loss, h, w, y)
+    r = _step(op, h, w, y)
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     del r
@@ -145,6 +176,7 @@ def main():
     ap.add_argument("--shapes", default="2048x1536x151936,8192x4096x151936")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--op", choices=OPS, default="loss", help="the step timed (default: the loss, fwd+bwd)")
     ap.add_argument("--launch-profile", action="store_true", help="profile the EXP GEMM's launch alone")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -153,16 +185,17 @@ def main():
     for shape in args.shapes.split(","):
         n, d, v = map(int, shape.split("x"))
         h, w, y = make_inputs(n, d, v, dtype, "cuda", seed=n + v)
+        step = functools.partial(_step, args.op, h, w, y)
         for _ in range(3):
-            fwd_bwd(_loss, h, w, y)
-        plain = statistics.median(_event_ms(lambda: fwd_bwd(_loss, h, w, y)) for _ in range(args.reps))
-        install()
-        runs = [step_stamps(h, w, y) for _ in range(args.reps + 2)][2:]
-        stamped = statistics.median(_event_ms(lambda: fwd_bwd(_loss, h, w, y)) for _ in range(args.reps))
+            step()
+        plain = statistics.median(_event_ms(step) for _ in range(args.reps))
+        install(args.op)
+        runs = [step_stamps(args.op, h, w, y) for _ in range(args.reps + 2)][2:]
+        stamped = statistics.median(_event_ms(step) for _ in range(args.reps))
         uninstall()
         labels = [k for k, _ in runs[0]]
         med = {k: statistics.median(dict(r)[k] for r in runs if k in dict(r)) for k in labels}
-        row = {"shape": shape, "dtype": args.dtype, "step_ms": plain, "step_ms_stamped": stamped,
+        row = {"shape": shape, "dtype": args.dtype, "op": args.op, "step_ms": plain, "step_ms_stamped": stamped,
                "stamps_us": {k: round(t, 1) for k, t in med.items()}}
         if args.launch_profile:
             row["launch_us"], row["launch_self"] = launch_profile(h, w)
@@ -177,11 +210,12 @@ def main():
         torch.cuda.empty_cache()
     env = environment("cuda")
     env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
-    base = os.path.join(args.out, f"host_stamps_{args.dtype}")
+    base = os.path.join(args.out, f"host_stamps_{args.dtype}" if args.op == "loss" else
+                        f"host_stamps_{args.op}_{args.dtype}")
     with open(base + ".json", "w") as f:
         json.dump({"meta": {"environment": env}, "rows": rows}, f, indent=1)
     with open(base + ".md", "w") as f:
-        f.write(f"# Host timeline of one fwd+bwd step, {args.dtype} ({env.get('gpu')}, torch {env['torch']}, "
+        f.write(f"# Host timeline of one {args.op} step, {args.dtype} ({env.get('gpu')}, torch {env['torch']}, "
                 f"Triton {env.get('triton')}, commit {env['commit']})\n\nMedian microseconds from the step's start "
                 f"over {args.reps} steps, the device synchronised before each.\n")
         for r in rows:
