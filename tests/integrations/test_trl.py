@@ -122,8 +122,9 @@ def train(trainer):
     return logs, params
 
 
-def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=()):
-    """Every number the trainer logged (loss, metrics) and every parameter, within fp32 rounding."""
+def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=(), key_rel=None):
+    """Every number the trainer logged (loss, metrics) and every parameter, within fp32 rounding (``key_rel``: a
+    relative tolerance of its own for some logged keys)."""
     (ref_logs, ref_params), (logs, params) = stock, fused
     assert len(logs) == len(ref_logs) >= 2
     for ref, out in zip(ref_logs, logs):
@@ -134,7 +135,7 @@ def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=()):
             if math.isnan(want):
                 assert math.isnan(out[key]), (key, seed)
             else:
-                assert out[key] == pytest.approx(want, rel=rel, abs=1e-6), (key, seed)
+                assert out[key] == pytest.approx(want, rel=(key_rel or {}).get(key, rel), abs=1e-6), (key, seed)
     for name, p in params.items():
         torch.testing.assert_close(p, ref_params[name], atol=atol, rtol=10 * rel,
                                    msg=lambda m: f"seed={seed} {name}: {m}")
@@ -158,7 +159,8 @@ def run_sft(model, tmp_path, seed, patch=None, bf16=False, **options):
 def stock_sft(tmp_path_factory):
     """Stock SFTTrainer (TRL's own fused head) with a fresh seed per test session: full fine-tuning in fp32, and
     the seed flow (LoRA on all projections, bf16 autocast, gradient checkpointing)."""
-    seed = int.from_bytes(os.urandom(4), "little") if not os.environ.get("CI") else 26
+    seed = (int(os.environ["FUSED_LCE_TEST_SEED"]) if os.environ.get("FUSED_LCE_TEST_SEED")  # replay a failure
+            else 26 if os.environ.get("CI") else int.from_bytes(os.urandom(4), "little"))
     runs = {"seed": seed}
     for kind in ("full", "lora"):
         model = tiny_qwen3(seed)
@@ -195,9 +197,11 @@ def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path
         and len(driver_calls) - len(probe) == 4, driver_calls
     assert trl_kernel_calls == []
     assert 0 < ref_logs[0]["mean_token_accuracy"] < 1, "the data must tell a right accuracy from a wrong one"
-    if kind == "lora":  # bf16: TRL's kernel and fused_lce round the bf16 logits' statistics differently
+    if kind == "lora":  # bf16: TRL's kernel and fused_lce round the bf16 logits' statistics differently. The
+        # gradient norm (over the whole model's bf16 gradients) moved by a median 4e-4 and up to 5.1e-3 relative
+        # over 30 seeds (60 logged steps; 3 above 2e-3), the loss by up to 7e-5
         assert_same_training((ref_logs, ref_params), (logs, params), seed, rel=2e-3, atol=5e-4,
-                             skip=("mean_token_accuracy", "entropy"))
+                             skip=("mean_token_accuracy", "entropy"), key_rel={"grad_norm": 1e-2})
         for ref, out in zip(ref_logs, logs):
             assert out["mean_token_accuracy"] == pytest.approx(ref["mean_token_accuracy"], abs=0.05), seed
             assert out["entropy"] == pytest.approx(ref["entropy"], rel=2e-3), seed
