@@ -135,4 +135,4 @@ def _backward(ctx, g_lp, g_ent, *_unused):
             + (None,) * (n_inputs - 4))
 
 
-torch.library.register_autograd("fused_lce::logprobs", _backward, setup_context=_setup_context, lib=_lib)
+FORWARD.register_autograd(_lib, _backward, _setup_context)

@@ -209,15 +209,15 @@ def _backward_impl(ctx, g_loss):
     return (out[0], out[1], None, out[2]) + (None,) * (n_inputs - 4)
 
 
-torch.library.register_autograd("fused_lce::forward", _backward, setup_context=_setup_context, lib=_lib)
+FORWARD.register_autograd(_lib, _backward, _setup_context)
 
 
 # ------------------------------------------------------------------------------------------------ torch.func
 class FuncForward(torch.autograd.Function):
     """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
-    ``vmap``). The autograd formula that ``torch.library.register_autograd`` installs is not functorch-compatible
-    (it is a ctx-style ``autograd.Function``), so while a transform is active the public API calls the op through
-    this Function, whose backward is the same formula. One level of reverse mode: ``fused_lce.api`` rejects nested
+    ``vmap``). The op's Autograd kernel (``OpSchema.register_autograd``, as ``torch.library.register_autograd``'s)
+    is not functorch-compatible (a ctx-style ``autograd.Function``), so while a transform is active the public API
+    calls the op through this Function, whose backward is the same formula. One level of reverse mode: ``fused_lce.api`` rejects nested
     grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
 
     generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below

@@ -48,3 +48,41 @@ class OpSchema:
     @property
     def op(self):
         return getattr(torch.ops.fused_lce, self.name).default
+
+    def register_autograd(self, lib: torch.library.Library, backward, setup_context) -> None:
+        """The op's Autograd kernel: what ``torch.library.register_autograd(op, backward, setup_context=...)``
+        installs (an ``autograd.Function`` around the op's kernels below the Autograd key, for inputs that need
+        gradients), less one step. torch's re-adds the arguments the dispatcher dropped for equalling their
+        defaults, walking the schema's argument list once per argument on every call: ~150 us of host time per
+        call of these ~20-argument ops on an H200's host, spent while the device waits for the next kernel. These
+        schemas declare no defaults, so every argument arrives as passed."""
+        if any(a.has_default_value() for a in self.op._schema.arguments):
+            raise TypeError(f"{self.name}: a schema default would be dropped before setup_context sees it")
+        op = self.op
+        below = torch._C._after_autograd_keyset
+
+        def forward(ctx, *args):
+            *args, keyset = args
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op.redispatch(keyset & below, *args)
+            setup_context(ctx, tuple(args), out)
+            return out
+
+        def backward_(ctx, *grads):
+            wanted = ctx.needs_input_grad
+            ctx.needs_input_grad = wanted[:-1]  # the trailing key set is no input of the op
+            try:
+                return (*backward(ctx, *grads), None)
+            finally:
+                ctx.needs_input_grad = wanted
+
+        fn = type(f"{self.name}_autograd", (torch.autograd.Function,),
+                  {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
+
+        def kernel(keyset, *args):
+            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                return fn.apply(*args, keyset)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(keyset & below, *args)
+
+        lib.impl(self.name, kernel, "Autograd", with_keyset=True)
