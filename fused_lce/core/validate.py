@@ -25,9 +25,26 @@ _TYPES = {"int": (int, "an int"), "float": ((int, float), "a float"), "str": (st
 
 
 # ------------------------------------------------------------------------------------------------ op inputs
+_CHECKED: dict = {}  # the Options of recent option values (each op call checks ~15 of them: host time per call)
+
+
 def options(values: dict) -> Options:
     """The ``Options`` of an op call from its bound arguments (every field present in ``values``; absent fields
     keep their defaults), type- and range-checked field by field from the field's own metadata."""
+    key = tuple((k, type(x), x) for k, x in values.items())
+    try:
+        o = _CHECKED.get(key)
+    except TypeError:  # an unhashable value: checked (and refused) below
+        key, o = None, None
+    if o is None:
+        o = _checked_options(values)
+        if key is not None and len(_CHECKED) < 256:
+            _CHECKED[key] = o
+    backend(o.backend)  # the registry may have changed
+    return o
+
+
+def _checked_options(values: dict) -> Options:
     kept = {}
     for f in dataclasses.fields(Options):
         if f.name not in values:
@@ -40,9 +57,7 @@ def options(values: dict) -> Options:
         if ok is not None and not ok(x):
             raise ValueError(f"{f.name}: expected {f.metadata['expect']}, got {x}")
         kept[f.name] = x
-    o = Options(**kept)
-    backend(o.backend)
-    return o
+    return Options(**kept)
 
 
 def backend(name) -> str:
