@@ -15,7 +15,6 @@ import torch
 from . import ops
 from .core import registry
 from .core import validate as check
-from .core.formulas import bad_labels
 from .core.validate import LABEL_DTYPES
 
 
@@ -314,8 +313,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
         total = vocab_total or v
         yv = _unwrapped(y)  # under vmap: the whole batch
-        if int(bad_labels(yv, ignore_index, total)):
-            bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
+        bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
+        if bool(bad.any()):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
                              f"got {int(yv[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
     opts = dict(ignore_index=ignore_index, softcap=float(softcap), backend=backend, group_name=group_name,
@@ -370,7 +369,8 @@ def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -
         raise ValueError(f"vocab_size: expected an int >= 0, got {vocab_size!r}")
     check.integer("ignore_index", ignore_index)
     y = labels[..., 1:] if check.flag("shift", shift) and labels.dim() > 0 else labels
-    return bad_labels(y, ignore_index, vocab_size)
+    bad = (y != ignore_index) & ((y < 0) | (y >= vocab_size))
+    return bad.sum()
 
 
 def backend_info() -> dict:

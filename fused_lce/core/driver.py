@@ -263,7 +263,8 @@ def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, 
         return None, None, None
     t = _tensors(hidden, weight, labels, bias, opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, mask, op=LOGPROBS))
-    coef = logprob_coefs(grad_logprob, grad_entropy, zmean, labels, opts, weight.shape[0])
+    coef = logprob_coefs(grad_logprob, grad_entropy, zmean, *label_classes(labels, opts, weight.shape[0]),
+                         opts.temperature)
     dh, dw, db = run_backward(provider, t, lse.to(torch.float32).contiguous(), coef, opts, mask,
                               fp32_dh=group is not None, op=LOGPROBS)
     if dh is not None:

@@ -14,7 +14,6 @@ from typing import Optional
 
 import torch
 
-from .fusion import one_kernel
 from .types import Coefs, LossTerms, Options, Stats
 
 
@@ -32,22 +31,10 @@ def label_valid(labels: torch.Tensor, opts: Options) -> torch.Tensor:
 def label_classes(labels: torch.Tensor, opts: Options, v_local: int, valid: Optional[torch.Tensor] = None):
     """(valid, bad): not ignored (``valid``: that mask when the caller has it), and valid but outside
     [0, vocab_total)."""
-    return _classes(_int64(labels), opts.ignore_index, opts.vocab(v_local), valid)
-
-
-def _classes(y: torch.Tensor, ignore_index: int, vocab: int, valid: Optional[torch.Tensor] = None):
-    valid = y != ignore_index if valid is None else valid
-    return valid, valid & ((y < 0) | (y >= vocab))
-
-
-def bad_labels(labels: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
-    """How many labels are neither ``ignore_index`` nor in [0, vocab) (0-dim int64, no host synchronisation)."""
-    return _bad_count(_int64(labels), ignore_index, vocab)
-
-
-@one_kernel
-def _bad_count(y, ignore_index: int, vocab: int) -> torch.Tensor:
-    return _classes(y, ignore_index, vocab)[1].sum()
+    y = _int64(labels)
+    valid = y != opts.ignore_index if valid is None else valid
+    bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
+    return valid, bad
 
 
 def _int64(labels: torch.Tensor) -> torch.Tensor:
@@ -112,29 +99,21 @@ def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int, l
     lse(2 z) - 2 lse(z)`` (``lse_half``: the lse of the logits at half the temperature, i.e. of ``2 z``). 0 (False)
     where ignored, NaN for a bad label; the statistics of an ignored token are not read (its lse and E_p[z], saved
     for the backward, are 0)."""
-    vt = opts.vocab(v_local)
-    valid, bad, lse, logprob, entropy, zmean, is_top1 = _logprob_outputs(
-        st.m, st.s, st.target, st.ez if opts.entropy else None, st.argmax, _int64(labels), opts.ignore_index, vt)
-    mean_logit = per_token(st.zsum / max(vt, 1), valid, bad) if opts.mean_logit else None
+    valid, bad = label_classes(labels, opts, v_local)
+    lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
+    logprob = per_token(st.target - lse, valid, bad)
+    entropy = zmean = None
+    if opts.entropy:
+        q = st.ez / st.s  # E_p[z] - m
+        entropy, zmean = per_token(torch.log(st.s) - q, valid, bad), torch.where(valid, st.m + q, 0.0)
+    mean_logit = per_token(st.zsum / max(opts.vocab(v_local), 1), valid, bad) if opts.mean_logit else None
     log_sum_sq = per_token(lse_half - 2.0 * lse, valid, bad) if lse_half is not None else None
+    is_top1 = valid & ~bad & (st.argmax == labels.long())
     return logprob, entropy, lse, zmean, mean_logit, is_top1, log_sum_sq
 
 
-@one_kernel
-def _logprob_outputs(m, s, target, ez, argmax, y, ignore_index: int, vocab: int):
-    """The per-token outputs every log-prob call returns (``ez`` None: no entropy), with the label classes."""
-    valid, bad = _classes(y, ignore_index, vocab)
-    lse = torch.where(valid, lse_of(m, s), 0.0)
-    logprob = per_token(target - lse, valid, bad)
-    entropy = zmean = None
-    if ez is not None:
-        q = ez / s  # E_p[z] - m
-        entropy, zmean = per_token(torch.log(s) - q, valid, bad), torch.where(valid, m + q, 0.0)
-    return valid, bad, lse, logprob, entropy, zmean, valid & ~bad & (argmax == y)
-
-
 def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], zmean: Optional[torch.Tensor],
-                  labels: torch.Tensor, opts: Options, v_local: int) -> Coefs:
+                  valid: torch.Tensor, bad: torch.Tensor, temperature: float) -> Coefs:
     """Coefficients of the gradient of ``sum_i w_lp[i] logprob_i + w_ent[i] entropy_i`` (either weight may be
     None: 0), with ``z`` the tempered logits and ``zmean = E_p[z]``:
 
@@ -143,21 +122,18 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
 
     divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
     out of range, as the token weights of the loss."""
-    f32 = lambda x: None if x is None else x.to(torch.float32)  # noqa: E731
-    blk = _coef_block(f32(w_lp), f32(w_ent), None if w_ent is None else zmean, _int64(labels), opts.ignore_index,
-                      opts.vocab(v_local))
-    if opts.temperature != 1.0:  # (after the masks: 0 and NaN stay, 1 / T is finite)
-        blk = blk * (1.0 / opts.temperature)
+    # few ops (each costs host time the device waits through before the backward's GEMM): without entropy a and t
+    # hold the same numbers (one row of the block); with it the three are masked as one block
+    t = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32).neg()
+    if w_ent is None:
+        blk = t.unsqueeze(0)
+    else:
+        we = w_ent.to(torch.float32)
+        blk = torch.stack([torch.addcmul(t, we, zmean), t, we.neg()])
+    if temperature != 1.0:
+        blk = blk * (1.0 / temperature)
+    blk = per_token(blk, valid, bad)
     return Coefs(a=blk[0], t=blk[0], b=None) if w_ent is None else Coefs(a=blk[0], t=blk[1], b=blk[2])
-
-
-@one_kernel
-def _coef_block(w_lp, w_ent, zmean, y, ignore_index: int, vocab: int) -> torch.Tensor:
-    """The coefficients as one masked block: rows (a = t) without the entropy, (a, t, b) with it."""
-    valid, bad = _classes(y, ignore_index, vocab)
-    t = torch.zeros(y.shape, device=y.device) if w_lp is None else w_lp.neg()
-    blk = t.unsqueeze(0) if w_ent is None else torch.stack([torch.addcmul(t, w_ent, zmean), t, w_ent.neg()])
-    return per_token(blk, valid, bad)
 
 
 def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int,
