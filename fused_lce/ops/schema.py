@@ -23,6 +23,13 @@ def options_block(family: str) -> str:
     return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options) if f.name in names)
 
 
+def _py_any_requires_grad(*args) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", _py_any_requires_grad)
+
+
 class OpSchema:
     """One op of the ``fused_lce`` library: its schema (defined on ``lib``) and its arguments by name."""
 
@@ -80,7 +87,7 @@ class OpSchema:
                   {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
         def kernel(keyset, *args):
-            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if torch.is_grad_enabled() and _any_requires_grad(*args):
                 return fn.apply(*args, keyset)
             with torch._C._AutoDispatchBelowAutograd():
                 return op.redispatch(keyset & below, *args)
