@@ -3,9 +3,9 @@
 The H200's host runs 25-40% faster or slower from one process to the next, so one run of each variant cannot
 resolve a change of ~0.2 ms; rounds of (variant A, B, C, ...) in turn, each a fresh process, can: compare the
 variants round by round, where the host's speed is similar. A variant is ``name=TREE`` (a directory holding the
-``fused_lce`` package to import first; ``.`` for this checkout) with optional ``+VAR=value`` environment
-settings, e.g. ``base=/tmp/base`` and ``eager=.+FUSED_LCE_X=0``. Every run's ``host_stamps`` JSON is kept under
-``--out/<op>_<variant>_<round>/``; the summary (``host_ab.json`` / ``host_ab.md``) lists per op and variant the
+``fused_lce`` package to import first; ``.`` for this checkout; no ``+`` in it) with optional ``+VAR=value``
+environment settings, e.g. ``base=/tmp/base`` and ``eager=.+FUSED_LCE_X=0``. Every run's ``host_stamps`` JSON
+is kept under ``--out/<op>_<variant>_<round>/``; the summary (``host_ab.json`` / ``host_ab.md``) lists per op and variant the
 step time of each round and the time from the step's start at which chosen stamps return.
 
     PYTHONPATH=. python benchmarks/host_ab.py --out bench-out --variant base=/tmp/base --variant new=. \
@@ -51,11 +51,15 @@ def run(args) -> None:
                 e["PYTHONPATH"] = os.pathsep.join([tree, ROOT, e.get("PYTHONPATH", "")])
                 cmd = [sys.executable, os.path.join(HERE, "host_stamps.py"), "--op", op, "--shapes", args.shape,
                        "--reps", str(args.reps), "--out", out]
-                r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
+                try:
+                    r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
+                    text, rc = r.stdout + r.stderr, r.returncode
+                except subprocess.TimeoutExpired as t:  # a hung run: the next ones still run
+                    text, rc = f"{t.stdout or ''}{t.stderr or ''}\ntimed out after {args.timeout} s", "timeout"
                 os.makedirs(out, exist_ok=True)
                 with open(os.path.join(out, "log.txt"), "w") as f:
-                    f.write(r.stdout + r.stderr)
-                print(f"round {rnd} {name} {op}: rc {r.returncode}", flush=True)
+                    f.write(text if isinstance(text, str) else str(text))
+                print(f"round {rnd} {name} {op}: rc {rc}", flush=True)
 
 
 def summary(out_dir: str) -> dict:

@@ -217,8 +217,8 @@ class FuncForward(torch.autograd.Function):
     """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
     ``vmap``). The op's Autograd kernel (``OpSchema.register_autograd``, as ``torch.library.register_autograd``'s)
     is not functorch-compatible (a ctx-style ``autograd.Function``), so while a transform is active the public API
-    calls the op through this Function, whose backward is the same formula. One level of reverse mode: ``fused_lce.api`` rejects nested
-    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+    calls the op through this Function, whose backward is the same formula. One level of reverse mode:
+    ``fused_lce.api`` rejects nested grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
 
     generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
 

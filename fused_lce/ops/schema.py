@@ -62,9 +62,14 @@ class OpSchema:
         gradients), less one step. torch's re-adds the arguments the dispatcher dropped for equalling their
         defaults, walking the schema's argument list once per argument on every call: ~150 us of host time per
         call of these ~20-argument ops on an H200's host, spent while the device waits for the next kernel. These
-        schemas declare no defaults, so every argument arrives as passed."""
-        if any(a.has_default_value() for a in self.op._schema.arguments):
-            raise TypeError(f"{self.name}: a schema default would be dropped before setup_context sees it")
+        schemas declare no defaults, so every argument arrives as passed. Refused (torch's kernel handles them,
+        this one does not): defaults, keyword-only arguments, tensor lists and aliasing (out / in-place) arguments.
+        """
+        for a in self.op._schema.arguments:
+            if (a.has_default_value() or a.kwarg_only or a.alias_info is not None
+                    or ("List" in str(a.type) and "Tensor" in str(a.type))):
+                raise TypeError(f"{self.name}: argument {a.name} ({a.type}) needs torch.library.register_autograd "
+                                "(a default, keyword-only, tensor-list or aliasing argument)")
         op = self.op
         below = torch._C._after_autograd_keyset
 
@@ -79,11 +84,12 @@ class OpSchema:
             wanted = ctx.needs_input_grad
             ctx.needs_input_grad = wanted[:-1]  # the trailing key set is no input of the op
             try:
-                return (*backward(ctx, *grads), None)
+                r = backward(ctx, *grads)
+                return (*r, None) if isinstance(r, tuple) else (r, None)
             finally:
                 ctx.needs_input_grad = wanted
 
-        fn = type(f"{self.name}_autograd", (torch.autograd.Function,),
+        fn = type(f"GeneratedBackwardFor_fused_lce_{self.name}_default", (torch.autograd.Function,),  # torch's name
                   {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
         def kernel(keyset, *args):

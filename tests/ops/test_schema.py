@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_lce.core import LOGPROBS
+from fused_lce.core import LOGPROBS, Options
 from fused_lce.ops.schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
@@ -15,6 +15,7 @@ SEEN = {}
 
 def _setup(ctx, inputs, output):
     a = TOY.bind(inputs)
+    SEEN["setups"] = SEEN.get("setups", 0) + 1
     SEEN["inputs"] = len(inputs)
     ctx.k = a["k"]
     ctx.mark_non_differentiable(output[1])
@@ -29,8 +30,7 @@ def _backward(ctx, g_out, _g_aux):
 TOY.register_autograd(_lib, _backward, _setup)
 
 
-OPTS = dict(ignore_index=-100, softcap=0.0, backend="auto", group_name="", vocab_start=0, vocab_total=0,
-            tile_bytes=0, temperature=1.0, entropy=False, mean_logit=False, sum_sq=False)
+OPTS = {f: getattr(Options(), f) for f in TOY.option_names}  # every option of the family, at its default
 
 
 def _call(x, y, k=3.0):
@@ -55,12 +55,18 @@ def test_gradients_and_needs_input_grad(needs):
 
 
 def test_no_graph_without_grad():
+    """No autograd.Function (no setup_context, nothing saved) when no gradient can flow."""
+    setups = SEEN.get("setups", 0)
     x = torch.randn(4, requires_grad=True)
     with torch.no_grad():
         out, _ = _call(x, torch.randn(4))
     assert out.grad_fn is None and not out.requires_grad
     out, _ = _call(torch.randn(4), torch.randn(4))
     assert out.grad_fn is None
+    assert SEEN.get("setups", 0) == setups
+    out, _ = _call(x, torch.randn(4))
+    assert type(out.grad_fn).__name__ == "GeneratedBackwardFor_fused_lce__schema_test_scale_defaultBackward"
+    assert SEEN["setups"] == setups + 1
 
 
 def test_opcheck():
@@ -69,9 +75,20 @@ def test_opcheck():
                                                     "test_aot_dispatch_dynamic"))
 
 
-def test_refuses_a_schema_with_defaults():
-    """torch's register_autograd re-adds arguments the dispatcher drops for equalling their defaults; this
-    kernel skips that step, so a schema with defaults is refused up front."""
-    s = OpSchema(_lib, "_schema_test_defaults", "Tensor x", LOGPROBS, "int k=1", "Tensor")
-    with pytest.raises(TypeError, match="default"):
-        s.register_autograd(_lib, _backward, _setup)
+# schemas this kernel does not handle (torch's register_autograd re-adds defaults the dispatcher drops, passes
+# keyword-only arguments, handles tensor lists and refuses aliasing outputs)
+UNSUPPORTED = {
+    "defaults": ("Tensor x", "int k=1"),
+    "kwarg_only": ("Tensor x", "*, int k"),
+    "tensor_list": ("Tensor x, Tensor[] xs", ""),
+    "optional_tensor_list": ("Tensor x, Tensor?[] xs", ""),
+    "aliasing": ("Tensor(a!) x", ""),
+}
+UNSUPPORTED_SCHEMAS = {k: OpSchema(_lib, f"_schema_test_{k}", head, LOGPROBS, tail, "Tensor")
+                       for k, (head, tail) in UNSUPPORTED.items()}
+
+
+@pytest.mark.parametrize("kind", list(UNSUPPORTED))
+def test_refuses_schemas_it_does_not_handle(kind):
+    with pytest.raises(TypeError, match="needs torch.library.register_autograd"):
+        UNSUPPORTED_SCHEMAS[kind].register_autograd(_lib, _backward, _setup)
