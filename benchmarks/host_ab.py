@@ -4,9 +4,10 @@ The H200's host runs 25-40% faster or slower from one process to the next, so on
 resolve a change of ~0.2 ms; rounds of (variant A, B, C, ...) in turn, each a fresh process, can: compare the
 variants round by round, where the host's speed is similar. A variant is ``name=TREE`` (a directory holding the
 ``fused_lce`` package to import first; ``.`` for this checkout; no ``+`` in it) with optional ``+VAR=value``
-environment settings, e.g. ``base=/tmp/base`` and ``eager=.+FUSED_LCE_X=0``. Every run's ``host_stamps`` JSON
-is kept under ``--out/<op>_<variant>_<round>/``; the summary (``host_ab.json`` / ``host_ab.md``) lists per op and variant the
-step time of each round and the time from the step's start at which chosen stamps return.
+environment settings, e.g. ``base=/tmp/base`` and ``eager=.+FUSED_LCE_X=0``. Every run's ``host_stamps``
+JSON is kept under ``--out/<op>_<variant>_<round>/``; the summary (``host_ab.json`` / ``host_ab.md``) lists
+per op and variant the step time of each round and the time from the step's start at which chosen stamps
+return.
 
     PYTHONPATH=. python benchmarks/host_ab.py --out bench-out --variant base=/tmp/base --variant new=. \
         [--ops logprobs,logprobs_nograd,loss] [--rounds 3] [--shape 2048x1536x151936]
