@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 
 import pytest
@@ -128,6 +129,11 @@ def pytest_collection_modifyitems(config, items):
 def _marked(rank, fn, marker_dir, args):
     fn(rank, *args)
     open(os.path.join(marker_dir, f"done{rank}"), "w").close()  # every check of this rank passed
+    # leave without the interpreter's teardown, where gloo's threads have aborted a rank under load ("terminate
+    # called without an active exception") after every check had passed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_pair(fn, make_args, nprocs: int = 2) -> None:
