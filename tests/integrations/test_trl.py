@@ -292,32 +292,34 @@ def reward_words(completions, **kwargs):
     return [float(sum(int(w[1:]) for w in c.split() if w[1:].isdigit()) % 7) for c in completions]
 
 
-def run_grpo(seed, path, tmp_path, patch):
-    """GRPOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the policy), sampling
-    temperature 0.7, 2 steps of 2 prompts x 2 completions."""
-    args = trl.GRPOConfig(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path), per_device_train_batch_size=4,
-                          num_generations=2, max_completion_length=4, max_steps=2, beta=0.1, temperature=0.7)
+def run_online_rl(kind, seed, path, tmp_path, patch):
+    """GRPOTrainer or RLOOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the policy),
+    sampling temperature 0.7, 2 steps of 2 prompts x 2 completions."""
+    config, trainer_cls = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
+    args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path), per_device_train_batch_size=4,
+                  num_generations=2, max_completion_length=4, max_steps=2, beta=0.1, temperature=0.7)
     prompts = [{"prompt": r["prompt"]} for r in preference_rows(seed, n=4)]
     torch.manual_seed(seed)
-    trainer = trl.GRPOTrainer(model=str(path), reward_funcs=reward_words, args=args, processing_class=tokenizer(),
-                              train_dataset=datasets.Dataset.from_list(prompts))
+    trainer = trainer_cls(model=str(path), reward_funcs=reward_words, args=args, processing_class=tokenizer(),
+                          train_dataset=datasets.Dataset.from_list(prompts))
     if patch:
         fused_lce.patch(trainer)
         assert fused_lce.is_patched(trainer.model) and fused_lce.is_patched(trainer.ref_model)
     return train(trainer)
 
 
-def test_grpo_trainer_policy_and_reference_fused(seed, tmp_path, driver_calls, trl_kernel_calls):
-    """GRPO asks the policy's head for log-probs and entropy at the sampling temperature, the reference's for
-    log-probs: both served; the same completions are sampled (generation runs the stock forward), and every logged
-    metric and parameter equals stock GRPO's."""
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_online_rl_trainer_policy_and_reference_fused(kind, seed, tmp_path, driver_calls, trl_kernel_calls):
+    """GRPO and RLOO ask the policy's head for log-probs and entropy at the sampling temperature, the reference's
+    for log-probs: both served; the same completions are sampled (generation runs the stock forward), and every
+    logged metric and parameter equals the stock trainer's."""
     path = tmp_path / "model"
     tiny_qwen3(seed).save_pretrained(path)
     tokenizer().save_pretrained(path)
-    stock = run_grpo(seed, path, tmp_path / "stock", patch=False)
+    stock = run_online_rl(kind, seed, path, tmp_path / "stock", patch=False)
     assert trl_kernel_calls
     trl_kernel_calls.clear()
-    fused = run_grpo(seed, path, tmp_path / "fused", patch=True)
+    fused = run_online_rl(kind, seed, path, tmp_path / "fused", patch=True)
     assert trl_kernel_calls == []
     assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), driver_calls
     assert all(c.temperature == 0.7 for c in driver_calls if c.op == "logprobs")
