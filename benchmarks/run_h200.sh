@@ -2,7 +2,9 @@
 # One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
 # own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
 # come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
-#   bash benchmarks/run_h200.sh probe ce lp host stamps alltests      # stages, in this order
+#   bash benchmarks/run_h200.sh probe ce lp host stamps alltests pack      # stages, in this order
+# "pack" (last) packs everything under $OUT into results.tgz in pieces of 15 MiB: the device tool brings back at most
+# 8 files of 16 MiB each, and a stage writes more files than that (JSON, markdown, plots, profiles, logs).
 # "probe" times the GEMM tile configurations of FUSED_LCE_PROBE_CONFIGS and exports the fastest (EXP + STATS + DZ
 # epilogues summed over FUSED_LCE_PROBE_SHAPES) as FUSED_LCE_GEMM_CONFIG for the stages after it.
 set -u
@@ -53,6 +55,8 @@ import json
 for r in json.load(open('$OUT/logprobs_h200.json'))['results']:
     print(r['shape'], r['method'], round(r['ms'], 2) if 'ms' in r else r.get('error', '')[:100],
           round(r['x_floor'], 3) if 'x_floor' in r else '')" 2>&1 | tail -120 ;;
+        pack) tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* \
+                  && split -b 15M -d /tmp/results.tgz "$OUT/results.tgz." && ls -l "$OUT" ;;
         *) echo "unknown stage $stage" ;;
     esac
     echo "== stage $stage: $(( $(date +%s) - t0 )) s"
