@@ -745,6 +745,34 @@ def _step(h, w, y, b, **opts):
     return (loss,) + torch.autograd.grad(loss, (h, w, b))
 
 
+def _logprob_step(h, w, y, b, up, **opts):
+    """Log-probs and entropy at a temperature, and the gradients of ``up``-weighted sums of both."""
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=False, return_entropy=True, **opts)
+    return (lp, ent) + torch.autograd.grad((lp * up[0]).sum() + (ent * up[1]).sum(), (h, w, b))
+
+
+def _replay_matches_eager(step, inputs, new_inputs, opts):
+    """``step(*inputs, **opts)`` captured in a CUDA graph (after two warm-up calls on a side stream), replayed on
+    ``new_inputs`` copied into ``inputs``: the same results as ``step(*new_inputs, **opts)`` in eager mode."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step(*inputs, **opts)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step(*inputs, **opts)
+    with torch.no_grad():
+        for dst, src in zip(inputs, new_inputs):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step(*new_inputs, **opts)
+    for a, e in zip(static, eager):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
 @cuda
 @needs_triton_cuda
 @pytest.mark.parametrize("mode", ["default", "compact"])
@@ -756,33 +784,8 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
     opts = dict(label_smoothing=0.1, z_loss=0.01, softcap=20.0, tile_budget_mb=1.0)  # several chunks
-    h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            _step(h, w, y, b, **opts)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = _step(h, w, y, b, **opts)
-    h2, w2, y2, b2 = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + 1)
-    with torch.no_grad():
-        h.copy_(h2)
-        w.copy_(w2)
-        b.copy_(b2)
-        y.copy_(y2)
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = _step(h2, w2, y2, b2, **opts)
-    for a, e in zip(static, eager):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-
-
-def _logprob_step(h, w, y, b, up, **opts):
-    """Log-probs and entropy at a temperature, and the gradients of ``up``-weighted sums of both."""
-    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=False, return_entropy=True, **opts)
-    return (lp, ent) + torch.autograd.grad((lp * up[0]).sum() + (ent * up[1]).sum(), (h, w, b))
+    _replay_matches_eager(_step, _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed),
+                          _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + 1), opts)
 
 
 @cuda
@@ -796,27 +799,9 @@ def test_cuda_graph_capture_logprobs(mode, monkeypatch, seed):
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
     opts = dict(temperature=0.7, softcap=20.0, tile_budget_mb=1.0)  # several chunks
-    h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed)
-    up = torch.rand(2, 300, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            _logprob_step(h, w, y, b, up, **opts)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = _logprob_step(h, w, y, b, up, **opts)
-    h2, w2, y2, b2 = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + 1)
-    up2 = torch.rand(2, 300, device="cuda")
-    with torch.no_grad():
-        for dst, src in ((h, h2), (w, w2), (b, b2), (y, y2), (up, up2)):
-            dst.copy_(src)
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = _logprob_step(h2, w2, y2, b2, up2, **opts)
-    for a, e in zip(static, eager):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    inputs, new_inputs = ((*_problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + i),
+                           torch.rand(2, 300, device="cuda")) for i in (0, 1))
+    _replay_matches_eager(_logprob_step, inputs, new_inputs, opts)
 
 
 @cuda
