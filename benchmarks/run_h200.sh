@@ -23,8 +23,8 @@ for stage in "$@"; do
     case $stage in
         tests) timeout ${TEST_LIMIT:-150} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider \
                    tests/backends/test_triton.py > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
-        alltests) timeout ${TEST_LIMIT:-200} python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider tests/ \
-                   > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
+        alltests) timeout ${TEST_LIMIT:-330} python3 -m pytest -m cuda -v -n 8 -p no:cacheprovider --durations=25 \
+                   tests/ > "$OUT/gpu_cuda_tests.log" 2>&1; tail -4 "$OUT/gpu_cuda_tests.log" ;;
         probe) timeout ${PROBE_LIMIT:-130} python3 benchmarks/gpu.py --out "$OUT/probe" --probe --shapes 0 \
                    --methods fused_lce --reps 2 > "$OUT/probe.log" 2>&1
                grep -E "^PROBE [0-9]|error" "$OUT/probe.log" | cut -c1-160
