@@ -10,7 +10,7 @@ per op and variant the step time of each round and the time from the step's star
 return.
 
     PYTHONPATH=. python benchmarks/host_ab.py --out bench-out --variant base=/tmp/base --variant new=. \
-        [--ops logprobs,logprobs_nograd,loss] [--rounds 3] [--shape 2048x1536x151936]
+        [--ops logprobs,logprobs_nograd,loss] [--rounds 3] [--shape 2048x1536x151936] [--queued-ms 3]
     python benchmarks/host_ab.py --out DIR --summary-only    # the summary of runs already in DIR
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ MARKS = {
                  "lce_gemm launch < #2", "step issued"],
     "logprobs_nograd": ["op check >", "lce_gemm launch <", "logprobs_from_stats <", "api <"],
     "loss": ["op check >", "lce_gemm launch <", "api <", "step issued"],
+    "loss_checked": ["op check >", "lce_gemm launch <", "api <", "step issued"],
 }
 
 
@@ -51,7 +52,7 @@ def run(args) -> None:
                 e = dict(os.environ, **env)
                 e["PYTHONPATH"] = os.pathsep.join([tree, ROOT, e.get("PYTHONPATH", "")])
                 cmd = [sys.executable, os.path.join(HERE, "host_stamps.py"), "--op", op, "--shapes", args.shape,
-                       "--reps", str(args.reps), "--out", out]
+                       "--reps", str(args.reps), "--queued-ms", str(args.queued_ms), "--out", out]
                 try:
                     r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
                     text, rc = r.stdout + r.stderr, r.returncode
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per run")
+    ap.add_argument("--queued-ms", type=float, default=0.0, help="host_stamps.py --queued-ms of every run")
     ap.add_argument("--summary-only", action="store_true", help="summarise the runs already under --out")
     args = ap.parse_args(argv)
     if not args.summary_only:

@@ -2,14 +2,18 @@
 and exit of the step's main functions (wrapped in place: ~1 us each), median microseconds from the step's start
 over --reps steps, with the device synchronised before each step (as gpu.py's rounds are). The gaps between stamps
 show where the host spends the time the device waits through before the first logits GEMM. --op picks the step:
-``loss`` (fwd+bwd of the mean loss, as gpu.py), ``logprobs`` (log-probs + entropy, fwd+bwd of their sum) or
-``logprobs_nograd`` (their forward under ``torch.no_grad``, as a reference model's).
+``loss`` (fwd+bwd of the mean loss, as gpu.py: ``validate=False``), ``loss_checked`` (the same with
+``validate=True``, the API's default and what the HF / TRL integrations call), ``logprobs`` (log-probs + entropy,
+fwd+bwd of their sum) or ``logprobs_nograd`` (their forward under ``torch.no_grad``, as a reference model's).
+With --queued-ms X each step first queues X ms of device work (a sleep kernel, in the step's time): the model's
+forward that is still running when a training step reaches the head, which a host synchronisation before the
+op's first launch waits for (the device then idles through the host's work up to that launch).
 
 With --launch-profile also a self-time profile (cProfile) of 100 launches of the EXP logits GEMM alone (the queue
 drained every 10), to see what one Triton launch costs on the host.
 
     PYTHONPATH=. python benchmarks/host_stamps.py --out bench-out [--shapes 2048x1536x151936] [--dtype bfloat16]
-        [--op loss|logprobs|logprobs_nograd]
+        [--op loss|loss_checked|logprobs|logprobs_nograd] [--queued-ms 3]
 """
 from __future__ import annotations
 
@@ -36,18 +40,32 @@ STAMPS: list = []
 _SAVED: list = []  # (owner, name, original) of every wrapped function, while installed
 
 
-OPS = ("loss", "logprobs", "logprobs_nograd")
+OPS = ("loss", "loss_checked", "logprobs", "logprobs_nograd")
 
 
-def _loss(h, w, y):
+def _loss(h, w, y, validate=False):
     """The step's loss call (``fused_lce.linear_cross_entropy`` looked up per call: the stamped one once installed)."""
-    return fused_lce.linear_cross_entropy(h, w, y, backend="triton", validate=False)
+    return fused_lce.linear_cross_entropy(h, w, y, backend="triton", validate=validate)
 
 
-def _step(op, h, w, y):
-    """One step of ``op`` (the public function looked up per call, as ``_loss``)."""
-    if op == "loss":
-        return fwd_bwd(_loss, h, w, y)
+def _sleep_cycles_per_ms() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (measured once)."""
+    torch.cuda._sleep(10**6)  # warm
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(10**8)
+    e.record()
+    torch.cuda.synchronize()
+    return 10**8 / s.elapsed_time(e)
+
+
+def _step(op, h, w, y, queued_cycles=0):
+    """One step of ``op`` (the public function looked up per call, as ``_loss``), after ``queued_cycles`` of
+    device sleep when given."""
+    if queued_cycles:
+        torch.cuda._sleep(queued_cycles)
+    if op.startswith("loss"):
+        return fwd_bwd(functools.partial(_loss, validate=op == "loss_checked"), h, w, y)
     if op == "logprobs_nograd":
         with torch.no_grad():
             return fused_lce.linear_logprobs(h, w, y, backend="triton", return_entropy=True)
@@ -95,10 +113,11 @@ def install(op="loss"):
     from fused_lce.ops import logprobs as ops_logprobs
     from fused_lce.ops import loss as ops_loss
 
-    public = "linear_cross_entropy" if op == "loss" else "linear_logprobs"
+    loss = op.startswith("loss")
+    public = "linear_cross_entropy" if loss else "linear_logprobs"
     _wrap(fused_lce, public, "api")
     setattr(api, public, getattr(fused_lce, public))
-    _wrap(ops_loss if op == "loss" else ops_logprobs, "_check", "op check")
+    _wrap(ops_loss if loss else ops_logprobs, "_check", "op check")
     _wrap(registry, "resolve", "resolve")
     _wrap(driver, "run_forward")
     _wrap(tp, "_free_bytes")
@@ -106,7 +125,7 @@ def install(op="loss"):
     _wrap(kr, "combine")
     _wrap(kr, "target_logit")
     _wrap(torch.autograd, "grad", "autograd.grad")
-    if op == "loss":
+    if loss:
         _wrap(driver, "forward", "driver.forward")
         _wrap(driver, "loss_from_stats")
         _wrap(tp.TritonProvider, "new_grads")
@@ -129,11 +148,11 @@ def install(op="loss"):
         _wrap(tp, "_live_order_device", "live_order (device)")
 
 
-def step_stamps(op, h, w, y):
+def step_stamps(op, h, w, y, queued_cycles=0):
     torch.cuda.synchronize()
     STAMPS.clear()
     t0 = time.perf_counter()
-    r = _step(op, h, w, y)
+    r = _step(op, h, w, y, queued_cycles)
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     del r
@@ -180,24 +199,27 @@ def main():
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--op", choices=OPS, default="loss", help="the step timed (default: the loss, fwd+bwd)")
     ap.add_argument("--launch-profile", action="store_true", help="profile the EXP GEMM's launch alone")
+    ap.add_argument("--queued-ms", type=float, default=0.0, help="device work queued before each step's call (ms)")
     args = ap.parse_args()
+    cycles = int(args.queued_ms * _sleep_cycles_per_ms()) if args.queued_ms > 0 else 0
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = []
     for shape in args.shapes.split(","):
         n, d, v = map(int, shape.split("x"))
         h, w, y = make_inputs(n, d, v, dtype, "cuda", seed=n + v)
-        step = functools.partial(_step, args.op, h, w, y)
+        step = functools.partial(_step, args.op, h, w, y, cycles)
         for _ in range(3):
             step()
         plain = statistics.median(_event_ms(step) for _ in range(args.reps))
         install(args.op)
-        runs = [step_stamps(args.op, h, w, y) for _ in range(args.reps + 2)][2:]
+        runs = [step_stamps(args.op, h, w, y, cycles) for _ in range(args.reps + 2)][2:]
         stamped = statistics.median(_event_ms(step) for _ in range(args.reps))
         uninstall()
         labels = [k for k, _ in runs[0]]
         med = {k: statistics.median(dict(r)[k] for r in runs if k in dict(r)) for k in labels}
-        row = {"shape": shape, "dtype": args.dtype, "op": args.op, "step_ms": plain, "step_ms_stamped": stamped,
+        row = {"shape": shape, "dtype": args.dtype, "op": args.op, "queued_ms": args.queued_ms, "step_ms": plain,
+               "step_ms_stamped": stamped,
                "stamps_us": {k: round(t, 1) for k, t in med.items()}}
         if args.launch_profile:
             row["launch_us"], row["launch_self"] = launch_profile(h, w)
