@@ -8,7 +8,7 @@ driver.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -89,8 +89,10 @@ def linear_cross_entropy(
             its first dimension (Megatron sequence parallelism, ``[s/tp, b, h]``), ``labels`` those of the whole
             group (``[s, b]``); the op all-gathers the rows and returns dX for this rank's rows (reduce-scatter).
         backend: ``"auto"`` or one of ``fused_lce.core.registry.names()``; env ``FUSED_LCE_BACKEND`` overrides auto.
-        validate: check the label range eagerly (one reduction and a host sync). With False a bad label gives
-            that token a NaN loss (and NaN gradients), never an out-of-bounds read.
+        validate: check the label range: one reduction queued before the op's kernels and read on the host once
+            they are queued too (on CUDA through an event that they do not delay; skipped while a CUDA graph is
+            captured). With False a bad label gives that token a NaN loss (and NaN gradients), never an
+            out-of-bounds read.
         tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
             env ``FUSED_LCE_TILE_MB``, read once per call here so every backend means the same by it, else the
             backend's own default: 256 MiB for torch/cpp on CPU, a quarter of free memory (1-8 GiB) for torch on
@@ -148,6 +150,7 @@ def linear_cross_entropy(
         loss, lse, correct, _, _, _ = ops.loss.FuncForward.apply(*args)
     else:
         loss, lse, correct, _, _, _ = torch.ops.fused_lce.forward(*args)
+    call.check_labels()
     if reduction == "none":
         loss = _unshift(loss, call.labels_shape, call.out_shape)
     if not return_stats:
@@ -220,6 +223,7 @@ def linear_logprobs(
                 sum_sq="log_sum_sq_probs" in extras)
     lp, ent, _lse, _zmean, mean, top1, sq = torch.ops.fused_lce.logprobs(*ops.logprobs.FORWARD.args(
         hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias, **opts))
+    call.check_labels()
     shaped = lambda x, on=True: x.reshape(call.labels_shape) if on else None  # noqa: E731
     if extras:
         return LogprobsOutput(shaped(lp), shaped(ent, return_entropy), shaped(mean, "mean_logit" in extras),
@@ -246,6 +250,7 @@ class _Call(NamedTuple):
     opts: dict  # the options shared by both op families
     labels_shape: tuple  # shape of the (shifted) labels before flattening
     out_shape: tuple  # shape of a "none" loss
+    check_labels: Callable[[], None]  # raises for a bad label value; called once the op has returned
 
 
 def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, process_group, sequence_parallel,
@@ -310,16 +315,40 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     y = labels.reshape(-1)
     # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
     h2 = hidden.reshape(y.numel() // sp_world, hidden.shape[-1])
+    check_labels = _no_check
     if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
-        total = vocab_total or v
-        yv = _unwrapped(y)  # under vmap: the whole batch
-        bad = (yv != ignore_index) & ((yv < 0) | (yv >= total))
-        if bool(bad.any()):
-            raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
-                             f"got {int(yv[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
+        check_labels = _queue_label_check(_unwrapped(y), ignore_index, vocab_total or v)  # vmap: the whole batch
     opts = dict(ignore_index=ignore_index, softcap=float(softcap), backend=backend, group_name=group_name,
                 vocab_start=vocab_start, vocab_total=vocab_total, tile_bytes=check.tile_bytes(tile_budget_mb))
-    return _Call(h2, weight, y, bias, opts, tuple(labels.shape), out_shape)
+    return _Call(h2, weight, y, bias, opts, tuple(labels.shape), out_shape, check_labels)
+
+
+def _no_check() -> None:
+    return None
+
+
+def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callable[[], None]:
+    """The label-range check of ``validate``: queued before the op, read after it has returned. On CUDA the flag
+    goes to pinned host memory behind an event, and the read waits for that event: for the work queued before the
+    call (a model's forward) and the check, never for the op's own kernels, which are queued by then. A read before
+    the op would drain the device, which then idles while the host prepares the op's first launch. Not while a
+    CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with ``validate=False``)."""
+    bad = (y != ignore_index) & ((y < 0) | (y >= total))
+    if not bad.is_cuda:
+        flag, done = bad.any(), None
+    elif torch.cuda.is_current_stream_capturing():
+        return _no_check
+    else:
+        flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()  # pinned: copied behind the event
+        done.record(torch.cuda.current_stream(bad.device))
+
+    def check_labels() -> None:
+        if done is not None:
+            done.synchronize()
+        if bool(flag):
+            raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
+                             f"got {int(y[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
+    return check_labels
 
 
 class LinearCrossEntropy(torch.nn.Module):

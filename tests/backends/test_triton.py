@@ -740,14 +740,46 @@ def test_bad_label_nan_no_fault(seed):
     torch.cuda.synchronize()  # a device-side fault would surface here
 
 
+@cuda
+@needs_triton_cuda
+def test_label_check_reads_after_the_op_without_draining(seed, monkeypatch):
+    """validate=True on CUDA: a bad label is a ValueError naming its value (the loss with gradients, the log-probs);
+    the check is read after the op's kernels are queued, so a log-prob call with good labels queues its logits GEMM
+    while work queued before the call still runs (no drain of the device before the op's first launch; the loss's
+    gradient products read the live-row count on the host, which drains it there)."""
+    h, w, y, _ = _problem(64, 32, 3000, torch.bfloat16, seed=seed)
+    fused_lce.linear_logprobs(h, w, y, backend="triton")  # compiled and warm
+    for bad in (3000, -3):
+        yb = y.clone()
+        yb[5], yb[9] = bad, 3001
+        for call in (lambda: fused_lce.linear_cross_entropy(h, w, yb, backend="triton").backward(),
+                     lambda: fused_lce.linear_logprobs(h, w, yb, return_entropy=True, backend="triton")):
+            with pytest.raises(ValueError, match=rf"labels: expected values in \[0, 3000\).*got {bad}$"):
+                call()
+    from fused_lce.backends.triton.kernels import gemm as kg
+
+    earlier, busy, launch = torch.cuda.Event(), [], kg.lce_gemm
+
+    def spy(*a, **k):
+        busy.append(not earlier.query())  # the work queued before the call still runs
+        return launch(*a, **k)
+
+    monkeypatch.setattr(kg, "lce_gemm", spy)
+    torch.cuda._sleep(int(1e9))  # about half a second of device time, queued before the call
+    earlier.record()
+    lp = fused_lce.linear_logprobs(h, w, y, backend="triton")
+    assert busy and busy[0]
+    torch.testing.assert_close(lp, fused_lce.linear_logprobs(h, w, y, validate=False, backend="triton"))
+
+
 def _step(h, w, y, b, **opts):
     loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", validate=False, **opts)
     return (loss,) + torch.autograd.grad(loss, (h, w, b))
 
 
-def _logprob_step(h, w, y, b, up, **opts):
+def _logprob_step(h, w, y, b, up, validate=False, **opts):
     """Log-probs and entropy at a temperature, and the gradients of ``up``-weighted sums of both."""
-    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=False, return_entropy=True, **opts)
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=validate, return_entropy=True, **opts)
     return (lp, ent) + torch.autograd.grad((lp * up[0]).sum() + (ent * up[1]).sum(), (h, w, b))
 
 
@@ -791,14 +823,16 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
 @cuda
 @needs_triton_cuda
 @pytest.mark.parametrize("mode", ["default", "compact"])
-def test_cuda_graph_capture_logprobs(mode, monkeypatch, seed):
-    """linear_logprobs forward + backward (validate=False) captured in a CUDA graph, as a host-bound RL step at
-    few tokens would be: no host synchronisation on either pass; replays on new inputs match eager with ignored
-    tokens kept in the products (as a capture keeps them)."""
+@pytest.mark.parametrize("validate", [False, True])
+def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
+    """linear_logprobs forward + backward captured in a CUDA graph, as a host-bound RL step at few tokens would
+    be: no host synchronisation on either pass (with validate=True the label check, a host read, is skipped while
+    capturing and runs in eager); replays on new inputs match eager with ignored tokens kept in the products (as a
+    capture keeps them)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
-    opts = dict(temperature=0.7, softcap=20.0, tile_budget_mb=1.0)  # several chunks
+    opts = dict(temperature=0.7, softcap=20.0, tile_budget_mb=1.0, validate=validate)  # several chunks
     inputs, new_inputs = ((*_problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + i),
                            torch.rand(2, 300, device="cuda")) for i in (0, 1))
     _replay_matches_eager(_logprob_step, inputs, new_inputs, opts)
