@@ -204,8 +204,9 @@ def linear_logprobs(
         process_group: vocab-parallel group; every rank gets the log-probs / entropy of the unsharded problem,
             the full dX and its own dW / db shard.
         backend: ``"auto"`` or a provider name; ``auto`` skips providers that do not implement log-probs yet.
-        validate: check the label range eagerly; with False a bad label gives that token NaN outputs (and NaN
-            gradients), never an out-of-bounds read.
+        validate: check the label range, as :func:`linear_cross_entropy` does (read once the op's kernels are
+            queued); with False a bad label gives that token NaN outputs (and NaN gradients), never an
+            out-of-bounds read.
         tile_budget_mb: MiB of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
             the backend's default).
 
