@@ -334,11 +334,11 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     call (a model's forward) and the check, never for the op's own kernels, which are queued by then. A read before
     the op would drain the device, which then idles while the host prepares the op's first launch. Not while a
     CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with ``validate=False``)."""
+    if y.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _no_check
     bad = (y != ignore_index) & ((y < 0) | (y >= total))
     if not bad.is_cuda:
         flag, done = bad.any(), None
-    elif torch.cuda.is_current_stream_capturing():
-        return _no_check
     else:
         flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()  # pinned: copied behind the event
         done.record(torch.cuda.current_stream(bad.device))
