@@ -14,7 +14,8 @@ and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8
 Methods (each when importable; the reason is recorded when not): fused_lce "triton" (default = the fused-GEMM
 path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same provider
 on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider,
-torch eager (F.linear + fp32 F.cross_entropy), torch.compile of that, Liger-Kernel (default and
+torch eager (F.linear + fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the
+whole fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default and
 accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
 (and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
 kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
@@ -107,7 +108,9 @@ def method_table():
                "fused_lce_cublas": (ours("triton"), {"FUSED_LCE_TRITON_GEMM": "0"}),
                "fused_lce_compact": (ours("triton"), {"FUSED_LCE_COMPACT": "1"}),
                "fused_lce_torch": (ours("torch"), {}),
+               "fused_lce_graph": (Graphed(ours("triton")), {}),
                "torch_eager": (eager, {}),
+               "torch_eager_graph": (Graphed(eager), {}),
                "torch_compile": (torch.compile(eager), {})}
     versions = {"torch": torch.__version__}
     try:
@@ -164,7 +167,39 @@ class _Env:
                 os.environ[k] = v
 
 
+class Graphed:
+    """``fwd_bwd(fn, ...)`` captured as one CUDA graph per input tensors (after two warm-up steps on a side
+    stream), then replayed: the step without the host's launch latency, as when a trainer captures its whole step.
+    Under capture nothing reads a device value on the host, so fused_lce computes every row (no live-row gather)
+    and does not plan from free memory."""
+
+    def __init__(self, fn):
+        self.fn, self.key, self.graph, self.out = fn, None, None, None
+
+    def reset(self):
+        self.key = self.graph = self.out = None
+
+    def __call__(self, h, w, y):
+        key = (h.data_ptr(), w.data_ptr(), y.data_ptr(), tuple(h.shape), tuple(w.shape), tuple(y.shape))
+        if key != self.key:
+            self.reset()
+            side, now = torch.cuda.Stream(), torch.cuda.current_stream()
+            side.wait_stream(now)
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fwd_bwd(self.fn, h, w, y)
+            now.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = fwd_bwd(self.fn, h, w, y)
+            self.graph, self.key = graph, key
+        self.graph.replay()
+        return self.out
+
+
 def fwd_bwd(fn, h, w, y):
+    if isinstance(fn, Graphed):
+        return fn(h, w, y)
     hh = h.detach().requires_grad_()
     ww = w.detach().requires_grad_()
     loss = fn(hh, ww, y)
@@ -179,6 +214,8 @@ def run_method(fn, env, h, w, y, ref, warmup):
         for _ in range(max(1, warmup)):  # compile / autotune outside the measured peak
             r = fwd_bwd(fn, h, w, y)
             del r
+        if isinstance(fn, Graphed):
+            fn.reset()  # the measured step captures anew: its peak is the warm-up's and the graph's pool
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
