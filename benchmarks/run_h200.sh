@@ -2,7 +2,8 @@
 # One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
 # own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
 # come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
-#   bash benchmarks/run_h200.sh probe ce lp host stamps alltests pack      # stages, in this order
+#   bash benchmarks/run_h200.sh probe ce lp host stamps graph alltests pack      # stages, in this order
+# "graph" times gpu.py's CUDA-graph methods beside the default and the peers on GRAPH_SHAPES (indices into SHAPES).
 # "pack" (last) packs everything under $OUT into results.tgz in pieces of 15 MiB: the device tool brings back at most
 # 8 files of 16 MiB each, and a stage writes more files than that (JSON, markdown, plots, profiles, logs).
 # "probe" times the GEMM tile configurations of FUSED_LCE_PROBE_CONFIGS and exports the fastest (EXP + STATS + DZ
@@ -43,6 +44,9 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
         ce) timeout ${CE_LIMIT:-300} python3 benchmarks/gpu.py --out "$OUT" --profile --steady ${CE_STEADY:-5} \
                    ${CE_ARGS:-} \
                    > "$OUT/ce.log" 2>&1; grep -E "ms \(|rror" "$OUT/ce.log" | cut -c1-150 ;;
+        graph) timeout ${GRAPH_LIMIT:-200} python3 benchmarks/gpu.py --out "$OUT/graph" --shapes ${GRAPH_SHAPES:-8,4} \
+                   --methods fused_lce,fused_lce_graph,cce_torch_compile,torch_eager,torch_eager_graph \
+                   > "$OUT/graph.log" 2>&1; grep -E "ms \(|rror" "$OUT/graph.log" | cut -c1-150 ;;
         stamps) timeout ${STAMPS_LIMIT:-120} python3 benchmarks/host_stamps.py --out "$OUT" --launch-profile \
                    ${STAMPS_ARGS:-} > "$OUT/stamps.log" 2>&1; grep -E 'step_ms|launch:' "$OUT/stamps.log" ;;
         host) timeout ${HOST_LIMIT:-150} python3 benchmarks/host_profile.py --out "$OUT" --launch-costs \
