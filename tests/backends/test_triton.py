@@ -843,6 +843,37 @@ def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
 
 @cuda
 @needs_triton_cuda
+def test_compile_reduce_overhead_records_cuda_graphs(monkeypatch, seed):
+    """``torch.compile(mode="reduce-overhead")``, the one-line way a trainer captures its step: Inductor records
+    the loss's forward and backward as CUDA graphs (none skipped: no CPU tensor, no host read while recording),
+    and every replay, on new inputs each step, matches eager with ignored tokens kept in the products."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")  # eager computes every row too, as a recording does
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(h, w, y, b):
+        return fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", label_smoothing=0.1, z_loss=0.01)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for i in range(4):  # warm-up, recording, replays
+        h, w, y, b = _problem(300, 64, 3000, torch.bfloat16, bias=True, seed=seed + i)
+        got, want = [], []
+        for fn, out in ((compiled, got), (step, want)):
+            hh, ww, bb = (x.detach().requires_grad_() for x in (h, w, b))
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = fn(hh, ww, y, bb)
+            loss.backward()
+            out += [loss.detach().clone(), hh.grad, ww.grad, bb.grad]
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    torch._dynamo.reset()
+
+
+@cuda
+@needs_triton_cuda
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
     """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0): the
