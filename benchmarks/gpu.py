@@ -535,7 +535,8 @@ def write_outputs(result, out_dir, show=True):
              "ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
              "Cells: median ms (x floor) / peak extra GiB. `fused_lce` = the triton provider's default (fused-GEMM "
              "path), `_cublas` = its cuBLAS path, `_compact` = FUSED_LCE_COMPACT=1, `_torch` = the pure-PyTorch "
-             "provider.", "",
+             "provider; `_graph` = the fwd+bwd step captured as one CUDA graph and replayed (every row computed; "
+             "its peak is the capture's: the warm-up steps and the graph's pool, which stays reserved).", "",
              "Versions / not measured: " + "; ".join(f"{k}: {v}" for k, v in meta["versions"].items()),
              f"Knobs: {meta.get('knobs')}", ""]
     lines.append("| N x D x V dtype | floor ms | min GiB (dX+dW) | " + " | ".join(methods) + " |")
