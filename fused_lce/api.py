@@ -352,18 +352,21 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     if y.is_cuda and torch.cuda.is_current_stream_capturing():
         return _no_check
     bad = (y != ignore_index) & ((y < 0) | (y >= total))
-    slot = None
+    slot = done = None
     if not bad.is_cuda:
         flag = bad.any()
     else:
-        slot = _flag_slot(bad.device)
-        flag, done = slot
-        flag.copy_(bad.any(), non_blocking=True)  # pinned: copied behind the event
-        done.record(torch.cuda.current_stream(bad.device))
+        if torch._C._functorch.get_interpreter_stack():  # a torch.func transform rejects copy_ into a kept flag
+            flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()
+        else:
+            slot = _flag_slot(bad.device)
+            flag, done = slot
+            flag.copy_(bad.any(), non_blocking=True)
+        done.record(torch.cuda.current_stream(bad.device))  # the pinned flag is copied behind this event
 
     def check_labels() -> None:
-        if slot is not None:
-            slot[1].synchronize()
+        if done is not None:
+            done.synchronize()
         failed = bool(flag)
         if slot is not None:
             _free_slots(bad.device).append(slot)  # read: the next call may reuse it
