@@ -15,8 +15,8 @@ Methods (each when importable; the reason is recorded when not): fused_lce "trit
 path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same provider
 on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider,
 torch eager (F.linear + fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the
-whole fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default and
-accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
+whole fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes),
+Liger-Kernel (default and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
 (and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
 kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
 
