@@ -8,7 +8,6 @@ driver.
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
@@ -329,20 +328,6 @@ def _no_check() -> None:
     return None
 
 
-_slots = threading.local()  # per thread: device -> free (pinned flag, event) pairs of the label check
-
-
-def _free_slots(device: torch.device) -> list:
-    per_device = _slots.__dict__.setdefault("free", {})
-    return per_device.setdefault(device, [])
-
-
-def _flag_slot(device: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
-    """A pinned flag and an event for one check, reused across calls (a slot not read again is just dropped)."""
-    free = _free_slots(device)
-    return free.pop() if free else (torch.empty((), dtype=torch.bool, pin_memory=True), torch.cuda.Event())
-
-
 def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callable[[], None]:
     """The label-range check of ``validate``: queued before the op, read after it has returned. On CUDA the flag
     goes to pinned host memory behind an event, and the read waits for that event: for the work queued before the
@@ -352,25 +337,16 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     if y.is_cuda and torch.cuda.is_current_stream_capturing():
         return _no_check
     bad = (y != ignore_index) & ((y < 0) | (y >= total))
-    slot = done = None
     if not bad.is_cuda:
-        flag = bad.any()
+        flag, done = bad.any(), None
     else:
-        if torch._C._functorch.get_interpreter_stack():  # a torch.func transform rejects copy_ into a kept flag
-            flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()
-        else:
-            slot = _flag_slot(bad.device)
-            flag, done = slot
-            flag.copy_(bad.any(), non_blocking=True)
-        done.record(torch.cuda.current_stream(bad.device))  # the pinned flag is copied behind this event
+        flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()  # pinned: copied behind the event
+        done.record(torch.cuda.current_stream(bad.device))
 
     def check_labels() -> None:
         if done is not None:
             done.synchronize()
-        failed = bool(flag)
-        if slot is not None:
-            _free_slots(bad.device).append(slot)  # read: the next call may reuse it
-        if failed:
+        if bool(flag):
             raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
                              f"got {int(y[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
     return check_labels
