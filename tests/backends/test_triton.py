@@ -155,34 +155,6 @@ def test_vocab_plan():
     assert tc.plan_vocab_chunk(10, 50, 4, 4, (True, True, True), 160) == 4
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_direct_launch_key_follows_triton_specialisation():
-    """The direct launcher's cache key changes with everything Triton's specialisation reads (a tensor's dtype and
-    16-byte alignment, an integer's width, a specialised integer's value 1 / multiple of 16, constexprs, launch
-    options) and with nothing else (contents, other pointers of the same alignment, unspecialised values)."""
-    from fused_lce.backends.triton.kernels import launch, rows
-
-    f = launch._Fast(rows._target_kernel)
-
-    def key(h=None, y=None, stride=32, label_off=0, v=100, d=32, temp=False, warps=4, dev=0):
-        h = torch.zeros(4, 32, dtype=torch.bfloat16) if h is None else h
-        y = torch.zeros(4, dtype=torch.int64) if y is None else y
-        out = torch.zeros(4)
-        args = (h, h, h, y, out, stride, 32, label_off, v, d, 1.5)
-        return f.key(args, dict(HAS_BIAS=False, TEMP=temp, BD=32, num_warps=warps), dev)[0]
-
-    base = key()
-    assert key(h=torch.ones(4, 32, dtype=torch.bfloat16), label_off=7, v=151936) == base
-    assert key(y=torch.zeros(8, dtype=torch.int64)[4:]) == base  # 32 bytes in: still 16-byte aligned
-    for other in (key(y=torch.zeros(4, dtype=torch.int32)), key(y=torch.zeros(5, dtype=torch.int64)[1:]),
-                  key(h=torch.zeros(4, 32, dtype=torch.float16)), key(stride=1), key(stride=40), key(d=33),
-                  key(label_off=2**31), key(temp=True), key(warps=8), key(dev=1)):
-        assert other != base
-    assert key(label_off=2**40) == key(label_off=2**31) != key(label_off=2**63)  # i64, u64
-    assert f.key((object(),) * 11, dict(HAS_BIAS=False, TEMP=False, BD=32), 0) is None  # an unknown kind
-    assert f.key((1,) * 10, dict(HAS_BIAS=False, TEMP=False, BD=32), 0) is None  # an argument missing
-
-
 # ------------------------------------------------------------------------------------------- interpreter (CPU)
 INTERP_SCRIPT = r"""
 import json, os, sys, torch
@@ -680,43 +652,6 @@ def test_gemm_tile_configurations(cfg, monkeypatch, seed):
     out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", return_stats=True, tile_budget_mb=2.0,
                                          **opts)
     _compare(h, w, y, b, out, opts, "mean", torch.ones_like(out.loss), torch.bfloat16)
-
-
-@cuda
-@needs_triton_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_direct_launches_match_triton(dtype, monkeypatch, seed):
-    """The kernels' direct launches (kernels/launch.py) pick the compiled kernel Triton's own lookup picks
-    (FUSED_LCE_TRITON_DIRECT=check raises otherwise) and give bit for bit what Triton's launch path gives: the
-    one-pass loss and log-probs with gradients, in token blocks whose row offsets leave pointers unaligned."""
-    from fused_lce.backends.triton.kernels import gemm as kg, launch
-
-    if not launch.fast(kg._lce_gemm_kernel).on:
-        pytest.skip(f"Triton {triton.__version__} launches through its own path (kernels/launch.py VERIFIED)")
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    n, d, v = 333, 64, 1000
-    h = torch.randn(n, d, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(v, d, device="cuda", generator=g) * 0.1).to(dtype)
-    y = torch.randint(0, v, (n,), device="cuda", generator=g)
-    y[torch.rand(n, device="cuda", generator=g) < 0.2] = -100
-
-    def run():
-        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        loss = fused_lce.linear_cross_entropy(hh, ww, y, backend="triton", label_smoothing=0.1)
-        lp, ent = fused_lce.linear_logprobs(hh, ww, y, backend="triton", return_entropy=True, tile_budget_mb=0.05)
-        up = torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
-        grads = torch.autograd.grad(loss + (lp * up).sum() + ent.sum(), (hh, ww))
-        return (loss, lp, ent) + grads
-
-    monkeypatch.setenv("FUSED_LCE_TRITON_DIRECT", "0")
-    want = run()
-    monkeypatch.setenv("FUSED_LCE_TRITON_DIRECT", "check")
-    before = sum(f.direct for f in launch._FAST.values())
-    run()  # every key's first launch goes through Triton: the second run is direct
-    got = run()
-    assert sum(f.direct for f in launch._FAST.values()) > before
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
 
 
 @cuda

@@ -49,8 +49,7 @@ host, so forward and backward are capturable.
 Files: ``provider.py`` (the provider: schedules and buffers), ``planner.py`` (token / vocabulary chunks from the
 shapes and free memory, which rows are live), ``cublas.py`` (the cuBLAS products), ``kernels/gemm.py`` (the
 logits GEMM with its statistics / exp / dz epilogues), ``kernels/rows.py`` (small per-row kernels: tile-statistics
-merge, target logit, dz from exp), ``kernels/tile_rows.py`` (the row kernel of the cuBLAS path), ``kernels/launch.py``
-(their launches without Triton's per-call argument binding: host time before the first GEMM of a step).
+merge, target logit, dz from exp), ``kernels/tile_rows.py`` (the row kernel of the cuBLAS path).
 """
 from .planner import BLOCK, MIN_ROWS, SLACK, _pad, gemm_path_reason, plan_token_chunk, plan_vocab_chunk  # noqa: F401
 from .provider import PROVIDER, TritonProvider  # noqa: F401

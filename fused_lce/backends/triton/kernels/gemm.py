@@ -29,8 +29,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .launch import fast
-
 MODE_EXP, MODE_STATS, MODE_DZ = 0, 1, 2
 LOG2E = 1.4426950408889634
 
@@ -270,7 +268,7 @@ def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Te
     dummy = h
     opt = lambda x: dummy if x is None else x  # noqa: E731  (pointers whose flag is off are never read)
     ts = tiles if tiles is not None else TileStats(dummy, dummy, dummy, None)
-    fast(_lce_gemm_kernel)[(nprog or num_tiles,)](
+    _lce_gemm_kernel[(nprog or num_tiles,)](
         h_desc, w_desc, o_desc, m, v, d, opt(live), opt(bias),
         ts.m, ts.s, ts.am, opt(ts.zs), opt(ts.ez), ts.m.stride(0) if tiles is not None else 0,
         opt(labels), int(label_off), opt(lse), opt(a), opt(t), opt(b), opt(u), opt(scale), float(inv_temp),

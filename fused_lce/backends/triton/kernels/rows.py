@@ -9,7 +9,6 @@ import triton
 import triton.language as tl
 
 from .gemm import TileStats, row_coefs
-from .launch import fast
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -121,7 +120,7 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
     entropy = tiles.ez is not None
     if entropy and ez is None:
         raise ValueError("combine: tiles with entropy sums need an ez output")
-    fast(_combine_kernel)[(rows,)](
+    _combine_kernel[(rows,)](
         tiles.m, tiles.s, tiles.am, tiles.zs if tiles.zs is not None else tiles.m,
         tiles.ez if entropy else tiles.m, tiles.m.stride(0), ntiles,
         m, s, zs, am, ez if entropy else m, lse if lse is not None else m, int(col_off),
@@ -161,7 +160,7 @@ def target_logit(h, w, bias, labels, label_off: int, out, inv_temp: float = 1.0)
     n, d = h.shape
     if n == 0:
         return
-    fast(_target_kernel)[(n,)](h, w, bias if bias is not None else h, labels, out, h.stride(0), w.stride(0),
+    _target_kernel[(n,)](h, w, bias if bias is not None else h, labels, out, h.stride(0), w.stride(0),
                          int(label_off), w.shape[0], d, float(inv_temp), HAS_BIAS=bias is not None,
                          TEMP=inv_temp != 1.0, BD=min(1024, triton.next_power_of_2(max(d, 16))), num_warps=4)
 
@@ -227,7 +226,7 @@ def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, s
     a, t, u = (coef, None, None) if loss else coef
     a0, a1, t0, u0 = (float(x) for x in terms)
     br = 16
-    fast(_dz_from_exp_kernel)[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
+    _dz_from_exp_kernel[(triton.cdiv(m, br), triton.cdiv(v, tile_n))](
         e, ld, tile_m, tile_m.stride(0), lse, a, t if t is not None else a, u if u is not None else a,
         scale if scale is not None else a, labels, int(label_off), m, a0, a1, t0, u0,
         LOSS=loss, HAS_SCALE=scale is not None, HAS_U=bool(u0) if loss else u is not None, HAS_A1=bool(a1),
@@ -257,7 +256,7 @@ def scale_cast(src: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tens
     n = src.numel()
     if n:
         block = 4096
-        fast(_scale_cast_kernel)[(triton.cdiv(n, block),)](src, dst, n, scale if scale is not None else src,
+        _scale_cast_kernel[(triton.cdiv(n, block),)](src, dst, n, scale if scale is not None else src,
                                                      HAS_SCALE=scale is not None, BLOCK=block, num_warps=8)
     return dst
 
@@ -296,4 +295,4 @@ def scale_unless_one_(tensors: Sequence[torch.Tensor], g: torch.Tensor) -> None:
             x = part[j] if j < len(part) else part[0]
             args += [x, x.numel() if j < len(part) else 0]
         grid = min(nprog, triton.cdiv(max(x.numel() for x in part), block))
-        fast(_scale_unless_one_kernel)[(grid,)](*args, g, COUNT=len(part), BLOCK=block, NPROG=nprog, num_warps=8)
+        _scale_unless_one_kernel[(grid,)](*args, g, COUNT=len(part), BLOCK=block, NPROG=nprog, num_warps=8)

@@ -9,7 +9,6 @@ import triton.language as tl
 
 from ....core import Coefs, EntropyStats, LossTerms, Options, Tensors
 from . import rows
-from .launch import fast
 
 BLOCK = 2048  # logits per loop iteration of the row kernel
 NUM_WARPS = 8
@@ -203,7 +202,7 @@ def launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False
     a, tc, cb, u = (g, None, None, None) if loss else (coef if grad else (None,) * 4)
     k = terms
     temp = float(opts.temperature)
-    fast(_rows_kernel)[(nrows,)](
+    _rows_kernel[(nrows,)](
         z, z.stride(0),
         arg(dz), dz.stride(0) if dz is not None else 0,
         arg(bias), t.labels[rows], arg(a), arg(tc), arg(cb), arg(u), arg(scale), arg(lse), *raw, arg(ez),
