@@ -7,16 +7,17 @@ hidden and weight) and each method it records
     back to back after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
   - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
     gradients included),
-  - errors against a float32 reference from the same low-precision inputs (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32
-    off): loss absolute error, dX and dW relative L2 errors,
+  - errors against a float32 reference from the same low-precision inputs
+    (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32 off): loss absolute error, dX and dW relative L2
+    errors,
 and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8192^3.
 
 Methods (each when importable; the reason is recorded when not): fused_lce "triton" (default = the fused-GEMM
 path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same provider
-on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider,
-torch eager (F.linear + fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the
-whole fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes),
-Liger-Kernel (default and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
+on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager (F.linear +
+fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole fwd+bwd step
+captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default
+and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
 (and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
 kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
 
