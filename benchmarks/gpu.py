@@ -19,9 +19,12 @@ fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch ea
 captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default
 and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
 (and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
-kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
+kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary). ``--profile``
+breaks one step of ours and of CCE torch_compile down kernel by kernel (busy, span and idle ms); ``--queued-ms X``
+profiles each step a second time behind X ms of device work, as a training step runs the head: the device is then
+busy through the host's work before the step's first wait, so its idle is what the step itself makes it wait for.
 
-    PYTHONPATH=. python benchmarks/gpu.py --out bench-out [--probe] [--profile]
+    PYTHONPATH=. python benchmarks/gpu.py --out bench-out [--probe] [--profile [--queued-ms 3]]
 """
 from __future__ import annotations
 
@@ -423,11 +426,30 @@ def probe(rate, bw):
     return out
 
 
-def profile_method(fn, h, w, y, env, top=12):
+def sleep_cycles_per_ms() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (measured once)."""
+    torch.cuda._sleep(10**6)  # warm
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(10**8)
+    e.record()
+    torch.cuda.synchronize()
+    return 10**8 / s.elapsed_time(e)
+
+
+def profile_method(fn, h, w, y, env, top=12, queued_cycles=0):
     """Device time per kernel family (ms, the ``top`` largest, then launches per family) for one fwd+bwd of
-    ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count."""
+    ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count. With
+    ``queued_cycles`` the step first queues that much device sleep, as when the head runs right after the model's
+    forward: the host's work before the step's first wait then runs while the device is busy, and the idle counts
+    what the device waits for inside the step only."""
+    def step():
+        if queued_cycles:
+            torch.cuda._sleep(queued_cycles)
+        return fwd_bwd(fn, h, w, y)
+
     with _Env(env):
-        return kernel_breakdown(lambda: fwd_bwd(fn, h, w, y), top)
+        return kernel_breakdown(step, top)
 
 
 def kernel_breakdown(step, top=12):
@@ -637,6 +659,8 @@ def main(argv=None):
     ap.add_argument("--steady", type=int, default=0, help="also time this many steps of each method back to back")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
+    ap.add_argument("--queued-ms", type=float, default=0.0,
+                    help="with --profile, also profile each step after this many ms of queued device work")
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
     ap.add_argument("--time-budget", type=float, default=480.0, help="stop starting new shapes after this (s)")
     ap.add_argument("--tile-mb", default="", help="comma-separated tile budgets (MiB): a fused_lce_tile<MB> method "
@@ -664,6 +688,7 @@ def main(argv=None):
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     print(json.dumps(meta), flush=True)
     result = {"meta": meta, "methods": list(methods), "shapes": [], "profile": {}}
+    queued = int(args.queued_ms * sleep_cycles_per_ms()) if args.profile and args.queued_ms > 0 else 0
     if args.probe:
         try:
             result["probe"] = probe(rate, bw)
@@ -702,6 +727,9 @@ def main(argv=None):
                 try:
                     fn, env = methods[name]
                     result["profile"][f"{n}x{d}x{v} {dt} {name}"] = profile_method(fn, h, w, y, env)
+                    if args.queued_ms > 0:
+                        result["profile"][f"{n}x{d}x{v} {dt} {name} after {args.queued_ms:g} ms queued"] = \
+                            profile_method(fn, h, w, y, env, queued_cycles=queued)
                 except Exception as e:  # noqa: BLE001
                     print("profile failed:", e)
         result["shapes"].append(entry)

@@ -31,7 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu import _event_ms, fwd_bwd  # noqa: E402
+from gpu import _event_ms, fwd_bwd, sleep_cycles_per_ms  # noqa: E402
 
 import fused_lce  # noqa: E402
 from fused_lce.tools.bench import environment, make_inputs  # noqa: E402
@@ -46,17 +46,6 @@ OPS = ("loss", "loss_checked", "logprobs", "logprobs_nograd")
 def _loss(h, w, y, validate=False):
     """The step's loss call (``fused_lce.linear_cross_entropy`` looked up per call: the stamped one once installed)."""
     return fused_lce.linear_cross_entropy(h, w, y, backend="triton", validate=validate)
-
-
-def _sleep_cycles_per_ms() -> float:
-    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (measured once)."""
-    torch.cuda._sleep(10**6)  # warm
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    torch.cuda._sleep(10**8)
-    e.record()
-    torch.cuda.synchronize()
-    return 10**8 / s.elapsed_time(e)
 
 
 def _step(op, h, w, y, queued_cycles=0):
@@ -201,7 +190,7 @@ def main():
     ap.add_argument("--launch-profile", action="store_true", help="profile the EXP GEMM's launch alone")
     ap.add_argument("--queued-ms", type=float, default=0.0, help="device work queued before each step's call (ms)")
     args = ap.parse_args()
-    cycles = int(args.queued_ms * _sleep_cycles_per_ms()) if args.queued_ms > 0 else 0
+    cycles = int(args.queued_ms * sleep_cycles_per_ms()) if args.queued_ms > 0 else 0
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     rows = []
