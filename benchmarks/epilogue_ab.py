@@ -26,6 +26,7 @@ import time
 
 import torch
 
+# Each variant replaces these exact pieces of kernels/gemm.py (build() raises when one is no longer there).
 OLD_STATS = '''    else:
         m_t = tl.max(z, axis=1)
         ref = tl.where(m_t == float("-inf"), 0.0, m_t)
@@ -91,14 +92,19 @@ def _dz_part(z, cols, lse, a, tc, uc, cb, yl, HAS_B: tl.constexpr, HAS_U: tl.con
 def _one_tile('''
 
 
+def _edit(src: str, old: str, new: str) -> str:
+    if old not in src:
+        raise RuntimeError("kernels/gemm.py changed: a piece this script edits is gone:\n" + old)
+    return src.replace(old, new, 1)
+
+
 def build(src: str, name: str) -> str:
+    """The source of variant ``name`` of the committed kernel source ``src``."""
     if name == "early":
-        assert OLD_STATS in src and OLD_STORE in src
-        return src.replace(OLD_STATS, NEW_STATS_EARLY).replace(OLD_STORE, NEW_STORE_EARLY)
+        return _edit(_edit(src, OLD_STATS, NEW_STATS_EARLY), OLD_STORE, NEW_STORE_EARLY)
     if name == "dzhalf":
-        assert OLD_DZ_HEAD in src and OLD_DZ_STORE in src
-        s = src.replace(OLD_DZ_HEAD, NEW_DZ_HEAD).replace(OLD_DZ_STORE, NEW_DZ_STORE)
-        return s.replace("\n@triton.jit\ndef _one_tile(", DZ_PART, 1)
+        s = _edit(_edit(src, OLD_DZ_HEAD, NEW_DZ_HEAD), OLD_DZ_STORE, NEW_DZ_STORE)
+        return _edit(s, "\n@triton.jit\ndef _one_tile(", DZ_PART)
     raise KeyError(name)
 
 
