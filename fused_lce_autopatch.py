@@ -19,8 +19,8 @@ class _AutopatchAfterTrainerImport:
         self._searching = threading.local()
 
     def find_spec(self, name, path=None, target=None):
-        # Re-entered from a finder that itself asks the rest of sys.meta_path (profilers, coverage tools): that
-        # finder is already asking the others for us, so step aside; else the two would call each other forever.
+        # Re-entered from a finder that itself asks the rest of sys.meta_path (profilers, coverage tools):
+        # that finder is already asking the others for us, so step aside; else the two recurse forever.
         if name != "transformers.trainer" or getattr(self._searching, "active", False):
             return None
         self._searching.active = True

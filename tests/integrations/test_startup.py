@@ -22,8 +22,8 @@ PROBE = ("import sys; print('torch' in sys.modules, 'fused_lce' in sys.modules, 
 
 
 def fresh(code, **env):
-    """Run ``code`` in a new interpreter of this environment, only the site hooks run; PYTHONPATH: ``env``'s, then
-    this checkout (so that the hook module imported is the one beside these tests, wherever the install points)."""
+    """Run ``code`` in a new interpreter of this environment (only the site hooks run); PYTHONPATH: ``env``'s,
+    then this checkout, so that the hook module imported is the one beside these tests."""
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FUSED_LINEAR_CE")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
     return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
@@ -50,7 +50,7 @@ def test_hook_autopatches_when_transformers_trainer_is_imported():
     assert bad.returncode != 0 and "FUSED_LINEAR_CE: expected 1/true/yes/on or 0/false/no/off" in bad.stderr
 
 
-# an import hook of the kind profilers and coverage tools install: it asks the rest of sys.meta_path for the module
+# an import hook of the kind profilers and coverage tools install: it asks the rest of sys.meta_path
 CHAINING_FINDER = """
 import sys
 
@@ -78,8 +78,8 @@ print(chaining.asked > 0, getattr(t.Trainer.__init__, "_fused_lce_autopatch", Fa
 
 @pytest.mark.parametrize("position", [0, 1], ids=["ahead-of-ours", "behind-ours"])
 def test_hook_coexists_with_a_finder_that_chains_through_meta_path(position):
-    """Another finder that asks the rest of ``sys.meta_path`` for ``transformers.trainer``, ahead of ours or right
-    behind it (installed before ours): no endless recursion between the two, and the trainer is still
+    """Another finder that asks the rest of ``sys.meta_path`` for ``transformers.trainer``, ahead of ours or
+    right behind it (installed before ours): no endless recursion between the two, and the trainer is still
     autopatched."""
     pytest.importorskip("transformers")
     run = fresh(CHAINING_FINDER.format(position=position), FUSED_LINEAR_CE="1")
