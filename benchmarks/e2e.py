@@ -52,6 +52,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from fused_lce.tools.bench import environment, is_oom  # noqa: E402 - CUDA's and the CPU's out of memory
 
 GIB = 2**30
 # name -> (model_type, config fields). Dimensions of the released models' config.json; rope_theta as released.
@@ -201,13 +202,6 @@ def module_state(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- steps
-def is_oom(e: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, and the same failure as other allocators word it (CPU, Triton)."""
-    text = str(e).lower()
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text))
-
-
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -810,8 +804,6 @@ def main(argv=None) -> int:
         p.error("argument --device: CUDA is not available here")
     args.lengths = sorted(set(args.lengths))
     clock = Clock(args.time_limit)
-    from fused_lce.tools.bench import environment
-
     run = {"environment": environment(device), "versions": versions(), "dtype": args.dtype,
            "models": list(args.models), "methods": list(args.methods), "lengths": args.lengths,
            "steps": args.steps, "warmup": args.warmup, "cap": args.cap, "granularity": args.granularity,
