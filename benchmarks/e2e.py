@@ -1,38 +1,40 @@
-"""A whole training step of Hugging Face Qwen models -- forward, loss, backward, optimizer step -- with the stock
-loss, ``fused_lce.patch``, Liger-Kernel's patch and cut-cross-entropy's patch side by side: tokens/s and peak memory
-at a few sequence lengths, the loss, and the longest sequence that fits on the device.
+"""A whole training step of Hugging Face Qwen models -- forward, loss, backward, optimizer step -- with the
+stock loss, ``fused_lce.patch``, Liger-Kernel's patch and cut-cross-entropy's patch side by side: tokens/s and
+peak memory at a few sequence lengths, the loss, and the longest sequence that fits on the device.
 
 Models are built from configs written below with random weights (nothing is downloaded): bf16, gradient
-checkpointing on, batch 1, sdpa attention, one device. The optimizer is AdamW (fused on CUDA) with its state in the
-parameters' dtype: bf16 parameters, gradients and two moments take 8 bytes per parameter (61 GB for Qwen2.5-7B),
-where fp32 master weights and moments (16 bytes, 122 GB) would leave a 141 GB card no room for activations.
+checkpointing on, batch 1, sdpa attention, one device. The optimizer is AdamW (fused on CUDA) with its state
+in the parameters' dtype: bf16 parameters, gradients and two moments take 8 bytes per parameter (61 GB for
+Qwen2.5-7B), where fp32 master weights and moments (16 bytes, 122 GB) would leave a 141 GB card no room for
+activations.
 
 Methods (every one starts from the same weights, a fresh optimizer and the same steps on the same tokens):
   stock      transformers' own loss (full logits, upcast to float32)
   fused_lce  fused_lce.patch(model)
-  liger      liger_kernel's apply_liger_kernel_to_qwen2/3(model=...) with only the fused linear cross-entropy on
-             (rope, rms_norm, swiglu off: only the loss differs from stock); its kernels need CUDA (or Triton's
-             CPU interpreter, TRITON_INTERPRET=1)
+  liger      liger_kernel's apply_liger_kernel_to_qwen2/3(model=...) with only the fused linear cross-entropy
+             on (rope, rms_norm, swiglu off: only the loss differs from stock); its kernels need CUDA (or
+             Triton's CPU interpreter, TRITON_INTERPRET=1)
   cce        cut_cross_entropy.transformers.cce_patch(model) (impl "cce"; "torch_compile" off CUDA)
 A method that is not installed or cannot run here is recorded as skipped with the reason. Each patch is undone
-after its method (fused_lce.unpatch; Liger's and CCE's instance forward removed) and the modeling module is checked
-to be unchanged; a method that changed it stops the model's remaining methods.
+after its method (fused_lce.unpatch; Liger's and CCE's instance forward removed) and the modeling module is
+checked to be unchanged; a method that changed it stops the model's remaining methods.
 
-Per (model, method): two steps at the first length (the loss before and after one optimizer step), then at each
-length one untimed step and --steps timed ones (synchronised; tokens/s from their mean; peak =
+Per (model, method): two steps at the first length (the loss before and after one optimizer step), then at
+each length one untimed step and --steps timed ones (synchronised; tokens/s from their mean; peak =
 torch.cuda.max_memory_allocated over the timed steps, reset before them), then the longest length that fits
 (multiples of --granularity up to --cap): the peaks measured give a line whose crossing of the free memory is
-probed first, then the bracket is grown geometrically and bisected; an out-of-memory step is caught, its memory
-freed and the peak statistics reset. "> cap" when the cap fits. The search stops at --search-limit seconds per
-method or at --time-limit for the whole run (a probe is started only if its predicted time fits).
---grpo MODEL adds a GRPO-shaped step on that model: a no-grad reference pass and the policy's forward+backward with
-per-token log-probs (fused_lce.linear_logprobs against log_softmax + gather of the full logits), a clipped-ratio
-loss with a KL term, and the optimizer step.
+probed first, then the bracket is grown geometrically and bisected; an out-of-memory step is caught, its
+memory freed and the peak statistics reset. "> cap" when the cap fits. The search stops at --search-limit
+seconds per method or at --time-limit for the whole run (a step is started only if its predicted time fits).
+--grpo MODEL adds a GRPO-shaped step on that model: a no-grad reference pass and the policy's forward+backward
+with per-token log-probs (fused_lce.linear_logprobs against log_softmax + gather of the full logits), a
+clipped-ratio loss with a KL term, and the optimizer step.
 
-Writes <stem>.json, <stem>.md and <stem>.png into --out (default benchmarks/results, stem e2e), after every model.
-Partial runs (e.g. one model per invocation) merge into one result: --merge a.json b.json.
+Writes <stem>.json and <stem>.md into --out (default benchmarks/results, stem e2e) after every model, and
+<stem>.png at the end. Partial runs (e.g. one model per invocation) merge into one result: --merge a.json
+b.json.
 
-    python benchmarks/e2e.py --models qwen2.5-7b --grpo qwen2.5-1.5b --time-limit 500 --out DIR --stem e2e_7b
+    python benchmarks/e2e.py --models qwen2.5-7b --time-limit 500 --out DIR --stem e2e_7b
     python benchmarks/e2e.py --merge DIR1/e2e_7b.json DIR2/e2e_small.json --out benchmarks/results
     python benchmarks/e2e.py --device cpu --dtype float32 --models tiny-qwen2 --lengths 64,128 --cap 256 \\
         --granularity 64 --out /tmp/e2e        # the harness on CPU (what tests/benchmarks/test_e2e.py runs)
@@ -76,10 +78,12 @@ MODELS = {
                                            num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                                            vocab_size=248320, tie_word_embeddings=True, rope_theta=1e6)),
     # for the harness test on CPU (not in the default set)
-    "tiny-qwen2": ("qwen2", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True)),
-    "tiny-qwen3": ("qwen3", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=8, vocab_size=1000, tie_word_embeddings=False)),
+    "tiny-qwen2": ("qwen2", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                 tie_word_embeddings=True)),
+    "tiny-qwen3": ("qwen3", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=1000,
+                                 tie_word_embeddings=False)),
 }
 DEFAULT_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-4b", "qwen2.5-7b", "qwen3-1.7b-vocab248k")
 METHODS = ("stock", "fused_lce", "liger", "cce")
@@ -89,7 +93,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 # ---------------------------------------------------------------------------------------------- models
 def build_model(name: str, device, dtype, seed: int, max_len: int):
-    """A randomly initialised causal LM of ``MODELS[name]`` on ``device``, training mode, gradient checkpointing."""
+    """A randomly initialised causal LM of ``MODELS[name]`` on ``device``: training mode, gradient
+    checkpointing."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, fields = MODELS[name]
@@ -143,8 +148,8 @@ def method_problem(name: str, model_type: str, device) -> "str | None":
         except Exception as e:  # noqa: BLE001 - any import failure is a reason to record
             return f"liger_kernel not importable: {type(e).__name__}: {e}"[:300]
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            return ("Liger's kernels are Triton kernels: they need a CUDA device (or Triton's CPU interpreter, "
-                    "TRITON_INTERPRET=1)")
+            return ("Liger's kernels are Triton kernels: they need a CUDA device (or Triton's CPU "
+                    "interpreter, TRITON_INTERPRET=1)")
         if model_type not in ("qwen2", "qwen3"):
             return f"no Liger patch for model type {model_type}"
         return None
@@ -170,10 +175,12 @@ def apply_method(name: str, model) -> dict:
     if name == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
 
-        fn = {"qwen2": apply_liger_kernel_to_qwen2, "qwen3": apply_liger_kernel_to_qwen3}[model.config.model_type]
+        fn = {"qwen2": apply_liger_kernel_to_qwen2, "qwen3": apply_liger_kernel_to_qwen3}
+        fn = fn[model.config.model_type]
         fn(rope=False, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=False, swiglu=False,
            model=model)
-        return {"call": f"{fn.__name__}(fused_linear_cross_entropy=True, rope/rms_norm/swiglu=False, model=model)"}
+        return {"call": f"{fn.__name__}(fused_linear_cross_entropy=True, rope/rms_norm/swiglu=False, "
+                        "model=model)"}
     if name == "cce":
         from cut_cross_entropy.transformers import cce_patch
 
@@ -403,7 +410,7 @@ def measure_method(model, name, init, args, device, clock) -> dict:
         def can_probe(n):
             left = min(clock.left(), search_clock.left())
             need = (predict(n) if predict else 0.0) * 1.3 + 5.0
-            return None if need < left else f"time limit: {left:.0f} s left, a probe at {n} needs ~{need:.0f} s"
+            return None if need < left else f"time limit: {left:.0f} s left, a probe at {n} needs ~{need:.0f}"
 
         room = room_bytes(device)
         guess = predicted_fit(points, None if room is None else room * 0.995, args.granularity)
@@ -437,14 +444,18 @@ def grpo_step(model, opt, ids, kind, temperature=1.0, beta=0.04, advantage=1.0, 
     """A GRPO-shaped step on one sequence: the first quarter is the prompt. A no-grad reference pass (the same
     weights, as with a frozen copy), the policy's forward + backward through per-token log-probs, the clipped
     ratio loss (old = current policy, as in GRPO's single-update case) with a k3 KL term, the optimizer step.
-    Returns the mean log-prob of the completion tokens (the loss itself is -advantage whatever the log-probs)."""
+    Returns the mean log-prob of the completion tokens (the loss itself is -advantage whatever the
+    log-probs)."""
     base, head = model.get_decoder(), model.get_output_embeddings()
     targets = ids[:, 1:].clone()
     targets[:, : ids.shape[1] // 4] = -100
     mask = (targets != -100).float()
     with torch.no_grad():
-        ref = grpo_logprobs(kind, base(input_ids=ids).last_hidden_state[:, :-1], head.weight, targets, temperature)
-    lp = grpo_logprobs(kind, base(input_ids=ids).last_hidden_state[:, :-1], head.weight, targets, temperature)
+        h = base(input_ids=ids).last_hidden_state[:, :-1]
+        ref = grpo_logprobs(kind, h, head.weight, targets, temperature)
+        del h
+    h = base(input_ids=ids).last_hidden_state[:, :-1]
+    lp = grpo_logprobs(kind, h, head.weight, targets, temperature)
     ratio = torch.exp(lp - lp.detach())
     per_token = -torch.min(ratio * advantage, ratio.clamp(1 - eps, 1 + eps) * advantage)
     kl = torch.exp(ref - lp) - (ref - lp) - 1
@@ -547,10 +558,12 @@ def run_model(name, methods, args, device, dtype, clock) -> dict:
 def summary_line(res) -> str:
     if res.get("status") != "ok":
         return f"{res.get('status')}: {res.get('reason', '')[:200]}"
-    parts = [f"loss {res.get('loss_step1', float('nan')):.5f} -> {res.get('loss_after_step', float('nan')):.5f}"]
+    nan = float("nan")
+    parts = [f"loss {res.get('loss_step1', nan):.5f} -> {res.get('loss_after_step', nan):.5f}"]
     for n, r in res.get("lengths", {}).items():
+        gib = f" {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""
         parts.append(f"{n}: OOM" if r.get("oom") else f"{n}: {r['skipped']}" if "skipped" in r else
-                     f"{n}: {r['tokens_per_s']:.0f} tok/s" + (f" {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""))
+                     f"{n}: {r['tokens_per_s']:.0f} tok/s{gib}")
     if "longest" in res:
         parts.append("longest " + longest_text(res["longest"]))
     return "; ".join(parts)
@@ -604,14 +617,15 @@ def _methods(data):
 def markdown(data) -> str:
     runs = data["runs"]
     lines = ["# Whole training step: stock loss vs fused_lce vs Liger vs CCE", "",
-             "Hugging Face Qwen models from configs with random weights, batch 1, gradient checkpointing, sdpa, "
-             "AdamW (state in the parameters' dtype). One step = forward with labels, backward, optimizer step. "
-             "Peak = torch.cuda.max_memory_allocated over the timed steps (weights, gradients and optimizer state "
-             "included). Written by benchmarks/e2e.py.", ""]
+             "Hugging Face Qwen models from configs with random weights, batch 1, gradient checkpointing, "
+             "sdpa, AdamW (state in the parameters' dtype). One step = forward with labels, backward, "
+             "optimizer step. Peak = torch.cuda.max_memory_allocated over the timed steps (weights, "
+             "gradients and optimizer state included). Written by benchmarks/e2e.py.", ""]
     for r in runs:
         env, v = r["environment"], r["versions"]
         lines.append(f"- run: {env.get('gpu') or env.get('cpu', '')} ({env['device']}), "
-                     f"capacity {_fmt(r.get('capacity_gib'), '.1f')} GiB, {r['dtype']}, commit {env.get('commit')}, "
+                     f"capacity {_fmt(r.get('capacity_gib'), '.1f')} GiB, {r['dtype']}, "
+                     f"commit {env.get('commit')}, "
                      f"{env.get('date')}; models {', '.join(r['models'])}; "
                      + ", ".join(f"{k} {val}" for k, val in v.items())
                      + f"; PYTORCH_CUDA_ALLOC_CONF={r.get('alloc_conf') or 'unset'}")
@@ -630,11 +644,13 @@ def markdown(data) -> str:
                 cells.append(longest_text(r["longest"]) + f" ({r['longest']['granularity']})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, m in data["models"].items():
-        lines += ["", f"## {name} ({m['params'] / 1e9:.2f} B parameters, vocabulary {m['config']['vocab_size']}, "
-                  f"{'tied' if m['config'].get('tie_word_embeddings') else 'untied'} head)", ""]
+        head = "tied" if m["config"].get("tie_word_embeddings") else "untied"
+        lines += ["", f"## {name} ({m['params'] / 1e9:.2f} B parameters, vocabulary "
+                  f"{m['config']['vocab_size']}, {head} head)", ""]
         lengths = sorted({int(n) for r in m["methods"].values() for n in r.get("lengths", {})})
         lines += ["| method | loss, step 1 | after one step (diff vs stock) | "
-                  + " | ".join(f"{n // 1024}K tok/s, GiB" if n >= 1024 else f"{n} tok/s, GiB" for n in lengths)
+                  + " | ".join(f"{n // 1024}K tok/s, GiB" if n >= 1024 else f"{n} tok/s, GiB"
+                               for n in lengths)
                   + " |", "|---|---|---|" + "---|" * len(lengths)]
         stock = m["methods"].get("stock", {})
         for k in methods:
@@ -642,33 +658,38 @@ def markdown(data) -> str:
             if r is None:
                 continue
             if r.get("status") != "ok":
-                lines.append(f"| {k} | {r.get('status')}: {r.get('reason', '')[:160]} |" + " |" * (len(lengths) + 1))
+                lines.append(f"| {k} | {r.get('status')}: {r.get('reason', '')[:160]} |"
+                             + " |" * (len(lengths) + 1))
                 continue
             diff = (r["loss_after_step"] - stock["loss_after_step"]
                     if "loss_after_step" in r and "loss_after_step" in stock else None)
             cells = []
             for n in lengths:
                 x = r.get("lengths", {}).get(str(n))
-                cells.append("-" if x is None else "OOM" if x.get("oom") else "time limit" if "skipped" in x else
+                cells.append("-" if x is None else "OOM" if x.get("oom") else
+                             "time limit" if "skipped" in x else
                              f"{x['tokens_per_s']:.0f}, {_fmt(x.get('peak_gib'), '.1f')}")
-            lines.append(f"| {k} | {_fmt(r.get('loss_step1'), '.5f')} | {_fmt(r.get('loss_after_step'), '.5f')} "
-                         f"({_fmt(diff, '+.1e')}) | " + " | ".join(cells) + " |")
+            lines.append(f"| {k} | {_fmt(r.get('loss_step1'), '.5f')} | "
+                         f"{_fmt(r.get('loss_after_step'), '.5f')} ({_fmt(diff, '+.1e')}) | "
+                         + " | ".join(cells) + " |")
         g = m.get("grpo")
         if g and "methods" in g:
-            lines += ["", f"GRPO-shaped step on {name} (reference pass without gradients + policy fwd+bwd through "
-                      "per-token log-probs + optimizer step; tokens/s, peak GiB, mean completion log-prob of the first "
-                      "step at that length):", "",
+            lines += ["", f"GRPO-shaped step on {name} (reference pass without gradients + policy fwd+bwd "
+                      "through per-token log-probs + optimizer step; tokens/s, peak GiB, mean completion "
+                      "log-prob of the first step at that length):", "",
                       "| log-probs | " + " | ".join(str(n) for n in g["lengths"]) + " |",
                       "|---|" + "---|" * len(g["lengths"])]
             for kind, res in g["methods"].items():
                 cells = []
                 for n in g["lengths"]:
                     x = res.get(str(n))
-                    cells.append("-" if x is None else "OOM" if x.get("oom") else "time limit" if "skipped" in x
-                                 else f"{x['tokens_per_s']:.0f}, {_fmt(x.get('peak_gib'), '.1f')}, {x['mean_logprob']:.5f}")
+                    cells.append("-" if x is None else "OOM" if x.get("oom") else
+                                 "time limit" if "skipped" in x else
+                                 f"{x['tokens_per_s']:.0f}, {_fmt(x.get('peak_gib'), '.1f')}, "
+                                 f"{x['mean_logprob']:.5f}")
                 label = "fused_lce.linear_logprobs" if kind == "fused_lce" else "log_softmax + gather"
-                lines.append(f"| {label} | " + " | ".join(cells) + (f" {res['error']}" if "error" in res else "")
-                             + " |")
+                error = f" {res['error']}" if "error" in res else ""
+                lines.append(f"| {label} | " + " | ".join(cells) + error + " |")
         elif g:
             lines += ["", f"GRPO-shaped step on {name}: {g}"]
     return "\n".join(lines) + "\n"
@@ -688,9 +709,8 @@ def plot(data, path):
     for ax, name in zip(axes.flat, names):
         m = data["models"][name]
         for k, r in m["methods"].items():
-            pts = {int(n): x["peak_gib"] for n, x in r.get("lengths", {}).items() if x.get("peak_gib") is not None}
-            fitting = r.get("longest", {}).get("fitting_probes", {})
-            pts.update({int(n): x["peak_gib"] for n, x in fitting.items() if x.get("peak_gib") is not None})
+            measured = {**r.get("lengths", {}), **r.get("longest", {}).get("fitting_probes", {})}
+            pts = {int(n): x["peak_gib"] for n, x in measured.items() if x.get("peak_gib") is not None}
             if not pts:
                 continue
             xs = sorted(pts)
@@ -775,7 +795,8 @@ def parser():
     p.add_argument("--no-search", action="store_true", help="skip the longest-fit search")
     p.add_argument("--search-limit", type=float, default=None, help="seconds for one method's search")
     p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds for the whole run: no step is started that would end after it (build included)")
+                   help="seconds for the whole run, model builds included: no step is started that would "
+                        "end after it")
     p.add_argument("--grpo", default=None, help="model for the GRPO-shaped step (default: none)")
     p.add_argument("--grpo-lengths", type=_list("lengths"), default=[8192, 16384])
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -784,7 +805,8 @@ def parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--stem", default="e2e", help="file names: <stem>.json/.md/.png (default e2e)")
-    p.add_argument("--merge", nargs="+", metavar="JSON", help="merge partial results into --out/--stem, run nothing")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="merge partial results into --out/--stem, run nothing")
     return p
 
 
@@ -824,7 +846,8 @@ def main(argv=None) -> int:
         write_outputs(data, args.out, args.stem, png=False)  # what is done so far survives a kill
     run["seconds"] = time.perf_counter() - clock.start
     write_outputs(data, args.out, args.stem)
-    print(f"[e2e] wrote {os.path.join(args.out, args.stem)}.json/.md/.png in {run['seconds']:.0f} s", flush=True)
+    print(f"[e2e] wrote {os.path.join(args.out, args.stem)}.json/.md/.png in {run['seconds']:.0f} s",
+          flush=True)
     return 0
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device command of the whole-step benchmark (benchmarks/e2e.py) on a CUDA machine without network: installs
-# the peers' wheels from $WHEELS (default .whl) into /tmp/site, runs e2e.py with the arguments given under a time
-# limit (E2E_LIMIT seconds, default 500: e2e.py starts no step that would end after it, and `timeout` stops it 60 s
-# later), and writes <stem>.json/.md/.png and <stem>.log into $OUT (default ./e2e-out).
+# One device command of the whole-step benchmark (benchmarks/e2e.py) on a CUDA machine without network:
+# installs the peers' wheels from $WHEELS (default .whl) into /tmp/site, runs e2e.py with the arguments given
+# under a time limit (E2E_LIMIT seconds, default 500: e2e.py starts no step that would end after it, and
+# `timeout` stops it 60 s later), and writes <stem>.json/.md/.png and <stem>.log into $OUT (default ./e2e-out).
 #   OUT=dir WHEELS=.whl bash benchmarks/run_e2e.sh --models qwen2.5-7b --stem e2e_7b
 # Run it more than once in one command for parts with their own limits and arguments, then merge the parts:
 #   python3 benchmarks/e2e.py --merge dir/e2e_7b.json dir/e2e_small.json --out benchmarks/results
@@ -17,8 +17,8 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.e2e-installed ]; then
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# fewer out-of-memory failures from fragmentation at the longest lengths (every method runs under the same setting;
-# e2e.py records it)
+# fewer out-of-memory failures from fragmentation at the longest lengths (every method runs under the same
+# setting; e2e.py records it)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export FUSED_LCE_COMMIT=${FUSED_LCE_COMMIT:-unknown}
 stem=e2e
@@ -26,7 +26,8 @@ prev=
 for a in "$@"; do [ "$prev" = --stem ] && stem=$a; prev=$a; done
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,temperature.gpu --format=csv,noheader 2>/dev/null
 t0=$(date +%s)
-timeout $((LIMIT + 60)) python3 benchmarks/e2e.py --time-limit "$LIMIT" --out "$OUT" "$@" > "$OUT/$stem.log" 2>&1
+timeout $((LIMIT + 60)) python3 benchmarks/e2e.py --time-limit "$LIMIT" --out "$OUT" "$@" \
+    > "$OUT/$stem.log" 2>&1
 echo "e2e.py exit $? after $(( $(date +%s) - t0 )) s"
 grep '^\[e2e\]' "$OUT/$stem.log" | cut -c1-400
 grep -E 'Error|Traceback' "$OUT/$stem.log" | sort | uniq -c | head -20

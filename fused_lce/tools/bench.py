@@ -1,12 +1,12 @@
 """``fused-lce bench``: the plain path (F.linear + F.cross_entropy) against fused_lce, on this device.
 
 Times forward+backward of the mean loss (median of ``--repeat`` runs after ``--warmup``) at each token count,
-measures peak extra memory (CUDA: ``max_memory_allocated`` minus what was allocated before; CPU: RSS sampled every
-millisecond minus RSS before; the weight gradient is part of it), checks the errors against a float64 reference at
-the smallest token count (loss absolute error, relative L2 error of dX and dW), and ends with how much less extra
-memory each fused backend needed than the plain path at the largest count. Sizes are checked against the memory
-available first: a path that would not fit is skipped with what would fit, and running out of memory anyway
-(CPU or CUDA) is reported, not raised.
+measures peak extra memory (CUDA: ``max_memory_allocated`` minus what was allocated before; CPU: RSS sampled
+every millisecond minus RSS before; the weight gradient is part of it), checks the errors against a float64
+reference at the smallest token count (loss absolute error, relative L2 error of dX and dW), and ends with how
+much less extra memory each fused backend needed than the plain path at the largest count. Sizes are checked
+against the memory available first: a path that would not fit is skipped with what would fit, and running out
+of memory anyway (CPU or CUDA) is reported, not raised.
 """
 from __future__ import annotations
 
@@ -167,7 +167,8 @@ _rel = rel_err
 
 
 def is_oom(e: BaseException) -> bool:
-    """Out of memory, as CUDA's allocator (OutOfMemoryError) or the CPU's ("can't allocate memory") says it."""
+    """Out of memory, as CUDA's allocator (OutOfMemoryError) or the CPU's ("can't allocate memory") says
+    it."""
     text = str(e).lower()
     return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and (
         "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text))
@@ -179,9 +180,9 @@ def _oom_text(e) -> str:
 
 def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, tile_mb, check, progress=True,
               skip=None):
-    """Rows of results, one per (token count, path). ``check``: compare with the float64 reference at the smallest
-    token count. ``skip``: {(tokens, path): why} for pairs not to run (they would not fit); out of memory while
-    running is recorded in the row, not raised."""
+    """Rows of results, one per (token count, path). ``check``: compare with the float64 reference at the
+    smallest token count. ``skip``: {(tokens, path): why} for pairs not to run (they would not fit); out of
+    memory while running is recorded in the row, not raised."""
     from tqdm import tqdm
 
     skip = skip or {}
@@ -233,15 +234,15 @@ def run_bench(tokens, hidden, vocab, dtype, device, backends, repeat, warmup, ti
 
 
 # ---------------------------------------------------------------------------------------------- memory plan
-# Bytes per logit the plain path keeps live at its peak (logits, their float32 copy, log-softmax, its gradient;
-# measured: two float32 copies at float32 on CPU, so this errs on the safe side).
+# Bytes per logit the plain path keeps live at its peak (logits, their float32 copy, log-softmax, its
+# gradient; measured: two float32 copies at float32 on CPU, so this errs on the safe side).
 _PLAIN_LOGIT_BYTES = {4: 12, 2: 16}
 
 
 def available_bytes(device) -> Optional[int]:
-    """Bytes this process can still allocate on ``device``: CUDA's free memory (plus what the caching allocator
-    holds unused); on CPU the least of MemAvailable, the cgroup's limit less its usage, and the address-space /
-    data-segment limits less what is mapped. None when it cannot be told."""
+    """Bytes this process can still allocate on ``device``: CUDA's free memory (plus what the caching
+    allocator holds unused); on CPU the least of MemAvailable, the cgroup's limit less its usage, and the
+    address-space / data-segment limits less what is mapped. None when it cannot be told."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -355,10 +356,11 @@ def plan_skips(tokens, hidden, vocab, dtype, device, paths, tile_mb, check, room
             if need <= usable:
                 continue
             fit = max_tokens(hidden, vocab, dtype, device, path, usable, tile_mb)
+            one = _gib(need_bytes(1, hidden, vocab, dtype, device, path, tile_mb))
             what = (f"up to {fit} tokens would fit (--tokens {fit})" if fit else
-                    f"not even 1 token fits: the {vocab}x{hidden} {dtype_name(dtype)} weight with its gradient and "
-                    f"working memory needs {_gib(need_bytes(1, hidden, vocab, dtype, device, path, tile_mb))}; "
-                    "lower --vocab or --hidden" + (", or use --dtype bfloat16" if dtype == torch.float32 else ""))
+                    f"not even 1 token fits: the {vocab}x{hidden} {dtype_name(dtype)} weight with its "
+                    f"gradient and working memory needs {one}; lower --vocab or --hidden"
+                    + (", or use --dtype bfloat16" if dtype == torch.float32 else ""))
             skips[(n, path)] = (f"would not fit: needs ~{_gib(need)}, {_gib(room)} available here; {what}")
         if check and n == min(tokens) and need_bytes(n, hidden, vocab, dtype, device, None, tile_mb,
                                                      reference=True) > usable:
@@ -385,7 +387,9 @@ def summary(rows) -> list:
         line = f"summary: {name} needs {ratio} extra memory than plain at {n} tokens ({b:.0f} vs {a:.0f} MiB"
         if len(both) > 1:
             n0 = both[0]
-            per = lambda p: (ok[(n, p)]["peak_extra_mib"] - ok[(n0, p)]["peak_extra_mib"]) / (n - n0)  # noqa: E731
+            def per(p):
+                return (ok[(n, p)]["peak_extra_mib"] - ok[(n0, p)]["peak_extra_mib"]) / (n - n0)
+
             line += f"; per extra token: plain {per('plain'):+.2f} MiB, {name} {per(name):+.2f} MiB"
         line += f"), {ok[(n, name)]['ms'] / ok[(n, 'plain')]['ms']:.2f}x plain's time"
         lines.append(line)
@@ -524,9 +528,10 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     p.add_argument("--backends", default=None,
-                   help="comma list of paths to run: plain and backend names, or 'all' (plain + every backend "
-                        "available on the device); default: plain + the backend fused_lce picks here")
-    p.add_argument("--repeat", type=_positive_int, default=1, help="timed runs per path (>= 1; the median is shown)")
+                   help="comma list of paths to run: plain and backend names, or 'all' (plain + every "
+                        "backend available on the device); default: plain + the backend fused_lce picks here")
+    p.add_argument("--repeat", type=_positive_int, default=1,
+                   help="timed runs per path (>= 1; the median is shown)")
     p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed runs first (>= 0)")
     p.add_argument("--tile-mb", type=_mib, default=None, help="tile budget in MiB for the fused backends (> 0)")
     p.add_argument("--no-check", action="store_true",

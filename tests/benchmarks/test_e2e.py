@@ -1,7 +1,7 @@
 """benchmarks/e2e.py on the CPU with tiny configs: the harness only (no timing is asserted). Every method that
-can run here gives the stock loss within 1e-5 in float32, before and after one optimizer step and at every length;
-the ones that cannot (Liger without CUDA, CCE without its transformers patch) are reported as skipped with the
-reason; the longest-fit search, its out-of-memory handling and the merge of partial results."""
+can run here gives the stock loss within 1e-5 in float32, before and after one optimizer step and at every
+length; the ones that cannot (Liger without CUDA, CCE without its transformers patch) are reported as skipped
+with the reason; the longest-fit search, its out-of-memory handling and the merge of partial results."""
 from __future__ import annotations
 
 import json
@@ -77,7 +77,8 @@ def test_out_of_memory_is_caught_and_the_longest_fit_found(tmp_path, monkeypatch
         return real(model, opt, ids)
 
     monkeypatch.setattr(e2e, "lm_step", step)
-    data = _run(tmp_path, "--methods", "stock,fused_lce", "--lengths", "32,96", "--granularity", "16", "--steps", "1")
+    data = _run(tmp_path, "--methods", "stock,fused_lce", "--lengths", "32,96", "--granularity", "16",
+                "--steps", "1")
     for res in data["models"]["tiny-qwen2"]["methods"].values():
         assert res["status"] == "ok" and res["lengths"]["96"] == {"oom": True}
         s = res["longest"]
@@ -110,7 +111,8 @@ def test_search_stops_at_the_time_limit_and_predictions():
     assert (s["longest"], s["stopped"], s["exact"]) == (16384, "time limit", False)
     gib = 2**30
     # a peak of 10 + n/1000 GiB with 50 GiB of room: 40000 tokens
-    assert e2e.predicted_fit([(4096, (10 + 4.096) * gib), (8192, (10 + 8.192) * gib)], 50 * gib, 1024) == 39936
+    points = [(4096, (10 + 4.096) * gib), (8192, (10 + 8.192) * gib)]
+    assert e2e.predicted_fit(points, 50 * gib, 1024) == 39936
     assert e2e.predicted_fit([(4096, None)], 50 * gib, 1024) is None
     t = e2e.time_model([(1000, 1.0), (2000, 3.0)])  # a n + b n^2 through both points
     assert abs(t(1000) - 1.0) < 1e-9 and abs(t(2000) - 3.0) < 1e-9 and t(4000) > 2 * t(2000)

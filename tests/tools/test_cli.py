@@ -33,8 +33,9 @@ def test_bench_json_and_plot(tmp_path, capsys):
 
 
 def test_default_is_a_token_sweep_of_plain_against_the_auto_backend(capsys):
-    """The main job a newcomer runs first: plain against the backend fused_lce picks, at 256, 512 and 1024 tokens
-    (the sizes shrunk here, the tokens kept), ending in a summary line; --backends all adds every backend."""
+    """The main job a newcomer runs first: plain against the backend fused_lce picks, at 256, 512 and 1024
+    tokens (the head shrunk here, the tokens kept), ending in a summary line; --backends all adds every
+    backend."""
     from fused_lce.core import registry
 
     rc = cli.main(["bench", "--quiet", "--hidden", "8", "--vocab", "64", "--no-check"])
@@ -59,8 +60,9 @@ def test_summary_says_how_much_less_extra_memory():
              (1024, "cpp", 36.0, 668.0), (1024, "torch", 1.0, 1.0), (256, "torch", 1.0, 1.0)]]
     rows.append({"tokens": 2048, "path": "plain", "error": "out of memory: ..."})
     lines = bench.summary(rows)
-    assert lines[0] == ("summary: cpp needs 2.7x less extra memory than plain at 1024 tokens (668 vs 1784 MiB; "
-                        "per extra token: plain +1.20 MiB, cpp +0.00 MiB), 0.90x plain's time")
+    assert lines[0] == ("summary: cpp needs 2.7x less extra memory than plain at 1024 tokens "
+                        "(668 vs 1784 MiB; per extra token: plain +1.20 MiB, cpp +0.00 MiB), "
+                        "0.90x plain's time")
     assert lines[1].startswith("summary: torch needs 1784.0x less extra memory")
 
 
@@ -73,7 +75,8 @@ def test_is_oom_recognises_cuda_and_cpu_allocators():
 
 
 def _capped(code_or_args, cap_bytes, timeout=300):
-    """Runs the CLI (a list of arguments) or Python code (a str) in a fresh process under an address-space cap."""
+    """Runs the CLI (a list of arguments) or Python code (a str) in a fresh process under an address-space
+    cap."""
     import resource
 
     def limit():
@@ -107,7 +110,8 @@ OOM_WITHOUT_ESTIMATE = """
 import sys
 from fused_lce.tools import bench, cli
 bench.available_bytes = lambda device: None  # no estimate: the allocator itself runs out
-sys.exit(cli.main(["bench", "--quiet", "--backends", "plain", "--tokens", "20000", "--no-check", "--warmup", "0"]))
+sys.exit(cli.main(["bench", "--quiet", "--backends", "plain", "--tokens", "20000", "--no-check",
+                   "--warmup", "0"]))
 """
 
 
