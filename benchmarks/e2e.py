@@ -700,6 +700,7 @@ def plot(data, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     names = list(data["models"])
     cols = min(3, max(1, len(names)))
@@ -723,6 +724,7 @@ def plot(data, path):
             ax.axhline(caps[0], color="k", ls="--", lw=1, label=f"card: {caps[0]:.0f} GiB")
         ax.set(title=name, xlabel="sequence length (K tokens)", ylabel="peak memory (GiB)")
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
@@ -732,8 +734,8 @@ def plot(data, path):
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     dev = data["runs"][0]["environment"].get("gpu") or data["runs"][0]["environment"]["device"]
-    fig.suptitle(f"Peak memory of a training step vs sequence length ({dev}; star: the longest that fits, "
-                 "triangle: longest found before the search stopped)", fontsize=10)
+    fig.suptitle(f"Peak memory of a training step vs sequence length, {dev}\nstar: the longest that fits; "
+                 "triangle: a lower bound (the cap of the search, or where its time ran out)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
