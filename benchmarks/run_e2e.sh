@@ -30,4 +30,4 @@ timeout $((LIMIT + 60)) python3 benchmarks/e2e.py --time-limit "$LIMIT" --out "$
     > "$OUT/$stem.log" 2>&1
 echo "e2e.py exit $? after $(( $(date +%s) - t0 )) s"
 grep '^\[e2e\]' "$OUT/$stem.log" | cut -c1-400
-grep -E 'Error|Traceback' "$OUT/$stem.log" | sort | uniq -c | head -20
+grep -v '^\[e2e\]' "$OUT/$stem.log" | grep -E 'Error|Traceback' | sort | uniq -c | head -20
