@@ -202,7 +202,7 @@ def undo_method(name: str, model) -> None:
 def module_state(model) -> dict:
     """Identity of everything at the top of the model's modeling module and of its class' forward."""
     mod = sys.modules[type(model).__module__]
-    state = {k: id(v) for k, v in vars(mod).items()}
+    state = {k: id(v) for k, v in vars(mod).items() if not k.startswith("__")}  # not __warningregistry__
     state["<class forward>"] = id(type(model).__dict__.get("forward"))
     state["<instance forward>"] = id(model.__dict__.get("forward"))
     return state

@@ -130,3 +130,18 @@ def test_merge_of_partial_runs(tmp_path):
     assert (tmp_path / "all.md").exists() and (tmp_path / "all.png").exists()
     md = (tmp_path / "all.md").read_text()
     assert md.count("- run:") == 2 and "| fused_lce |" in md and "not searched" in md
+
+
+def test_undo_check_sees_patches_not_warning_registries(monkeypatch):
+    model = e2e.build_model("tiny-qwen2", "cpu", torch.float32, 0, 64)
+    before = e2e.module_state(model)
+    mod = sys.modules[type(model).__module__]
+    monkeypatch.setitem(vars(mod), "__warningregistry__", {"version": 1})  # a warning issued there
+    assert e2e.module_state(model) == before
+    monkeypatch.setattr(mod, "apply_rotary_pos_emb", lambda *a: a)  # a class-level patch left behind
+    assert e2e.module_state(model) != before
+    monkeypatch.undo()
+    model.forward = lambda *a, **k: None  # an instance patch left behind
+    assert e2e.module_state(model) != before
+    e2e.undo_method("cce", model)
+    assert e2e.module_state(model) == before
