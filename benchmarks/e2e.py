@@ -21,11 +21,13 @@ checked to be unchanged; a method that changed it stops the model's remaining me
 
 Per (model, method): two steps at the first length (the loss before and after one optimizer step), then at
 each length one untimed step and --steps timed ones (synchronised; tokens/s from their mean; peak =
-torch.cuda.max_memory_allocated over the timed steps, reset before them), then the longest length that fits
-(multiples of --granularity up to --cap): the peaks measured give a line whose crossing of the free memory is
-probed first, then the bracket is grown geometrically and bisected; an out-of-memory step is caught, its
-memory freed and the peak statistics reset. "> cap" when the cap fits. The search stops at --search-limit
-seconds per method or at --time-limit for the whole run (a step is started only if its predicted time fits).
+torch.cuda.max_memory_allocated over the timed steps, reset before them). Once every method has run its
+lengths, each searches the longest length that fits (multiples of --granularity up to --cap): the peaks
+measured give a line whose crossing of the free memory is probed first, then the bracket is grown
+geometrically and bisected; an out-of-memory step is caught, its memory freed and the peak statistics reset.
+"> cap" when the cap fits. With --time-limit, each model's searches get a part of the time left proportional
+to its parameters, shared equally by its methods (at most --search-limit seconds each); a step is started
+only if its predicted time fits.
 --grpo MODEL adds a GRPO-shaped step on that model: a no-grad reference pass and the policy's forward+backward
 with per-token log-probs (fused_lce.linear_logprobs against log_softmax + gather of the full logits), a
 clipped-ratio loss with a KL term, and the optimizer step.
@@ -42,6 +44,7 @@ b.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -335,13 +338,25 @@ class Clock:
         return float("inf") if self.limit is None else self.limit - (time.perf_counter() - self.start)
 
 
-def measure_method(model, name, init, args, device, clock) -> dict:
-    """Loss, tokens/s and peak per length, and the longest length that fits, of one method on ``model``."""
+@contextlib.contextmanager
+def patched(model, name):
+    """``model`` patched for method ``name`` inside the block (yields what was applied), unpatched after."""
+    applied = apply_method(name, model)
+    try:
+        yield applied
+    finally:
+        undo_method(name, model)
+
+
+def measure_lengths(model, name, init, args, device, clock):
+    """(result, state for the search) of one method at the --lengths: the loss before and after one optimizer
+    step, then tokens/s, peak and loss per length, from the initial weights and a fresh optimizer."""
     vocab = model.config.vocab_size
     res = {"status": "ok"}
     model.load_state_dict(init)
     opt = make_optimizer(model, args.lr)
-    res["applied"] = apply_method(name, model)
+    lengths, points, times = {}, [], []
+    lo, hi = 0, None
     data = {}
 
     def step_at(n):
@@ -351,81 +366,99 @@ def measure_method(model, name, init, args, device, clock) -> dict:
         ids = data[n]
         return lambda: lm_step(model, opt, ids)
 
-    lengths, points, times = {}, [], []
-    lo, hi = 0, None
     try:
-        first = args.lengths[0]
-        got = try_timed(step_at(first), device, 2)  # the loss before and after one optimizer step; a warm-up
-        if got is None:
-            free_memory(model, opt, device)
-        else:
-            res["loss_step1"], res["loss_after_step"] = got[0]
-        for i, n in enumerate(args.lengths):
-            if hi is not None:
-                lengths[n] = {"oom": True, "note": f"not run: {hi} tokens did not fit"}
-                continue
-            predict = time_model(times)
-            need = (predict(n) * (args.warmup + args.steps) * 1.2) if predict else 0.0
-            if need > clock.left():
-                lengths[n] = {"skipped": f"time limit: {clock.left():.0f} s left, ~{need:.0f} s needed"}
-                continue
-            warm = [] if (i == 0 and got is not None) else try_timed(step_at(n), device, args.warmup)
-            timed_run = None if warm is None else try_timed(step_at(n), device, args.steps)
-            if timed_run is None:
-                data.clear()
-                free_memory(model, opt, device)
-                lengths[n] = {"oom": True}
-                hi = n
-                continue
-            warm = warm[0] if warm else []
-            losses, secs, peak = timed_run
-            row = {"tokens_per_s": n * len(secs) / sum(secs), "step_s": secs, "loss": (warm or losses)[0]}
-            if peak is not None:
-                row["peak_gib"] = peak / GIB
-            lengths[n] = row
-            points.append((n, peak))
-            times.append((n, sum(secs) / len(secs)))
-            lo = max(lo, n)
-        res["lengths"] = {str(n): r for n, r in lengths.items()}
-        if args.no_search:
-            return res
-        probes_peak = {}
-
-        def fits(n):
-            data.clear()
-            free_memory(model, opt, device)
-            got = try_timed(step_at(n), device, 1)
+        with patched(model, name) as applied:
+            res["applied"] = applied
+            first = args.lengths[0]
+            got = try_timed(step_at(first), device, 2)  # the loss before and after one step; a warm-up
             if got is None:
-                data.clear()
                 free_memory(model, opt, device)
-                return False
-            peak, secs = got[2], got[1][0]
-            probes_peak[n] = {"peak_gib": None if peak is None else peak / GIB, "step_s": secs}
-            times.append((n, secs))
-            return True
-
-        search_clock = Clock(args.search_limit)
-        predict = time_model(times)
-
-        def can_probe(n):
-            left = min(clock.left(), search_clock.left())
-            need = (predict(n) if predict else 0.0) * 1.3 + 5.0
-            return None if need < left else f"time limit: {left:.0f} s left, a probe at {n} needs ~{need:.0f}"
-
-        room = room_bytes(device)
-        guess = predicted_fit(points, None if room is None else room * 0.995, args.granularity)
-        search = longest_fit(fits, lo, hi, guess, args.cap, args.granularity, can_probe)
-        search["guess"] = guess
-        search["granularity"] = args.granularity
-        search["room_gib"] = None if room is None else room / GIB
-        search["fitting_probes"] = {str(n): v for n, v in probes_peak.items()}
-        res["longest"] = search
+            else:
+                res["loss_step1"], res["loss_after_step"] = got[0]
+            for i, n in enumerate(args.lengths):
+                if hi is not None:
+                    lengths[n] = {"oom": True, "note": f"not run: {hi} tokens did not fit"}
+                    continue
+                predict = time_model(times)
+                need = (predict(n) * (args.warmup + args.steps) * 1.2) if predict else 0.0
+                if need > clock.left():
+                    lengths[n] = {"skipped": f"time limit: {clock.left():.0f} s left, ~{need:.0f} s needed"}
+                    continue
+                warm = [] if (i == 0 and got is not None) else try_timed(step_at(n), device, args.warmup)
+                timed_run = None if warm is None else try_timed(step_at(n), device, args.steps)
+                if timed_run is None:
+                    data.clear()
+                    free_memory(model, opt, device)
+                    lengths[n] = {"oom": True}
+                    hi = n
+                    continue
+                warm = warm[0] if warm else []
+                losses, secs, peak = timed_run
+                row = {"tokens_per_s": n * len(secs) / sum(secs), "step_s": secs, "loss": (warm or losses)[0]}
+                if peak is not None:
+                    row["peak_gib"] = peak / GIB
+                lengths[n] = row
+                points.append((n, peak))
+                times.append((n, sum(secs) / len(secs)))
+                lo = max(lo, n)
     finally:
         data.clear()
-        undo_method(name, model)
         del opt
         free_memory(model, None, device)
-    return res
+    res["lengths"] = {str(n): r for n, r in lengths.items()}
+    return res, {"points": points, "times": times, "lo": lo, "hi": hi}
+
+
+def search_longest(model, name, args, device, clock, state, budget) -> dict:
+    """The longest length that fits for one method (see ``longest_fit``), within ``budget`` seconds. A step at
+    the longest measured length first allocates the optimizer's state, so every probe's peak includes it."""
+    vocab = model.config.vocab_size
+    opt = make_optimizer(model, args.lr)
+    times, lo, hi = list(state["times"]), state["lo"], state["hi"]
+    probes_peak, data = {}, {}
+    start = time.perf_counter()
+
+    def step_at(n):
+        data.clear()
+        data[n] = tokens(n, vocab, device, args.seed)
+        ids = data[n]
+        return lambda: lm_step(model, opt, ids)
+
+    def fits(n):
+        got = try_timed(step_at(n), device, 1)
+        data.clear()
+        free_memory(model, opt, device)
+        if got is None:
+            return False
+        peak, secs = got[2], got[1][0]
+        probes_peak[n] = {"peak_gib": None if peak is None else peak / GIB, "step_s": secs}
+        times.append((n, secs))
+        return True
+
+    def can_probe(n):
+        left = min(clock.left(), budget - (time.perf_counter() - start))
+        predict = time_model(times)
+        need = (predict(n) if predict else 0.0) * 1.3 + 5.0
+        return None if need < left else f"time limit: {left:.0f} s left, a probe at {n} needs ~{need:.0f} s"
+
+    try:
+        with patched(model, name):
+            if lo and try_timed(step_at(lo), device, 1) is None:  # the optimizer's state, allocated
+                lo, hi = 0, lo
+            data.clear()
+            free_memory(model, opt, device)
+            room = room_bytes(device)
+            guess = predicted_fit(state["points"], None if room is None else room * 0.995, args.granularity)
+            search = longest_fit(fits, lo, hi, guess, args.cap, args.granularity, can_probe)
+    finally:
+        data.clear()
+        del opt
+        free_memory(model, None, device)
+    search.update(guess=guess, granularity=args.granularity, room_gib=None if room is None else room / GIB,
+                  fitting_probes={str(n): v for n, v in probes_peak.items()},
+                  budget_s=None if budget == float("inf") else budget,
+                  seconds=time.perf_counter() - start)
+    return search
 
 
 # ---------------------------------------------------------------------------------------------- GRPO
@@ -509,7 +542,8 @@ def n_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def run_model(name, methods, args, device, dtype, clock) -> dict:
+def run_model(name, methods, args, device, dtype, clock, share) -> dict:
+    """Every method's lengths, then their searches within ``share`` (this model's part of the run's time)."""
     entry = {"model_type": MODELS[name][0], "config": MODELS[name][1], "methods": {}}
     t0 = time.perf_counter()
     model = build_model(name, device, dtype, args.seed, args.cap)
@@ -520,7 +554,16 @@ def run_model(name, methods, args, device, dtype, clock) -> dict:
         entry["static_gib"] = torch.cuda.memory_allocated(device) / GIB
     baseline = module_state(model)
     broken = None
-    for method in methods:
+    states = {}
+
+    def undone(method, res):
+        nonlocal broken
+        changed = sorted(k for k, v in module_state(model).items() if baseline.get(k) != v)
+        if changed and not broken:
+            broken = f"{method}'s patch could not be undone (changed: {', '.join(changed[:5])})"
+            res["undo"] = broken
+
+    for method in methods:  # the lengths of every method first, then the searches share the time left
         why = method_problem(method, entry["model_type"], device)
         if why is None and broken:
             why = f"not run: {broken}"
@@ -532,17 +575,31 @@ def run_model(name, methods, args, device, dtype, clock) -> dict:
             continue
         t1 = time.perf_counter()
         try:
-            res = measure_method(model, method, init, args, device, clock)
+            res, states[method] = measure_lengths(model, method, init, args, device, clock)
         except Exception as e:  # noqa: BLE001 - recorded, the other methods go on
             res = {"status": "error", "reason": f"{type(e).__name__}: {e}"[:800]}
             free_memory(model, None, device)
         res["seconds"] = time.perf_counter() - t1
-        changed = sorted(k for k, v in module_state(model).items() if baseline.get(k) != v)
-        if changed:
-            broken = f"{method}'s patch could not be undone (changed: {', '.join(changed[:5])})"
-            res["undo"] = broken
+        undone(method, res)
         entry["methods"][method] = res
         print(f"[e2e] {name} {method}: {summary_line(res)} ({res['seconds']:.0f} s)", flush=True)
+    searched = [] if args.no_search or broken else list(states)
+    if broken and not args.no_search:
+        entry["search_skipped"] = broken
+    for k, method in enumerate(searched):
+        res = entry["methods"][method]
+        budget = min(clock.left(), share.left()) / (len(searched) - k)
+        if args.search_limit is not None:
+            budget = min(budget, args.search_limit)
+        try:
+            res["longest"] = search_longest(model, method, args, device, clock, states[method], budget)
+        except Exception as e:  # noqa: BLE001
+            res["search_error"] = f"{type(e).__name__}: {e}"[:800]
+            free_memory(model, None, device)
+        undone(method, res)
+        if "longest" in res:
+            print(f"[e2e] {name} {method}: longest {longest_text(res['longest'])} "
+                  f"({res['longest']['seconds']:.0f} s)", flush=True)
     if args.grpo == name:
         if clock.left() > 0:
             entry["grpo"] = measure_grpo(model, init, args, device, clock)
@@ -564,8 +621,6 @@ def summary_line(res) -> str:
         gib = f" {r['peak_gib']:.1f} GiB" if "peak_gib" in r else ""
         parts.append(f"{n}: OOM" if r.get("oom") else f"{n}: {r['skipped']}" if "skipped" in r else
                      f"{n}: {r['tokens_per_s']:.0f} tok/s{gib}")
-    if "longest" in res:
-        parts.append("longest " + longest_text(res["longest"]))
     return "; ".join(parts)
 
 
@@ -837,14 +892,19 @@ def main(argv=None) -> int:
     data = {"runs": [run], "models": {}}
     print(f"[e2e] {run['environment'].get('gpu') or device} {run['versions']}", flush=True)
     names = list(args.models) + ([args.grpo] if args.grpo and args.grpo not in args.models else [])
-    for name in names:
+    # each model's searches get a part of the time left proportional to its parameters (a probe's cost grows
+    # with the model), what a model leaves unused passes to the next
+    weight = {name: n_params(build_model(name, "meta", DTYPES[args.dtype], args.seed, args.cap))
+              for name in names}
+    for i, name in enumerate(names):
         methods = args.methods if name in args.models else []  # else only the GRPO step
+        share = Clock(clock.left() * weight[name] / sum(weight[n] for n in names[i:]))
         if clock.left() < 30:  # not even a model build and a few steps
             data["models"][name] = {"model_type": MODELS[name][0], "config": MODELS[name][1], "params": 0,
                                     "methods": {k: {"status": "skipped", "reason": "the run's time limit"}
                                                 for k in methods}}
         else:
-            data["models"][name] = run_model(name, methods, args, device, DTYPES[args.dtype], clock)
+            data["models"][name] = run_model(name, methods, args, device, DTYPES[args.dtype], clock, share)
         write_outputs(data, args.out, args.stem, png=False)  # what is done so far survives a kill
     run["seconds"] = time.perf_counter() - clock.start
     write_outputs(data, args.out, args.stem)
