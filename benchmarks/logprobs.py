@@ -15,11 +15,10 @@ each (shape, method) runs in a fresh subprocess and records:
   - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
     + the row kernel).
 Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
-Writes <--name>.json and .md (default logprobs_<device>) into --out (default benchmarks/results).
+Writes logprobs.json and .md into --out (default benchmarks/results, where the next run overwrites them).
 
-    python benchmarks/logprobs.py                                  # CPU: a small shape and the Qwen2.5-0.5B head
-    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 --out DIR \
-        --name logprobs_h200           # CUDA: in process, against TRL's chunked log-prob (GPU_SHAPES x GPU_METHODS)
+    python benchmarks/logprobs.py                    # CPU: a small shape and the Qwen2.5-0.5B head
+    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1    # CUDA: against TRL
     python benchmarks/logprobs.py --shapes 512x896x32768 --reps 2 --out /tmp/b
 """
 from __future__ import annotations
@@ -33,6 +32,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEM = "logprobs"  # results file stem: one current result per benchmark, whatever the device
 SHAPES = ["512x896x32768", "2048x896x151936"]  # small; Qwen2.5-0.5B head (tokens x hidden x vocab)
 METHODS = ["fused", "fused_no_entropy", "logits", "logits_no_entropy"]
 MIB = 2**20
@@ -391,7 +391,7 @@ def gpu_main(args) -> int:
 
 def _write_gpu(report, args) -> str:
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name or "logprobs_cuda")
+    stem = os.path.join(args.out, STEM)
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     text = render_gpu(report)
@@ -456,7 +456,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    p.add_argument("--name", default="", help="file stem of the results (default logprobs_<device type>)")
     p.add_argument("--warmup", type=int, default=1, help="CUDA: untimed runs per method first")
     p.add_argument("--profile", default="", help="CUDA: comma list of methods to break down kernel by kernel")
     p.add_argument("--time-budget", type=float, default=420.0, help="CUDA: stop starting new shapes after this (s)")
@@ -501,7 +500,7 @@ def main(argv=None) -> int:
                     r["dx_rel_diff"] = rel_err(outs[r["method"]]["dh"], outs[base]["dh"])
     report = {"environment": env, "args": vars(args), "results": rows}
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name or f"logprobs_{torch.device(args.device).type}")
+    stem = os.path.join(args.out, STEM)
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(stem + ".md", "w") as f:

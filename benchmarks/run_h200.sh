@@ -48,10 +48,10 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
                    --methods fused_lce,fused_lce_graph,cce_torch_compile,torch_eager,torch_eager_graph \
                    > "$OUT/graph.log" 2>&1; grep -E "ms \(|rror" "$OUT/graph.log" | cut -c1-150 ;;
         lp) timeout ${LP_LIMIT:-300} python3 benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 \
-                   --reps ${LP_REPS:-9} --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
+                   --reps ${LP_REPS:-9} --out "$OUT" ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
             python3 -c "
 import json
-for r in json.load(open('$OUT/logprobs_h200.json'))['results']:
+for r in json.load(open('$OUT/logprobs.json'))['results']:
     print(r['shape'], r['method'], round(r['ms'], 2) if 'ms' in r else r.get('error', '')[:100],
           round(r['x_floor'], 3) if 'x_floor' in r else '')" 2>&1 | tail -120 ;;
         pack) tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* \

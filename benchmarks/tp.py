@@ -17,11 +17,13 @@ Peak extra = ``max_memory_allocated`` during fwd+bwd minus the memory allocated 
 gradients included); CUDA only (``n/a`` on CPU). Time = median over ``--iters`` (after ``--warmup``), max over
 the ranks of a group.
 
-    torchrun --nproc-per-node 8 benchmarks/tp.py --out benchmarks/results/tp        # GPUs
+    torchrun --nproc-per-node 8 benchmarks/tp.py                                    # GPUs
     torchrun --nproc-per-node 1 benchmarks/tp.py                                    # one GPU: TP=1 only
-    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2
+    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2 \
+        --out /tmp/tp
 
-Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0).
+Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run overwrites
+them).
 """
 from __future__ import annotations
 
@@ -232,7 +234,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ignore-frac", type=float, default=0.15)
     ap.add_argument("--sequence-parallel", action="store_true", help="hidden sharded along tokens (N/tp rows)")
-    ap.add_argument("--out", default=None, help="directory for tp.json and tp.md (default: print only)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    help="directory for tp.json and tp.md (default: benchmarks/results)")
     args = ap.parse_args(argv)
 
     if "RANK" not in os.environ:  # plain `python benchmarks/tp.py`: a world of one
