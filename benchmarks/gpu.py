@@ -44,14 +44,13 @@ import torch.nn.functional as F
 from fused_lce.core.formulas import reference_mean_loss_grads as reference
 from fused_lce.tools.bench import environment, make_inputs, rel_err
 
-# (N, D, V, dtype): ANCHORS.md shapes, the Qwen3.5 vocabulary, a ragged one, a small one, an odd vocabulary next to
-# its padded twin, fp16 repeats
-SHAPES = [
-    (8192, 4096, 151936, "bfloat16"),
-    (32768, 4096, 151936, "bfloat16"),
-    (16384, 2048, 151936, "bfloat16"),
-    (8192, 2304, 256000, "bfloat16"),
-    (4096, 3584, 152064, "bfloat16"),
+# (N, D, V): the anchor shapes every GPU comparison here is made on (gpu.py, logprobs.py, tp.py): Qwen heads
+# (D 4096 / 2048 / 3584, V 151936 / 152064) at 4096-32768 tokens and Gemma-2-2B's 256000 vocabulary
+ANCHORS = [(8192, 4096, 151936), (32768, 4096, 151936), (16384, 2048, 151936), (8192, 2304, 256000),
+           (4096, 3584, 152064)]
+# (N, D, V, dtype): the anchors, Llama-3's head, the Qwen3.5 vocabulary, a ragged one, a small one, an odd
+# vocabulary next to its padded twin, fp16 repeats
+SHAPES = [(*anchor, "bfloat16") for anchor in ANCHORS] + [
     (4096, 4096, 128256, "bfloat16"),
     (8192, 4096, 248320, "bfloat16"),
     (8191, 5120, 151936, "bfloat16"),

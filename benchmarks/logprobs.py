@@ -206,8 +206,9 @@ def render(report) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- GPU, in process
-GPU_SHAPES = ["8192x4096x151936", "32768x4096x151936", "16384x2048x151936", "8192x2304x256000", "4096x3584x152064",
-              "4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936", "8192x4096x151935"]
+# shapes: gpu.py's anchor shapes, then Llama-3's head, the Qwen3.5 vocabulary, a ragged, small, odd-V one
+GPU_MORE_SHAPES = ["4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936",
+                   "8192x4096x151935"]
 # fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as ours);
 # trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd: forward
 # under torch.no_grad() (reference model / old policy)
@@ -281,12 +282,12 @@ def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
 
 
 def _gpu_tools():
-    """``gpu.py``'s GEMM rate, shuffled timing rounds and kernel breakdown (imported late: the CPU parent never
-    loads torch)."""
+    """``gpu.py``'s GEMM rate, shuffled timing rounds, kernel breakdown and anchor shapes (imported late: the
+    CPU parent never loads torch)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from gpu import gemm_rate, kernel_breakdown, time_rounds
+    from gpu import ANCHORS, gemm_rate, kernel_breakdown, time_rounds
 
-    return gemm_rate, time_rounds, kernel_breakdown
+    return gemm_rate, time_rounds, kernel_breakdown, [f"{n}x{d}x{v}" for n, d, v in ANCHORS]
 
 
 def gpu_main(args) -> int:
@@ -300,7 +301,7 @@ def gpu_main(args) -> int:
     sys.path.insert(0, ROOT)
     from fused_lce.tools.bench import environment, make_inputs, rel_err
 
-    gemm_rate, time_rounds, kernel_breakdown = _gpu_tools()
+    gemm_rate, time_rounds, kernel_breakdown, anchors = _gpu_tools()
     rate = gemm_rate()
     env = environment("cuda")
     env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
@@ -313,7 +314,7 @@ def gpu_main(args) -> int:
         except Exception as e:  # noqa: BLE001
             versions[dist] = f"not installed: {e}"
     methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
-    shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else GPU_SHAPES
+    shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else anchors + GPU_MORE_SHAPES
     report = {"environment": env, "args": dict(vars(args), shapes=",".join(shapes), methods=",".join(methods)),
               "gemm_tflops": rate, "versions": versions, "results": [],
               "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}

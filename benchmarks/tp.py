@@ -2,8 +2,8 @@
 
 One launch measures every TP size that divides the world size: with 8 GPUs, TP=1, 2, 4 and 8 run one after the
 other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like data-parallel
-replicas). For each ANCHORS.md shape (N x D x V, bf16, 15% of labels = -100) and TP size it times one forward +
-backward of the mean loss and records the peak extra memory per rank, for
+replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP size it times
+one forward + backward of the mean loss and records the peak extra memory per rank, for
 
 - ``fused``: ``fused_lce.linear_cross_entropy(h, W_shard, y, process_group=tp)``: per-token statistics cross
   ranks, no logits kept;
@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 import fused_lce  # noqa: E402
+from gpu import ANCHORS  # noqa: E402  (this script's directory is on the path)
 
-ANCHORS = ["8192x4096x151936", "32768x4096x151936", "16384x2048x151936", "8192x2304x256000", "4096x3584x152064"]
 METHODS = ("fused", "gathered", "vocab_parallel")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -223,7 +223,8 @@ def parse_shape(s):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join(ANCHORS), help="comma-separated NxDxV (default: ANCHORS.md)")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{d}x{v}" for n, d, v in ANCHORS),
+                    help="comma-separated NxDxV (default: the anchor shapes, gpu.ANCHORS)")
     ap.add_argument("--tp", default="1,2,4,8", help="TP sizes to run (those dividing the world size)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
