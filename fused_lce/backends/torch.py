@@ -73,7 +73,7 @@ def _tile_logits(z, bias, softcap: float):
 def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool, out_dtype: torch.dtype):
     """The gradient tile ``dz`` (in ``out_dtype``, the GEMM operand dtype) of a (bias- and softcap-applied) logits
     tile, and its column sums in float32 when ``want_db``."""
-    dz = torch.exp(z - lse[:, None]) * a[:, None]
+    dz = torch.exp((z - lse[:, None]).clamp(max=0.0)) * a[:, None]  # p <= 1 (see TorchProvider.grads)
     if eps:
         dz = dz - u[:, None]
     cols = torch.arange(z.shape[1], device=z.device) + v0
@@ -320,7 +320,10 @@ class TorchProvider(Provider):
             w = None
             if b is not None:  # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
                 w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
-            dz = z.sub_(lse[:, None]).exp_()  # z is this function's own tile (kept or recomputed)
+            # p = exp(z - lse), its exponent clamped at 0 (p <= 1): the saved lse of a token with no gradient
+            # (ignored: 0 by contract) bounds none of its logits, whose exp would overflow to inf, and its
+            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed).
+            dz = z.sub_(lse[:, None]).clamp_(max=0.0).exp_()
             dz.mul_(a[:, None] if w is None else w)
             del w
             if u is not None:

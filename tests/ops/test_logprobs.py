@@ -33,7 +33,8 @@ LP_BACKENDS = [bd for bd in BACKEND_DEVICE if _supports(bd)]
 DECLINING = [bd for bd in BACKEND_DEVICE if not _supports(bd)]
 
 
-def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0):
+def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0, ignored=()):
+    """Random inputs; ``ignored``: flat token positions whose label is ``ignore_index`` whatever the draw."""
     *lead, d = shape
     h = (torch.randn(*shape) * scale).to(dtype).to(device).requires_grad_()
     w = (torch.randn(v, d) * 2 / max(d, 1) ** 0.5).to(dtype).to(device).requires_grad_()
@@ -41,6 +42,7 @@ def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-
     y = torch.randint(0, max(v, 1), tuple(lead))
     if ignore_frac:
         y[torch.rand(tuple(lead)) < ignore_frac] = ignore_index
+    y.view(-1)[list(ignored)] = ignore_index
     return h, w, y.to(device), b
 
 
@@ -62,9 +64,9 @@ def close(ours, ref, dtype, what, zmag=0.0):
 
 
 def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=False, ignore_frac=0.0,
-          ignore_index=-100, temperature=1.0, softcap=None, scale=1.0):
+          ignore_index=-100, temperature=1.0, softcap=None, scale=1.0, ignored=()):
     h, w, y, b = make(shape, v, dtype, device, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
-                      scale=scale)
+                      scale=scale, ignored=ignored)
     kw = dict(temperature=temperature, softcap=softcap, ignore_index=ignore_index)
     out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend, tile_budget_mb=tile, **kw)
     lp, ent = out if entropy else (out, None)
@@ -183,6 +185,23 @@ def test_ignored_bad_and_empty(bd, seed):
     assert lp.shape == (0,) and ent.shape == (0,)
     (lp.sum() + ent.sum()).backward()
     assert h0.grad.shape == (0, 8) and (w.grad == 0).all()
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_ignored_tokens_with_large_logits(bd, dtype, seed):
+    """Ignored tokens whose tempered logits are far beyond exp's float32 range (~88): large logits, or a low
+    temperature (normal in RL): the lse saved for them is 0 (the contract), so a backward that forms
+    exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN in their dX rows and in dW / db.
+    Their outputs and dX rows are exactly 0, the rest against float64."""
+    backend, device = bd
+    for scale, temperature in ((300.0, 1.0), (3.0, 0.02)):
+        for entropy in (False, True):
+            for tile in (None, TINY):
+                _lp, _ent, grads, y = check(backend, device, (19, 8), 41, dtype, tile=tile, entropy=entropy,
+                                            bias=True, ignore_frac=0.3, scale=scale, temperature=temperature,
+                                            ignored=(2, 7))
+                assert (grads[0][y == -100] == 0).all()
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
