@@ -41,13 +41,24 @@ def default_tile_bytes(device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ per-tile math
+SOFTCAP_LINEAR = 2.0**-12  # |z / c| below this, c tanh(z / c) rounds to z in float32 (cubic term < 2**-25 z)
+
+
+def capped(z: torch.Tensor, c: float, out=None) -> torch.Tensor:
+    """``c * tanh(z / c)``, accurate for every ``c``: ``z`` itself where ``|z / c| < 2**-12``, so a large
+    ``c`` leaves the logits as they are, also where ``z / c`` would be subnormal (or flushed to 0)."""
+    y = z / c
+    big = (y >= SOFTCAP_LINEAR) | (y <= -SOFTCAP_LINEAR)  # (NaN: neither, z passes through)
+    return torch.where(big, y.tanh_().mul_(c), z, out=out)
+
+
 def _tile_stats(z, bias, softcap: float, m, s, zt, zs, amax, yl, v0: int, id0: int, smooth: bool):
     """Bias / softcap on a raw logits tile, then its statistics folded into the running (m, s, zt, zs, amax).
     ``id0``: the global id of column 0 of the tile. Returns the tile (as kept for the gradients) and the stats."""
     if bias is not None:
         z = z + bias.float()
     if softcap:
-        z = torch.tanh(z / softcap) * softcap
+        z = capped(z, softcap)
     tmax, targ = z.max(dim=1)
     new_m = torch.maximum(m, tmax)
     ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
@@ -66,7 +77,7 @@ def _tile_logits(z, bias, softcap: float):
     if bias is not None:
         z = z + bias.float()
     if softcap:
-        z = torch.tanh(z / softcap) * softcap
+        z = capped(z, softcap)
     return z
 
 
@@ -205,8 +216,7 @@ class _Tiles:
         if self.t.bias is not None:
             z += self.t.bias[v0:v1].float()
         if self.opts.softcap:
-            c = self.opts.softcap
-            z = torch.tanh(z.div_(c)).mul_(c)
+            z = capped(z, self.opts.softcap, out=z)
         if self.opts.temperature != 1.0:  # after the softcap (the order of TRL / verl)
             z = z.div_(self.opts.temperature)
         return z

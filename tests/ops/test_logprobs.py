@@ -204,6 +204,23 @@ def test_ignored_tokens_with_large_logits(bd, dtype, seed):
                 assert (grads[0][y == -100] == 0).all()
 
 
+# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not tiny:
+# it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as autograd's
+# tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it) covers those
+SOFTCAPS = [2.0**-126, 0.5, 30.0, 1e4, 1e6, 1e30, 3.4028234663852886e38]
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+@pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"{c:.3g}")
+def test_softcap_whole_range(bd, softcap, seed):
+    """Softcaps across the range Options accepts, with a temperature, against float64 (log-probs, entropy and
+    gradients): a large softcap leaves the logits as they are (cpp used to flatten them all to 0)."""
+    backend, device = bd
+    for temperature in (1.0, 0.7):
+        check(backend, device, (23, 12), 97, torch.float32, bias=True, ignore_frac=0.2, softcap=softcap,
+              temperature=temperature)
+
+
 @pytest.mark.parametrize("bd", LP_BACKENDS)
 @pytest.mark.parametrize("mask", ["tiles", "scattered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
