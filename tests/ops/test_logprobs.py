@@ -309,6 +309,62 @@ def test_opcheck(bd, seed):
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_torch_func_transforms(bd, seed):
+    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) of the
+    log-probs and the entropy match the plain path (they used to fail inside torch: "must override the
+    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and the
+    plain path."""
+    import warnings
+
+    backend, device = bd
+    n, d, v = 6, 5, 13
+    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device), torch.randn(v, device=device))
+    y = torch.randint(0, v, (n,), device=device)
+    y[2] = -100
+    g = torch.randn(n, device=device)
+
+    def ours(hh, ww, bb, yy, entropy=False):
+        lp, ent = fused_lce.linear_logprobs(hh, ww, yy, bb, temperature=0.7, softcap=3.0, return_entropy=True,
+                                            backend=backend)
+        return (ent if entropy else lp) * g
+
+    def plain(hh, ww, bb, yy, entropy=False):
+        lp, ent = reference(hh, ww, yy, bb, temperature=0.7, softcap=3.0, dtype=torch.float32)
+        return (ent if entropy else lp) * g
+
+    tf = torch.func
+    close = lambda a, c: torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)  # noqa: E731
+    total = lambda f, entropy=False: lambda *a: f(*a, entropy=entropy).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. torch's "no batching rule, performance drop"
+        for entropy in (False, True):
+            got = tf.grad(total(ours, entropy), argnums=(0, 1, 2))(h, w, b, y)
+            for a, c in zip(got, tf.grad(total(plain, entropy), argnums=(0, 1, 2))(h, w, b, y)):
+                close(a, c)
+        (ga, la), (gc, lc) = tf.grad_and_value(total(ours))(h, w, b, y), tf.grad_and_value(total(plain))(h, w, b, y)
+        close(ga, gc)
+        close(la, lc)
+        up = torch.rand(n, device=device)
+        out_a, vjp_a = tf.vjp(lambda ww: ours(h, ww, b, y, True), w)
+        out_c, vjp_c = tf.vjp(lambda ww: plain(h, ww, b, y, True), w)
+        close(out_a, out_c)
+        close(vjp_a(up)[0], vjp_c(up)[0])
+        close(tf.jacrev(lambda hh: ours(hh, w, b, y))(h), tf.jacrev(lambda hh: plain(hh, w, b, y))(h))
+        hb = torch.randn(3, n, d, device=device)
+        yb = torch.randint(0, v, (3, n), device=device)
+        close(tf.vmap(ours, in_dims=(0, None, None, 0))(hb, w, b, yb),
+              tf.vmap(plain, in_dims=(0, None, None, 0))(hb, w, b, yb))
+        per_sample = tf.vmap(tf.grad(total(ours), argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb)
+        close(per_sample, tf.vmap(tf.grad(total(plain), argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb))
+    for call in (lambda: tf.hessian(lambda hh: total(ours)(hh, w, b, y))(h),
+                 lambda: tf.grad(lambda hh: tf.grad(total(ours))(hh, w, b, y).sum())(h),
+                 lambda: tf.jvp(lambda hh: ours(hh, w, b, y), (h,), (h,)),
+                 lambda: tf.jacfwd(lambda hh: ours(hh, w, b, y))(h)):
+        with pytest.raises(RuntimeError, match="fused_lce.*log_softmax"):
+            call()
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_compile_fullgraph(bd, compiler, seed):
     """A GRPO-style objective around linear_logprobs traces without graph breaks and matches eager."""
