@@ -19,13 +19,14 @@
 #include "tiling/platform/platform_ascendc.h"
 #include "tiling/tiling_api.h"
 
-#include "fused_lce_vector_tiling_data.h"
+#include "fused_lce_cube_tiling.h"  // beside this header: opbuild compiles op_host with only the CANN includes
 
 namespace fused_lce_host {
 
 // Batch scheduling (TilingContext::SetScheduleMode(1)): the launch starts only when all of its cores are free.
-// FusedLceStatsVector synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without
-// batch mode two such launches on different streams can each hold part of the cores and wait for the other's forever
+// Both kernels synchronise all cores (SyncAll): the forward when a token block's vocabulary is split in segments, the
+// backward before its db merge; without batch mode two such launches on different streams can each hold part of the
+// cores and wait for the other's forever
 // (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Every op sets it on every launch, as ops-nn's
 // FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE): they use every
 // core anyway, and a kernel that gains a cross-core sync later stays safe.
@@ -105,6 +106,26 @@ inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input
     *d = static_cast<uint64_t>(sd);
     *v = static_cast<uint64_t>(sv);
     return ge::GRAPH_SUCCESS;
+}
+
+// The prologue every tiling function shares: the tiling data buffer (large enough for TD), the platform info, and
+// the problem's inputs at their IR indices, checked. Fills `td` and `pr`; GRAPH_FAILED (logged, nothing set) otherwise.
+struct Problem {
+    Input hidden, weight, bias, labels;
+    uint64_t n = 0, d = 0, v = 0;
+};
+
+template <typename TD>
+inline ge::graphStatus begin_tiling(gert::TilingContext* ctx, const char* op, size_t ir_hidden, size_t ir_weight,
+                                    size_t ir_bias, size_t ir_labels, TD** td, Problem* pr) {
+    *td = ctx->GetTilingData<TD>();
+    if (*td == nullptr) return fail(ctx, "%s: tiling buffer smaller than its tiling data (%zu bytes)", op, sizeof(TD));
+    if (ctx->GetPlatformInfo() == nullptr) return fail(ctx, "%s: no platform info", op);
+    pr->hidden = input(ctx, ir_hidden);
+    pr->weight = input(ctx, ir_weight);
+    pr->bias = input(ctx, ir_bias);
+    pr->labels = input(ctx, ir_labels);
+    return check_problem(ctx, pr->hidden, pr->weight, pr->bias, pr->labels, &pr->n, &pr->d, &pr->v);
 }
 
 // temperature attribute: finite and > 0 (the kernels multiply the logits by its reciprocal)
@@ -205,8 +226,7 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
-// FusedLceGradVector's and FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all
-// float32 accumulators
+// FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);
     gert::Shape* dw = ctx->GetOutputShape(1);
@@ -225,7 +245,7 @@ inline ge::graphStatus infer_grad_dtypes(gert::InferDataTypeContext* ctx) {
     return ge::GRAPH_SUCCESS;
 }
 
-// ---- OpDef pieces shared by the two pairs (one list each, so the pairs cannot drift) -----------------------------
+// ---- OpDef pieces shared by the two ops (one list each, so the forward and the backward cannot drift) -----------------------------
 // (operand dtype, label dtype) combinations, one kernel binary each; every tensor ND.
 struct OpTypes {
     std::vector<ge::DataType> operand{ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
@@ -245,7 +265,7 @@ inline void problem_inputs(ops::OpDef& def, const OpTypes& t) {
 }
 
 // The attributes stats_outputs_and_attrs / grad_outputs_and_attrs declare, read by their index there and checked:
-// what both tilings of each pair read first.
+// what both tilings read first.
 struct StatsAttrs {
     int64_t vocabStart = 0;
     float softcap = 0.0f, temperature = 1.0f;
@@ -280,7 +300,18 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
 constexpr size_t kGradAttrs = 4;  // FusedLceGradCube's own attributes come after these
 constexpr size_t kStatsAttrs = 5;  // and FusedLceStatsCube's after these
 
-// FusedLceStats{Vector,Cube}: the six per-token outputs and the five attributes (read_stats_attrs' order)
+// The `variant` attribute (last of both ops): fused_lce::cube::Variant bits, nothing else.
+inline ge::graphStatus read_variant(gert::TilingContext* ctx, size_t index, uint32_t* variant) {
+    int64_t v = 0;
+    if (!attr(ctx->GetAttrs(), index, &v)) return fail(ctx, "missing attribute variant");
+    if (v < 0 || v > static_cast<int64_t>(fused_lce::cube::kVariantMask))
+        return fail(ctx, "variant must be a set of the bits %u, got %lld", fused_lce::cube::kVariantMask,
+                    static_cast<long long>(v));
+    *variant = static_cast<uint32_t>(v);
+    return ge::GRAPH_SUCCESS;
+}
+
+// FusedLceStatsCube: the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("max").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("sum_exp").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
@@ -295,7 +326,7 @@ inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Attr("with_entropy").AttrType(ops::OPTIONAL).Bool(false);
 }
 
-// FusedLceGrad{Vector,Cube}: the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
+// FusedLceGradCube: the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
 inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("grad_hidden").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("grad_weight").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
