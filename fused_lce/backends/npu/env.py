@@ -35,6 +35,23 @@ def usable_torch_npu():
     return tnpu, None
 
 
+def platform_id(device) -> str:
+    """What a self-check verdict on an NPU depends on besides the kernels: torch_npu's version, the CANN toolkit it
+    runs with, the device's name."""
+    from importlib import metadata
+
+    from ...core import device_name
+
+    try:
+        tnpu = metadata.version("torch_npu")
+    except metadata.PackageNotFoundError:
+        tnpu = "?"
+    return f"torch_npu {tnpu}|CANN {os.environ.get('ASCEND_HOME_PATH', '?')}|{device_name(device)}"
+
+
+NEVER_ON_HARDWARE = "never run on NPU hardware by this project's tests"
+
+
 def find_custom_opp(env: Optional[dict] = None) -> tuple[Optional[str], str]:
     """(path of the package's libcust_opapi.so, where it was looked for). ASCEND_CUSTOM_OPP_PATH is the
     ':'-separated list of vendor directories that the package's ``bin/set_env.bash`` extends; a package
