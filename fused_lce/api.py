@@ -133,7 +133,7 @@ def linear_cross_entropy(
           them again with ``torch.autograd`` either.
         * double backward (``create_graph=True``): raises at backward.
     """
-    _reject_unsupported_transforms(hidden, weight, bias)
+    _reject_unsupported_transforms(hidden, weight, bias, plain="F.cross_entropy(F.linear(...))")
     check.reduction(reduction)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=shift,
                     process_group=process_group, sequence_parallel=sequence_parallel, backend=backend,
@@ -213,8 +213,12 @@ def linear_logprobs(
     Returns:
         float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``, or a
         ``LogprobsOutput`` when ``extra_outputs`` is non-empty.
+
+    Transforms: ``torch.compile`` and ``torch.func`` (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``vmap``)
+    work as for :func:`linear_cross_entropy`; higher-order derivatives (``create_graph=True``, ``hessian``,
+    nested ``grad``, ``jvp`` / ``jacfwd``) raise a RuntimeError naming fused_lce and the plain path.
     """
-    _reject_unsupported_transforms(hidden, weight, bias)
+    _reject_unsupported_transforms(hidden, weight, bias, plain="torch.log_softmax(F.linear(...), -1)")
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
                     process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
                     tile_budget_mb=tile_budget_mb)
@@ -222,8 +226,12 @@ def linear_logprobs(
     opts = dict(call.opts, temperature=check.number("temperature", temperature),
                 entropy=check.flag("return_entropy", return_entropy), mean_logit="mean_logit" in extras,
                 sum_sq="log_sum_sq_probs" in extras)
-    lp, ent, _lse, _zmean, mean, top1, sq = torch.ops.fused_lce.logprobs(*ops.logprobs.FORWARD.args(
-        hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias, **opts))
+    args = ops.logprobs.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
+                                     **opts)
+    if _functorch_active(ops.logprobs.DOUBLE_BACKWARD):  # torch.func: a functorch-compatible autograd.Function
+        lp, ent, _lse, _zmean, mean, top1, sq = ops.logprobs.FuncLogprobs.apply(*args)
+    else:
+        lp, ent, _lse, _zmean, mean, top1, sq = torch.ops.fused_lce.logprobs(*args)
     call.check_labels()
     shaped = lambda x, on=True: x.reshape(call.labels_shape) if on else None  # noqa: E731
     if extras:
@@ -434,10 +442,10 @@ def _functorch_active(higher_order_message: str) -> bool:
     return True
 
 
-def _reject_unsupported_transforms(*tensors) -> None:
-    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here, and a ``torch.func.vmap``
-    over an empty dimension has no problem to run: say so instead of returning a result without a tangent or
-    failing inside a reshape."""
+def _reject_unsupported_transforms(*tensors, plain: str) -> None:
+    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here (``plain``: the path to
+    use instead), and a ``torch.func.vmap`` over an empty dimension has no problem to run: say so instead of
+    returning a result without a tangent or failing inside a reshape."""
     from torch.autograd import forward_ad
 
     if getattr(forward_ad, "_current_level", -1) >= 0:
@@ -445,7 +453,7 @@ def _reject_unsupported_transforms(*tensors) -> None:
             if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
                 raise NotImplementedError(
                     "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
-                    "gradients come from fused kernels; use F.cross_entropy(F.linear(...)) for forward-mode AD")
+                    f"gradients come from fused kernels; use {plain} for forward-mode AD")
     if torch.compiler.is_compiling():
         return
     from torch._functorch.pyfunctorch import coerce_cinterpreter

@@ -1,12 +1,14 @@
 """Random cases for tests/test_fuzz.py, run in batches in subprocesses (a crash takes down one batch, not pytest).
 
-    python -m tests.fuzz_cases <api|ops> <backend> <seed> <count>      (from the repository root)
+    python -m tests.fuzz_cases <api|ops|numeric> <backend> <seed> <count>      (from the repository root)
 
 prints one JSON line per case, ``{"i", "case", "ok", "why"}``, after a ``START i`` line (so a crash names its
 case). A case is random shapes (zero-size dimensions included), dtypes, layouts (transposed, strided, expanded
 inputs), options, and at most one bad value. A case with a bad value must raise ValueError/TypeError whose message
 names the argument; every other case must give the float64 reference's answer (loss, lse, gradients, with the
-tolerances of tests/conftest.py), or NaN exactly where a label is out of range and ``validate=False``.
+tolerances of tests/conftest.py), or NaN exactly where a label is out of range and ``validate=False``. The
+``numeric`` kind: valid inputs at the edges of float32 (ignored tokens with huge logits, softcaps across their
+whole range), through the loss and the log-probs, against float64.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import torch
 
 import fused_lce
 
-from .conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, grad_close
+from .conftest import (GRAD_TOL, LOGIT_TOL, LOSS_TOL, assert_grads_close, assert_loss_close, assert_lse_close,
+                       fp64_reference, grad_close)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LABEL_DTYPES = {"int64": torch.int64, "int32": torch.int32}
@@ -484,11 +487,132 @@ def run_op_case(c: dict, backend: str) -> None:
         raise Bad("dX row of the out-of-range label is not NaN")
 
 
+# ------------------------------------------------------------------------------------------------ numeric cases
+# Valid inputs at the edges of float32, no bad value: every case must give the float64 answer, and exact zeros
+# for ignored tokens. Two classes:
+#   ignored_large: ignored tokens whose (tempered) logits are far beyond exp's float32 range (~88): logits of
+#       1e2..1e4, or log-probs at a low temperature (RL sampling); their saved lse is 0 by contract
+#   softcap: softcaps across the range Options accepts, log-uniform over [1e-3, 3.4e38] plus 2**-126, 1e4,
+#       1e30 and the largest float32 (a large softcap must leave the logits as they are)
+F32_MAX = 3.4028234663852886e38
+NUMERIC_CLASSES = ("ignored_large", "softcap")
+
+
+def numeric_case(rng: random.Random) -> dict:
+    c = dict(
+        cls=rng.choice(NUMERIC_CLASSES), op=rng.choice(["loss", "logprobs"]), n=rng.choice([1, 4, 13, 29]),
+        d=rng.choice([1, 3, 8]), v=rng.choice([1, 2, 17, 97]), bias=rng.random() < 0.5,
+        dtype=rng.choice(["float32", "float32", "bfloat16"]), ignore_frac=rng.choice([0.0, 0.3, 0.7]),
+        reduction=rng.choice(["mean", "sum", "none"]), label_smoothing=0.0, z_loss=0.0, softcap=None,
+        temperature=1.0, entropy=rng.random() < 0.5, scale=1.0, tile_budget_mb=rng.choice([None, 0.001]),
+        data_seed=rng.randrange(2**31), corruption=None,
+    )
+    if c["cls"] == "ignored_large":
+        c["ignore_frac"] = max(c["ignore_frac"], 0.3)
+        if c["op"] == "logprobs" and rng.random() < 0.5:
+            c["temperature"], c["scale"] = math.exp(rng.uniform(math.log(0.005), math.log(0.1))), 3.0
+        else:
+            c["scale"] = rng.choice([100.0, 300.0, 1000.0])
+        c["softcap"] = rng.choice([None, None, 1e4, 1e30])
+    else:
+        spread = math.exp(rng.uniform(math.log(1e-3), math.log(F32_MAX)))
+        c["softcap"] = rng.choice([spread] * 4 + [2.0**-126, 1e4, 1e30, F32_MAX])
+        c["scale"] = rng.choice([1.0, 10.0])
+        c["temperature"] = rng.choice([1.0, 0.7, 1.5]) if c["op"] == "logprobs" else 1.0
+    if c["op"] == "loss":
+        c["label_smoothing"], c["z_loss"] = rng.choice([0.0, 0.0, 0.1]), rng.choice([0.0, 0.0, 1e-3])
+    return c
+
+
+def run_numeric_case(c: dict, backend: str) -> None:
+    from fused_lce.core.formulas import reference_logprobs
+
+    gen = torch.Generator().manual_seed(c["data_seed"])
+    dtype = DTYPES[c["dtype"]]
+    n, d, v = c["n"], c["d"], c["v"]
+    h = (torch.randn(n, d, generator=gen) * c["scale"]).to(dtype).requires_grad_()
+    w = (torch.randn(v, d, generator=gen) * 2 / d ** 0.5).to(dtype).requires_grad_()
+    b = (torch.randn(v, generator=gen) * 0.5).to(dtype).requires_grad_() if c["bias"] else None
+    y = torch.randint(0, v, (n,), generator=gen)
+    y[torch.rand(n, generator=gen) < c["ignore_frac"]] = -100
+    if c["cls"] == "ignored_large":
+        y[0] = -100
+    leaves = [t for t in (h, w, b) if t is not None]
+    if c["op"] == "loss":
+        opts = dict(label_smoothing=c["label_smoothing"], z_loss=c["z_loss"], softcap=c["softcap"])
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=c["reduction"], backend=backend,
+                                             tile_budget_mb=c["tile_budget_mb"], return_stats=True, **opts)
+        g = torch.rand(n, generator=gen) if c["reduction"] == "none" else torch.ones(())
+        grads = torch.autograd.grad(out.loss, leaves, g)
+        ref = fp64_reference(h, w, y, b, upstream=g, reduction=c["reduction"], **opts)
+        assert_loss_close(out.loss, ref, dtype)
+        assert_lse_close(out.lse, ref)
+        assert_grads_close(tuple(grads) + (None,) * (3 - len(grads)), ref, dtype)
+    else:
+        kw = dict(temperature=c["temperature"], softcap=c["softcap"])
+        lp, ent = fused_lce.linear_logprobs(h, w, y, b, return_entropy=True, backend=backend,
+                                            tile_budget_mb=c["tile_budget_mb"], **kw)
+        g_lp, g_ent = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * c["entropy"]
+        grads = torch.autograd.grad((lp * g_lp + ent * g_ent).sum(), leaves)
+        xs = [t.detach().double().requires_grad_() for t in leaves]
+        rlp, rent = reference_logprobs(xs[0], xs[1], y, xs[2] if b is not None else None, **kw)
+        want = torch.autograd.grad((rlp * g_lp.double() + rent * g_ent.double()).sum(), xs)
+        zmag, floors = logprob_magnitudes(h, w, b, y, g_lp, g_ent, **kw)
+        for name, ours, ref_v in (("logprob", lp, rlp.detach()), ("entropy", ent, rent.detach())):
+            err = float((ours.detach().double() - ref_v).abs().max()) if n else 0.0
+            if not err <= LOSS_TOL[dtype] * (1 + max(float(ref_v.abs().max()) if n else 0.0, zmag)):
+                raise Bad(f"{name}: error {err:.3g} (logits up to {zmag:.3g})")
+        for name, ours, ref_g, floor in zip("hwb", grads, want, floors):
+            diff = float((ours.double() - ref_g).norm())
+            tol = GRAD_TOL[dtype] * float(ref_g.norm()) + floor
+            if not (torch.isfinite(ours).all() and diff <= tol):
+                raise Bad(f"d{name}: error {diff:.3g} > {tol:.3g} (|d{name}| {float(ref_g.norm()):.3g})")
+        if not ((lp[y == -100] == 0).all() and (ent[y == -100] == 0).all()):
+            raise Bad("log-prob / entropy of an ignored token not 0")
+    if not (grads[0][y == -100] == 0).all():
+        raise Bad("dX row of an ignored token not exactly 0")
+
+
+def logprob_magnitudes(h, w, b, y, g_lp, g_ent, *, temperature=1.0, softcap=None):
+    """(max |z| of the capped, tempered logits; the rounding floor of each gradient's error) in float64: as
+    tests/support/reference.py models the loss's, LOGIT_TOL times the magnitudes of dz's terms, ``p (|g_lp|
+    + |g_ent| (|z| + |E_p z|))`` and ``|g_lp|`` at the label, over the temperature, times the softcap
+    derivative's terms 1 + tanh^2, times the logits' magnitudes (the softmax inherits their error), spread by
+    the GEMMs."""
+    from fused_lce.core.formulas import reference_logits
+
+    hd, wd = h.detach().double(), w.detach().double()
+    bd = None if b is None else b.detach().double()
+    z = reference_logits(hd, wd, bd, softcap=softcap, temperature=temperature)
+    zmag = hd.abs() @ wd.abs().t() + (0.0 if bd is None else bd.abs())
+    dcap = torch.ones_like(z)
+    if softcap:
+        t = torch.tanh((hd @ wd.t() + (0.0 if bd is None else bd)) / softcap)
+        dcap, zmag = 1 + t * t, zmag + zmag.clamp(max=softcap)
+    zmag = zmag / temperature
+    if not z.numel():
+        return 0.0, (0.0, 0.0, 0.0)
+    p = torch.softmax(z, -1)
+    valid = (y != -100)[:, None]
+    onehot = torch.zeros_like(z).scatter_(1, y.clamp(min=0)[:, None], 1.0)
+    zmean = (p * z).sum(-1, keepdim=True)
+    terms = (g_lp.double().abs()[:, None] * (p + onehot) +
+             g_ent.double().abs()[:, None] * p * (z.abs() + zmean.abs())) / temperature * dcap
+    terms = torch.where(valid, terms * (1 + zmag + zmag.amax(-1, keepdim=True)), 0.0)
+    floors = (LOGIT_TOL * float((terms @ wd.abs()).norm()), LOGIT_TOL * float((terms.t() @ hd.abs()).norm()),
+              LOGIT_TOL * float(terms.sum(0).norm()))
+    return float(z.abs().max()), floors
+
+
 # ------------------------------------------------------------------------------------------------ main
+KINDS = {"api": (api_case, run_api_case), "ops": (op_case, run_op_case),
+         "numeric": (numeric_case, run_numeric_case)}
+
+
 def main(argv) -> int:
     kind, backend, seed, count = argv[0], argv[1], int(argv[2]), int(argv[3])
     rng = random.Random(seed)
-    make, run = (api_case, run_api_case) if kind == "api" else (op_case, run_op_case)
+    make, run = KINDS[kind]
     torch.manual_seed(seed)
     for i in range(count):
         c = make(rng)

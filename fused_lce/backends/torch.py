@@ -42,13 +42,24 @@ def default_tile_bytes(device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ per-tile math
+SOFTCAP_LINEAR = 2.0**-12  # |z / c| below this, c tanh(z / c) rounds to z in float32 (cubic term < 2**-25 z)
+
+
+def capped(z: torch.Tensor, c: float, out=None) -> torch.Tensor:
+    """``c * tanh(z / c)``, accurate for every ``c``: ``z`` itself where ``|z / c| < 2**-12``, so a large
+    ``c`` leaves the logits as they are, also where ``z / c`` would be subnormal (or flushed to 0)."""
+    y = z / c
+    big = (y >= SOFTCAP_LINEAR) | (y <= -SOFTCAP_LINEAR)  # (NaN: neither, z passes through)
+    return torch.where(big, y.tanh_().mul_(c), z, out=out)
+
+
 def _tile_stats(z, bias, softcap: float, m, s, zt, zs, amax, yl, v0: int, id0: int, smooth: bool):
     """Bias / softcap on a raw logits tile, then its statistics folded into the running (m, s, zt, zs, amax).
     ``id0``: the global id of column 0 of the tile. Returns the tile (as kept for the gradients) and the stats."""
     if bias is not None:
         z = z + bias.float()
     if softcap:
-        z = torch.tanh(z / softcap) * softcap
+        z = capped(z, softcap)
     tmax, targ = z.max(dim=1)
     new_m = torch.maximum(m, tmax)
     ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
@@ -67,14 +78,14 @@ def _tile_logits(z, bias, softcap: float):
     if bias is not None:
         z = z + bias.float()
     if softcap:
-        z = torch.tanh(z / softcap) * softcap
+        z = capped(z, softcap)
     return z
 
 
 def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool, out_dtype: torch.dtype):
     """The gradient tile ``dz`` (in ``out_dtype``, the GEMM operand dtype) of a (bias- and softcap-applied) logits
     tile, and its column sums in float32 when ``want_db``."""
-    dz = torch.exp(z - lse[:, None]) * a[:, None]
+    dz = torch.exp((z - lse[:, None]).clamp(max=0.0)) * a[:, None]  # p <= 1 (see TorchProvider.grads)
     if eps:
         dz = dz - u[:, None]
     cols = torch.arange(z.shape[1], device=z.device) + v0
@@ -206,8 +217,7 @@ class _Tiles:
         if self.t.bias is not None:
             z += self.t.bias[v0:v1].float()
         if self.opts.softcap:
-            c = self.opts.softcap
-            z = torch.tanh(z.div_(c)).mul_(c)
+            z = capped(z, self.opts.softcap, out=z)
         if self.opts.temperature != 1.0:  # after the softcap (the order of TRL / verl)
             z = z.div_(self.opts.temperature)
         return z
@@ -321,7 +331,10 @@ class TorchProvider(Provider):
             w = None
             if b is not None:  # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
                 w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
-            dz = z.sub_(lse[:, None]).exp_()  # z is this function's own tile (kept or recomputed)
+            # p = exp(z - lse), its exponent clamped at 0 (p <= 1): the saved lse of a token with no gradient
+            # (ignored: 0 by contract) bounds none of its logits, whose exp would overflow to inf, and its
+            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed).
+            dz = z.sub_(lse[:, None]).clamp_(max=0.0).exp_()
             dz.mul_(a[:, None] if w is None else w)
             del w
             if u is not None:

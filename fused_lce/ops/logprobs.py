@@ -20,14 +20,16 @@ backward needs (non-differentiable). Per-token metrics, also non-differentiable:
 first argmax), and when asked ``mean_logit = sum_j z_j / V`` and ``log_sum_sq = log sum_j p_j^2`` (else empty; the
 latter costs a second statistics pass). ``logprobs_backward`` recomputes the logits tile by tile and returns the
 gradients of ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (a missing one counts as 0). Their
-kernels are ``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``.
+kernels are ``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``. Double backward raises a
+RuntimeError naming fused_lce; under torch.func ``FuncLogprobs`` (used by the public API while a transform is
+active) makes ``grad`` / ``vjp`` / ``jacrev`` work, and both ops have vmap rules (one call per batch element).
 """
 from __future__ import annotations
 
 import torch
 
 from ..core import LOGPROBS, driver, validate
-from .loss import empty_like, no_autocast
+from .loss import empty_like, no_autocast, vmap_rule
 from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
@@ -102,8 +104,10 @@ torch.library.register_fake("fused_lce::logprobs_backward", _backward_fake, lib=
 
 # ------------------------------------------------------------------------------------------------ autograd
 DOUBLE_BACKWARD = ("fused_lce: double backward (create_graph=True) and forward-mode derivatives through "
-                   "linear_logprobs are not supported; its gradients are computed by fused kernels, not by "
-                   "differentiable ops")
+                   "linear_logprobs are not supported (torch.func.hessian / jacfwd / jvp, grad of grad, "
+                   "torch.autograd.forward_ad dual tensors): its gradients are computed by fused kernels, not by "
+                   "differentiable ops. For those use the plain path torch.log_softmax(F.linear(hidden, weight, "
+                   "bias) / temperature, -1), which materialises the logits.")
 
 
 def _setup_context(ctx, inputs, output):
@@ -118,13 +122,17 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, g_lp, g_ent, *_unused):
+    if (g_lp is not None or (ctx.entropy and g_ent is not None)) and torch.is_grad_enabled():
+        raise RuntimeError(DOUBLE_BACKWARD)
+    return _backward_impl(ctx, g_lp, g_ent)
+
+
+def _backward_impl(ctx, g_lp, g_ent):
     n_inputs = len(FORWARD.arg_names)
     if not ctx.entropy:
         g_ent = None
     if g_lp is None and g_ent is None:
         return (None,) * n_inputs
-    if torch.is_grad_enabled():
-        raise RuntimeError(DOUBLE_BACKWARD)
     hidden, weight, labels, bias, lse, zmean = ctx.saved_tensors
     want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]]
     if not any(want):
@@ -136,3 +144,32 @@ def _backward(ctx, g_lp, g_ent, *_unused):
 
 
 FORWARD.register_autograd(_lib, _backward, _setup_context)
+
+
+# ------------------------------------------------------------------------------------------------ torch.func
+class FuncLogprobs(torch.autograd.Function):
+    """``fused_lce::logprobs`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
+    ``vmap``), as ``fused_lce.ops.loss.FuncForward`` is for the loss: the op's Autograd kernel is a ctx-style
+    ``autograd.Function``, which functorch refuses, so while a transform is active ``linear_logprobs`` calls the op
+    through this Function, whose backward is the same. One level of reverse mode: ``fused_lce.api`` rejects nested
+    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+
+    generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.fused_lce.logprobs(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent, *_unused):
+        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
+        # so this is a first-order gradient
+        return _backward_impl(ctx, g_lp, g_ent)
+
+
+torch.library.register_vmap("fused_lce::logprobs", vmap_rule(FORWARD.op, 7), lib=_lib)
+torch.library.register_vmap("fused_lce::logprobs_backward", vmap_rule(BACKWARD.op, 3), lib=_lib)

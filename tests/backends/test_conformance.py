@@ -48,6 +48,7 @@ def make_problem(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore
 def check(backend, device, shape, v, dtype, reduction="mean", shift=False, tile=None, upstream=None, **opts):
     """The public API against ``fp64_reference`` (tolerances: tests/conftest.py); returns the LCEOutput."""
     ignore_frac = opts.pop("ignore_frac", 0.0)
+    exact_argmax = opts.pop("exact_argmax", dtype == torch.float32)  # low precision can flip near-ties
     use_bias = opts.pop("bias", False)
     scale = opts.pop("scale", 1.0)
     ii = opts.get("ignore_index", -100)
@@ -71,7 +72,7 @@ def check(backend, device, shape, v, dtype, reduction="mean", shift=False, tile=
     # statistics
     assert out.n_valid.item() == ref.n_valid.item()
     assert_lse_close(out.lse, ref)
-    if dtype == torch.float32:  # low precision can flip near-ties of the argmax
+    if exact_argmax:
         assert abs(out.token_accuracy.item() - ref.token_accuracy.item()) < 1e-6
     return out
 
@@ -212,6 +213,49 @@ def test_large_logits_are_stable(bd, seed):
     """Logits of magnitude ~1e4 (no softcap): the online softmax must not overflow."""
     backend, device = bd
     check(backend, device, (17, 8), 29, torch.float32, "mean", scale=3000.0)
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
+    """Ignored tokens whose logits are far beyond exp's float32 range (~88): the lse saved for them is 0 (the
+    contract), so a backward that forms exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN in
+    their dX rows and in dW / db (the recompute path of "none"). Their dX rows are exactly 0, the rest right."""
+    backend, device = bd
+    for tile in (None, TINY):
+        h, w, y, b = make_problem((19, 8), 41, dtype, device, bias=True, ignore_frac=0.3, scale=300.0)
+        y[[2, 7]] = -100
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend, tile_budget_mb=tile)
+        g = torch.rand_like(out) if reduction == "none" else torch.ones_like(out)
+        grads = torch.autograd.grad(out, (h, w, b), g)
+        ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction)
+        assert_loss_close(out, ref, dtype)
+        assert_grads_close(grads, ref, dtype)
+        assert (grads[0][y == -100] == 0).all()
+
+
+# softcap over the whole range Options accepts (a normal float32): both ends, the usual values and large ones,
+# where c * tanh(z / c) is z to float32 rounding (an inaccurate tanh of small arguments flattened every logit to 0)
+SOFTCAPS = [2.0**-126, 1e-3, 0.5, 30.0, 1e4, 1e6, 1e8, 1e30, 3.4028234663852886e38]
+
+
+@pytest.mark.parametrize("bd", BACKEND_DEVICE)
+@pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"{c:.3g}")
+def test_softcap_whole_range(bd, softcap, seed):
+    """Loss, lse and gradients (the softcap derivative included) at every softcap against float64, with the
+    capped logits' rounding relative to their size (tests/support/reference.py); from 1e8 up the softcap changes
+    no float32 logit, so the answer is that of no softcap."""
+    backend, device = bd
+    for k, reduction in enumerate(("none", "mean")):
+        torch.manual_seed(seed + k)
+        # a softcap below the logits saturates them into float32 ties of the argmax, which float64 tells apart
+        out = check(backend, device, (23, 12), 97, torch.float32, reduction, softcap=softcap, bias=True,
+                    ignore_frac=0.2, exact_argmax=softcap > 10)
+        if softcap >= 1e8:
+            torch.manual_seed(seed + k)  # the same problem again, without softcap
+            plain = check(backend, device, (23, 12), 97, torch.float32, reduction, bias=True, ignore_frac=0.2)
+            torch.testing.assert_close(out.loss, plain.loss, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)

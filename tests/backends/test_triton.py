@@ -181,13 +181,23 @@ cases = [
     ("gemm", "bfloat16", "split", 19, 16, 515, dict(label_smoothing=0.2), 7 * 520 * 2, "16,64,16,2,4,1,2,0"),
     ("gemm", "float16", "compact", 21, 24, 333, dict(z_loss=0.02, label_smoothing=0.1), 21 * 2 * 128, "16,64,16,2,4,2,2,1"),
     ("gemm", "bfloat16", "compact", 17, 8, 200, dict(), 0, "32,64,16,2,4,2,1,0"),
+    # ignored tokens with logits ~1e3 (their saved lse is 0): the row kernel's and the DZ epilogue's zero rows,
+    # the epilogue also with ignored rows computed (FUSED_LCE_SKIP_IGNORED=0)
+    ("cublas", "float32", "default", 17, 8, 301, dict(scale=300.0), 0, ""),
+    ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0), 0, "32,64,16,2,4,2,2,0"),
+    ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0, skip="0"), 0, "32,64,16,2,4,2,2,0"),
+    # softcap across its range: tiny, large (the logits to float32 rounding), the largest float
+    ("cublas", "float32", "default", 17, 8, 301, dict(softcap=1e-3), 0, ""),
+    ("cublas", "float32", "default", 17, 8, 301, dict(softcap=1e4, label_smoothing=0.1), 0, ""),
+    ("cublas", "float32", "default", 17, 8, 301, dict(softcap=3.4028234663852886e38, scale=300.0), 0, ""),
 ]
 fused = tc.TritonProvider.has_fused
 for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
     os.environ["FUSED_LCE_GEMM_CONFIG"] = cfg
+    os.environ["FUSED_LCE_SKIP_IGNORED"] = opts.get("skip", "1")
     dtype = getattr(torch, dt)
-    h = torch.randn(n, d).to(dtype)
+    h = (torch.randn(n, d) * opts.get("scale", 1.0)).to(dtype)
     w = (torch.randn(v, d) / d ** 0.5 * 2).to(dtype)
     b = (torch.randn(v) * 0.5).to(dtype)
     y = torch.randint(0, v, (n,))
@@ -228,7 +238,9 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
                     fwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(grads, r1.grads, r1.grad_scales,
                                                                        r1.grad_logit_scales)],
                     bwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(bk, r2.grads, r2.grad_scales,
-                                                                       r2.grad_logit_scales)], dtype=dt))
+                                                                       r2.grad_logit_scales)], dtype=dt,
+                    zero_ignored=bool((bk[0][~valid] == 0).all())))
+os.environ.pop("FUSED_LCE_SKIP_IGNORED")
 # no tokens / an empty vocabulary, both paths: zero gradients of the right shapes, no out-of-bounds access
 for path in ("1", "0"):
     os.environ["FUSED_LCE_TRITON_GEMM"] = path
@@ -377,6 +389,7 @@ def test_kernel_under_triton_interpreter(tmp_path, seed):
         assert r["loss"] and r["lse"], r
         assert all(r["dtypes"]), r
         assert all(diff <= tol for diff, tol in r["fwd"] + r["bwd"]), r  # conftest's tolerances
+        assert r["zero_ignored"], r  # the recompute backward's dX rows of ignored tokens
         if r["dtype"] == "float32":
             assert r["correct"], r
 
@@ -428,9 +441,19 @@ cases = [
     ("gemm-temp-entropy-masked", "gemm", "default", "bfloat16", 23, 16, 700, 0.7, 0.0, True, 300, True, None),
     ("gemm-entropy-fp16-blocks", "gemm", "default", "float16", 19, 16, 333, 1.0, 0.0, False, 0, True, 0.01),
     ("gemm-compact-entropy", "gemm", "compact", "bfloat16", 17, 16, 515, 1.3, 0.0, True, 0, True, 0.005),
+    # a low temperature: ignored tokens' tempered logits ~100s (their saved lse is 0); the DZ epilogue also with
+    # the ignored rows computed
+    ("cold-ignored", "cublas", "default", "float32", 17, 8, 301, 0.02, 0.0, True, 0, True, None),
+    ("gemm-cold-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, True, 0, True, None),
+    ("gemm-cold-keep-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, False, 0, True, None,
+     {"FUSED_LCE_SKIP_IGNORED": "0"}),
+    # softcaps large and tiny, with a temperature
+    ("softcap-1e4", "cublas", "default", "float32", 17, 8, 301, 0.7, 1e4, True, 0, True, None),
+    ("softcap-max", "cublas", "default", "float32", 17, 8, 301, 1.0, 3.4028234663852886e38, False, 0, True, None),
 ]
 out = []
-for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in cases:
+for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *env in cases:
+    os.environ.update(env[0] if env else {"FUSED_LCE_SKIP_IGNORED": "1"})
     os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
     os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact" else "32,64,16,2,4,2,2,0") \
         if path == "gemm" else ""  # one program per tile / persistent
@@ -470,7 +493,8 @@ for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile in c
                     finite=all(bool(torch.isfinite(g).all()) for g in ours),
                     dtypes=[g.dtype == x.dtype for g, x in zip(ours, leaves)],
                     grads=[rel(a, c) for a, c in zip(ours, want)],
-                    zero_ignored=bool((lp[y == -100] == 0).all()) and (not entropy or bool((ent[y == -100] == 0).all()))))
+                    zero_ignored=bool((lp[y == -100] == 0).all()) and (not entropy or bool((ent[y == -100] == 0).all()))
+                    and bool((ours[0][y == -100] == 0).all())))
 print("RESULT" + json.dumps(out))
 """
 
@@ -491,7 +515,7 @@ def test_logprobs_under_triton_interpreter(seed):
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
     value_tol = {"float32": 2e-6, "bfloat16": 2e-5, "float16": 2e-5}
     results = json.loads(line[len("RESULT"):])
-    assert len(results) == 10
+    assert len(results) == 15
     for r in results:
         assert r["path"] == r["want_path"], r
         assert r["lp"] <= value_tol[r["dtype"]] * (1 + r["lp_mag"]), r

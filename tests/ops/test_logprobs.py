@@ -33,7 +33,8 @@ LP_BACKENDS = [bd for bd in BACKEND_DEVICE if _supports(bd)]
 DECLINING = [bd for bd in BACKEND_DEVICE if not _supports(bd)]
 
 
-def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0):
+def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-100, scale=1.0, ignored=()):
+    """Random inputs; ``ignored``: flat token positions whose label is ``ignore_index`` whatever the draw."""
     *lead, d = shape
     h = (torch.randn(*shape) * scale).to(dtype).to(device).requires_grad_()
     w = (torch.randn(v, d) * 2 / max(d, 1) ** 0.5).to(dtype).to(device).requires_grad_()
@@ -41,6 +42,7 @@ def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-
     y = torch.randint(0, max(v, 1), tuple(lead))
     if ignore_frac:
         y[torch.rand(tuple(lead)) < ignore_frac] = ignore_index
+    y.view(-1)[list(ignored)] = ignore_index
     return h, w, y.to(device), b
 
 
@@ -62,9 +64,9 @@ def close(ours, ref, dtype, what, zmag=0.0):
 
 
 def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=False, ignore_frac=0.0,
-          ignore_index=-100, temperature=1.0, softcap=None, scale=1.0):
+          ignore_index=-100, temperature=1.0, softcap=None, scale=1.0, ignored=()):
     h, w, y, b = make(shape, v, dtype, device, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
-                      scale=scale)
+                      scale=scale, ignored=ignored)
     kw = dict(temperature=temperature, softcap=softcap, ignore_index=ignore_index)
     out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend, tile_budget_mb=tile, **kw)
     lp, ent = out if entropy else (out, None)
@@ -186,6 +188,40 @@ def test_ignored_bad_and_empty(bd, seed):
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_ignored_tokens_with_large_logits(bd, dtype, seed):
+    """Ignored tokens whose tempered logits are far beyond exp's float32 range (~88): large logits, or a low
+    temperature (normal in RL): the lse saved for them is 0 (the contract), so a backward that forms
+    exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN in their dX rows and in dW / db.
+    Their outputs and dX rows are exactly 0, the rest against float64."""
+    backend, device = bd
+    for scale, temperature in ((300.0, 1.0), (3.0, 0.02)):
+        for entropy in (False, True):
+            for tile in (None, TINY):
+                _lp, _ent, grads, y = check(backend, device, (19, 8), 41, dtype, tile=tile, entropy=entropy,
+                                            bias=True, ignore_frac=0.3, scale=scale, temperature=temperature,
+                                            ignored=(2, 7))
+                assert (grads[0][y == -100] == 0).all()
+
+
+# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not tiny:
+# it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as autograd's
+# tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it) covers those
+SOFTCAPS = [2.0**-126, 0.5, 30.0, 1e4, 1e6, 1e30, 3.4028234663852886e38]
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+@pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"{c:.3g}")
+def test_softcap_whole_range(bd, softcap, seed):
+    """Softcaps across the range Options accepts, with a temperature, against float64 (log-probs, entropy and
+    gradients): a large softcap leaves the logits as they are (cpp used to flatten them all to 0)."""
+    backend, device = bd
+    for temperature in (1.0, 0.7):
+        check(backend, device, (23, 12), 97, torch.float32, bias=True, ignore_frac=0.2, softcap=softcap,
+              temperature=temperature)
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
 @pytest.mark.parametrize("mask", ["tiles", "scattered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_masked_vocabulary(bd, mask, dtype, seed):
@@ -270,6 +306,62 @@ def test_opcheck(bd, seed):
                                                                   [True, False, True]))
     torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, None, *opts,
                                                                   [False, True, False]))
+
+
+@pytest.mark.parametrize("bd", LP_BACKENDS)
+def test_torch_func_transforms(bd, seed):
+    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) of the
+    log-probs and the entropy match the plain path (they used to fail inside torch: "must override the
+    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and the
+    plain path."""
+    import warnings
+
+    backend, device = bd
+    n, d, v = 6, 5, 13
+    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device), torch.randn(v, device=device))
+    y = torch.randint(0, v, (n,), device=device)
+    y[2] = -100
+    g = torch.randn(n, device=device)
+
+    def ours(hh, ww, bb, yy, entropy=False):
+        lp, ent = fused_lce.linear_logprobs(hh, ww, yy, bb, temperature=0.7, softcap=3.0, return_entropy=True,
+                                            backend=backend)
+        return (ent if entropy else lp) * g
+
+    def plain(hh, ww, bb, yy, entropy=False):
+        lp, ent = reference(hh, ww, yy, bb, temperature=0.7, softcap=3.0, dtype=torch.float32)
+        return (ent if entropy else lp) * g
+
+    tf = torch.func
+    close = lambda a, c: torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)  # noqa: E731
+    total = lambda f, entropy=False: lambda *a: f(*a, entropy=entropy).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. torch's "no batching rule, performance drop"
+        for entropy in (False, True):
+            got = tf.grad(total(ours, entropy), argnums=(0, 1, 2))(h, w, b, y)
+            for a, c in zip(got, tf.grad(total(plain, entropy), argnums=(0, 1, 2))(h, w, b, y)):
+                close(a, c)
+        (ga, la), (gc, lc) = tf.grad_and_value(total(ours))(h, w, b, y), tf.grad_and_value(total(plain))(h, w, b, y)
+        close(ga, gc)
+        close(la, lc)
+        up = torch.rand(n, device=device)
+        out_a, vjp_a = tf.vjp(lambda ww: ours(h, ww, b, y, True), w)
+        out_c, vjp_c = tf.vjp(lambda ww: plain(h, ww, b, y, True), w)
+        close(out_a, out_c)
+        close(vjp_a(up)[0], vjp_c(up)[0])
+        close(tf.jacrev(lambda hh: ours(hh, w, b, y))(h), tf.jacrev(lambda hh: plain(hh, w, b, y))(h))
+        hb = torch.randn(3, n, d, device=device)
+        yb = torch.randint(0, v, (3, n), device=device)
+        close(tf.vmap(ours, in_dims=(0, None, None, 0))(hb, w, b, yb),
+              tf.vmap(plain, in_dims=(0, None, None, 0))(hb, w, b, yb))
+        per_sample = tf.vmap(tf.grad(total(ours), argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb)
+        close(per_sample, tf.vmap(tf.grad(total(plain), argnums=1), in_dims=(0, None, None, 0))(hb, w, b, yb))
+    for call in (lambda: tf.hessian(lambda hh: total(ours)(hh, w, b, y))(h),
+                 lambda: tf.grad(lambda hh: tf.grad(total(ours))(hh, w, b, y).sum())(h),
+                 lambda: tf.jvp(lambda hh: ours(hh, w, b, y), (h,), (h,)),
+                 lambda: tf.jacfwd(lambda hh: ours(hh, w, b, y))(h)):
+        with pytest.raises(RuntimeError, match="fused_lce.*log_softmax"):
+            call()
 
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)

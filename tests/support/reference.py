@@ -29,7 +29,8 @@ def rel_err(a, b):
 #               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax term|
 #               times the logit magnitudes (the softmax inherits the logits' error); with a softcap the factor
 #               1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels to ~0), and a
-#               capped logit's magnitude is zmag + softcap (tanh is formed from terms of magnitude ~1)
+#               capped logit carries its own rounding on top of zmag: relative, so at most u * min(zmag, softcap)
+#               (an absolute error ~u in tanh, times softcap, would let a softcap of 1e4 cost 1e-4 per logit)
 # GRAD_TOL covers rounding the returned gradient to the input dtype; SUMMAND_TOL the gradient GEMMs (their
 # float32 accumulation, and dz rounded to bf16/fp16 by some kernels: about one unit of that precision).
 GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
@@ -94,8 +95,8 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         if softcap:
             t = torch.tanh(z / softcap)
             z, dcap = softcap * t, 1 + t * t
-            # softcap * tanh(z / softcap) is formed from terms of magnitude ~1 (an absolute error ~u in tanh)
-            zmag = torch.where(finite, zmag + softcap, zmag)
+            # softcap * tanh(z / softcap) is rounded relative to its size, which is at most min(|z|, softcap)
+            zmag = torch.where(finite, zmag + zmag.clamp(max=softcap), zmag)
         valid = yf != ignore_index
         zeros = torch.zeros(n, dtype=f64)
         zmax = zmag.amax(-1) if v else zeros

@@ -141,6 +141,47 @@ __aicore__ inline void RowMaxArgmax(const LocalTensor<float>& mx, const LocalTen
     }
 }
 
+// s = (s + k) x
+__aicore__ inline void HornerStep(const LocalTensor<float>& s, const LocalTensor<float>& x, float k, uint32_t count) {
+    PipeBarrier<PIPE_V>();
+    Adds(s, s, k, count);
+    PipeBarrier<PIPE_V>();
+    Mul(s, s, x, count);
+}
+
+// z = c tanh(z / c) on the first `count` floats of a tile (count a multiple of 64: Compare / Select take whole
+// 256-byte repeats), to about one float32 unit for every c. With y = z / c: CANN's Tanh where |y| >= 0.625 (its
+// (e^2y - 1) / (e^2y + 1) is accurate there), z (1 + y^2 P(y^2)) below (P: the odd polynomial of Cephes' tanhf; z
+// itself where y^2 underflows or 1 / c is flushed to 0, so a huge c leaves the logits as they are). That quotient
+// alone cancels for small |y|: an error ~6e-8 c, and every logit 0 once e^2y rounds to 1. `y`, `s`: tile scratch;
+// `mask`: count bits.
+__aicore__ inline void Softcap(const LocalTensor<float>& z, const LocalTensor<float>& y, const LocalTensor<float>& s,
+                               const LocalTensor<uint8_t>& mask, float c, uint32_t count) {
+    Muls(y, z, 1.0f / c, count);
+    PipeBarrier<PIPE_V>();
+    Tanh(s, y, count);
+    PipeBarrier<PIPE_V>();
+    Mul(y, y, y, count);  // y^2
+    Muls(s, s, c, count);
+    PipeBarrier<PIPE_V>();
+    Compares(mask, y, 0.625f * 0.625f, CMPMODE::LT, count);  // the polynomial's range (NaN: the Tanh side)
+    PipeBarrier<PIPE_V>();
+    Select(z, mask, z, s, SELMODE::VSEL_TENSOR_TENSOR_MODE, count);  // z there, c tanh(y) elsewhere
+    PipeBarrier<PIPE_V>();
+    Muls(s, y, -5.70498872745e-3f, count);  // Horner in y^2
+    HornerStep(s, y, 2.06390887954e-2f, count);
+    HornerStep(s, y, -5.37397155531e-2f, count);
+    HornerStep(s, y, 1.33314422036e-1f, count);
+    HornerStep(s, y, -3.33332819422e-1f, count);
+    PipeBarrier<PIPE_V>();
+    Adds(s, s, 1.0f, count);  // 1 + y^2 P(y^2)
+    PipeBarrier<PIPE_V>();
+    Select(s, mask, s, 1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+    PipeBarrier<PIPE_V>();
+    Mul(z, z, s, count);
+    PipeBarrier<PIPE_V>();
+}
+
 }  // namespace fused_lce_cube
 
 #endif  // FUSED_LCE_CUBE_AIV_H_

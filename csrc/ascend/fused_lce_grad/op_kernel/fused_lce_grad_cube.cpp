@@ -4,7 +4,8 @@
 //
 // Contract (the driver's Coefs, docs/providers.md): per token a, t and optionally b, u and
 // the global lse; with z = softcap(h W^T + bias) / T,
-//   dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u,   p_j = exp(z_j - lse),
+//   dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u,   p_j = exp(z_j - lse) (0 in a row whose
+//   coefficients are all 0, whatever its lse),
 //   dz_j *= 1 - (z_j T / c)^2 with a softcap c;  dX += dz W, dW += dz^T h, db += column sums of dz (fp32).
 // Two phases (fused_lce_cube_tiling.h plan_grad): X, token block m on AI core m % cores over every vocabulary block;
 // W, vocabulary block nb on core nb % cores over every token block. Per tile:
@@ -61,7 +62,7 @@ namespace fc = fused_lce::cube;
 namespace {
 constexpr uint16_t kFlagFull = 5, kFlagFree = 6;      // z ring (AIC -> AIVs, AIVs -> AIC, ids 6 / 7)
 constexpr uint16_t kFlagDzReady = 8, kFlagDzFree = 9;  // dz ring (AIVs -> AIC, AIC -> AIVs, ids 9 / 10)
-enum GradSlot : uint32_t { kA = 0, kT, kB, kU, kLse, kLseFloor, kLab, kSlotsUsed };
+enum GradSlot : uint32_t { kA = 0, kT, kB, kU, kLse, kLseFloor, kLab, kLive, kAbs, kSlotsUsed };
 static_assert(kSlotsUsed <= fc::kCubeSlots, "row slots");
 }  // namespace
 
@@ -345,6 +346,14 @@ private:
         }
     }
 
+    // S(kLive) += |S(slot)| (the slots of every coefficient summed: 0 exactly for a row without a gradient)
+    __aicore__ inline void AddAbs(uint32_t slot) {
+        Abs(S(kAbs), S(slot), st_);
+        PipeBarrier<PIPE_V>();
+        Add(S(kLive), S(kLive), S(kAbs), st_);
+        PipeBarrier<PIPE_V>();
+    }
+
     // dz of the tile in place in z_ (fp32), and its operand-dtype copy in cast_ (bf16 / fp16).
     __aicore__ inline void Dz(uint32_t rows, uint32_t cols, int32_t c0) {
         const uint32_t bn = p_->base_n, count = rows * bn, st = st_;
@@ -357,17 +366,33 @@ private:
             RowBroadcast(RowOp::kAdd, z_, z_, biasF32_, false, rows, cols, bn);
             PipeBarrier<PIPE_V>();
         }
-        if (td_->softcap > 0.0f) {  // w2 keeps tanh(z / c) for the derivative
-            Muls(z_, z_, 1.0f / td_->softcap, count);
+        if (td_->softcap > 0.0f) {  // z = c tanh(z / c) (bc holds the tile's mask: base_n <= 256, 32 bytes a row)
+            Softcap(z_, w_, w2_, bc_.template ReinterpretCast<uint8_t>(), td_->softcap,
+                    static_cast<uint32_t>(ft::align_up(count, kChunk)));
+            Muls(w2_, z_, 1.0f / td_->softcap, count);  // w2 keeps the derivative 1 - tanh^2 for the end
             PipeBarrier<PIPE_V>();
-            Tanh(w2_, z_, count);
+            Mul(w2_, w2_, w2_, count);
             PipeBarrier<PIPE_V>();
-            Muls(z_, w2_, td_->softcap * td_->invTemperature, count);
+            Muls(w2_, w2_, -1.0f, count);
             PipeBarrier<PIPE_V>();
-        } else if (td_->invTemperature != 1.0f) {
+            Adds(w2_, w2_, 1.0f, count);
+        }
+        if (td_->invTemperature != 1.0f) {
             Muls(z_, z_, td_->invTemperature, count);
             PipeBarrier<PIPE_V>();
         }
+        // A row with no gradient (every coefficient 0: an ignored token) takes lse = FLT_MAX, so that its
+        // p = exp(z - lse) is 0: its saved lse (0 by contract) bounds none of its logits, exp(z - 0) of one above ~88
+        // is inf, and its coefficient 0 would make that NaN. A NaN coefficient keeps the row (it poisons it).
+        Abs(S(kLive), S(kA), st);
+        AddAbs(kT);
+        if (td_->hasB) AddAbs(kB);
+        if (td_->hasU) AddAbs(kU);
+        LocalTensor<uint8_t> live = bc2_.template ReinterpretCast<uint8_t>();
+        Compares(live, S(kLive), 0.0f, CMPMODE::NE, st);
+        PipeBarrier<PIPE_V>();
+        Select(S(kLse), live, S(kLse), -kMinFinite, SELMODE::VSEL_TENSOR_SCALAR_MODE, st);
+        PipeBarrier<PIPE_V>();
         // p = exp(z - lse)
         Brcb(bc_, S(kLse), brcbRep, BrcbRepeatParams(1, 8));
         Adds(S(kLseFloor), S(kLse), kExpFloor, st);
@@ -411,12 +436,6 @@ private:
         }
         Order<HardEvent::S_V>();
         if (td_->softcap > 0.0f) {  // times 1 - tanh^2
-            Mul(w2_, w2_, w2_, count);
-            PipeBarrier<PIPE_V>();
-            Muls(w2_, w2_, -1.0f, count);
-            PipeBarrier<PIPE_V>();
-            Adds(w2_, w2_, 1.0f, count);
-            PipeBarrier<PIPE_V>();
             Mul(z_, z_, w2_, count);
             PipeBarrier<PIPE_V>();
         }

@@ -246,14 +246,11 @@ private:
             RowBroadcast(RowOp::kAdd, z_, z_, biasF32_, false, rows, cols, bn);
             PipeBarrier<PIPE_V>();
         }
-        if (td_->softcap > 0.0f) {  // z = (c / T) tanh(z / c)
-            Muls(z_, z_, 1.0f / td_->softcap, count);
-            PipeBarrier<PIPE_V>();
-            Tanh(w2_, z_, count);
-            PipeBarrier<PIPE_V>();
-            Muls(z_, w2_, td_->softcap * td_->invTemperature, count);
-            PipeBarrier<PIPE_V>();
-        } else if (td_->invTemperature != 1.0f) {
+        if (td_->softcap > 0.0f) {  // z = c tanh(z / c); bc holds the tile's mask (base_n <= 256: 32 bytes a row)
+            Softcap(z_, w_, w2_, bc_.template ReinterpretCast<uint8_t>(), td_->softcap,
+                    static_cast<uint32_t>(ft::align_up(count, kChunk)));
+        }
+        if (td_->invTemperature != 1.0f) {
             Muls(z_, z_, td_->invTemperature, count);
             PipeBarrier<PIPE_V>();
         }

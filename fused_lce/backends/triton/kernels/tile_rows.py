@@ -15,11 +15,20 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def _tanh(x):
-    # from exp(-2|x|) in (0, 1]: exact limits at +-inf, no overflow, no libdevice (runs under the interpreter)
-    e = tl.exp(-2.0 * tl.abs(x))
+def _softcap(x, cap):
+    """``cap * tanh(x / cap)`` to about one float32 unit for every ``cap`` (as Cephes' tanhf), no libdevice (runs
+    under the interpreter): with ``y = x / cap``, ``x (1 + y^2 P(y^2))`` for ``|y| < 0.625`` (tanhf's odd polynomial;
+    ``x`` itself where ``y^2`` underflows), else ``cap * sign(y) (1 - e) / (1 + e)``, ``e = exp(-2|y|)`` in (0, 1]
+    (exact limits at +-inf, no overflow). The quotient alone loses small ``|y|``: ``1 - e`` cancels."""
+    y = x / cap
+    q = y * y
+    p = -5.70498872745e-3 * q + 2.06390887954e-2
+    p = p * q - 5.37397155531e-2
+    p = p * q + 1.33314422036e-1
+    p = p * q - 3.33332819422e-1
+    e = tl.exp(-2.0 * tl.abs(y))
     t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+    return tl.where(tl.abs(y) < 0.625, x + x * (q * p), cap * tl.where(y < 0, -t, t))
 
 
 @triton.jit
@@ -29,7 +38,7 @@ def _capped(z_row, bias_ptr, cols, msk, cap, HAS_BIAS: tl.constexpr, SOFTCAP: tl
     if HAS_BIAS:
         z += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
     if SOFTCAP:
-        z = cap * _tanh(z / cap)
+        z = _softcap(z, cap)
     return z
 
 
