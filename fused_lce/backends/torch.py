@@ -333,8 +333,9 @@ class TorchProvider(Provider):
                 w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
             # p = exp(z - lse), its exponent clamped at 0 (p <= 1): the saved lse of a token with no gradient
             # (ignored: 0 by contract) bounds none of its logits, whose exp would overflow to inf, and its
-            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed).
-            dz = z.sub_(lse[:, None]).clamp_(max=0.0).exp_()
+            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed); clamp with out=,
+            # not clamp_, which torch_npu documents may fall back to the CPU.
+            dz = torch.clamp(z.sub_(lse[:, None]), max=0.0, out=z).exp_()
             dz.mul_(a[:, None] if w is None else w)
             del w
             if u is not None:

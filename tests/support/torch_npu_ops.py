@@ -63,6 +63,7 @@ OPS = {
     "bitwise_or.Tensor": npu("OPP", "torch.bitwise_or", BITS),
     "cat": npu("OPP", "torch.cat", ALL),
     "clamp": npu("OPP", "torch.clamp", NO_BOOL),
+    "clamp.out": npu("OPP", "torch.clamp", NO_BOOL),
     "copy_": npu("NATIVE", "Tensor.copy_", ALL),
     "div.Tensor": npu("OPP", "torch.div", ALL),
     "div_.Tensor": npu("OPP", "Tensor.div_", FLOATS),
@@ -81,6 +82,7 @@ OPS = {
     "index.Tensor": npu("OPP", "", BITS, "no DOCS entry (Tensor.__getitem__): the dtypes the route uses, in "
                         "the label check's error message only (labels[bad])"),
     "log": npu("OPP", "torch.log", ALL),
+    "le.Scalar": npu("OPP", "torch.le", ALL),
     "lt.Scalar": npu("OPP", "torch.lt", ALL),
     "masked_fill_.Scalar": npu("OPP", "Tensor.masked_fill_", ALL),
     "matmul": npu("OPP", "torch.matmul", _d("float16 float32"), NOT_950),
@@ -102,8 +104,9 @@ OPS = {
     "sum": npu("OPP", "torch.sum", ALL, "DOCS says torch.sum takes no dtype argument, but op-plugin's sum "
                "(SumKernelNpuOpApi.cpp) passes it to aclnnReduceSum as the output dtype"),
     "sum.dim_IntList": npu("OPP", "torch.sum", ALL),
-    "tanh": npu("OPP", "torch.tanh", ALL),
+    "tanh_": npu("OPP", "Tensor.tanh_", _d("float16 float32")),
     "where.self": npu("OPP", "torch.where", ALL),
+    "where.self_out": npu("OPP", "torch.where", ALL),
     "zero_": npu("OPP", "Tensor.zero_", ALL),
     "zeros": npu("OPP", "torch.zeros", ALL, "DOCS states no dtype restriction"),
     # composites: decomposed by torch (torch_npu registers none of these; op-plugin's _foreach_mul_ has the
