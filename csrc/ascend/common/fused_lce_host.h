@@ -81,6 +81,12 @@ inline bool is_vector(const Input& in, int64_t len) {
     return in.present && in.shape->GetDimNum() == 1 && in.shape->GetDim(0) == len;
 }
 
+// What the tiling checks, and why here: the operator is the one place every caller passes through (aclnn calls
+// from the torch adapter, graph mode), so it checks every shape and dtype the kernels rely on to stay inside their
+// buffers, the attribute values that would otherwise give a silently wrong number (a negative vocab_start moves the
+// target column; softcap and temperature the kernels divide by), and its planner refuses what the kernels cannot
+// run (sizes past the Matmul API's int32 or the 16-bit copy stride, ids past exact floats). The torch adapter checks
+// only the buffers it passes (csrc/npu), Python the user's input (fused_lce/core/validate.py).
 // hidden (N, D) and weight (V, D) of one operand dtype, labels (N,) int32/int64, bias (V,) of the operand dtype or
 // absent. Returns GRAPH_SUCCESS and fills n / d / v, or logs what is wrong.
 inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input& hidden, const Input& weight,
