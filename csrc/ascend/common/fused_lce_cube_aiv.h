@@ -182,6 +182,19 @@ __aicore__ inline void Softcap(const LocalTensor<float>& z, const LocalTensor<fl
     PipeBarrier<PIPE_V>();
 }
 
+// The bias block's UB buffers of a vector core from the plan's layout: as loaded (operand dtype, base_n rounded up
+// to 16 elements) and as float32 (the same buffer when the operand dtype is float32).
+template <typename T>
+__aicore__ inline void BiasBuffers(TBuf<TPosition::VECCALC>& ub, uint32_t baseN, uint32_t offIn, uint32_t offF32,
+                                   LocalTensor<T>* in, LocalTensor<float>* f32) {
+    *in = ub.GetWithOffset<T>((baseN + 15u) / 16u * 16u, offIn);
+    if constexpr (IsSameType<T, float>::value) {
+        *f32 = *in;
+    } else {
+        *f32 = ub.GetWithOffset<float>(baseN, offF32);
+    }
+}
+
 }  // namespace fused_lce_cube
 
 #endif  // FUSED_LCE_CUBE_AIV_H_

@@ -114,24 +114,29 @@ inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input
     return ge::GRAPH_SUCCESS;
 }
 
-// The prologue every tiling function shares: the tiling data buffer (large enough for TD), the platform info, and
-// the problem's inputs at their IR indices, checked. Fills `td` and `pr`; GRAPH_FAILED (logged, nothing set) otherwise.
+// The problem's inputs at their IR indices, checked, and their sizes.
 struct Problem {
     Input hidden, weight, bias, labels;
     uint64_t n = 0, d = 0, v = 0;
 };
 
-template <typename TD>
-inline ge::graphStatus begin_tiling(gert::TilingContext* ctx, const char* op, size_t ir_hidden, size_t ir_weight,
-                                    size_t ir_bias, size_t ir_labels, TD** td, Problem* pr) {
-    *td = ctx->GetTilingData<TD>();
-    if (*td == nullptr) return fail(ctx, "%s: tiling buffer smaller than its tiling data (%zu bytes)", op, sizeof(TD));
+// Runs an op's tiling `body(ctx, td, problem, platform)` after the prologue every tiling function shares: the tiling
+// data buffer (large enough for TD), the platform info, and the problem's inputs at their IR indices, checked.
+template <typename TD, typename Body>
+inline ge::graphStatus run_tiling(gert::TilingContext* ctx, const char* op, size_t ir_hidden, size_t ir_weight,
+                                  size_t ir_bias, size_t ir_labels, Body body) {
+    TD* td = ctx->GetTilingData<TD>();
+    if (td == nullptr) return fail(ctx, "%s: tiling buffer smaller than its tiling data (%zu bytes)", op, sizeof(TD));
     if (ctx->GetPlatformInfo() == nullptr) return fail(ctx, "%s: no platform info", op);
-    pr->hidden = input(ctx, ir_hidden);
-    pr->weight = input(ctx, ir_weight);
-    pr->bias = input(ctx, ir_bias);
-    pr->labels = input(ctx, ir_labels);
-    return check_problem(ctx, pr->hidden, pr->weight, pr->bias, pr->labels, &pr->n, &pr->d, &pr->v);
+    Problem pr;
+    pr.hidden = input(ctx, ir_hidden);
+    pr.weight = input(ctx, ir_weight);
+    pr.bias = input(ctx, ir_bias);
+    pr.labels = input(ctx, ir_labels);
+    if (check_problem(ctx, pr.hidden, pr.weight, pr.bias, pr.labels, &pr.n, &pr.d, &pr.v) != ge::GRAPH_SUCCESS)
+        return ge::GRAPH_FAILED;
+    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
+    return body(ctx, td, pr, plat);
 }
 
 // temperature attribute: finite and > 0 (the kernels multiply the logits by its reciprocal)

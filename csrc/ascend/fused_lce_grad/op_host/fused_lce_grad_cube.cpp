@@ -26,6 +26,10 @@
 
 namespace optiling {
 
+namespace fh = fused_lce_host;
+namespace ft = fused_lce::tiling;
+namespace fc = fused_lce::cube;
+
 namespace grad_cube {
 // IR input indices (the Input(...) order below); coef_b, coef_u, bias and z_cache are optional, so instance indices
 // of the later inputs shift when one is absent: every input is read by IR index
@@ -41,16 +45,9 @@ static bool plane_ok(const fused_lce_host::Input& in, int64_t n) {
     return fused_lce_host::is_vector(in, n) && in.dtype == ge::DT_FLOAT;
 }
 
-static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
-    namespace fh = fused_lce_host;
-    namespace ft = fused_lce::tiling;
-    namespace fc = fused_lce::cube;
+static ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTilingData* td, const fh::Problem& pr,
+                                  platform_ascendc::PlatformAscendC& plat) {
     using namespace grad_cube;
-    FusedLceGradCubeTilingData* td = nullptr;
-    fh::Problem pr;
-    if (fh::begin_tiling(ctx, "FusedLceGradCube", kHidden, kWeight, kBias, kLabels, &td, &pr) != ge::GRAPH_SUCCESS)
-        return ge::GRAPH_FAILED;
-    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const fh::Input a = fh::input(ctx, kCoefA), t = fh::input(ctx, kCoefT), b = fh::input(ctx, kCoefB),
                     u = fh::input(ctx, kCoefU), lse = fh::input(ctx, kLse);
     const fh::Input &hidden = pr.hidden, &bias = pr.bias;
@@ -126,6 +123,12 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
         }
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
+}
+
+static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
+    using namespace grad_cube;
+    return fh::run_tiling<FusedLceGradCubeTilingData>(ctx, "FusedLceGradCube", kHidden, kWeight, kBias, kLabels,
+                                                       GradTiling);
 }
 
 }  // namespace optiling

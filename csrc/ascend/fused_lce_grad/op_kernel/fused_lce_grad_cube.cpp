@@ -48,16 +48,7 @@
 //     earlier driver blocks' sum). db = the partials summed in (token block, vector core) order, from fp32 dz (not
 //     the rounded operand-dtype copy).
 //   With both: fwd + bwd = 3 GEMMs of 2 N D V (z, dX, dW) instead of 5.
-#define FUSED_LCE_HD __aicore__
-#include "kernel_operator.h"
-#include "lib/matmul_intf.h"
-#include "../../common/fused_lce_cube_tiling_data.h"
-#include "../../common/fused_lce_cube_aiv.h"
-
-using namespace AscendC;
-using namespace fused_lce_cube;
-namespace ft = fused_lce::tiling;
-namespace fc = fused_lce::cube;
+#include "../../common/fused_lce_kernel.h"
 
 namespace {
 constexpr uint16_t kFlagFull = 5, kFlagFree = 6;      // z ring (AIC -> AIVs, AIVs -> AIC, ids 6 / 7)
@@ -210,20 +201,12 @@ public:
 
     // ---- vector cores -----------------------------------------------------------------------------------------
     __aicore__ inline void InitVector(TPipe* pipe) {
-        pipe->InitBuffer(ub_, mp_->ub_end);
         const uint32_t tile = p_->vec_rows * p_->base_n;
         st_ = mp_->slot_stride;
-        z_ = ub_.GetWithOffset<float>(tile, mp_->ub_z);
-        w_ = ub_.GetWithOffset<float>(tile, mp_->ub_w);
-        w2_ = ub_.GetWithOffset<float>(tile, mp_->ub_w2);
+        TileBuffers(pipe, ub_, *mp_, tile, &z_, &w_, &w2_);
         if constexpr (!IsSameType<T, float>::value) cast_ = ub_.GetWithOffset<T>(tile, mp_->ub_cast);
         if (td_->hasBias) {
-            biasIn_ = ub_.GetWithOffset<T>(static_cast<uint32_t>(ft::align_up(p_->base_n, 16)), mp_->ub_bias);
-            if constexpr (IsSameType<T, float>::value) {
-                biasF32_ = biasIn_;
-            } else {
-                biasF32_ = ub_.GetWithOffset<float>(p_->base_n, mp_->ub_bias_f32);
-            }
+            BiasBuffers(ub_, p_->base_n, mp_->ub_bias, mp_->ub_bias_f32, &biasIn_, &biasF32_);
             colsum_ = ub_.GetWithOffset<float>(p_->base_n, mp_->ub_colsum);
         }
         const uint32_t bcLen = static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8) * 8);

@@ -22,6 +22,10 @@
 
 namespace optiling {
 
+namespace fh = fused_lce_host;
+namespace ft = fused_lce::tiling;
+namespace fc = fused_lce::cube;
+
 namespace stats_cube {
 // IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
@@ -31,16 +35,9 @@ constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
 constexpr size_t kAttrVariant = kAttrKeepZ + 1;  // the conservative variant bits (fused_lce::cube::Variant)
 }  // namespace stats_cube
 
-static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
-    namespace fh = fused_lce_host;
-    namespace ft = fused_lce::tiling;
-    namespace fc = fused_lce::cube;
+static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTilingData* td, const fh::Problem& pr,
+                                   platform_ascendc::PlatformAscendC& plat) {
     using namespace stats_cube;
-    FusedLceStatsCubeTilingData* td = nullptr;
-    fh::Problem pr;
-    if (fh::begin_tiling(ctx, "FusedLceStatsCube", kHidden, kWeight, kBias, kLabels, &td, &pr) != ge::GRAPH_SUCCESS)
-        return ge::GRAPH_FAILED;
-    platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const uint64_t n = pr.n, d = pr.d, v = pr.v;
     fh::StatsAttrs at;
     if (fh::read_stats_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
@@ -94,6 +91,12 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     if (p.n > 0 && !(variant & fc::kPlainTiling))  // A = h (not transposed), B = W (transposed)
         fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes, false, true);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
+}
+
+static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
+    using namespace stats_cube;
+    return fh::run_tiling<FusedLceStatsCubeTilingData>(ctx, "FusedLceStatsCube", kHidden, kWeight, kBias, kLabels,
+                                                        StatsTiling);
 }
 
 }  // namespace optiling

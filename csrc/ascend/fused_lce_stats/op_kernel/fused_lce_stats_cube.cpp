@@ -26,16 +26,7 @@
 // slot hand-back stay as with the ring (they pace the cube). It holds the cube's raw h W^T, before bias, softcap and
 // temperature: FusedLceGradCube takes it (its zCache input) in place of its logit GEMMs and applies those itself, so
 // its gradients are bitwise those of recomputing.
-#define FUSED_LCE_HD __aicore__
-#include "kernel_operator.h"
-#include "lib/matmul_intf.h"
-#include "../../common/fused_lce_cube_tiling_data.h"
-#include "../../common/fused_lce_cube_aiv.h"
-
-using namespace AscendC;
-using namespace fused_lce_cube;
-namespace ft = fused_lce::tiling;
-namespace fc = fused_lce::cube;
+#include "../../common/fused_lce_kernel.h"
 
 namespace {
 // Cross-core flag ids: not 11..14 (SyncAll's on Atlas A2) and no Matmul client objects here (they take 0 .. 2n-1).
@@ -143,20 +134,10 @@ public:
 
     // ---- vector cores -----------------------------------------------------------------------------------------
     __aicore__ inline void InitVector(TPipe* pipe) {
-        pipe->InitBuffer(ub_, mp_->ub_end);
         const uint32_t tile = p_->vec_rows * p_->base_n;
         stride_ = mp_->slot_stride;
-        z_ = ub_.GetWithOffset<float>(tile, mp_->ub_z);
-        w_ = ub_.GetWithOffset<float>(tile, mp_->ub_w);
-        if (mp_->ub_w2 != ft::kUbNone) w2_ = ub_.GetWithOffset<float>(tile, mp_->ub_w2);
-        if (td_->hasBias) {
-            biasIn_ = ub_.GetWithOffset<T>(static_cast<uint32_t>(ft::align_up(p_->base_n, 16)), mp_->ub_bias);
-            if constexpr (IsSameType<T, float>::value) {
-                biasF32_ = biasIn_;
-            } else {
-                biasF32_ = ub_.GetWithOffset<float>(p_->base_n, mp_->ub_bias_f32);
-            }
-        }
+        TileBuffers(pipe, ub_, *mp_, tile, &z_, &w_, &w2_);
+        if (td_->hasBias) BiasBuffers(ub_, p_->base_n, mp_->ub_bias, mp_->ub_bias_f32, &biasIn_, &biasF32_);
         bc_ = ub_.GetWithOffset<float>(static_cast<uint32_t>(ft::align_up(p_->vec_rows, 8) * 8), mp_->ub_bc);
         for (uint32_t i = 0; i < 4; ++i)
             mask_[i] = ub_.GetWithOffset<uint8_t>(fc::kMaskBytes, mp_->ub_mask + i * fc::kMaskBytes);
