@@ -36,9 +36,8 @@ TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of 
 
 def _register_twin():
     """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
-    "npu" provider's Python side, as providers "npu_twin" (the kernel pair FUSED_LCE_NPU_KERNELS selects, default the
-    cube pair, as on an NPU) and "npu_twin_vector" (the vector pair) on CPU tensors: every suite parametrised over the
-    providers runs them like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a
+    "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the providers
+    runs it like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a
     build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
         return
@@ -47,8 +46,7 @@ def _register_twin():
     try:
         from .support.ascendc_twin import build as twin_build
 
-        kernels = twin_build.TwinKernels()  # FUSED_LCE_NPU_KERNELS, default: the cube pair (as on an NPU)
-        vector = twin_build.TwinKernels(kernels="vector")
+        kernels = twin_build.TwinKernels()
     except Exception as e:  # noqa: BLE001
         if os.environ.get("CI"):
             raise
@@ -57,7 +55,6 @@ def _register_twin():
     from fused_lce.backends.npu import AscendCProvider
 
     registry.register(AscendCProvider("npu_twin", kernels=kernels, device_types=("cpu",), status=TWIN_STATUS))
-    registry.register(AscendCProvider("npu_twin_vector", kernels=vector, device_types=("cpu",), status=TWIN_STATUS))
 
 
 _register_twin()

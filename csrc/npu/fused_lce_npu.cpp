@@ -1,13 +1,11 @@
-// Host adapter of the AscendC kernels (csrc/ascend) for torch_npu: four private kernel ops and nothing else.
+// Host adapter of the AscendC kernels (csrc/ascend) for torch_npu: two private kernel ops and nothing else.
 // Status: compiled and linked against the torch-npu wheel's headers and libtorch_npu.so in CI
 // (tests/backends/npu/test_adapter_build.py), never loaded, not run on hardware.
 //
 //   fused_lce::_npu_stats_cube -> aclnnFusedLceStatsCube, fused_lce::_npu_grads_cube -> aclnnFusedLceGradCube: the
-//       cube-driven pair (deterministic backward, one-pass modes)
-//   fused_lce::_npu_stats_vector -> aclnnFusedLceStatsVector, fused_lce::_npu_grads_vector -> aclnnFusedLceGradVector:
-//       the vector-driven pair (float32 atomic accumulation)
+//       cube-driven kernels (deterministic backward, one-pass modes)
 // Their schemas and contracts are in kernel_ops.h (shared with the twin's _twin_* ops); fused_lce/backends/npu/
-// kernels.py picks the pair.
+// kernels.py calls them.
 //
 // All are called through torch_npu's op-api helper EXEC_NPU_CMD_EXT (op-plugin op_plugin/utils/
 // op_api_common_base.h), which resolves the two-phase aclnn symbols in the custom OPP's libcust_opapi.so at run
@@ -30,7 +28,6 @@ namespace fused_lce_npu {
 
 using at::Tensor;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
-using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 using Tensor7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 constexpr int64_t kMaskHidden = 1, kMaskWeight = 2, kMaskBias = 4;
@@ -107,84 +104,15 @@ static c10::optional<Tensor> contiguous_or_none(const c10::optional<Tensor>& t) 
     return has(t) ? c10::optional<Tensor>(t->contiguous()) : c10::nullopt;
 }
 
-// Per-token local statistics over this rank's vocabulary rows [vocab_start, vocab_start + V): max, sum exp(z - max),
-// target logit (0 when the label is not in this shard), sum of logits (only when with_zsum), first argmax as a global
-// id (int64), and with with_entropy ez = sum exp(z - max) (z - max) (empty otherwise); z = softcap(logits) /
-// temperature.
-Tensor6 npu_stats_vector(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                         const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
-                         bool with_entropy) {
-    const char* op = "fused_lce::_npu_stats_vector";
-    check_problem(op, hidden, weight, bias, labels, vocab_start);
-    check_softcap_temperature(op, softcap, temperature);
-    const c10::OptionalDeviceGuard guard(device_of(hidden));
-    const int64_t n = hidden.size(0);
-    auto f32 = hidden.options().dtype(at::kFloat);
-    Tensor m = at::empty({n}, f32);
-    Tensor s = at::empty({n}, f32);
-    Tensor zt = at::empty({n}, f32);
-    Tensor zs = at::empty({n}, f32);
-    Tensor amax_local = at::empty({n}, hidden.options().dtype(at::kInt));
-    Tensor ez = at::empty({with_entropy ? n : 0}, f32);
-    if (n > 0) {
-        Tensor h = hidden.contiguous();
-        Tensor w = weight.contiguous();
-        Tensor y = labels.contiguous();
-        c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceStatsVector, h, w, b, y, vocab_start, softcap, with_zsum, temperature,
-                         with_entropy, m, s, zt, zs, amax_local, ez);
-    }
-    // the kernel keeps 32-bit shard-local ids (cheap on the vector unit); global ids are int64
-    Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
-    return {m, s, zt, zs, amax, ez};
-}
-
-// float32 gradients of dz = p (a + b z) - t onehot(label) - u (times the softcap derivative), z = softcap(logits) /
-// temperature, p = exp(z - lse), from coefs (4, N) = the per-token a, t, b, u the driver forms (0 for ignored tokens,
-// NaN for bad labels; 1 / temperature already folded in); lse is the per-token log-sum-exp over the whole (possibly
-// sharded) vocabulary. Outputs grad_mask does not ask for (or db without bias) are empty.
-Tensor3 npu_grads_vector(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
-                         const Tensor& labels, const Tensor& lse, const Tensor& coefs, int64_t vocab_start,
-                         double softcap, double temperature, std::array<bool, 3> grad_mask) {
-    const char* op = "fused_lce::_npu_grads_vector";
-    check_problem(op, hidden, weight, bias, labels, vocab_start);
-    TORCH_CHECK_VALUE(coefs.defined() && coefs.dim() == 2 && coefs.size(0) == 4 && coefs.size(1) == hidden.size(0), op,
-                ": coefs must have shape (4, N) = (4, ", hidden.size(0), "), got ",
-                coefs.defined() ? coefs.sizes() : at::IntArrayRef());
-    TORCH_CHECK_TYPE(at::isFloatingType(coefs.scalar_type()), op, ": coefs must be a floating tensor, got ",
-                coefs.scalar_type());
-    same_device(op, "coefs", coefs, hidden);
-    check_vector(op, "lse", lse, hidden);
-    check_softcap_temperature(op, softcap, temperature);
-    const c10::OptionalDeviceGuard guard(device_of(hidden));
-    const bool has_bias = has(bias);
-    const int64_t mask = (grad_mask[0] ? kMaskHidden : 0) | (grad_mask[1] ? kMaskWeight : 0) |
-                         (grad_mask[2] && has_bias ? kMaskBias : 0);
-    auto f32 = hidden.options().dtype(at::kFloat);
-    // the kernel accumulates with float32 atomic adds: the accumulators start at zero
-    Tensor dx = (mask & kMaskHidden) ? at::zeros({hidden.size(0), hidden.size(1)}, f32) : at::empty({0}, f32);
-    Tensor dw = (mask & kMaskWeight) ? at::zeros({weight.size(0), weight.size(1)}, f32) : at::empty({0}, f32);
-    Tensor db = (mask & kMaskBias) ? at::zeros({weight.size(0)}, f32) : at::empty({0}, f32);
-    if (mask != 0 && hidden.size(0) > 0) {
-        Tensor c = coefs.to(at::kFloat).contiguous();
-        Tensor l = lse.to(at::kFloat).contiguous();
-        Tensor h = hidden.contiguous();
-        Tensor w = weight.contiguous();
-        Tensor y = labels.contiguous();
-        c10::optional<Tensor> b = contiguous_or_none(bias);
-        EXEC_NPU_CMD_EXT(aclnnFusedLceGradVector, c, h, w, b, y, l, vocab_start, softcap, temperature, mask, dx, dw,
-                         db);
-    }
-    return {dx, dw, db};
-}
-
-// ---- the cube-driven pair (FusedLceStatsCube / FusedLceGradCube) -----------------------------------------------
+// ---- FusedLceStatsCube / FusedLceGradCube ---------------------------------------------------------------------
 // Their planner carries vocabulary ids (and, in the backward, row offsets) as exact floats: V (and N for the
 // backward) must be < 2^24 (fused_lce_cube_tiling.h kMaxLocalVocab).
 constexpr int64_t kCubeMaxIds = int64_t(1) << 24;
 
-// Per-token local statistics as _npu_stats_vector, from the cube-driven forward. The kernel writes all six outputs on
-// every launch (sum of logits 0 without with_zsum, ez 0 without with_entropy), so ez is always (N,). keep_z: the
+// Per-token local statistics over this rank's vocabulary rows [vocab_start, vocab_start + V) of z = softcap(logits) /
+// temperature: max, sum exp(z - max), target logit (0 when the label is not in this shard), sum of logits, first
+// argmax as a global id (int64) and ez = sum exp(z - max) (z - max). The kernel writes all six outputs on every
+// launch (sum of logits 0 without with_zsum, ez 0 without with_entropy), so ez is always (N,). keep_z: the
 // OpDef's optional z_cache output is given, float32 (N, V), and returned 7th (the kept h W^T for _npu_grads_cube's
 // zcache); otherwise it is absent and an empty tensor is returned in its place.
 Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
@@ -194,7 +122,7 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds, op,
                       ": the cube-driven kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
-                      "floats), got V=", weight.size(0), "; use FUSED_LCE_NPU_KERNELS=vector");
+                      "floats), got V=", weight.size(0));
     check_softcap_temperature(op, softcap, temperature);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
@@ -221,8 +149,11 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
     return {m, s, zt, zs, amax, ez, zc};
 }
 
-// float32 gradients as _npu_grads_vector from the deterministic cube-driven backward, with the driver's coefficient
-// planes given one by one: a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work). zcache:
+// float32 gradients of dz = p (a + b z) - t onehot(label) - u (times the softcap derivative), z = softcap(logits) /
+// temperature, p = exp(z - lse), from the deterministic cube-driven backward, with the driver's per-token
+// coefficient planes a, t (N,) and optionally b, u (N,) (absent = 0; the kernel skips their vector work; 0 for
+// ignored tokens, NaN for bad labels, 1 / temperature already folded in); lse is the per-token log-sum-exp over the
+// whole (possibly sharded) vocabulary. Outputs grad_mask does not ask for (or db without bias) are empty. zcache:
 // what _npu_stats_cube(keep_z=True) returned for these rows (the kernel computes no logits); keep_dz: dz kept between
 // the two phases (the larger workspace); dw_acc: a float32 contiguous (V, D) tensor dW is added into in place (the sum
 // of the earlier driver blocks; the kernel only adds into dW), then returned empty as dW, as the twin's op does.
@@ -235,8 +166,7 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds && hidden.size(0) < kCubeMaxIds, op,
                       ": the cube-driven backward needs N and V each below 2^24 per launch (row offsets and ids travel "
-                      "as exact floats), got N=", hidden.size(0), " V=", weight.size(0),
-                      "; use FUSED_LCE_NPU_KERNELS=vector");
+                      "as exact floats), got N=", hidden.size(0), " V=", weight.size(0));
     check_vector(op, "lse", lse, hidden);
     check_vector(op, "a", a, hidden);
     check_vector(op, "t", t, hidden);
@@ -293,8 +223,6 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
 TORCH_LIBRARY_FRAGMENT(fused_lce, m) { fused_lce_npu::def_kernel_ops(m, "_npu"); }
 
 TORCH_LIBRARY_IMPL(fused_lce, PrivateUse1, m) {
-    m.impl("_npu_stats_vector", &fused_lce_npu::npu_stats_vector);
-    m.impl("_npu_grads_vector", &fused_lce_npu::npu_grads_vector);
     m.impl("_npu_stats_cube", &fused_lce_npu::npu_stats_cube);
     m.impl("_npu_grads_cube", &fused_lce_npu::npu_grads_cube);
 }

@@ -5,14 +5,12 @@
 // One argument order for every private kernel op on every device (csrc/ops.cpp's _cpu_* ops too): the problem
 // tensors (hidden, weight, bias?, labels), the op's own tensors, then vocab_start, softcap, temperature, then the op's
 // flags and sizes (and, last, optional extras with defaults).
-//   stats_*: per-token local statistics of this rank's vocabulary rows of z = softcap(logits) / temperature ->
-//            (max, sum exp(z - max), target logit, sum of logits, first argmax as a global int64 id, ez); ez (the
-//            entropy statistic) is empty without with_entropy for the vector pair, 0 for the cube pair; the cube pair
-//            returns a 7th tensor, the z cache (float32 (N, V)) with keep_z, else empty.
-//   grads_*: float32 dX, dW, db of dz = p (a + b z) - t onehot - u from the driver's per-token coefficients (the
-//            vector pair: coefs (4, N) = a, t, b, u; the cube pair: a, t and optional b, u planes); outputs grad_mask
-//            leaves out (or db without bias) are empty. Cube pair only: zcache (what stats_cube(keep_z) returned),
-//            keep_dz, dw_acc (a float32 (V, D) tensor dW is added into in place).
+//   stats_cube: per-token local statistics of this rank's vocabulary rows of z = softcap(logits) / temperature ->
+//            (max, sum exp(z - max), target logit, sum of logits, first argmax as a global int64 id, ez (the entropy
+//            statistic, 0 without with_entropy), the z cache (float32 (N, V)) with keep_z, else empty).
+//   grads_cube: float32 dX, dW, db of dz = p (a + b z) - t onehot - u from the driver's per-token coefficient planes
+//            a, t and optional b, u; outputs grad_mask leaves out (or db without bias) are empty. zcache: what
+//            stats_cube(keep_z) returned; keep_dz; dw_acc: a float32 (V, D) tensor dW is added into in place.
 #ifndef FUSED_LCE_NPU_KERNEL_OPS_H_
 #define FUSED_LCE_NPU_KERNEL_OPS_H_
 
@@ -34,12 +32,6 @@ constexpr KernelOpSchema kKernelOps[] = {
      "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, Tensor? b, "
      "Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, Tensor? zcache=None, "
      "bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)"},
-    {"stats_vector",
-     "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, float temperature, "
-     "bool with_zsum, bool with_entropy) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"},
-    {"grads_vector",
-     "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor coefs, int vocab_start, "
-     "float softcap, float temperature, bool[3] grad_mask) -> (Tensor, Tensor, Tensor)"},
 };
 
 // Defines every kernel op as <prefix>_<name> in a TORCH_LIBRARY_FRAGMENT.

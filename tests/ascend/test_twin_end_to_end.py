@@ -26,7 +26,7 @@ def combine(parts):
 def run_twin(ops, h, w, b, y, shards, eps, zl, cap):
     v = w.shape[0]
     bounds = [round(i * v / shards) for i in range(shards + 1)]
-    parts = [ops._twin_stats_vector(h, w[a:c], None if b is None else b[a:c], y, a, cap, 1.0, eps > 0, False)
+    parts = [ops._twin_stats_cube(h, w[a:c], None if b is None else b[a:c], y, a, cap, 1.0, eps > 0, False)
              for a, c in zip(bounds, bounds[1:])]
     lse, zt, zs, am = combine(parts)
     valid = y != IGNORE
@@ -97,7 +97,7 @@ def test_bad_label_gives_nan_loss_only_for_that_token(ops, part, seed):
     h, w = torch.randn(n, d), torch.randn(v, d)
     y = torch.randint(0, v, (n,))
     y[4] = v + 5  # out of range: the kernels see no target column, the loss layer marks it NaN
-    m, s, zt, _, _, _ = ops._twin_stats_vector(h, w, None, y, 0, 0.0, 1.0, False, False)
+    m, s, zt = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)[:3]
     assert float(zt[4]) == 0.0 and torch.isfinite(m).all() and torch.isfinite(s).all()
     g = torch.ones(n)
     g[4] = float("nan")
@@ -115,7 +115,7 @@ def test_more_than_2_pow_31_logits(ops, part):
     h = torch.randn(n, d, generator=gen).bfloat16()
     w = torch.randn(v, d, generator=gen).bfloat16()
     y = torch.randint(0, v, (n,), generator=gen)
-    m, s, zt, _, am, _ = ops._twin_stats_vector(h, w, None, y, 0, 0.0, 1.0, False, False)
+    m, s, zt, _, am = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)[:5]
     # float64 reference on tokens spread over the whole range (the full logits would be 17 GB)
     idx = torch.cat([torch.arange(0, 64), torch.randint(0, n, (1024,), generator=gen), torch.arange(n - 64, n)])
     z = h[idx].double() @ w.double().t()

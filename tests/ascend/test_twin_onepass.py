@@ -197,7 +197,7 @@ def onepass_provider(ops):
             Spy.in_place += dw_out is not None and r[1] is dw_out
             return r
 
-    k = Spy(kernels="cube")
+    k = Spy()
     registry.register(AscendCProvider("npu_twin_onepass", kernels=k, device_types=("cpu",)))
     yield Spy
     registry.unregister("npu_twin_onepass")
@@ -254,36 +254,23 @@ def test_onepass_vocab_shard_matches_recompute(ops, part, seed):
         assert rel_l2(g, r) < GRAD_RTOL[torch.float16]
 
 
-class _NoCacheKernels:
-    """Kernels without the one-pass capability (the vector pair's interface): their methods take no keep_z / zcache /
-    keep_dz."""
+class _Kernels:
+    """Kernels that are never launched (token_block is planning only)."""
 
-    def stats(self, hidden, weight, bias, labels, vocab_start, softcap, temperature, with_zsum, with_entropy):
-        n = hidden.shape[0]
-        z = torch.zeros(n)
-        return z, z, z, z, torch.zeros(n, dtype=torch.long), z
-
-    def grads(self, hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, temperature, grad_mask):
-        return (torch.zeros(hidden.shape), torch.zeros(weight.shape), torch.zeros(weight.shape[0]))
-
-
-class _CacheKernels(_NoCacheKernels):
     supports_cache = True
 
 
-def test_provider_token_block_bound_and_fallback():
-    """token_block: one block without the capability; with it, rows x V x (4 + elt) (keep) or rows x V x elt within
-    the tile budget, a multiple of 128 when >= 128 rows fit, at least 1 row; the default budget when 0."""
+def test_provider_token_block_bound():
+    """token_block: rows x V x (4 + elt) (keep) or rows x V x elt within the tile budget, a multiple of 128 when >= 128
+    rows fit, at least 1 row; the default budget when 0."""
     from fused_lce.core import Options, Problem
     from fused_lce.backends.npu.provider import DEFAULT_TILE_BYTES, AscendCProvider
 
     def prob(n, v, dtype, tile_bytes):
         return Problem(n, 64, v, dtype, torch.device("cpu"), False, Options(tile_bytes=tile_bytes))
 
-    plain = AscendCProvider("x", kernels=_NoCacheKernels(), device_types=("cpu",))
-    new = AscendCProvider("y", kernels=_CacheKernels(), device_types=("cpu",))
+    new = AscendCProvider("y", kernels=_Kernels(), device_types=("cpu",))
     p = prob(100000, 151936, torch.bfloat16, 1 << 30)
-    assert plain.token_block(p, True) == plain.token_block(p, False) == 100000
     keep, plain = new.token_block(p, True), new.token_block(p, False)
     assert keep % 128 == 0 and keep * 151936 * 6 <= 1 << 30 < (keep + 128) * 151936 * 6
     assert plain % 128 == 0 and plain * 151936 * 2 <= 1 << 30 < (plain + 128) * 151936 * 2
@@ -293,26 +280,6 @@ def test_provider_token_block_bound_and_fallback():
     small = new.token_block(prob(500, 1000, torch.float32, 80 * 1000 * 8), True)
     assert small == 80  # fewer than 128 rows fit: not rounded
     assert new.token_block(prob(500, 1000, torch.float32, 10), True) == 1
-
-
-def test_provider_without_capability_keeps_todays_route():
-    """Kernels without supports_cache are called with today's arguments (no keep_z / zcache / keep_dz) and one block;
-    a second block is refused as before."""
-    from fused_lce.core import Coefs, Options, Tensors
-    from fused_lce.backends.npu import AscendCProvider
-
-    prov = AscendCProvider("x", kernels=_NoCacheKernels(), device_types=("cpu",))
-    n, d, v = 6, 4, 10
-    t = Tensors(torch.randn(n, d), torch.randn(v, d), torch.randint(0, v, (n,)), torch.randn(v))
-    st, cache = prov.stats(t, slice(0, n), Options(), keep=True)
-    assert cache is None
-    out = prov.new_grads(t, (True, True, True), fp32_dh=False)
-    coef = Coefs(a=torch.ones(n), t=torch.ones(n))
-    prov.grads(t, slice(0, n), torch.zeros(n), coef, None, Options(), out)
-    assert out.dh.shape == (n, d) and out.dw.shape == (v, d) and out.db.shape == (v,)
-    out = prov.new_grads(t, (True, True, True), fp32_dh=False)
-    with pytest.raises(RuntimeError, match="one token block"):
-        prov.grads(t, slice(0, 3), torch.zeros(3), Coefs(a=torch.ones(3), t=torch.ones(3)), None, Options(), out)
 
 
 def test_onepass_dw_accumulates_in_place(ops, part, seed):

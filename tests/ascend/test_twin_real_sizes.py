@@ -1,5 +1,5 @@
 """The npu provider's default route at real vocabulary sizes on the twin: V_local >= 65536 (70 000) and Qwen's
-151 936, tiny N and D, against float64, forward and backward, for both kernel pairs. At these sizes a cube operand
+151 936, tiny N and D, against float64, forward and backward. At these sizes a cube operand
 read at a row stride of V_local would exceed the 16 bits of the GM -> L1 copy's Nd2NzParams::srcDValue, which the
 twin's Matmul model reports (docs/npu-twin-rules.md): the cube-driven backward keeps dz in column chunks narrower than
 65535 (plan.keep_cols), and these tests fail if it goes back to one N x V_local matrix."""
@@ -15,10 +15,9 @@ SIZES = [(20, 8, 70000), (8, 8, 151936)]  # (N, D, V_local)
 RTOL = 5e-5
 
 
-@pytest.fixture(params=["cube", "vector"])
-def provider(request, ops):
-    """The npu provider over one kernel pair on the twin, registered for the test only (cube: the default, with its
-    one-pass route: z kept by the forward, dz kept by the backward)."""
+@pytest.fixture
+def provider(ops):
+    """The npu provider over the kernels on the twin, registered for the test only, recording the route it takes."""
     from fused_lce.core import registry
     from fused_lce.backends.npu import AscendCProvider
 
@@ -33,9 +32,9 @@ def provider(request, ops):
             Spy.calls.append(("grads", zcache is not None, keep_dz))
             return super().grads(*a, zcache=zcache, keep_dz=keep_dz, **kw)
 
-    name = f"npu_twin_real_{request.param}"
-    registry.register(AscendCProvider(name, kernels=Spy(HW_910B, kernels=request.param), device_types=("cpu",)))
-    yield name, request.param, Spy.calls
+    name = "npu_twin_real"
+    registry.register(AscendCProvider(name, kernels=Spy(HW_910B), device_types=("cpu",)))
+    yield name, Spy.calls
     registry.unregister(name)
     twin_build.configure(HW_910B)
 
@@ -44,7 +43,7 @@ def provider(request, ops):
 def test_default_route_at_real_vocabularies(provider, part, seed, n, d, v):
     import fused_lce
 
-    name, pair, calls = provider
+    name, calls = provider
     part(HW_910B, sched_seed=seed)
     g = torch.Generator().manual_seed(seed)
     h0 = torch.randn(n, d, generator=g)
@@ -58,13 +57,12 @@ def test_default_route_at_real_vocabularies(provider, part, seed, n, d, v):
     h, w, b = (x.clone().requires_grad_() for x in (h0, w0, b0))
     loss = fused_lce.linear_cross_entropy(h, w, y, b, label_smoothing=0.1, z_loss=1e-3, backend=name)
     loss.backward()
-    # the route the provider takes by default: one block; the cube pair keeps z in the forward and dz in the backward
-    one_pass = pair == "cube"
-    assert calls == [("stats", one_pass), ("grads", one_pass, one_pass)], calls
+    # the route the provider takes by default: one block, z kept by the forward and dz by the backward
+    assert calls == [("stats", True), ("grads", True, True)], calls
     loss, ref = float(loss.detach()), float(ref.detach())
-    assert abs(loss - ref) <= RTOL * abs(ref), (pair, loss, ref)
+    assert abs(loss - ref) <= RTOL * abs(ref), (loss, ref)
     for what, got, want in (("dh", h.grad, hd.grad), ("dw", w.grad, wd.grad), ("db", b.grad, bd.grad)):
-        assert rel_l2(got, want) < RTOL, f"{pair} {what}: {rel_l2(got, want):.2e}"
+        assert rel_l2(got, want) < RTOL, f"{what}: {rel_l2(got, want):.2e}"
 
 
 @pytest.mark.parametrize("keep_dz", [True, False], ids=["dz-kept", "recompute"])

@@ -119,7 +119,7 @@ def test_kernels_pass_field_values_whole():
     root = os.path.join(os.path.dirname(__file__), "..", "..", "csrc", "ascend")
     sources = glob.glob(os.path.join(root, "*", "op_kernel", "*.cpp")) + \
         glob.glob(os.path.join(root, "common", "fused_lce_*_aiv.h"))
-    assert len(sources) >= 6
+    assert len(sources) >= 3  # the two kernels and their vector-core helpers
     for src in sources:
         code = re.sub(r"//[^\n]*", "", open(src).read())
         bad = re.findall(r"static_cast<\s*u?int(?:8|16)_t\s*>", code)

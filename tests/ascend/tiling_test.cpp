@@ -86,7 +86,7 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
         }
         CHECK(p.ub_end % kUbAlign == 0, "%s", s);
         // the forward's finishing phase keeps 12 planes of align8(vec_rows) floats in the work region (6 segment
-        // partials and 6 temporaries, fused_lce_stats_vector.cpp Finish), the grad kernel the b-term tile
+        // partials and 6 temporaries of the finishing phase), the grad kernel the b-term tile
         CHECK(vr * bn >= 12 * align_up(vr, 8), "%s work region too small for the finishing phase", s);
     }
     // tile shapes

@@ -1,5 +1,5 @@
-// Tiling data of the cube-driven kernels (FusedLceStatsCube), written by the host, read by op_kernel. Its own struct
-// (not FusedLceVectorTilingData): the plan of fused_lce_cube_tiling.h, the scalar options of the loss and of the
+// Tiling data of the cube-driven kernels (FusedLceStatsCube, FusedLceGradCube), written by the host, read by op_kernel:
+// the plan of fused_lce_cube_tiling.h, the scalar options of the loss and of the
 // log-prob contract (softcap, temperature, entropy), and the cube core's Matmul tiling.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_CUBE_TILING_DATA_H_

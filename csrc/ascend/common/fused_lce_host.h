@@ -19,13 +19,14 @@
 #include "tiling/platform/platform_ascendc.h"
 #include "tiling/tiling_api.h"
 
-#include "fused_lce_vector_tiling_data.h"
+#include "fused_lce_tiling.h"  // beside this header: opbuild compiles op_host with only the CANN includes
 
 namespace fused_lce_host {
 
 // Batch scheduling (TilingContext::SetScheduleMode(1)): the launch starts only when all of its cores are free.
-// FusedLceStatsVector synchronises all cores (SyncAll) when a token block's vocabulary is split in segments; without
-// batch mode two such launches on different streams can each hold part of the cores and wait for the other's forever
+// Both kernels synchronise all cores (SyncAll): the forward when a token block's vocabulary is split in segments, the
+// backward before its db merge; without batch mode two such launches on different streams can each hold part of the
+// cores and wait for the other's forever
 // (asc-devkit docs/zh/api/SIMD-API/基础API/同步控制/核间同步/SyncAll.md, 约束说明). Every op sets it on every launch, as ops-nn's
 // FusedLinearOnlineMaxSum does (matmul/fused_linear_online_max_sum/op_host/..._tiling.cpp, BATCH_MODE): they use every
 // core anyway, and a kernel that gains a cross-core sync later stays safe.
@@ -205,8 +206,7 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
 }
 
-// FusedLceGradVector's and FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all
-// float32 accumulators
+// FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);
     gert::Shape* dw = ctx->GetOutputShape(1);
@@ -225,7 +225,7 @@ inline ge::graphStatus infer_grad_dtypes(gert::InferDataTypeContext* ctx) {
     return ge::GRAPH_SUCCESS;
 }
 
-// ---- OpDef pieces shared by the two pairs (one list each, so the pairs cannot drift) -----------------------------
+// ---- OpDef pieces shared by the two ops (one list each, so the forward and the backward cannot drift) -----------------------------
 // (operand dtype, label dtype) combinations, one kernel binary each; every tensor ND.
 struct OpTypes {
     std::vector<ge::DataType> operand{ge::DT_BF16, ge::DT_FLOAT16, ge::DT_FLOAT,
@@ -245,7 +245,7 @@ inline void problem_inputs(ops::OpDef& def, const OpTypes& t) {
 }
 
 // The attributes stats_outputs_and_attrs / grad_outputs_and_attrs declare, read by their index there and checked:
-// what both tilings of each pair read first.
+// what both tilings read first.
 struct StatsAttrs {
     int64_t vocabStart = 0;
     float softcap = 0.0f, temperature = 1.0f;
@@ -280,7 +280,7 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
 constexpr size_t kGradAttrs = 4;  // FusedLceGradCube's own attributes come after these
 constexpr size_t kStatsAttrs = 5;  // and FusedLceStatsCube's after these
 
-// FusedLceStats{Vector,Cube}: the six per-token outputs and the five attributes (read_stats_attrs' order)
+// FusedLceStatsCube: the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("max").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("sum_exp").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
@@ -295,7 +295,7 @@ inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Attr("with_entropy").AttrType(ops::OPTIONAL).Bool(false);
 }
 
-// FusedLceGrad{Vector,Cube}: the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
+// FusedLceGradCube: the three float32 gradient outputs and the four attributes (read_grad_attrs' order)
 inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Output("grad_hidden").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);
     def.Output("grad_weight").ParamType(ops::REQUIRED).DataType(t.f32).Format(t.nd);

@@ -8,13 +8,12 @@ says what the kernels do.
 
 * ``provider.py`` -- ``AscendCProvider``, the "npu" provider: the kernels behind the driver's ``stats`` / ``grads``
   (the driver does the rest: combine, loss, reduction, as for every provider). D == 0 is declined (``supports``); an
-  empty vocabulary shard (vocab parallel) launches no kernel. With the kernels' one-pass modes
-  (``supports_cache``) the forward keeps its z cache (float32 [rows, V_local]) for the backward, which then computes
-  no logits and keeps dz, so fwd + bwd cost 3 GEMMs of 2 N D V instead of 5; ``token_block`` bounds the rows per
-  driver block so that the z cache and the kept dz fit ``opts.tile_bytes`` (default ``DEFAULT_TILE_BYTES``), and dW
-  / db are summed over the blocks in float32 in block order (deterministic; dW in place).
-* ``kernels.py`` -- the host adapter's private ops (``fused_lce::_npu_*``, csrc/npu/) and the kernel-pair choice
-  (FUSED_LCE_NPU_KERNELS).
+  empty vocabulary shard (vocab parallel) launches no kernel. With the kernels' one-pass modes the forward keeps
+  its z cache (float32 [rows, V_local]) for the backward, which then computes no logits and keeps dz, so fwd + bwd
+  cost 3 GEMMs of 2 N D V instead of 5; ``token_block`` bounds the rows per driver block so that the z cache and
+  the kept dz fit ``opts.tile_bytes`` (default ``DEFAULT_TILE_BYTES``), and dW / db are summed over the blocks in
+  float32 in block order (deterministic; dW in place).
+* ``kernels.py`` -- the host adapter's private ops (``fused_lce::_npu_*``, csrc/npu/) over the two kernels.
 * ``cann.py`` -- ``CannTrioProvider``, the "npu_cann" provider over torch_npu's fused trio.
 * ``env.py`` -- what the host has: torch_npu with a device, the custom OPP package.
 

@@ -12,7 +12,7 @@ import torch
 
 from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
 from .env import OPP_VENDOR, find_custom_opp, usable_torch_npu
-from .kernels import VECTOR_ACLNN_SYMBOLS, KERNELS_ENV, CUBE_ACLNN_SYMBOLS, AdapterKernels, kernel_choice
+from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
 ADAPTER_MODULE = "fused_lce._npu_C"
@@ -20,7 +20,7 @@ ADAPTER_MODULE = "fused_lce._npu_C"
 # 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the cube's work in
 # benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of 1.14x)
 DEFAULT_TILE_BYTES = 2 << 30
-CUBE_MAX_IDS = 1 << 24  # the cube pair's planner carries vocabulary ids and row offsets as exact floats
+MAX_IDS = 1 << 24  # the kernels' planner carries vocabulary ids and row offsets as exact floats
 # every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
 # (Nd2NzParams::srcDValue; fused_lce_tiling.h kMaxOperandStride)
 MAX_HIDDEN = 65534
@@ -68,11 +68,7 @@ class AscendCProvider(WholeRowsProvider):
             handle = ctypes.CDLL(lib)
         except OSError as e:
             return f"cannot load {lib} ({e})"
-        try:
-            wanted = VECTOR_ACLNN_SYMBOLS + (CUBE_ACLNN_SYMBOLS if kernel_choice() == "cube" else ())
-        except ValueError as e:
-            return str(e)
-        missing = [s for s in wanted if not hasattr(handle, s)]
+        missing = [s for s in ACLNN_SYMBOLS if not hasattr(handle, s)]
         if missing:
             return f"aclnn symbol(s) {', '.join(missing)} missing from {lib}"
         spec = importlib.util.find_spec(ADAPTER_MODULE)
@@ -85,19 +81,15 @@ class AscendCProvider(WholeRowsProvider):
         self.kernels = AdapterKernels()
         return None
 
-    def _one_pass(self) -> bool:
-        """The kernels keep z / dz (``supports_cache``); otherwise today's route (one block, recomputed logits)."""
-        return bool(getattr(self.kernels, "supports_cache", False))
-
     def token_block(self, p: Problem, keep: bool) -> int:
-        """One block of every row, except with the one-pass modes: rows such that the z cache (``keep``, float32)
-        and the kept dz (operand dtype) of one block fit ``opts.tile_bytes``; a multiple of 128 rows (the kernels'
-        token tile) when that leaves at least 128."""
-        if not self._one_pass() or p.v == 0:
+        """Rows such that the z cache (``keep``, float32) and the kept dz (operand dtype) of one block fit
+        ``opts.tile_bytes``, fewer than 2^24 (row offsets travel as exact floats); a multiple of 128 rows (the
+        kernels' token tile) when that leaves at least 128."""
+        if p.v == 0:
             return max(p.n, 1)
         elt = torch.tensor([], dtype=p.dtype).element_size()
         budget = p.opts.tile_bytes or DEFAULT_TILE_BYTES
-        rows = max(budget // (p.v * (elt + (4 if keep else 0))), 1)
+        rows = min(max(budget // (p.v * (elt + (4 if keep else 0))), 1), MAX_IDS - 1)
         if rows >= 128:
             rows -= rows % 128
         return max(min(p.n, rows), 1)
@@ -108,8 +100,6 @@ class AscendCProvider(WholeRowsProvider):
         if rows.start == 0 and rows.stop == t.hidden.shape[0] and out.dh is None and out.dw is None \
                 and out.db is None:
             return WholeRowsProvider.store(t, rows, out, dh, dw, db)
-        if not self._one_pass():
-            raise RuntimeError("fused_lce: this provider expects one token block covering every row")
         m = out.extra
         if m[0]:
             if out.dh is None:
@@ -127,12 +117,12 @@ class AscendCProvider(WholeRowsProvider):
         if reason is None and p.d > MAX_HIDDEN:
             return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
                     f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
-        if reason is None and p.v >= CUBE_MAX_IDS and getattr(self.kernels, "kind", None) == "cube":
-            return (f"the cube-driven kernels need fewer than 2^24 vocabulary rows per rank, got {p.v} "
-                    f"({KERNELS_ENV}=vector runs the vector-driven kernels)")
+        if reason is None and p.v >= MAX_IDS:
+            return (f"the AscendC kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
+                    f"floats), got {p.v}")
         return reason
 
-    # -- kernels: one driver block covers every row (the kernels tile tokens across cores) ----------------------
+    # -- kernels: the kernels tile a driver block's tokens across cores ----------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         if t.weight.shape[0] == 0:  # an empty vocabulary shard (vocab parallel): no kernel launch, no logits
             n, dev = t.hidden[rows].shape[0], t.hidden.device
@@ -143,7 +133,7 @@ class AscendCProvider(WholeRowsProvider):
         args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap, opts.temperature,
                 opts.wants_zsum, opts.entropy)
         cache = None
-        if keep and self._one_pass():
+        if keep:
             r = self.kernels.stats(*args, keep_z=True)
             r, cache = r[:6], r[6]
         else:
@@ -164,12 +154,10 @@ class AscendCProvider(WholeRowsProvider):
             planes = planes * scale
         args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], lse, planes.contiguous(), opts.vocab_start,
                 opts.softcap, opts.temperature, list(out.extra))
-        if self._one_pass():  # the forward's z cache when the driver kept it; dz kept: dX / dW as whole-K GEMMs
-            # dW of the earlier blocks: the kernel adds this block's into it (no second V x D buffer)
-            dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=True, dw_out=out.dw,
-                                            present=(coef.b is not None, coef.u is not None))
-        else:
-            dh, dw, db = self.kernels.grads(*args)
+        # the forward's z cache when the driver kept it; dz kept: dX / dW as whole-K GEMMs; dW of the earlier
+        # blocks: the kernel adds this block's into it (no second V x D buffer)
+        dh, dw, db = self.kernels.grads(*args, zcache=cache, keep_dz=True, dw_out=out.dw,
+                                        present=(coef.b is not None, coef.u is not None))
         self.store(t, rows, out, dh, dw, db)  # float32; finish() casts
 
 

@@ -1,4 +1,4 @@
-"""The real tiling / inference functions of the four operators, run under the host twin's runtime on a grid of
+"""The real tiling / inference functions of the two operators, run under the host twin's runtime on a grid of
 problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
 status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to the
 planners' plans, attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
@@ -15,8 +15,8 @@ from ...support.ascendc_twin.host_build import ASCEND, ROOT
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 
-KERNELS = {"FusedLceStatsVector": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_vector.cpp"),
-           "FusedLceGradVector": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_vector.cpp")}
+KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_cube.cpp"),
+           "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
 ADAPTER = os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp")
 TILING_CAPACITY = 2048  # OpImplRegisterV2::Tiling's default max_tiling_data_size, which OP_ADD uses
 BATCH_MODE = 1
@@ -32,7 +32,7 @@ def _seed() -> int:
 SEED = _seed()
 
 
-def case(op="stats_vector", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
+def case(op="stats_cube", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
          temperature=1.0, with_zsum=0, entropy=0, mask=7, vocab_start=0, **extra) -> str:
     words = [f"op={op}", f"part={part}", f"n={n}", f"d={d}", f"v={v}", f"dtype={dtype}", f"label={label}",
              f"bias={int(bias)}", f"softcap={softcap}", f"temperature={temperature}", f"with_zsum={int(with_zsum)}",
@@ -72,131 +72,6 @@ def align(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def problems(line: str, r: dict) -> list[str]:
-    """Every way the tiling's result disagrees with what the kernels and the runtime need."""
-    c = words(line)
-    grad = c["op"] == "grad_vector"
-    e = r["expected_plan"]
-    bad = []
-
-    def want(cond, msg):
-        if not cond:
-            bad.append(f"{line}: {msg}")
-
-    want(r["sizeof_td"] <= TILING_CAPACITY == r["tiling_capacity"], f"tiling data {r['sizeof_td']} B > buffer")
-    if e["status"] != 0:
-        want(r["status"] == "failed", f"plan status {e['status']} but the tiling succeeded")
-        return bad
-    want(r["status"] == "ok", "tiling failed on a problem plan() accepts")
-    if r["status"] != "ok":
-        return bad
-    p = r["plan"]
-    diff = {k: (p[k], e[k]) for k in e if p[k] != e[k]}
-    want(r["plan_bytes_equal"] and not diff, f"tiling data plan != plan() on the part's memories: {diff}")
-    want(r["tiling_size"] == r["sizeof_td"], "tiling data size not declared")
-    want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
-    want(r["block_dim_set"] and r["block_dim"] == max(1, e["used_cores"]), f"block dim {r['block_dim']}")
-    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (SyncAll would hang: more blocks than cores)")
-    want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
-    want(r["workspace_set"] and r["workspaces"] == [r["lib_ws"] + e["ws_total"]],
-         f"workspaces {r['workspaces']} != [{r['lib_ws']} + {e['ws_total']}]")
-    if e["segments"] > 1:
-        per = 24 if not grad and c["entropy"] == "1" else 20  # m, s, zt, zs, argmax (+ ez) per token and segment
-        want(e["ws_stats"] >= e["segments"] * e["n"] * per, "stats workspace too small for the segment partials")
-    # attributes, each at its OpDef index, and the label dtype read by IR index
-    want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
-    want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
-    want(r["temperature"] == pytest.approx(float(c["temperature"])), f"temperature {r['temperature']}")
-    want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']} for {c['label']} labels")
-    want(r["hasBias"] == int(c["bias"]), "hasBias")
-    if grad:
-        want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
-        want(r["withZsum"] == 0 and r["withEntropy"] == 0, "the backward has no statistics flags")
-    else:
-        want(r["withZsum"] == int(c["with_zsum"]), "withZsum")
-        want(r["withEntropy"] == int(c["entropy"]), "withEntropy")
-        want(r["gradMask"] == 0, "forward has no gradients")
-    # the Matmul tilings describe the GEMMs the kernels issue
-    n, d = e["n"], e["d"]
-    gemms = {"mmLogits": (e["vec_rows"], e["base_n"], d, align(e["vec_rows"], 16), e["base_n"])}
-    if grad:
-        gemms["mmDx"] = (e["vec_rows"], d, e["base_n"], align(e["vec_rows"], 16), e["base_d"])
-        gemms["mmDw"] = (e["base_n"], d, e["vec_rows"], e["base_n"], e["base_d"])
-    for name in ("mmLogits", "mmDx", "mmDw"):
-        t = r[name]
-        if n == 0 or name not in gemms:
-            want(all(v == 0 for v in t.values()), f"{name} set although unused")
-            continue
-        m_, n_, k_, bm, bn = gemms[name]
-        got = (t["M"], t["N"], t["Ka"], t["singleCoreM"], t["singleCoreN"], t["singleCoreK"], t["baseM"], t["baseN"])
-        want(got == (m_, n_, k_, m_, n_, k_, bm, bn), f"{name} {got} != {(m_, n_, k_, m_, n_, k_, bm, bn)}")
-        want(t["isBias"] == 0 and t["usedCoreNum"] == 1 and t["baseK"] > 0, f"{name} {t}")
-    return bad
-
-
-@pytest.mark.parametrize("op", ["stats_vector", "grad_vector"])
-def test_tiling_on_a_grid_of_problems(op, driver):
-    rng = random.Random(SEED)
-    lines = grid(op, 400, rng)
-    outs = driver(lines)
-    bad = [m for line, r in zip(lines, outs) for m in problems(line, r)]
-    assert not bad, f"seed {SEED}: {len(bad)} problems, first ones:\n" + "\n".join(bad[:12])
-    ok = [r for r in outs if r["status"] == "ok"]
-    assert len(ok) > 0.8 * len(outs)  # the grid exercises the tiling, not its error path
-    assert any(r["plan"]["segments"] > 1 for r in ok) and any(r["plan"]["n"] == 0 for r in ok)
-
-
-def _kernel_syncs_all_cores(op: str) -> bool:
-    code = re.sub(r"//[^\n]*", "", open(KERNELS[op]).read())
-    return re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code) is not None
-
-
-def test_batch_mode_whenever_the_kernel_syncs_all_cores(driver):
-    """A kernel that calls SyncAll must be launched in batch mode (SetScheduleMode(1)), or concurrent
-    launches on several streams can deadlock (asc-devkit SyncAll.md, 约束说明). The stats kernel syncs when a token
-    block's vocabulary is split in segments (few token blocks); the check follows whichever kernel calls SyncAll."""
-    syncing = [op for op in KERNELS if _kernel_syncs_all_cores(op)]
-    assert "FusedLceStatsVector" in syncing
-    lines = []
-    for part in PARTS:
-        for n in (1, 37, 200, 1000):
-            for op in ("stats_vector", "grad_vector"):
-                lines.append(case(op, part, n, 128, 151936))
-    outs = driver(lines)
-    checked = 0
-    for line, r in zip(lines, outs):
-        op = "FusedLceGradVector" if "op=grad_vector" in line else "FusedLceStatsVector"
-        assert r["status"] == "ok", line
-        if op in syncing and r["plan"]["segments"] > 1:
-            checked += 1
-            assert r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, (
-                f"{op} with {r['plan']['segments']} segments on {r['block_dim']} cores calls SyncAll but the tiling "
-                f"did not call SetScheduleMode(1): {line}")
-    assert checked >= 8
-
-
-@pytest.mark.parametrize("op", ["stats_vector", "grad_vector"])
-@pytest.mark.parametrize("bias", [0, 1])
-@pytest.mark.parametrize("label", ["i32", "i64"])
-def test_inputs_after_the_optional_bias_are_read_by_ir_index(op, bias, label, driver):
-    """Without a bias the instance indices of the later inputs shift down by one (metadef
-    extended_kernel_context.h / compute_node_info.h): labels / lse must be read by IR index."""
-    r = driver.one(case(op, n=300, d=256, v=5000, bias=bias, label=label))
-    assert r["status"] == "ok" and r["hasBias"] == bias
-    assert r["labelBytes"] == (8 if label == "i64" else 4), f"label dtype {label} read as {r['labelBytes']} bytes"
-
-
-def test_attributes_are_read_at_their_opdef_index(driver):
-    r = driver.one(case("grad_vector", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
-                        vocab_start=3000))
-    assert (r["vocabStart"], r["softcap"], r["temperature"], r["gradMask"]) == (3000, 12.5, 0.625, 5)
-    for zsum, ent in ((1, 0), (0, 1), (1, 1)):
-        r = driver.one(case("stats_vector", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
-                            with_zsum=zsum, entropy=ent))
-        assert (r["vocabStart"], r["softcap"], r["temperature"], r["withZsum"], r["withEntropy"]) == \
-            (123, 7.5, 1.25, zsum, ent)
-
-
 BAD = [
     ("hidden 1-D", dict(shape__hidden="37")),
     ("weight D mismatch", dict(shape__weight="301,44")),
@@ -216,36 +91,6 @@ BAD = [
     ("negative temperature", dict(temperature=-0.5)),
     ("infinite temperature", dict(temperature="inf")),
 ]
-BAD_GRAD = [
-    ("coefs length", dict(shape__coefs="4,36")),
-    ("coefs planes", dict(shape__coefs="3,37")),
-    ("coefs 1-D", dict(shape__coefs="37")),
-    ("coefs dtype", dict(dtype__coefs="bf16")),
-    ("lse dtype", dict(dtype__lse="bf16")),
-    ("grad_mask > 7", dict(mask=8)),
-]
-
-
-ALL_BAD = BAD + [("grad: " + w, k) for w, k in BAD + BAD_GRAD]
-
-
-@pytest.mark.parametrize("what,kw", ALL_BAD, ids=[w for w, _ in ALL_BAD])
-def test_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
-    op = "grad_vector" if what.startswith("grad: ") else "stats_vector"
-    r = driver.one(case(op, **kw))
-    assert r["status"] == "failed", f"{what}: tiling accepted {r}"
-    assert r["block_dim_set"] is False and r["workspace_set"] is False  # nothing half-set
-
-
-def test_inferred_shapes_and_dtypes(driver):
-    r = driver.one("infer " + case("stats_vector", n=37, d=45, v=301))
-    assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37]] * 6 and r["dtypes"] == [0, 0, 0, 0, 3, 0]
-    for bias in (0, 1):
-        r = driver.one("infer " + case("grad_vector", n=37, d=45, v=301, bias=bias))
-        assert r["shape_ok"] and r["dtype_ok"] and r["shapes"] == [[37, 45], [301, 45], [301]]
-        assert r["dtypes"] == [0, 0, 0]
-    for op, kw in (("stats_vector", dict(shape__hidden="37")), ("grad_vector", dict(shape__weight="301"))):
-        assert not driver.one("infer " + case(op, **kw))["shape_ok"]  # rejected, not dereferenced
 
 
 def _adapter_calls() -> dict:
@@ -265,7 +110,7 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
     """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
     docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
     calls = _adapter_calls()
-    assert set(calls) == {"FusedLceStatsVector", "FusedLceGradVector", "FusedLceStatsCube", "FusedLceGradCube"}
+    assert set(calls) == {"FusedLceStatsCube", "FusedLceGradCube"}
     attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
     for op, args in calls.items():
         d = driver.one(f"opdef={op}")
@@ -276,21 +121,15 @@ def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_exp
         assert d["configs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
 
 
-# ---- the cube-driven ops (FusedLceStatsCube / FusedLceGradCube) ------------------------------------------------------
-CUBE_KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_cube.cpp"),
-                "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
-
-
 def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
-    """The vector-driven ops' grid for the cube-driven ops, plus their own options (coef_b / coef_u / z_cache present
-    or not, keep_dz; keep_z for the forward)."""
+    """The shared grid plus the ops' own options (coef_b / coef_u / z_cache present or not, keep_dz; keep_z for the
+    forward)."""
     out = []
-    for line in grid(op.replace("_cube", "_vector"), count, rng):
-        line = line.replace(f"op={op.replace('_cube', '_vector')} ", f"op={op} ", 1)
+    for line in grid(op, count, rng):
         if op == "grad_cube":
             line += (f" coef_b={int(rng.random() < 0.5)} coef_u={int(rng.random() < 0.5)}"
                      f" keep_dz={int(rng.random() < 0.5)} z_cache={int(rng.random() < 0.5)}")
@@ -424,7 +263,7 @@ def test_cube_tiling_on_a_grid_of_problems(op, driver):
 def test_cube_batch_mode_for_the_kernels_that_sync_all_cores(driver):
     """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode
     always."""
-    for op, src in CUBE_KERNELS.items():
+    for op, src in KERNELS.items():
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"
         assert "KERNEL_TYPE_MIX_AIC_1_2" in code, f"{op}: the block dim set here assumes a 1:2 MIX kernel"
@@ -444,6 +283,16 @@ def test_cube_grad_inputs_after_the_optional_ones_are_read_by_ir_index(absent, l
     assert (r["hasBias"], r["hasB"], r["hasU"]) == (kw["bias"], kw["coef_b"], kw["coef_u"])
     # hidden / weight read at their IR index: the plan is that of (300, 256, 5000)
     assert (r["plan"]["base"]["n"], r["plan"]["base"]["d"], r["plan"]["base"]["v"]) == (300, 256, 5000)
+
+
+@pytest.mark.parametrize("bias", [0, 1])
+@pytest.mark.parametrize("label", ["i32", "i64"])
+def test_stats_cube_labels_after_the_optional_bias_are_read_by_ir_index(bias, label, driver):
+    """Without a bias the instance indices of the later inputs shift down by one (metadef
+    extended_kernel_context.h / compute_node_info.h): labels must be read by IR index."""
+    r = driver.one(case("stats_cube", n=300, d=256, v=5000, bias=bias, label=label))
+    assert r["status"] == "ok" and r["hasBias"] == bias
+    assert r["labelBytes"] == (8 if label == "i64" else 4), f"label dtype {label} read as {r['labelBytes']} bytes"
 
 
 def test_cube_attributes_are_read_at_their_opdef_index(driver):
@@ -527,7 +376,7 @@ def test_cube_opdefs_declare_the_kernels_arguments(driver):
     """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch passes
     them so): compare with the extern "C" signature of each cube-driven kernel, the z-cache slots included (z_cache,
     optional: the last output of the forward, right after lse in the backward)."""
-    for op, src in CUBE_KERNELS.items():
+    for op, src in KERNELS.items():
         code = open(src).read()
         sig = re.search(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', code).group(1)
         params = [p.split()[-1] for p in sig.split(",")][:-2]  # drop workspace, tiling

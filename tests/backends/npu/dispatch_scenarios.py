@@ -46,17 +46,21 @@ class TwinKernelsOnSimulatedNpu:
         self.twin = twin_build.TwinKernels()
         self.counted = {"stats": 0, "grads": 0}
 
-    def _run(self, name, *args):
+    def _run(self, name, *args, **kw):
         self.counted[name] += 1
+        dw_out = kw.get("dw_out")
+        plain = lambda a: cpu(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
         with _disable_current_modes():  # the twin ops have CPU kernels only
-            out = getattr(self.twin, name)(*(cpu(a) if isinstance(a, torch.Tensor) else a for a in args))
-        return tuple(NpuTensor(o) for o in out)
+            out = getattr(self.twin, name)(*map(plain, args), **{k: plain(v) for k, v in kw.items()})
+        # dW accumulated in place into dw_out's CPU data: hand back dw_out itself, as the adapter does
+        same = lambda o: dw_out is not None and o.numel() > 0 and o.data_ptr() == cpu(dw_out).data_ptr()  # noqa
+        return tuple(dw_out if same(o) else NpuTensor(o) for o in out)
 
-    def stats(self, *args):
-        return self._run("stats", *args)
+    def stats(self, *args, **kw):
+        return self._run("stats", *args, **kw)
 
-    def grads(self, *args):
-        return self._run("grads", *args)
+    def grads(self, *args, **kw):
+        return self._run("grads", *args, **kw)
 
 
 def fake_cann_home(symbols) -> str:
@@ -257,19 +261,13 @@ def first_failing_step_is_reported():
         assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
-    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter; with the cube pair
-    # (the default, or FUSED_LCE_NPU_KERNELS=cube) their symbols are required too, and a bad value is the reason
-    vector, cube = npu_kernels.VECTOR_ACLNN_SYMBOLS, npu_kernels.CUBE_ACLNN_SYMBOLS
+    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter
+    syms_all = npu_kernels.ACLNN_SYMBOLS
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
-        for k, (syms, kernels, expect) in enumerate((
-                (vector[:2], "", "aclnn symbol(s) aclnnFusedLceGradVectorGetWorkspaceSize"),
-                (vector, "", "aclnn symbol(s) aclnnFusedLceStatsCubeGetWorkspaceSize"),  # default: cube
-                (vector, "vector", "host adapter fused_lce._npu_C not built"),
-                (vector, "cube", "aclnn symbol(s) aclnnFusedLceStatsCubeGetWorkspaceSize, aclnnFusedLceStatsCube, "),
-                (vector + cube, "cube", "host adapter fused_lce._npu_C not built"),
-                (vector + cube, "mix", "FUSED_LCE_NPU_KERNELS: expected one of ('vector', 'cube'), got 'mix'"))):
-            os.environ["FUSED_LCE_NPU_KERNELS"] = kernels
+        for k, (syms, expect) in enumerate((
+                (syms_all[:2], "aclnn symbol(s) aclnnFusedLceGradCubeGetWorkspaceSize, aclnnFusedLceGradCube "),
+                (syms_all, "host adapter fused_lce._npu_C not built"))):
             vendor = os.path.join(tmp, str(k), "vendors", "fused_lce")  # a new path: dlopen caches by name
             libdir = os.path.join(vendor, "op_api", "lib")
             os.makedirs(libdir)
@@ -282,7 +280,6 @@ def first_failing_step_is_reported():
                 assert reasons()[0].startswith(expect), reasons()[0]
             finally:
                 del os.environ["ASCEND_CUSTOM_OPP_PATH"]
-                del os.environ["FUSED_LCE_NPU_KERNELS"]
     npu_provider.PROVIDER.reset()
 
 

@@ -31,12 +31,12 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
     syms = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True).stdout
-    # the four private kernel ops (both pairs) and nothing else (routing and reductions live in Python)
-    assert all(f"npu_{op}" in syms for op in ("stats_vector", "grads_vector", "stats_cube", "grads_cube"))
+    # the two private kernel ops and nothing else (routing and reductions live in Python)
+    assert all(f"npu_{op}" in syms for op in ("stats_cube", "grads_cube")) and "_vector" not in syms
     assert "forward_npu" not in syms and "backward_npu" not in syms
     blob = open(so, "rb").read()  # the schema strings of kernel_ops.h, no routing glue
     assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
-    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor coefs" in blob
+    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t" in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP
@@ -69,12 +69,11 @@ def test_adapter_and_twin_define_their_ops_from_one_schema_list():
                          (os.path.join(ROOT, "tests", "support", "ascendc_twin", "ext", "ops.cpp"), "_twin")):
         code = open(path).read()
         assert f'fused_lce_npu::def_kernel_ops(m, "{prefix}")' in code, path
-        assert not re.search(r'm\.def\("_[a-z]+_(stats|grads)_(cube|vector)\(', code), path
+        assert not re.search(r'm\.def\("_[a-z]+_(stats|grads)_cube\(', code), path
 
 
 @pytest.mark.twin
-@pytest.mark.parametrize("op", ["_cpu_stats", "_cpu_grads", "_twin_stats_cube", "_twin_grads_cube",
-                                "_twin_stats_vector", "_twin_grads_vector"])
+@pytest.mark.parametrize("op", ["_cpu_stats", "_cpu_grads", "_twin_stats_cube", "_twin_grads_cube"])
 def test_private_kernel_ops_share_one_argument_order(op):
     """Every private kernel op of every device (the CPU ops, and the twin's, whose schemas are the adapter's):
     hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and sizes."""

@@ -19,8 +19,6 @@ TWIN_INCLUDE = os.path.join(HERE, "kernel")
 # and tiling included). The CANN build compiles each once per dtype pair its OpDef declares (DTYPE_HIDDEN,
 # DTYPE_LABELS), each with its own entry symbol; the twin does the same with the pairs below.
 KERNELS = {
-    "fused_lce_stats_vector": ("fused_lce_stats/op_kernel/fused_lce_stats_vector.cpp", 12),
-    "fused_lce_grad_vector": ("fused_lce_grad/op_kernel/fused_lce_grad_vector.cpp", 11),
     "fused_lce_stats_cube": ("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp", 13),
     "fused_lce_grad_cube": ("fused_lce_grad/op_kernel/fused_lce_grad_cube.cpp", 15),
 }
@@ -113,12 +111,8 @@ def counters() -> list[dict]:
 class TwinKernels(AdapterKernels):
     """The kernels on the twin behind the interface the "npu" backend calls: ``fused_lce.backends.npu.kernels``
     ``AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
-    provider.
+    provider."""
 
-    ``kernels="cube"`` runs the cube-driven FusedLceStatsCube / FusedLceGradCube with their one-pass modes
-    (``supports_cache``), ``"vector"`` FusedLceStatsVector / FusedLceGradVector; None follows FUSED_LCE_NPU_KERNELS at
-    every call, as the adapter does (default "cube")."""
-
-    def __init__(self, hw: dict = HW_910B, seed: int = 1, kernels: str | None = None):
-        super().__init__(kernels, ops=load_twin(), prefix="_twin")
+    def __init__(self, hw: dict = HW_910B, seed: int = 1):
+        super().__init__(ops=load_twin(), prefix="_twin")
         configure(hw, seed)

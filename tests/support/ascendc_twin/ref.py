@@ -96,8 +96,10 @@ def coef_grads64(coefs, hidden, weight, bias, labels, lse, vocab_start, softcap,
 def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap,
                     mask):
     """The grad kernel on the twin with the loss's coefficients (what the npu provider sends for the loss)."""
-    coefs = loss_coefs(grad_tok, lse, eps, z_loss, vocab_total)
-    return ops._twin_grads_vector(hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, 1.0, list(mask))
+    a, t, _, u = loss_coefs(grad_tok, lse, eps, z_loss, vocab_total)
+    dx, dw, db = ops._twin_grads_cube(hidden, weight, bias, labels, lse.float(), a, t, None, u, vocab_start, softcap,
+                                      1.0, list(mask))
+    return dx, dw, db
 
 
 def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):

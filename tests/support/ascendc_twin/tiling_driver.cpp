@@ -1,16 +1,15 @@
-// Runs the real op_host tiling / inference functions of FusedLceStatsVector, FusedLceGradVector, FusedLceStatsCube and
-// FusedLceGradCube (linked in, registered by their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for
-// tests/ascend/host/test_host_tiling.py.
+// Runs the real op_host tiling / inference functions of FusedLceStatsCube and FusedLceGradCube (linked in, registered
+// by their OP_ADD in OP_TILING_LIB mode) under the host twin's runtime, for tests/ascend/host/test_host_tiling.py.
 //
 // stdin: one case per line, `key=value` words:
-//   op=stats_vector|grad_vector|stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32
+//   op=stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32
 //   label=i32|i64 bias=0|1 softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1]
 //   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 //   [out.z_cache=absent|a,b] (FusedLceStatsCube's optional output; default: (N, V) with keep_z, else absent, as the
 //   adapter passes it) [mm_base=M,N] (GetTiling returns this base tile instead of the fixed one) [mm_single_k=K]
 //   (GetTiling returns this singleCoreK instead of the GEMM's K)
 // stdout: one JSON object per case: what the tiling set (status, block dim, schedule mode, workspaces, tiling data
-// fields), the plan fused_lce::tiling::plan() gives for the same problem on a HwSpec built here from the part's
+// fields), the plan the cube planners give for the same problem on a HwSpec built here from the part's
 // physical sizes minus PlatformAscendC's documented reservations (an independent path to the expected plan), and
 // whether the tiling data bytes are fully written (two runs with different buffer poisons agree).
 // `opdef <Type>` prints the recorded OpDef. `infer ...` (same keys) prints the inferred output shapes / dtypes.
@@ -28,7 +27,6 @@
 #include "twin_host_runtime.h"
 
 #include "fused_lce_cube_tiling_data.h"
-#include "fused_lce_vector_tiling_data.h"
 
 namespace th = fused_lce_twin_host;
 namespace ft = fused_lce::tiling;
@@ -88,11 +86,9 @@ struct Case {
 
 Case build(const std::map<std::string, std::string>& kv) {
     Case c;
-    const std::string kind = get(kv, "op", "stats_vector");
-    const bool grad = kind == "grad_vector" || kind == "grad_cube";
-    const std::map<std::string, std::string> types = {{"stats_vector", "FusedLceStatsVector"},
-                                                      {"grad_vector", "FusedLceGradVector"},
-                                                      {"stats_cube", "FusedLceStatsCube"},
+    const std::string kind = get(kv, "op", "stats_cube");
+    const bool grad = kind == "grad_cube";
+    const std::map<std::string, std::string> types = {{"stats_cube", "FusedLceStatsCube"},
                                                       {"grad_cube", "FusedLceGradCube"}};
     c.type = types.at(kind);
     c.part = th::part(get(kv, "part", "Ascend910B2"));
@@ -103,7 +99,6 @@ Case build(const std::map<std::string, std::string>& kv) {
     const th::OpInfo* op = th::find_op(c.type);
     if (op == nullptr) throw std::runtime_error("no OpDef for " + c.type);
     std::map<std::string, th::TensorArg> by_name;
-    by_name["coefs"] = th::TensorArg{true, {4, n}, ge::DT_FLOAT};
     by_name["hidden"] = th::TensorArg{true, {n, d}, dt};
     by_name["weight"] = th::TensorArg{true, {v, d}, dt};
     by_name["bias"] = th::TensorArg{bias, {v}, dt};
@@ -126,16 +121,14 @@ Case build(const std::map<std::string, std::string>& kv) {
     c.attrs["temperature"] = th::AttrArg::Float(std::stof(get(kv, "temperature", "1")));
     if (grad) {
         c.attrs["grad_mask"] = th::AttrArg::Int(std::stoll(get(kv, "mask", "7")));
-        if (kind == "grad_cube") c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
+        c.attrs["keep_dz"] = th::AttrArg::Bool(get(kv, "keep_dz", "0") == "1");
     } else {
-        if (kind == "stats_cube" && kv.count("keep_z"))
-            c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
-        if (kind == "stats_cube") {  // z_cache, the last output
-            const std::string zc = get(kv, "out.z_cache", get(kv, "keep_z", "0") == "1" ? "" : "absent");
-            if (!zc.empty())
-                c.outputs[op->outputs.size() - 1] =
-                    th::TensorArg{zc != "absent", zc != "absent" ? dims_of(zc) : std::vector<int64_t>(), ge::DT_FLOAT};
-        }
+        if (kv.count("keep_z")) c.attrs["keep_z"] = th::AttrArg::Bool(get(kv, "keep_z", "0") == "1");
+        // z_cache, the last output
+        const std::string zc = get(kv, "out.z_cache", get(kv, "keep_z", "0") == "1" ? "" : "absent");
+        if (!zc.empty())
+            c.outputs[op->outputs.size() - 1] =
+                th::TensorArg{zc != "absent", zc != "absent" ? dims_of(zc) : std::vector<int64_t>(), ge::DT_FLOAT};
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
@@ -222,7 +215,7 @@ void launch_json(std::ostringstream& o, const Case& c, const th::TilingResult& r
     o << ",\"td_deterministic\":" << same;
 }
 
-// The cube-driven ops: the tiling data against plan_stats() / plan_grad() of fused_lce_cube_tiling.h on the part's
+// The tiling data against plan_stats() / plan_grad() of fused_lce_cube_tiling.h on the part's
 // memories (the planner the twin kernels run with), bytewise for the whole CubePlan / CubeGradPlan.
 template <typename MP>
 std::string cube_plan_json(const MP& m) {
@@ -239,7 +232,8 @@ std::string cube_plan_json(const fc::CubeGradPlan& m) {  // plus the kept-dz wor
     return o.str();
 }
 
-void run_cube_case(const Case& c) {
+void run_case(const std::map<std::string, std::string>& kv) {
+    const Case c = build(kv);
     const auto runs = run_twice(c);
     const th::TilingResult &r = runs.first, &r2 = runs.second;
     const bool grad = c.type == "FusedLceGradCube";
@@ -296,52 +290,6 @@ void run_cube_case(const Case& c) {
     }
     o << "}";
     std::cout << o.str() << std::endl;
-}
-
-void run_case(const std::map<std::string, std::string>& kv) {
-    const Case c = build(kv);
-    if (c.type == "FusedLceStatsCube" || c.type == "FusedLceGradCube") {
-        run_cube_case(c);
-        return;
-    }
-    const auto runs = run_twice(c);
-    const th::TilingResult &r = runs.first, &r2 = runs.second;
-    const size_t td_size = sizeof(FusedLceVectorTilingData);
-    std::ostringstream o;
-    o << std::boolalpha;
-    launch_json(o, c, r, r2, td_size);
-    // the plan straight from the header, for the same problem and part
-    const bool grad = c.type == "FusedLceGradVector";
-    const th::TensorArg& h = c.inputs[grad ? 1 : 0];
-    const th::TensorArg& w = c.inputs[grad ? 2 : 1];
-    const bool bias = c.inputs[grad ? 3 : 2].present;
-    ft::Plan expected = ft::Plan();
-    bool has_expected = false;
-    if (h.shape.size() == 2 && w.shape.size() == 2) {
-        uint32_t flags = (bias ? ft::kBias : 0u) | (grad ? ft::kBackward : 0u);
-        if (!grad && c.attrs.at("with_zsum").b) flags |= ft::kSmoothing;
-        if (!grad && c.attrs.at("with_entropy").b) flags |= ft::kEntropy;
-        if (c.attrs.at("softcap").f > 0) flags |= ft::kSoftcap;
-        expected = ft::plan(static_cast<uint64_t>(h.shape[0]), static_cast<uint64_t>(h.shape[1]),
-                            static_cast<uint64_t>(w.shape[0]), h.dtype == ge::DT_FLOAT ? 4u : 2u, flags,
-                            expected_hw(c.part));
-        has_expected = true;
-        o << ",\"expected_plan\":" << plan_json(expected);
-    }
-    if (r.status == ge::GRAPH_SUCCESS && r.tiling_data.size() >= td_size) {
-        FusedLceVectorTilingData td;
-        std::memcpy(static_cast<void*>(&td), r.tiling_data.data(), td_size);
-        o << ",\"plan\":" << plan_json(td.plan) << ",\"plan_bytes_equal\":"
-          << (has_expected && std::memcmp(&td.plan, &expected, sizeof(ft::Plan)) == 0)
-          << ",\"vocabStart\":" << td.vocabStart
-          << ",\"softcap\":" << td.softcap << ",\"temperature\":" << td.temperature
-          << ",\"withZsum\":" << td.withZsum << ",\"withEntropy\":" << td.withEntropy
-          << ",\"gradMask\":" << td.gradMask << ",\"labelBytes\":" << td.labelBytes << ",\"hasBias\":" << td.hasBias
-          << ",\"mmLogits\":" << cube_json(td.mmLogits) << ",\"mmDx\":" << cube_json(td.mmDx)
-          << ",\"mmDw\":" << cube_json(td.mmDw);
-    }
-    o << "}";
-    std::cout << o.str() << std::endl;  // flushed: a crash is attributed to the next case
 }
 
 const char* option_name(ops::Option o) {

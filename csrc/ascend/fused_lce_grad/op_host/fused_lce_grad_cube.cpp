@@ -29,7 +29,7 @@ namespace grad_cube {
 // of the later inputs shift when one is absent: every input is read by IR index
 constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
                  kLse = 8, kZCache = 9;
-// attribute index of keep_dz (the Attr(...) order below: FusedLceGradVector's, read by fused_lce_host::read_grad_attrs)
+// attribute index of keep_dz (after the attributes fused_lce_host::read_grad_attrs reads)
 constexpr size_t kAttrKeepDz = fused_lce_host::kGradAttrs;
 }  // namespace grad_cube
 

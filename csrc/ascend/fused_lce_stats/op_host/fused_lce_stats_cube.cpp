@@ -4,8 +4,7 @@
 //                                         temperature, withEntropy, keepZ, maxOut, sumExpOut, targetLogitOut,
 //                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
 //   aclnnFusedLceStatsCube(workspace, workspaceSize, executor, stream)
-// Same inputs and attributes as FusedLceStatsVector. Unlike FusedLceStatsVector the kernel writes all six (N,) outputs
-// on every launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V),
+// The kernel writes all six (N,) outputs on every launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V),
 // optional, the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap /
 // temperature) for FusedLceGradCube's z_cache input. The attribute keep_z (last) says it is given and becomes the
 // tiling's hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
@@ -26,7 +25,7 @@ namespace stats_cube {
 // IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
 constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
 constexpr size_t kZCacheOut = 6;  // output index of the optional z_cache (the last output)
-// attribute index of keep_z (after FusedLceStatsVector' attributes, read by fused_lce_host::read_stats_attrs)
+// attribute index of keep_z (after the attributes fused_lce_host::read_stats_attrs reads)
 constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
 }  // namespace stats_cube
 
@@ -132,7 +131,7 @@ namespace ops {
 class FusedLceStatsCube : public OpDef {
 public:
     explicit FusedLceStatsCube(const char* name) : OpDef(name) {
-        const fused_lce_host::OpTypes t;  // FusedLceStatsVector' inputs, outputs and attributes, then:
+        const fused_lce_host::OpTypes t;  // the shared inputs, outputs and attributes, then:
         fused_lce_host::problem_inputs(*this, t);
         fused_lce_host::stats_outputs_and_attrs(*this, t);
         // last output: the z cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its

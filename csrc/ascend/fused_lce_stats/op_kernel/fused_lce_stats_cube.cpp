@@ -1,10 +1,10 @@
 // FusedLceStatsCube: the forward statistics kernel driven by the cube (MIX, 1 cube : 2 vector cores). Status: compiled
 // and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not run on NPU hardware.
 //
-// Same contract as FusedLceStatsVector (fused_lce_stats_vector.cpp) plus the log-prob options: z = softcap(h W^T + b) /
-// T and the entropy sum ez = sum_j exp(z_j - m) max(z_j - m, -104). Outputs per token of this rank's vocabulary: max,
-// sum exp(z - max), target logit (0 when the label is not in this shard), sum of logits (0 unless withZsum), first
-// argmax (shard-local int32), ez (0 unless withEz).
+// The loss and log-prob statistics of z = softcap(h W^T + b) / T and the entropy sum ez = sum_j exp(z_j - m)
+// max(z_j - m, -104). Outputs per token of this rank's vocabulary: max, sum exp(z - max), target logit (0 when the
+// label is not in this shard), sum of logits (0 unless withZsum), first argmax (shard-local int32), ez (0 unless
+// withEz).
 //
 // Tasks (token block, vocabulary segment) are those of fused_lce::tiling::plan, task t on AI core t % used_cores.
 //   * cube core (AIC): for each vocabulary block of its tasks, in order, MatmulImpl computes the whole

@@ -1,9 +1,8 @@
-"""The "npu" provider's kernel choice (fused_lce/backends/npu/kernels.py ``AdapterKernels``, env FUSED_LCE_NPU_KERNELS):
-"vector" (FusedLceStatsVector / FusedLceGradVector) or "cube" (FusedLceStatsCube / FusedLceGradCube). The adapter's ops
-(``_npu_*``) and the twin's (``_twin_*``) are defined from one schema list (csrc/npu/kernel_ops.h), so the twin's ops
-stand behind the adapter's names here: the provider's real Python path -- the kernel selection and, for "cube", the
-coefficient planes a, t, b, u handed over one by one -- runs the kernel sources on the CPU twin, end to end through
-``fused_lce.linear_cross_entropy`` and autograd, against the float64 reference."""
+"""The "npu" provider's kernels (fused_lce/backends/npu/kernels.py ``AdapterKernels``): FusedLceStatsCube /
+FusedLceGradCube through the adapter's ops. The adapter's ops (``_npu_*``) and the twin's (``_twin_*``) are defined
+from one schema list (csrc/npu/kernel_ops.h), so the twin's ops stand behind the adapter's names here: the provider's
+real Python path -- the coefficient planes a, t, b, u handed over one by one -- runs the kernel sources on the CPU
+twin, end to end through ``fused_lce.linear_cross_entropy`` and autograd, against the float64 reference."""
 from __future__ import annotations
 
 import os
@@ -20,16 +19,6 @@ from fused_lce.core.formulas import reference_loss
 from ...support.ascendc_twin import build as twin_build
 
 
-def test_kernel_choice_default_and_env():
-    assert npu_kernels.DEFAULT_KERNELS == "cube" and npu_kernels.kernel_choice({}) == "cube"
-    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": " vector "}) == "vector"
-    assert npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": ""}) == "cube"
-    with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS: expected one of"):
-        npu_kernels.kernel_choice({"FUSED_LCE_NPU_KERNELS": "mix"})  # the names before the pairs were named
-    with pytest.raises(ValueError, match="kind: expected one of"):
-        npu_kernels.AdapterKernels(kind="mix")
-
-
 class Recorder:
     """An op namespace that records each call (name, args) and returns placeholders."""
 
@@ -44,7 +33,7 @@ class Recorder:
         return op
 
 
-def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
+def test_the_adapter_ops_get_their_contract(seed):
     g = torch.Generator().manual_seed(seed)
     n, d, v = 7, 5, 11
     h, w = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
@@ -52,31 +41,19 @@ def test_each_kind_calls_its_ops_with_its_contract(monkeypatch, seed):
     coefs = torch.randn(4, n, generator=g, dtype=torch.float64)
     lse = torch.randn(n, generator=g, dtype=torch.float64)
     rec = Recorder()
-    k = npu_kernels.AdapterKernels(ops=rec)  # follows the env at every call
-    for kind in ("vector", "cube"):
-        monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
-        k.stats(h, w, None, y, 3, 2.5, 0.75, True, False)
-        k.grads(h, w, None, y, lse, coefs, 3, 2.5, 0.75, (True, False, True))
-    (s_vec, a_vec), (g_vec, b_vec), (s_cube, a_cube), (g_cube, b_cube) = rec.calls
-    assert (s_vec, g_vec, s_cube, g_cube) == ("_npu_stats_vector", "_npu_grads_vector", "_npu_stats_cube",
-                                              "_npu_grads_cube")
+    k = npu_kernels.AdapterKernels(ops=rec)
+    k.stats(h, w, None, y, 3, 2.5, 0.75, True, False)
+    k.grads(h, w, None, y, lse, coefs, 3, 2.5, 0.75, (True, False, True))
+    (s_name, a_stats), (g_name, b_grads) = rec.calls
+    assert (s_name, g_name) == ("_npu_stats_cube", "_npu_grads_cube")
     # one argument order (csrc/npu/kernel_ops.h): problem tensors, the op's tensors, vocab_start, softcap,
     # temperature, the op's flags
-    assert a_vec[:4] == (h, w, None, y) and a_vec[4:] == (3, 2.5, 0.75, True, False)
-    assert a_cube[:4] == (h, w, None, y) and a_cube[4:] == (3, 2.5, 0.75, True, False, False)  # keep_z off
-    assert b_vec[:5] == (h, w, None, y, lse) and b_vec[5] is coefs and b_vec[6:] == (3, 2.5, 0.75, [True, False, True])
-    # cube: (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes, as TwinKernels(kernels="cube")
-    assert b_cube[:4] == (h, w, None, y) and b_cube[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
-    assert b_cube[4].dtype == torch.float32 and torch.equal(b_cube[4], lse.float())
+    assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False)  # keep_z off
+    # (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes
+    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
+    assert b_grads[4].dtype == torch.float32 and torch.equal(b_grads[4], lse.float())
     for i in range(4):
-        assert b_cube[5 + i].dtype == torch.float32 and torch.equal(b_cube[5 + i], coefs[i].float())
-    monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", "fast")
-    with pytest.raises(ValueError, match="FUSED_LCE_NPU_KERNELS"):
-        k.stats(h, w, None, y, 0, 0.0, 1.0, False, False)
-    assert len(rec.calls) == 4  # nothing launched on a bad value
-    fixed = npu_kernels.AdapterKernels(kind="cube", ops=rec)
-    fixed.stats(h, w, None, y, 0, 0.0, 1.0, False, False)  # a fixed kind ignores the env
-    assert rec.calls[-1][0] == "_npu_stats_cube"
+        assert b_grads[5 + i].dtype == torch.float32 and torch.equal(b_grads[5 + i], coefs[i].float())
 
 
 class TwinAsAdapterOps:
@@ -113,13 +90,11 @@ def _run(backend, h, w, b, y, **opts):
 
 
 @pytest.mark.twin
-@pytest.mark.parametrize("kind", ["vector", "cube"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
-def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_ops, monkeypatch, seed):
+def test_the_adapter_path_runs_end_to_end_on_the_twin(dtype, tol, twin_ops, seed):
     shim = TwinAsAdapterOps(twin_ops)
     registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(ops=shim),
                                                    device_types=("cpu",)))
-    monkeypatch.setenv("FUSED_LCE_NPU_KERNELS", kind)
     try:
         g = torch.Generator().manual_seed(seed)
         n, d, v = 37, 45, 301  # tails in N, D and V
@@ -135,24 +110,21 @@ def test_the_chosen_kernels_run_end_to_end_on_the_twin(kind, dtype, tol, twin_op
         ref.backward()
         for x, r, what in zip(got, (ref.detach(), h64.grad, w64.grad, b64.grad), ("loss", "dX", "dW", "db")):
             err = float((x.double() - r).norm() / r.norm().clamp_min(1e-30))
-            assert err < tol, f"{kind} {dtype} {what}: relative L2 error {err:.2e} (seed {seed})"
-        want = {"vector": {"_npu_stats_vector", "_npu_grads_vector"},
-                "cube": {"_npu_stats_cube", "_npu_grads_cube"}}[kind]
-        assert set(shim.calls) == want, shim.calls
+            assert err < tol, f"{dtype} {what}: relative L2 error {err:.2e} (seed {seed})"
+        assert set(shim.calls) == {"_npu_stats_cube", "_npu_grads_cube"}, shim.calls
     finally:
         registry.unregister("npu_adapter_twin")
 
 
 @pytest.mark.twin
-def test_cube_choice_equals_the_twin_provider_cube_path(twin_ops, monkeypatch, seed):
-    """With "cube" the adapter path hands the kernels the same arguments as the twin's TwinKernels(kernels="cube")
-    (the npu_twin provider's cube mode): results are bitwise equal (the cube-driven backward is deterministic), log-prob
-    options included."""
+def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
+    """The adapter path hands the kernels the same arguments as the twin's TwinKernels (the npu_twin provider):
+    results are bitwise equal (the cube-driven backward is deterministic), log-prob options included."""
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels("cube", shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(shim),
                                                    device_types=("cpu",)))
-    twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3, kernels="cube")
-    registry.register(npu_provider.AscendCProvider("npu_twin_cube", kernels=twin, device_types=("cpu",)))
+    twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3)
+    registry.register(npu_provider.AscendCProvider("npu_twin_direct", kernels=twin, device_types=("cpu",)))
     try:
         g = torch.Generator().manual_seed(seed)
         n, d, v = 29, 24, 270
@@ -160,11 +132,11 @@ def test_cube_choice_equals_the_twin_provider_cube_path(twin_ops, monkeypatch, s
         y = torch.randint(0, v, (n,), generator=g)
         for opts in (dict(label_smoothing=0.1, softcap=5.0), dict(reduction="none")):
             a = _run("npu_adapter_twin", h, w, None, y, **opts)
-            t = _run("npu_twin_cube", h, w, None, y, **opts)
+            t = _run("npu_twin_direct", h, w, None, y, **opts)
             for x, z in zip(a[:3], t[:3]):
                 assert torch.equal(x, z)
         outs = []
-        for backend in ("npu_adapter_twin", "npu_twin_cube"):  # log-probs + entropy: b != 0 in the backward
+        for backend in ("npu_adapter_twin", "npu_twin_direct"):  # log-probs + entropy: b != 0 in the backward
             hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
             lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True, backend=backend)
             (lp.sum() + ent.sum()).backward()
@@ -174,34 +146,38 @@ def test_cube_choice_equals_the_twin_provider_cube_path(twin_ops, monkeypatch, s
         assert shim.calls["_npu_stats_cube"] >= 3 and shim.calls["_npu_grads_cube"] >= 2
     finally:
         registry.unregister("npu_adapter_twin")
-        registry.unregister("npu_twin_cube")
+        registry.unregister("npu_twin_direct")
 
 
-@pytest.mark.parametrize("kind", ["vector", "cube"])
-def test_cube_pair_declines_vocabularies_past_its_exact_float_ids(kind):
-    """The cube pair's planner carries ids as exact floats: with the cube pair (the default) the provider declines
-    V_local >= 2^24 with a reason naming the way out, so auto falls back instead of failing in the kernel; the vector
-    pair takes it."""
+def test_vocabularies_past_the_exact_float_ids_are_declined():
+    """The planner carries ids as exact floats: the provider declines V_local >= 2^24 with a reason, so auto falls
+    back instead of failing in the kernel."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(kind), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
     big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())
     ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
     reason = prov.supports(big)
-    if kind == "cube":
-        assert reason is not None and "2^24" in reason and "FUSED_LCE_NPU_KERNELS=vector" in reason, reason
-    else:
-        assert reason is None
+    assert reason is not None and "2^24" in reason, reason
 
 
-@pytest.mark.parametrize("kind", ["vector", "cube"])
-def test_both_pairs_decline_a_hidden_size_past_the_copy_stride_field(kind):
+def test_token_blocks_stay_below_the_exact_float_row_offsets():
+    """Row offsets travel as exact floats too: a driver block never reaches 2^24 rows, whatever the tile budget."""
+    from fused_lce.core import Options, Problem
+
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
+    p = Problem(1 << 25, 8, 1, torch.bfloat16, torch.device("cpu"), False, Options(tile_bytes=1 << 40))
+    rows = prov.token_block(p, keep=True)
+    assert 0 < rows < 1 << 24 and rows % 128 == 0, rows
+
+
+def test_a_hidden_size_past_the_copy_stride_field_is_declined():
     """Every kernel reads h and W at row stride D through the GM -> L1 copy, whose Nd2NzParams::srcDValue is 16
     bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(kind), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
     assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False, Options())) is None
     reason = prov.supports(Problem(8, 65535, 100, torch.bfloat16, torch.device("cpu"), False, Options()))
     assert reason is not None and "srcDValue" in reason and "65535" in reason, reason
