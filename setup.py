@@ -49,9 +49,11 @@ def part(ok: bool, error: str | None = None, log: str | None = None, attempted: 
     return {"ok": ok, "attempted": attempted, "error": error, "log": log, **extra}
 
 
-def write_status(build_lib: str | None = None) -> None:
-    """Record the parts known so far over the recorded ones, in the source tree and (for wheels) in the build
-    directory: a build_ext run records every part; ``setup.py build_npu_opp`` alone, the OPP package only."""
+def write_status(build_lib: str | None = None, parts: dict | None = None) -> None:
+    """Record ``parts`` (default: every part known so far) over the recorded ones, in the source tree and (for
+    wheels) in the build directory: a build_ext run records every part; ``setup.py build_npu_opp`` alone, the OPP
+    package only."""
+    parts = PARTS if parts is None else parts
     for base in filter(None, (ROOT, build_lib)):
         path = os.path.join(base, STATUS)
         try:
@@ -61,7 +63,7 @@ def write_status(build_lib: str | None = None) -> None:
             recorded = {}
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({**(recorded if isinstance(recorded, dict) else {}), **PARTS}, f, indent=1)
+            json.dump({**(recorded if isinstance(recorded, dict) else {}), **parts}, f, indent=1)
 
 
 def skip(reason: str) -> None:
@@ -134,7 +136,7 @@ class BuildNpuOpp(Command):
     def run(self):
         PARTS["npu_opp"] = npu_build().opp_step(ROOT, force=bool(self.force)) if NPU_REQUESTED else part(
             False, "not built: ASCEND_HOME_PATH was not set at install time", attempted=False)
-        write_status()
+        write_status(parts={"npu_opp": PARTS["npu_opp"]})
 
 
 def build_config() -> dict:
@@ -186,7 +188,6 @@ def build_config() -> dict:
             PARTS[key] = part(True)
 
     exts = [cpu_extension(cpp_extension)] + npu_extensions()
-    PARTS.setdefault("cpp", part(False, "not built: build_ext did not run", attempted=False))
     return {"ext_modules": exts,
             "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
                          "build_npu_opp": BuildNpuOpp}}

@@ -13,8 +13,9 @@ and an NPU; torch_npu is located with importlib.util.find_spec):
   * ``npu_extensions(repo_root)`` -- the host adapter extension ``fused_lce._npu_C`` (csrc/npu/fused_lce_npu.cpp)
     compiled against torch_npu's headers and linked to libtorch_npu; built even when the OPP package failed.
 
-Command line (no CANN needed except for build-opp):
-  python cmake/npu_build.py build-opp [--force]       the OPP step above; prints its status as JSON
+The OPP step alone, recorded like an install's: ``python setup.py build_npu_opp [--force]``.
+
+Command line (no CANN needed):
   python cmake/npu_build.py fetch-wheel DEST           download the torch-npu wheel matching the installed torch
                                                        and unpack its include/ and libtorch_npu.so into DEST
   python cmake/npu_build.py check-adapter TORCH_NPU_DIR OUT_DIR
@@ -199,17 +200,22 @@ def _installed_lib(install_dir: str) -> str:
     return os.path.join(install_dir, "vendors", OPP_VENDOR, "op_api", "lib", "libcust_opapi.so")
 
 
-def _commands(cmake: str, src: str, build_dir: str) -> list[list[str]]:
+def _commands(cmake: str, src: str, build_dir: str, jobs: str) -> list[list[str]]:
     """Configure, then build the kernel binaries and the .run package, with every command line in the log."""
     return [[cmake, "-S", src, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"],
-            [cmake, "--build", build_dir, "--verbose", "-j", str(os.cpu_count() or 2), "--target", "binary",
-             "package"]]
+            [cmake, "--build", build_dir, "--verbose", "-j", jobs, "--target", "binary", "package"]]
+
+
+def _stamp(install_dir: str, toolkit: dict) -> dict:
+    """What the installed package was built with: the toolkit, the build's command lines, where it went."""
+    return {"toolkit": {k: toolkit[k] for k in ("home", "version")}, "lib": _installed_lib(install_dir),
+            "commands": _commands("cmake", "<src>", "<build>", "<jobs>")}
 
 
 def opp_up_to_date(repo_root: str, install_dir: str, stamp_path: str, toolkit: dict) -> Optional[str]:
     """None when the installed package must be (re)built, else why not: its libcust_opapi.so is newer than every
-    source and the stamp says it was built with this toolkit. asc-devkit's kernel targets are always out of date
-    (cmake/asc/fwk_modules/func.cmake), so CMake itself would rebuild every kernel binary."""
+    source and the stamp says it was built the same way (toolkit, commands). asc-devkit's kernel targets are always
+    out of date (cmake/asc/fwk_modules/func.cmake), so CMake itself would rebuild every kernel binary."""
     lib = _installed_lib(install_dir)
     try:
         with open(stamp_path) as f:
@@ -217,7 +223,7 @@ def opp_up_to_date(repo_root: str, install_dir: str, stamp_path: str, toolkit: d
         built = os.path.getmtime(lib)
     except (OSError, ValueError):
         return None
-    if stamp.get("toolkit") != {k: toolkit[k] for k in ("home", "version")} or stamp.get("lib") != lib:
+    if stamp != _stamp(install_dir, toolkit):
         return None
     newest = max((os.path.getmtime(p) for p in opp_sources(repo_root) if os.path.exists(p)), default=0.0)
     if newest >= built:
@@ -268,7 +274,7 @@ def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Opti
         raise NpuBuildError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before building the OPP package")
     os.makedirs(build_dir, exist_ok=True)
     with open(log_path, "ab") as logf:
-        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir):
+        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir, str(os.cpu_count() or 2)):
             _run_logged(cmd, logf, log_path)
         runs = sorted(glob.glob(os.path.join(build_dir, "custom_opp_*.run")))
         if not runs:
@@ -302,7 +308,7 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
         vendor = os.path.join(install_dir, "vendors", OPP_VENDOR)
         fresh = None if force else opp_up_to_date(repo_root, install_dir, stamp_path, toolkit)
         if fresh is not None:
-            log(f"custom OPP package {fresh}; not rebuilt (force with `python cmake/npu_build.py build-opp --force`)")
+            log(f"custom OPP package {fresh}; not rebuilt (force with `python setup.py build_npu_opp --force`)")
             return {**status, "ok": True, "vendor": vendor, "log": log_path if os.path.exists(log_path) else None,
                     "note": fresh}
         os.makedirs(build_dir, exist_ok=True)
@@ -315,8 +321,7 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
             f"(minutes; full log: {log_path})")
         vendor = build_opp(repo_root, build_dir, install_dir, log_path)
         with open(stamp_path, "w") as f:
-            json.dump({"toolkit": {k: toolkit[k] for k in ("home", "version")}, "lib": _installed_lib(install_dir)},
-                      f)
+            json.dump(_stamp(install_dir, toolkit), f)
     except NpuBuildError as e:
         if e.log is None:  # refused before building: the log says why (over an older build's log)
             os.makedirs(build_dir, exist_ok=True)
@@ -389,11 +394,7 @@ def check_adapter(repo_root: str, tn_dir: str, out_dir: str) -> str:
 
 if __name__ == "__main__":
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if len(sys.argv) in (2, 3) and sys.argv[1] == "build-opp" and sys.argv[2:] in ([], ["--force"]):
-        result = opp_step(root, force=sys.argv[2:] == ["--force"])
-        print(json.dumps(result, indent=1))
-        sys.exit(0 if result["ok"] else 1)
-    elif len(sys.argv) == 3 and sys.argv[1] == "fetch-wheel":
+    if len(sys.argv) == 3 and sys.argv[1] == "fetch-wheel":
         print(fetch_wheel(sys.argv[2]))
     elif len(sys.argv) == 4 and sys.argv[1] == "check-adapter":
         print(check_adapter(root, sys.argv[2], sys.argv[3]))

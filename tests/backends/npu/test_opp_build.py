@@ -274,6 +274,13 @@ def test_setup_py_three_runs_build_the_package_once(tmp_path, pip_env):
         assert _cmake_runs(pip_env) == ((1, 1) if cmd[0] == "bdist_wheel" else (0, 0)), cmd
     recorded = json.load(open(src / "fused_lce" / "_build_status.json"))
     assert recorded["npu_opp"]["ok"] and recorded == _wheel_status(tmp_path / "dist")
+    # the OPP step alone: up to date, then forced; its record replaces the OPP part only
+    for force, builds in (([], 1), (["--force"], 2)):
+        r = subprocess.run([sys.executable, "setup.py", "build_npu_opp", *force], cwd=src, env=pip_env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and _cmake_runs(pip_env) == (builds, builds), r.stderr[-3000:]
+    again = json.load(open(src / "fused_lce" / "_build_status.json"))
+    assert again["npu_opp"]["ok"] and again["npu_opp"]["note"] is None and again["cpp"] == recorded["cpp"]
 
 
 @pytest.mark.slow
