@@ -121,13 +121,14 @@ def adapter_extension(repo_root: str, tn_dir: str):
 
 # ------------------------------------------------------------------------------------------------ the toolkit
 def _version_files(home: str) -> list[tuple[str, str]]:
-    """(file, key) pairs that state a CANN version, in the order they are read: the version.info of asc-devkit (the
+    """(file, key) pairs that state a CANN version, in the order they are read: asc-devkit's version.info (the
     package whose CMake flow the build uses; asc-devkit cmake/package.cmake installs it to share/info/asc-devkit),
-    the compiler's version.info (what the OPP build itself records, asc-devkit
-    cmake/asc/fwk_modules/util/gen_version_info.sh), the toolkit's install info (asc-devkit docs/zh/quick_start.md;
-    torch_npu's collect_env reads its ``version=`` line)."""
+    the runtime's (what CANN's ACL reads, hicann/runtime src/acl/utils/cann_info_utils.cpp), the compiler's (what the
+    OPP build itself records, asc-devkit cmake/asc/fwk_modules/util/gen_version_info.sh), the toolkit's install info
+    of the older layout (asc-devkit docs/zh/quick_start.md; torch_npu's collect_env reads its ``version=`` line)."""
     arch = f"{platform.machine()}-linux"
     return [(os.path.join(home, "share", "info", "asc-devkit", "version.info"), "Version"),
+            (os.path.join(home, "share", "info", "runtime", "version.info"), "Version"),
             (os.path.join(home, "compiler", "version.info"), "Version"),
             (os.path.join(home, arch, "ascend_toolkit_install.info"), "version"),
             (os.path.join(home, "ascend_toolkit_install.info"), "version")]

@@ -89,9 +89,11 @@ def make_cxx(bindir: str) -> str:
 def make_toolkit(root: str, version: str | None = "9.0.0", where: str = "asc-devkit",
                  asc_config: bool = True) -> str:
     """A toolkit tree stating ``version`` in one place: "asc-devkit" (share/info/asc-devkit/version.info),
-    "compiler" (compiler/version.info) or "install_info" (<arch>-linux/ascend_toolkit_install.info)."""
+    "runtime" (share/info/runtime/version.info), "compiler" (compiler/version.info) or "install_info"
+    (<arch>-linux/ascend_toolkit_install.info)."""
     arch = f"{platform.machine()}-linux"
     files = {"asc-devkit": (os.path.join("share", "info", "asc-devkit", "version.info"), "Version"),
+             "runtime": (os.path.join("share", "info", "runtime", "version.info"), "Version"),
              "compiler": (os.path.join("compiler", "version.info"), "Version"),
              "install_info": (os.path.join(arch, "ascend_toolkit_install.info"), "version")}
     os.makedirs(root, exist_ok=True)

@@ -31,7 +31,7 @@ def nb():
 
 
 # ------------------------------------------------------------------------------------------------ toolkit check
-@pytest.mark.parametrize("where", ["asc-devkit", "compiler", "install_info"])
+@pytest.mark.parametrize("where", ["asc-devkit", "runtime", "compiler", "install_info"])
 def test_toolkit_version_read_where_cann_states_it(nb, tmp_path, where):
     home = fake_cann.make_toolkit(str(tmp_path / "cann"), "9.1.0", where)
     tk = nb.check_toolkit(home)
