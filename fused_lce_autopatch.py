@@ -9,20 +9,25 @@ processes (torchrun workers) inherit the variable and run the same hook. A top-l
 ``fused_lce`` package) because importing the package imports torch.
 """
 import sys
+import threading
 
 
 class _AutopatchAfterTrainerImport:
     """A meta-path finder that only wraps the loading of ``transformers.trainer``."""
 
+    def __init__(self):
+        self._searching = threading.local()
+
     def find_spec(self, name, path=None, target=None):
-        if name != "transformers.trainer":
+        # Re-entered from a finder that itself asks the rest of sys.meta_path (profilers, coverage tools):
+        # that finder is already asking the others for us, so step aside; else the two recurse forever.
+        if name != "transformers.trainer" or getattr(self._searching, "active", False):
             return None
-        spec = None
-        for finder in sys.meta_path:  # the finder that would have loaded it (the path finder, an editable finder)
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
+        self._searching.active = True
+        try:
+            spec = self._find_elsewhere(name, path, target)
+        finally:
+            self._searching.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
@@ -35,6 +40,15 @@ class _AutopatchAfterTrainerImport:
 
         spec.loader.exec_module = exec_then_autopatch
         return spec
+
+    def _find_elsewhere(self, name, path, target):
+        """The spec of the finder that would have loaded ``name`` (the path finder, an editable finder)."""
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    return spec
+        return None
 
 
 def install():

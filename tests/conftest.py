@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import zlib
 
 import pytest
@@ -16,6 +17,8 @@ from .support.reference import (GRAD_TOL, LOGIT_TOL, LOSS_ATOL, LOSS_TOL, LSE_TO
                                 grad_close, rel_err)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# first-use self-check verdicts (fused_lce.core.selfcheck) of this run, not the user's cache
+os.environ.setdefault("FUSED_LCE_CACHE_DIR", tempfile.mkdtemp(prefix="fused_lce_test_cache_"))
 
 # Property tests: a fresh random search locally; in CI (env CI set) the same derandomized examples every run, so a
 # landing is never blocked at random (failing examples are printed with their reproduction blob).

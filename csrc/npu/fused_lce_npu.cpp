@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "../ascend/common/fused_lce_cube_tiling.h"  // the kernels' variant bits (plain C++, no CANN include)
 #include "kernel_ops.h"
 #include "npu_cpp_extension.h"  // torch_npu: EXEC_NPU_CMD_EXT (op_plugin/include)
 
@@ -100,6 +101,13 @@ static void check_softcap_temperature(const char* op, double softcap, double tem
                 temperature);
 }
 
+// the conservative variant bits (fused_lce::cube::Variant)
+static void check_variant(const char* op, int64_t variant) {
+    TORCH_CHECK_VALUE(variant >= 0 && variant <= fused_lce::cube::kVariantMask, op,
+                      ": variant must be a set of the bits of fused_lce::cube::Variant (0..",
+                      fused_lce::cube::kVariantMask, "), got ", variant);
+}
+
 static c10::optional<Tensor> contiguous_or_none(const c10::optional<Tensor>& t) {
     return has(t) ? c10::optional<Tensor>(t->contiguous()) : c10::nullopt;
 }
@@ -117,13 +125,14 @@ constexpr int64_t kCubeMaxIds = int64_t(1) << 24;
 // zcache); otherwise it is absent and an empty tensor is returned in its place.
 Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                        const Tensor& labels, int64_t vocab_start, double softcap, double temperature, bool with_zsum,
-                       bool with_entropy, bool keep_z) {
+                       bool with_entropy, bool keep_z, int64_t variant) {
     const char* op = "fused_lce::_npu_stats_cube";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds, op,
                       ": the cube-driven kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
                       "floats), got V=", weight.size(0));
     check_softcap_temperature(op, softcap, temperature);
+    check_variant(op, variant);
     const c10::OptionalDeviceGuard guard(device_of(hidden));
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -143,7 +152,7 @@ Tensor7 npu_stats_cube(const Tensor& hidden, const Tensor& weight, const c10::op
         const c10::optional<Tensor> z_cache = keep_z ? c10::optional<Tensor>(zc) : c10::nullopt;
         // keep_z is also the attribute that tells the kernel (tiling hasZCache): presence never by address
         EXEC_NPU_CMD_EXT(aclnnFusedLceStatsCube, h, w, b, y, vocab_start, softcap, with_zsum, temperature, with_entropy,
-                         keep_z, m, s, zt, zs, amax_local, ez, z_cache);
+                         keep_z, variant, m, s, zt, zs, amax_local, ez, z_cache);
     }
     Tensor amax = amax_local.to(at::kLong).add_(vocab_start);
     return {m, s, zt, zs, amax, ez, zc};
@@ -161,7 +170,8 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
                        const Tensor& labels, const Tensor& lse, const Tensor& a, const Tensor& t,
                        const c10::optional<Tensor>& b, const c10::optional<Tensor>& u, int64_t vocab_start,
                        double softcap, double temperature, std::array<bool, 3> grad_mask,
-                       const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc) {
+                       const c10::optional<Tensor>& zcache, bool keep_dz, const c10::optional<Tensor>& dw_acc,
+                       int64_t variant) {
     const char* op = "fused_lce::_npu_grads_cube";
     check_problem(op, hidden, weight, bias, labels, vocab_start);
     TORCH_CHECK_VALUE(weight.size(0) < kCubeMaxIds && hidden.size(0) < kCubeMaxIds, op,
@@ -173,6 +183,7 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
     if (has(b)) check_vector(op, "b", *b, hidden);
     if (has(u)) check_vector(op, "u", *u, hidden);
     check_softcap_temperature(op, softcap, temperature);
+    check_variant(op, variant);
     if (has(zcache))
         TORCH_CHECK_VALUE(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 &&
                               zcache->size(0) == hidden.size(0) && zcache->size(1) == weight.size(0) &&
@@ -211,7 +222,7 @@ Tensor3 npu_grads_cube(const Tensor& hidden, const Tensor& weight, const c10::op
         c10::optional<Tensor> bb = contiguous_or_none(bias);
         c10::optional<Tensor> z_cache = contiguous_or_none(zcache);  // absent: recompute the logits
         EXEC_NPU_CMD_EXT(aclnnFusedLceGradCube, ca, ct, cb, cu, h, w, bb, y, l, z_cache, vocab_start, softcap,
-                         temperature, mask, keep_dz, dx, dw, db);
+                         temperature, mask, keep_dz, variant, dx, dw, db);
     }
     return {dx, acc ? at::empty({0}, f32) : dw, db};
 }

@@ -11,6 +11,7 @@
 //   grads_cube: float32 dX, dW, db of dz = p (a + b z) - t onehot - u from the driver's per-token coefficient planes
 //            a, t and optional b, u; outputs grad_mask leaves out (or db without bias) are empty. zcache: what
 //            stats_cube(keep_z) returned; keep_dz; dw_acc: a float32 (V, D) tensor dW is added into in place.
+//   variant (both, last): the conservative variant bits of csrc/ascend/common/fused_lce_cube_tiling.h (0: default).
 #ifndef FUSED_LCE_NPU_KERNEL_OPS_H_
 #define FUSED_LCE_NPU_KERNEL_OPS_H_
 
@@ -26,12 +27,12 @@ struct KernelOpSchema {
 constexpr KernelOpSchema kKernelOps[] = {
     {"stats_cube",
      "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start, float softcap, float temperature, "
-     "bool with_zsum, bool with_entropy, bool keep_z=False) "
+     "bool with_zsum, bool with_entropy, bool keep_z=False, int variant=0) "
      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"},
     {"grads_cube",
      "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t, Tensor? b, "
      "Tensor? u, int vocab_start, float softcap, float temperature, bool[3] grad_mask, Tensor? zcache=None, "
-     "bool keep_dz=False, Tensor(a!)? dw_acc=None) -> (Tensor, Tensor, Tensor)"},
+     "bool keep_dz=False, Tensor(a!)? dw_acc=None, int variant=0) -> (Tensor, Tensor, Tensor)"},
 };
 
 // Defines every kernel op as <prefix>_<name> in a TORCH_LIBRARY_FRAGMENT.

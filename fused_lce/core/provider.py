@@ -58,6 +58,18 @@ class Provider:
                     f"temperature: the contract is in docs/providers.md)")
         return None
 
+    # -- first use on a device (fused_lce.core.selfcheck) ------------------------------------------------------
+    def needs_check(self, device: torch.device) -> Optional[str]:
+        """Why this provider must pass the first-use self-check before it serves ``device`` (where the project has
+        never verified it), or None (verified there: CPU kernels run in CI, a GPU architecture the CUDA suite ran
+        on)."""
+        return None
+
+    def check_id(self, device: torch.device) -> str:
+        """What a self-check verdict depends on besides the package version -- the compiled kernels, the toolkit /
+        driver, the device -- as one string (the verdict's disk-cache key)."""
+        return f"torch {torch.__version__}|{device_name(device)}"
+
     # -- planning ----------------------------------------------------------------------------------------------
     def token_block(self, p: Problem, keep: bool) -> int:
         """Tokens per driver block (every rank of a group uses the smallest proposal). ``keep``: the caller will
@@ -111,6 +123,29 @@ class Provider:
 
     #: True when ``grads`` / ``fused`` apply ``scale`` themselves (else ``finish`` does, in float32)
     grads_scaled: bool = False
+
+
+def device_name(device: torch.device) -> str:
+    """The device's model name where its torch module tells it (CUDA, NPU), else the device string."""
+    mod = getattr(torch, device.type, None)
+    try:
+        return f"{device} {mod.get_device_name(device)}" if device.type != "cpu" else "cpu"
+    except Exception:  # noqa: BLE001 - a device module without the query, or a driver error
+        return str(device)
+
+
+def file_digest(paths) -> str:
+    """A short digest of the files' bytes (compiled kernels: a rebuilt library is another build); '' for none."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(f"missing:{path}".encode())
+    return h.hexdigest()[:16] if paths else ""
 
 
 class WholeRowsProvider(Provider):

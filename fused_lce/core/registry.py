@@ -24,7 +24,6 @@ AUTO_ORDER = {
 }
 
 
-
 def present_device_types() -> list[str]:
     """The device types of ``AUTO_ORDER`` that this process can use now (CPU always; an accelerator when its torch
     module says a device is there; "npu" only once torch_npu has been imported by someone)."""
@@ -82,23 +81,35 @@ def unavailable_reason(name: str) -> Optional[str]:
 
 
 def info() -> dict[str, dict]:
+    from . import selfcheck
+
+    checked = selfcheck.known()
     out = {}
     for name in names():
         reason = unavailable_reason(name)
         provider = load(name)
+        verdicts = checked.get(name, {})
+        failed = [f"{dev}: {v}" for dev, v in verdicts.items() if v != "passed"]
+        if reason is None and failed:
+            reason = "failed its first-use self-check (" + "; ".join(failed) + ")"
         out[name] = {
             "available": reason is None,
             "reason": reason,
             "devices": list(provider.device_types) if provider and provider.device_types else ["any"],
             # what has been verified of this provider, where that differs from "tested here" (e.g. NPU kernels)
             "status": getattr(provider, "status", None),
+            # first-use self-checks this process ran or read (fused_lce.core.selfcheck): {device: verdict}
+            "selfcheck": verdicts,
         }
     return out
 
 
 def why_not(name: str, p: Problem) -> Optional[str]:
-    """None when provider ``name`` can run ``p`` here, else why not."""
-    return unavailable_reason(name) or load(name).supports(p)
+    """None when provider ``name`` can run ``p`` here, else why not (unavailable, declines the problem, or failed
+    its first-use self-check on the problem's device)."""
+    from . import selfcheck
+
+    return unavailable_reason(name) or load(name).supports(p) or selfcheck.failure(load(name), p.device)
 
 
 ENV_HINT = "unset it (`unset FUSED_LCE_BACKEND`) to let backend='auto' choose"

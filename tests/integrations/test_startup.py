@@ -22,8 +22,10 @@ PROBE = ("import sys; print('torch' in sys.modules, 'fused_lce' in sys.modules, 
 
 
 def fresh(code, **env):
-    """Run ``code`` in a new interpreter of this environment, without PYTHONPATH (only the site hooks run)."""
+    """Run ``code`` in a new interpreter of this environment (only the site hooks run); PYTHONPATH: ``env``'s,
+    then this checkout, so that the hook module imported is the one beside these tests."""
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FUSED_LINEAR_CE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
     return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
                           timeout=120, cwd=os.path.dirname(sys.executable))
 
@@ -46,6 +48,43 @@ def test_hook_autopatches_when_transformers_trainer_is_imported():
     assert fresh(code, FUSED_LINEAR_CE="1").stdout.split() == ["True"]  # off: nothing armed (the test above)
     bad = fresh(code, FUSED_LINEAR_CE="maybe")  # never silently: an unreadable switch fails at the import
     assert bad.returncode != 0 and "FUSED_LINEAR_CE: expected 1/true/yes/on or 0/false/no/off" in bad.stderr
+
+
+# an import hook of the kind profilers and coverage tools install: it asks the rest of sys.meta_path
+CHAINING_FINDER = """
+import sys
+
+class Chaining:
+    def __init__(self):
+        self.asked = 0
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "transformers.trainer":
+            return None
+        self.asked += 1
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+chaining = Chaining()
+sys.meta_path.insert({position}, chaining)
+import transformers.trainer as t
+print(chaining.asked > 0, getattr(t.Trainer.__init__, "_fused_lce_autopatch", False))
+"""
+
+
+@pytest.mark.parametrize("position", [0, 1], ids=["ahead-of-ours", "behind-ours"])
+def test_hook_coexists_with_a_finder_that_chains_through_meta_path(position):
+    """Another finder that asks the rest of ``sys.meta_path`` for ``transformers.trainer``, ahead of ours or
+    right behind it (installed before ours): no endless recursion between the two, and the trainer is still
+    autopatched."""
+    pytest.importorskip("transformers")
+    run = fresh(CHAINING_FINDER.format(position=position), FUSED_LINEAR_CE="1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True"], run.stdout
 
 
 def test_startup_folder_on_pythonpath_arms_the_same_hook_once(tmp_path):

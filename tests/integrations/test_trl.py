@@ -5,6 +5,7 @@ logged metrics and parameters. Heads fused_lce does not serve exactly are left t
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import warnings
@@ -223,28 +224,48 @@ def test_sft_trainer_label_smoothing_warns(tmp_path, seed):
 
 
 # ------------------------------------------------------------------------------------------------ DPO, KTO
-def run_preference(kind, seed, tmp_path, patch, tie=True):
-    """DPOTrainer (sigmoid loss, WPO weights: every output TRL's head has) or KTOTrainer, 2 steps, an explicit
-    reference model; ``patch``: patch(trainer) after building it (policy and reference model)."""
+def saved_and_loaded(model, path):
+    """``model`` saved to ``path`` and loaded back: TRL can build a reference model from its path."""
+    model.save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    return transformers.AutoModelForCausalLM.from_pretrained(path)
+
+
+def run_preference(kind, seed, tmp_path, patch, tie=True, ref="given", **config):
+    """DPOTrainer (sigmoid loss, WPO weights: every output TRL's head has) or KTOTrainer, 2 steps; ``ref``:
+    "given" (an explicit, unpatched reference model) or "built" (TRL builds it from the policy's path);
+    ``patch``: None, "trainer" (patch(trainer) after building it) or "model" (patch(model) before)."""
     model = tiny_qwen3(seed, tie)
-    ref = copy.deepcopy(model)
+    if ref == "built":
+        model = saved_and_loaded(model, tmp_path / "model")
+    ref = copy.deepcopy(model) if ref == "given" else None
+    if patch == "model":
+        fused_lce.patch(model)
     data = preference_rows(seed)
     if kind == "dpo":
         args = trl.DPOConfig(**COMMON, output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
-                             use_weighting=True, dataset_num_proc=None)
+                             use_weighting=True, dataset_num_proc=None, **config)
         trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, processing_class=tokenizer(),
                                  train_dataset=datasets.Dataset.from_list(data))
     else:
         data = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in data
                 for k in ("chosen", "rejected")]
         args = trl.KTOConfig(**COMMON, output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2,
-                             dataset_num_proc=None)
+                             dataset_num_proc=None, **config)
         trainer = trl.KTOTrainer(model=model, ref_model=ref, args=args, processing_class=tokenizer(),
                                  train_dataset=datasets.Dataset.from_list(data))
-    if patch:
+    return trained(trainer, patch)
+
+
+def trained(trainer, patch):
+    """``train(trainer)``, after patch(trainer) if asked; with a patch, both models are patched at the end."""
+    if patch == "trainer":
         fused_lce.patch(trainer)
         assert fused_lce.is_patched(trainer.model) and fused_lce.is_patched(trainer.ref_model)
-    return train(trainer)
+    result = train(trainer)
+    if patch:
+        assert fused_lce.is_patched(trainer.model) and fused_lce.is_patched(trainer.ref_model)
+    return result
 
 
 @pytest.mark.parametrize("kind,extras,tie", [("dpo", DPO_EXTRAS, False), ("kto", KTO_EXTRAS, True)])
@@ -253,10 +274,10 @@ def test_preference_trainer_policy_and_reference_fused(kind, extras, tie, seed, 
     """DPO (untied head) asks the policy's head for log-probs, entropy, mean logits, top-1 flags and log sum p^2,
     KTO (tied) for log-probs, entropy and mean logits, and both ask their reference model for log-probs: all served
     by fused_lce, one linear_logprobs call per forward; every logged metric and parameter equals stock TRL's."""
-    stock = run_preference(kind, seed, tmp_path / "stock", patch=False)
+    stock = run_preference(kind, seed, tmp_path / "stock", patch=None)
     stock_kernel = len(trl_kernel_calls)
     trl_kernel_calls.clear()
-    fused = run_preference(kind, seed, tmp_path / "fused", patch=True)
+    fused = run_preference(kind, seed, tmp_path / "fused", patch="trainer")
     assert trl_kernel_calls == [] and stock_kernel > 0
     policy, reference = logprob_calls(driver_calls, extras), logprob_calls(driver_calls, ())
     # per step: the policy's forward (KTO: and its KL forward, which asks the same head) and the reference's
@@ -294,18 +315,19 @@ def reward_words(completions, **kwargs):
 
 def run_online_rl(kind, seed, path, tmp_path, patch):
     """GRPOTrainer or RLOOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the policy),
-    sampling temperature 0.7, 2 steps of 2 prompts x 2 completions."""
+    sampling temperature 0.7, 2 steps of 2 prompts x 2 completions; ``patch`` as for :func:`run_preference`
+    ("model": the policy is loaded here and patched, then handed to the trainer)."""
     config, trainer_cls = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
     args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path), per_device_train_batch_size=4,
                   num_generations=2, max_completion_length=4, max_steps=2, beta=0.1, temperature=0.7)
     prompts = [{"prompt": r["prompt"]} for r in preference_rows(seed, n=4)]
+    model = str(path)
+    if patch == "model":
+        model = fused_lce.patch(transformers.AutoModelForCausalLM.from_pretrained(path))
     torch.manual_seed(seed)
-    trainer = trainer_cls(model=str(path), reward_funcs=reward_words, args=args, processing_class=tokenizer(),
+    trainer = trainer_cls(model=model, reward_funcs=reward_words, args=args, processing_class=tokenizer(),
                           train_dataset=datasets.Dataset.from_list(prompts))
-    if patch:
-        fused_lce.patch(trainer)
-        assert fused_lce.is_patched(trainer.model) and fused_lce.is_patched(trainer.ref_model)
-    return train(trainer)
+    return trained(trainer, patch)
 
 
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
@@ -316,14 +338,49 @@ def test_online_rl_trainer_policy_and_reference_fused(kind, seed, tmp_path, driv
     path = tmp_path / "model"
     tiny_qwen3(seed).save_pretrained(path)
     tokenizer().save_pretrained(path)
-    stock = run_online_rl(kind, seed, path, tmp_path / "stock", patch=False)
+    stock = run_online_rl(kind, seed, path, tmp_path / "stock", patch=None)
     assert trl_kernel_calls
     trl_kernel_calls.clear()
-    fused = run_online_rl(kind, seed, path, tmp_path / "fused", patch=True)
+    fused = run_online_rl(kind, seed, path, tmp_path / "fused", patch="trainer")
     assert trl_kernel_calls == []
     assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), driver_calls
     assert all(c.temperature == 0.7 for c in driver_calls if c.op == "logprobs")
     assert_same_training(stock, fused, seed, skip=("step_time",))
+
+
+# ------------------------------------------------------------------------------------------ patch(model) only
+@pytest.mark.parametrize("kind,ref", [("dpo", "built"), ("kto", "built"), ("dpo", "given"), ("grpo", "built"),
+                                      ("rloo", "built")])
+def test_patched_model_handed_to_trainer_fuses_its_reference_model(kind, ref, seed, tmp_path, driver_calls,
+                                                                   trl_kernel_calls):
+    """patch(model) alone, then a TRL trainer: the reference model TRL builds as a new model (from the
+    policy's path) or is given unpatched gets the policy's patch too, so neither pass runs TRL's head;
+    training equals stock TRL's."""
+    if kind in ("dpo", "kto"):
+        run = functools.partial(run_preference, kind, seed, tie=kind == "kto", ref=ref)
+    else:
+        path = tmp_path / "model"
+        tiny_qwen3(seed).save_pretrained(path)
+        tokenizer().save_pretrained(path)
+        run = functools.partial(run_online_rl, kind, seed, path)
+    stock = run(tmp_path / "stock", patch=None)
+    assert trl_kernel_calls
+    trl_kernel_calls.clear()
+    driver_calls.clear()
+    fused = run(tmp_path / "fused", patch="model")
+    assert trl_kernel_calls == []
+    reference = [c for c in driver_calls if c.op == "logprobs" and c.extras == ()]
+    # one reference forward per step (KTO: two, its KL forward included)
+    assert len(reference) == (4 if kind == "kto" else 2), driver_calls
+    assert_same_training(stock, fused, seed, skip=("step_time",))
+
+
+def test_precomputed_reference_log_probs_say_they_were_not_fused(seed, tmp_path):
+    """precompute_ref_log_probs=True with an unpatched reference model: TRL computes the reference log-probs
+    while the trainer is built, before any hook can patch that model; patching it later says so."""
+    with pytest.warns(UserWarning, match="precompute_ref_log_probs=True: the reference log-probabilities "
+                                         "were computed when the trainer was built"):
+        run_preference("dpo", seed, tmp_path, patch="trainer", precompute_ref_log_probs=True)
 
 
 # ------------------------------------------------------------------------------------------------ fused-head calls

@@ -30,6 +30,16 @@ constexpr uint64_t kMaxLocalVocab = 1ull << 24;  // labels and argmax ids travel
 constexpr uint32_t kMaskBytes = 32;     // one Compare mask region (slot_stride / 8 bytes, padded to a block)
 constexpr uint64_t kMaxSegments = 8;    // vocabulary segments tried to balance the last wave of token blocks
 
+// Conservative variants (the ops' attribute `variant`, a bit set; 0 = the default kernels). Each replaces one
+// behaviour that only hardware can judge with a plainer one that computes the same numbers, so a first run on a card
+// can compare them bit for bit (fused-lce doctor):
+//   kPlainTiling:  the Matmul tilings stay as GetTiling returned them (no keep_a_resident override of depthA1 /
+//                  stepN / shareL1Size), and the forward issues one GEMM per tile instead of one Iterate sequence
+//                  over a segment's tiles behind a widened SetTail;
+//   kSerialMatmul: the backward's cube puts PipeBarrier<PIPE_ALL> between its Matmul objects (mmZ, mmDx, mmDw
+//                  overlay L1), so no copy of one can overtake the last reads of the other.
+enum Variant : uint32_t { kPlainTiling = 1u, kSerialMatmul = 2u, kVariantMask = 3u };
+
 
 struct CubePlan {
     ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)

@@ -1,6 +1,6 @@
 // Tiling data of the cube-driven kernels (FusedLceStatsCube, FusedLceGradCube), written by the host, read by op_kernel:
-// the plan of fused_lce_cube_tiling.h, the scalar options of the loss and of the
-// log-prob contract (softcap, temperature, entropy), and the cube core's Matmul tiling.
+// the plan of fused_lce_cube_tiling.h, the scalar options of the loss and of the log-prob contract (softcap,
+// temperature, entropy), the cube core's Matmul tilings and the conservative variant bits.
 // Status: compiled (kernel side) against the AscendC CPU twin; not compiled with CANN, not run on hardware.
 #ifndef FUSED_LCE_CUBE_TILING_DATA_H_
 #define FUSED_LCE_CUBE_TILING_DATA_H_
@@ -25,15 +25,15 @@ struct FusedLceStatsCubeTilingData {
     uint32_t labelBytes;      // 4 or 8
     AscendC::tiling::TCubeTiling mmLogits;  // on the AIC: z = h[block] @ W[cols].T (base_m x base_n, K = D)
     uint32_t hasZCache;       // the zCache output is given (the OpDef attribute keep_z)
-    uint32_t pad_;
+    uint32_t variant;         // fused_lce::cube::Variant bits (the OpDef attribute variant; 0: default)
 };
 
 // FusedLceGradCube: dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u, p_j = exp(z_j - lse), times
-// 1 - (z_j T / c)^2 with a softcap c (the driver's Coefs contract, /work/notes/logprobs_contract.md section 4).
+// 1 - (z_j T / c)^2 with a softcap c (the driver's Coefs contract, docs/providers.md).
 // GM arguments: a, t, b, u, hidden, weight, bias, labels, lse, zCache (optional input: the forward's fp32 [N, V_local]
-// h W^T, read when hasZCache; else the logits are recomputed), dx, dw, db, workspace, tiling. keepDz (appended, 0 = off) needs the workspace
-// plan.ws_total_keep instead of plan.ws_total (fused_lce_cube_tiling.h plan_keep_dz) and the tilings mmDxAll /
-// mmDwAll (appended last).
+// h W^T, read when hasZCache; else the logits are recomputed), dx, dw, db, workspace, tiling. keepDz (appended, 0 =
+// off) needs the workspace plan.ws_total_keep instead of plan.ws_total (fused_lce_cube_tiling.h plan_keep_dz) and the
+// tilings mmDxAll / mmDwAll.
 struct FusedLceGradCubeTilingData {
     fused_lce::cube::CubeGradPlan plan;
     int64_t vocabStart;
@@ -52,6 +52,8 @@ struct FusedLceGradCubeTilingData {
     // keepDz = 1: the whole-K GEMMs from the kept row-major Dz (N x V_local) after SyncAll
     AscendC::tiling::TCubeTiling mmDxAll;  // dX[m] = Dz[m rows, :] @ W     (base_m x D, K = V_local)
     AscendC::tiling::TCubeTiling mmDwAll;  // dW[nb] += Dz[:, nb cols].T @ h (base_n x D, K = N)
+    uint32_t variant;    // fused_lce::cube::Variant bits (the OpDef attribute variant; 0: default)
+    uint32_t pad_;
 };
 
 namespace fused_lce {

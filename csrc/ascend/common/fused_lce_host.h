@@ -19,7 +19,7 @@
 #include "tiling/platform/platform_ascendc.h"
 #include "tiling/tiling_api.h"
 
-#include "fused_lce_tiling.h"  // beside this header: opbuild compiles op_host with only the CANN includes
+#include "fused_lce_cube_tiling.h"  // beside this header: opbuild compiles op_host with only the CANN includes
 
 namespace fused_lce_host {
 
@@ -106,6 +106,26 @@ inline ge::graphStatus check_problem(const gert::TilingContext* ctx, const Input
     *d = static_cast<uint64_t>(sd);
     *v = static_cast<uint64_t>(sv);
     return ge::GRAPH_SUCCESS;
+}
+
+// The prologue every tiling function shares: the tiling data buffer (large enough for TD), the platform info, and
+// the problem's inputs at their IR indices, checked. Fills `td` and `pr`; GRAPH_FAILED (logged, nothing set) otherwise.
+struct Problem {
+    Input hidden, weight, bias, labels;
+    uint64_t n = 0, d = 0, v = 0;
+};
+
+template <typename TD>
+inline ge::graphStatus begin_tiling(gert::TilingContext* ctx, const char* op, size_t ir_hidden, size_t ir_weight,
+                                    size_t ir_bias, size_t ir_labels, TD** td, Problem* pr) {
+    *td = ctx->GetTilingData<TD>();
+    if (*td == nullptr) return fail(ctx, "%s: tiling buffer smaller than its tiling data (%zu bytes)", op, sizeof(TD));
+    if (ctx->GetPlatformInfo() == nullptr) return fail(ctx, "%s: no platform info", op);
+    pr->hidden = input(ctx, ir_hidden);
+    pr->weight = input(ctx, ir_weight);
+    pr->bias = input(ctx, ir_bias);
+    pr->labels = input(ctx, ir_labels);
+    return check_problem(ctx, pr->hidden, pr->weight, pr->bias, pr->labels, &pr->n, &pr->d, &pr->v);
 }
 
 // temperature attribute: finite and > 0 (the kernels multiply the logits by its reciprocal)
@@ -279,6 +299,17 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
 }
 constexpr size_t kGradAttrs = 4;  // FusedLceGradCube's own attributes come after these
 constexpr size_t kStatsAttrs = 5;  // and FusedLceStatsCube's after these
+
+// The `variant` attribute (last of both ops): fused_lce::cube::Variant bits, nothing else.
+inline ge::graphStatus read_variant(gert::TilingContext* ctx, size_t index, uint32_t* variant) {
+    int64_t v = 0;
+    if (!attr(ctx->GetAttrs(), index, &v)) return fail(ctx, "missing attribute variant");
+    if (v < 0 || v > static_cast<int64_t>(fused_lce::cube::kVariantMask))
+        return fail(ctx, "variant must be a set of the bits %u, got %lld", fused_lce::cube::kVariantMask,
+                    static_cast<long long>(v));
+    *variant = static_cast<uint32_t>(v);
+    return ge::GRAPH_SUCCESS;
+}
 
 // FusedLceStatsCube: the six per-token outputs and the five attributes (read_stats_attrs' order)
 inline void stats_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {

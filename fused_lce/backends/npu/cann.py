@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from ...core import Coefs, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
-from .env import import_torch_npu, usable_torch_npu
+from .env import NEVER_ON_HARDWARE, import_torch_npu, platform_id, usable_torch_npu
 
 TRIO = ("npu_fused_linear_online_max_sum", "npu_fused_cross_entropy_loss_with_max_sum",
         "npu_fused_linear_cross_entropy_loss_with_max_sum_backward")
@@ -96,6 +96,12 @@ class CannTrioProvider(WholeRowsProvider):
             return (f"torch_npu {getattr(tnpu, '__version__', '?')} has no {', '.join(missing)} "
                     "(the fused trio of CANN's ops-nn)")
         return find_aclnn()
+
+    def needs_check(self, device: torch.device) -> Optional[str]:
+        return f"CANN's fused ops behind it were {NEVER_ON_HARDWARE}" if device.type == "npu" else None
+
+    def check_id(self, device: torch.device) -> str:
+        return platform_id(device)
 
     def supports(self, p: Problem) -> Optional[str]:
         reason = super().supports(p)

@@ -57,6 +57,23 @@ def usable_torch_npu():
     return tnpu, None
 
 
+def platform_id(device) -> str:
+    """What a self-check verdict on an NPU depends on besides the kernels: torch_npu's version, the CANN toolkit it
+    runs with, the device's name."""
+    from importlib import metadata
+
+    from ...core import device_name
+
+    try:
+        tnpu = metadata.version("torch_npu")
+    except metadata.PackageNotFoundError:
+        tnpu = "?"
+    return f"torch_npu {tnpu}|CANN {os.environ.get('ASCEND_HOME_PATH', '?')}|{device_name(device)}"
+
+
+NEVER_ON_HARDWARE = "never run on NPU hardware by this project's tests"
+
+
 def build_status() -> dict[str, Optional[dict]]:
     """What setup.py recorded about the NPU parts: {"npu_opp": ..., "npu_adapter": ...}, each
     ``{"ok": bool, "attempted": bool, "error": first error line or why not built, "log": path or None, ...}`` (the

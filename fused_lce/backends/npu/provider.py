@@ -3,15 +3,16 @@ token blocks and gradient sums of the one-pass modes. The package docstring (``f
 the kernels are and what has been verified of them."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 from typing import Optional
 
 import torch
 
-from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider
+from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider, file_digest
 from ..build_status import failure
-from .env import OPP_VENDOR, build_status, find_kernels, usable_torch_npu
+from .env import NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, platform_id, usable_torch_npu
 from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
@@ -42,6 +43,7 @@ class AscendCProvider(WholeRowsProvider):
         self._fixed = kernels is not None
         self._reason: Optional[str] = None
         self._checked = False
+        self._files: list = []  # the OPP library and the adapter found by the availability check
 
     def reset(self) -> None:
         """Forget the cached availability result (the checks run again on next use)."""
@@ -78,7 +80,24 @@ class AscendCProvider(WholeRowsProvider):
         except Exception as e:
             return f"cannot load the host adapter {spec.origin} ({type(e).__name__}: {e})"
         self.kernels = AdapterKernels()
+        self._files = [lib, spec.origin]
         return None
+
+    def with_variant(self, name: str, variant: int) -> "AscendCProvider":
+        """The same kernels in a conservative variant (``kernels.VARIANT_ENV``), as provider ``name`` (for
+        ``fused-lce doctor``'s bitwise comparison on a card)."""
+        kernels = copy.copy(self.kernels)
+        kernels._variant = variant
+        out = copy.copy(self)
+        out.name, out.kernels = name, kernels
+        return out
+
+    def needs_check(self, device: torch.device) -> Optional[str]:
+        return f"its AscendC kernels were {NEVER_ON_HARDWARE}" if device.type == "npu" else None
+
+    def check_id(self, device: torch.device) -> str:
+        variant = getattr(self.kernels, "variant", 0)
+        return f"kernels {file_digest(self._files)} variant {variant}|{platform_id(device)}"
 
     def token_block(self, p: Problem, keep: bool) -> int:
         """Rows such that the z cache (``keep``, float32) and the kept dz (operand dtype) of one block fit

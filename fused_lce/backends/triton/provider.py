@@ -1,17 +1,23 @@
 """The "triton" provider (see the package docstring for the schedules)."""
 from __future__ import annotations
 
+import glob
 import math
+import os
 from typing import Optional
 
 import torch
 
 from ...core import (Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Provider, Stats, Tensors,
-                     TokenWeights)
+                     TokenWeights, device_name, file_digest)
 from . import kernels
 from .cublas import _dw_into, _dx_into, _logits32
 from .planner import (FULL_RATE_ROWS, _free_bytes, _interpreting, _live_order, _live_order_device, _pad,
                       compact_mode, gemm_path_reason, plan_token_chunk, plan_vocab_chunk, skip_dead_rows)
+
+# GPU architectures (compute capability) the CUDA suite (`pytest -m cuda`) has run the kernels on: an H200 (sm_90,
+# also the H100's). Elsewhere the provider passes the first-use self-check (fused_lce.core.selfcheck) before it is used.
+VERIFIED_ARCHS = {(9, 0): "NVIDIA H200"}
 
 kgemm, krows = kernels.gemm, kernels.rows
 _launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
@@ -91,6 +97,23 @@ class TritonProvider(Provider):
     device_types = ("cuda",)
     grads_scaled = True
     supports_logprobs = True  # temperature and entropy on the cuBLAS path's row kernel (docs/providers.md)
+
+    def needs_check(self, device: torch.device) -> Optional[str]:
+        if device.type != "cuda":  # the interpreter on CPU tensors (tests)
+            return None
+        cap = torch.cuda.get_device_capability(device)
+        if cap in VERIFIED_ARCHS:
+            return None
+        return f"the CUDA suite has not run on sm_{cap[0]}{cap[1]} ({device_name(device)})"
+
+    def check_id(self, device: torch.device) -> str:
+        import triton
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        sources = sorted(glob.glob(os.path.join(here, "*.py")) + glob.glob(os.path.join(here, "kernels", "*.py")))
+        cap = torch.cuda.get_device_capability(device)
+        return (f"kernels {file_digest(sources)}|triton {triton.__version__}|torch {torch.__version__} cuda "
+                f"{torch.version.cuda}|sm_{cap[0]}{cap[1]}|{device_name(device)}")
 
     def unavailable_reason(self) -> Optional[str]:
         if kernels.ERROR is not None:

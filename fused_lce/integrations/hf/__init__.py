@@ -5,6 +5,7 @@ Usage::
 
     model = AutoModelForCausalLM.from_pretrained(...)
     fused_lce.patch(model)                 # or fused_lce.patch_if_enabled(model): only when FUSED_LINEAR_CE=1
+                                           # (a Trainer built from it patches its reference model too)
     model = get_peft_model(model, lora)    # patching before or after PEFT both work; so does patch(peft_model)
     fused_lce.patch(trainer)               # a transformers.Trainer: its model, reference model, label smoothing
     fused_lce.is_patched(model)            # truthy iff the next training step runs fused_lce; .reason says why

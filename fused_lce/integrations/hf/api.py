@@ -16,7 +16,9 @@ def patch(model, **loss_options):
     it, and the entropy reads NaN), and any of ``ignore_index``, ``label_smoothing``, ``z_loss``, ``softcap``,
     ``backend``, ``validate``, ``tile_budget_mb`` (passed to :func:`fused_lce.linear_cross_entropy`; anything but
     the defaults makes the loss differ from the stock one on purpose). Patching a patched model replaces its
-    options.
+    options. A ``Trainer`` built from a patched model afterwards patches its reference model too, with the
+    same options, when training starts (TRL builds that model anew, unpatched); patching the model after
+    building such a trainer leaves the reference model alone: use ``patch(trainer)`` then.
 
     A ``Trainer``: patches ``trainer.model`` and its reference model if it has one (TRL's DPO, KTO, GRPO, RLOO;
     also when it is created or wrapped later, at the start of training); if the trainer has a label smoother
@@ -26,7 +28,9 @@ def patch(model, **loss_options):
     trainer = trainer_hooks.as_trainer(model)
     if trainer is not None:
         return trainer_hooks.patch_trainer(trainer, loss_options)
-    return runtime.patch_model(model, check_options(loss_options))
+    runtime.patch_model(model, check_options(loss_options))
+    trainer_hooks.follow_reference_models()  # a TRL trainer built from it later builds an unpatched reference
+    return model
 
 
 def unpatch(model):

@@ -1,5 +1,6 @@
-"""Trainer hooks: ``patch(trainer)`` (its model, its reference model, its label smoothing) and ``autopatch`` (every
-``transformers.Trainer`` built from now on, for ``FUSED_LINEAR_CE=1`` without editing the script)."""
+"""Trainer hooks: ``patch(trainer)`` (its model, its reference model, its label smoothing), ``autopatch``
+(every ``transformers.Trainer`` built from now on, for ``FUSED_LINEAR_CE=1`` without editing the script) and
+``follow_reference_models`` (a trainer given a patched model patches its reference model too)."""
 from __future__ import annotations
 
 import functools
@@ -25,14 +26,46 @@ def patch_trainer(trainer, loss_options: dict):
     route a label smoother into the fused loss when the trainer computes its loss the stock way."""
     loss_options = _route_label_smoothing(trainer, loss_options)
     runtime.patch_model(trainer.model, check_options(loss_options))
-    _patch_reference_model(trainer)
+    _follow_reference_model(trainer)
     _feed_token_accuracy(trainer)
+    return trainer
+
+
+def follow_reference_models():
+    """Make every ``transformers.Trainer`` built from now on whose model is already patched (``patch(model)``
+    before building the trainer) patch its reference model as well: TRL's DPO, KTO, GRPO and RLOO build
+    theirs as a new, unpatched model (or take the user's). Called by ``patch(model)``; idempotent."""
+    import transformers
+
+    cls = transformers.Trainer
+    if getattr(cls.__init__, "_fused_lce_follows", False):
+        return
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if _policy_patched(self):
+            _follow_reference_model(self)
+
+    __init__._fused_lce_follows = True
+    cls.__init__ = __init__
+
+
+def _policy_patched(trainer):
+    model = getattr(trainer, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return False
+    return runtime.options_of(runtime.resolve(model, check=False)) is not None
+
+
+def _follow_reference_model(trainer):
+    """Patch the trainer's reference model now if it has one, and again when training starts: TRL's trainers
+    set ``ref_model`` after ``Trainer.__init__`` (where the hooks run) and may wrap it later (DeepSpeed)."""
+    _patch_reference_model(trainer)
     if "_fused_lce_callback" not in trainer.__dict__:
-        # TRL's trainers set ref_model after Trainer.__init__ (where autopatch runs) and may wrap it later
-        # (DeepSpeed): look again when training starts
         trainer.__dict__["_fused_lce_callback"] = _reference_model_callback(trainer)
         trainer.add_callback(trainer.__dict__["_fused_lce_callback"])
-    return trainer
 
 
 def unpatch_trainer(trainer):
@@ -68,6 +101,12 @@ def _patch_reference_model(trainer):
     except (TypeError, ValueError) as e:
         warnings.warn(f"fused_lce: the reference model was not patched ({e}); its log-probabilities are computed "
                       "without fused_lce", stacklevel=3)
+        return
+    if getattr(getattr(trainer, "args", None), "precompute_ref_log_probs", False):
+        warnings.warn("fused_lce: precompute_ref_log_probs=True: the reference log-probabilities were "
+                      "computed when the trainer was built, before fused_lce patched the reference model, "
+                      "so TRL's own head computed them; to fuse them, fused_lce.patch(ref_model) before "
+                      "building the trainer", stacklevel=3)
 
 
 def _reference_model_callback(trainer):
@@ -79,7 +118,7 @@ def _reference_model_callback(trainer):
     class PatchReferenceModel(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             trainer = owner()
-            if trainer is not None and runtime.options_of(runtime.resolve(trainer.model, check=False)) is not None:
+            if trainer is not None and _policy_patched(trainer):
                 _patch_reference_model(trainer)
 
     return PatchReferenceModel()

@@ -135,6 +135,7 @@ def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
                      f" keep_dz={int(rng.random() < 0.5)} z_cache={int(rng.random() < 0.5)}")
         else:
             line += f" keep_z={int(rng.random() < 0.5)}"
+        line += f" variant={rng.choice([0, 0, 1, 2, 3])}"
         out.append(line)
     return out
 
@@ -197,13 +198,15 @@ def cube_problems(line: str, r: dict) -> list[str]:
     want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
     want(f32(r["invTemperature"]) == f32(1.0 / f32(float(c["temperature"]))), f"invTemperature {r['invTemperature']}")
     want(r["hasBias"] == int(c["bias"]), "hasBias")
+    want(r["variant"] == int(c.get("variant", 0)), f"variant {r['variant']}")
+    plain = int(c.get("variant", 0)) & 1  # kPlainTiling: GetTiling's Matmul tilings, no L1-residency override
     b = e["base"]
     bm, bn, d = b["base_m"], b["base_n"], b["d"]
     if grad:
         want(r["gradMask"] == int(c["mask"]) & (7 if int(c["bias"]) else 3), f"gradMask {r['gradMask']}")
         want((r["hasB"], r["hasU"]) == (int(c.get("coef_b", 1)), int(c.get("coef_u", 1))), "hasB / hasU")
         want(r["keepDz"] == int(c.get("keep_dz", 0)), f"keepDz {r['keepDz']}")
-        if b["n"] > 0:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
+        if b["n"] > 0 and not plain:  # the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
             dcols = -(-d // b["base_d"])
             want(*a_resident(r["mmDx"], bn, dcols, b["elt_bytes"], r["l1_bytes"], "mmDx", False, False))
             want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw", True, False))
@@ -223,7 +226,7 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["labelBytes"] == (8 if c["label"] == "i64" else 4), f"labelBytes {r['labelBytes']}")
         want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
-        if b["n"] > 0:  # the hidden rows kept in L1 over a task's segment
+        if b["n"] > 0 and not plain:  # the hidden rows kept in L1 over a task's segment
             want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits", False,
                              True))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
@@ -304,6 +307,29 @@ def test_cube_attributes_are_read_at_their_opdef_index(driver):
                             with_zsum=zsum, entropy=ent, label="i32"))
         got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"])
         assert got == (123, 7.5, f32(0.8), zsum, ent, 4)
+
+
+RESIDENCY = ("depthA1", "depthB1", "stepM", "stepN", "iterateOrder", "shareL1Size")
+
+
+@pytest.mark.parametrize("op,gemms", [("stats_cube", ["mmLogits"]), ("grad_cube", ["mmDx", "mmDw"])])
+def test_plain_tiling_variant_leaves_get_tilings_choice(op, gemms, driver):
+    """The attribute variant reaches the tiling data (each bit alone and both); with kPlainTiling (bit 1) the Matmul
+    tilings are GetTiling's own: they differ from the default only in the fields keep_a_resident overrides, and they
+    do differ there (the override applies to this problem). Any other value fails the tiling."""
+    line = case(op, n=300, d=1024, v=20000)
+    runs = {v: driver.one(f"{line} variant={v}") for v in range(4)}
+    assert all(r["status"] == "ok" and r["variant"] == v for v, r in runs.items()), runs
+    for name in gemms:
+        default, plain = runs[0][name], runs[1][name]
+        assert runs[2][name] == default and runs[3][name] == plain
+        assert {k: x for k, x in plain.items() if k not in RESIDENCY} == \
+            {k: x for k, x in default.items() if k not in RESIDENCY}
+        assert any(plain[k] != default[k] for k in RESIDENCY), (name, plain, default)
+    for bad in (4, -1):
+        r = driver.one(f"{line} variant={bad}")
+        assert r["status"] == "failed" and not r["block_dim_set"], r
+    assert "variant must be a set of the bits" in driver.stderr
 
 
 BAD_GRAD_CUBE = [

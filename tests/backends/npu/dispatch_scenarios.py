@@ -81,6 +81,7 @@ def fake_cann_home(symbols) -> str:
 
 TRIO_SYMBOLS = [n + suffix for n in npu_cann.ACLNN for suffix in ("", "GetWorkspaceSize")]
 os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS)
+os.environ["FUSED_LCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fused_lce_cache_")  # this run's self-check verdicts
 
 SCENARIOS = {}
 
@@ -346,6 +347,65 @@ def own_kernels_first_when_available():
             del os.environ["FUSED_LCE_BACKEND"]
     finally:
         registry.unregister("npu")
+
+
+class WrongKernelsOnSimulatedNpu(TwinKernelsOnSimulatedNpu):
+    """The twin's kernels with dW off by 1%: what a first hardware run could show."""
+
+    def grads(self, *args, **kw):
+        dx, dw, db = super().grads(*args, **kw)
+        return dx, dw * 1.01, db
+
+
+@scenario
+def selfcheck_guards_the_npu_providers():
+    """The first use of each NPU provider on the device runs the self-check battery against the torch provider on
+    the same device. A wrong "npu" kernel fails it (a warning naming the check and `fused-lce doctor`; backend_info
+    says why) and auto takes npu_cann (the fake trio, which passes); fp32, which the trio declines, and a trio that
+    fails its check too (its functions raise), take the torch route. Every answer matches the float64 reference."""
+    import warnings
+
+    from fused_lce.core import selfcheck
+
+    selfcheck.forget()
+    kernels = WrongKernelsOnSimulatedNpu()
+    registry.register(npu_provider.AscendCProvider("npu", kernels=kernels))
+    # the right kernels of an earlier scenario have the same cache key as these: check, do not read the cache
+    os.environ["FUSED_LCE_SELFCHECK"] = "1"
+    try:
+        h, w, _, y = problem(29, 24, 270, torch.bfloat16, 31)
+        c0 = calls()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got, ref = run_both(h, w, None, y)
+        msgs = [str(x.message) for x in caught if issubclass(x.category, RuntimeWarning)]
+        assert any("backend 'npu' failed its first-use self-check on npu:0" in m and "fused-lce doctor" in m
+                   for m in msgs), msgs
+        assert calls() > c0  # the trio ran (its battery, then the user's call)
+        check(got, ref, 2e-3, 1.5e-2)
+        info = fused_lce.backend_info()
+        assert not info["npu"]["available"] and "dW differs" in info["npu"]["reason"], info["npu"]
+        assert info["npu_cann"]["selfcheck"] == {"npu:0": "passed"}, info["npu_cann"]
+        hf, wf, _, yf = problem(29, 24, 270, torch.float32, 32)  # fp32: the trio declines it, the torch route
+        got, ref = run_both(hf, wf, None, yf)
+        check(got, ref, 1e-6, 1e-5)
+        selfcheck.forget()
+        os.environ["FAKE_TRIO_FAIL"] = "1"
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got, ref = run_both(h, w, None, y)
+            msgs = [str(x.message) for x in caught if issubclass(x.category, RuntimeWarning)]
+            assert any("backend 'npu_cann' failed its first-use self-check" in m for m in msgs), msgs
+            check(got, ref, 1e-6, 1e-2)  # the torch route
+            trio = fused_lce.backend_info()["npu_cann"]
+            assert not trio["available"] and "RuntimeError" in trio["reason"], trio
+        finally:
+            del os.environ["FAKE_TRIO_FAIL"]
+    finally:
+        del os.environ["FUSED_LCE_SELFCHECK"]
+        registry.unregister("npu")
+        selfcheck.forget()
 
 
 def main():

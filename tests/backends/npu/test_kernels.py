@@ -48,12 +48,41 @@ def test_the_adapter_ops_get_their_contract(seed):
     assert (s_name, g_name) == ("_npu_stats_cube", "_npu_grads_cube")
     # one argument order (csrc/npu/kernel_ops.h): problem tensors, the op's tensors, vocab_start, softcap,
     # temperature, the op's flags
-    assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False)  # keep_z off
+    assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False, 0)  # keep_z off
     # (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes
-    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None)
+    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None,
+                                                                0)
     assert b_grads[4].dtype == torch.float32 and torch.equal(b_grads[4], lse.float())
     for i in range(4):
         assert b_grads[5 + i].dtype == torch.float32 and torch.equal(b_grads[5 + i], coefs[i].float())
+
+
+def test_the_conservative_variants_follow_the_environment(monkeypatch):
+    """FUSED_LCE_NPU_PLAIN_TILING / FUSED_LCE_NPU_SERIAL_MATMUL set the variant bits every launch passes (read at each
+    call); a fixed variant ignores them; a value other than 0 / 1 is a ValueError naming the variable, nothing
+    launched."""
+    h, w, y = torch.randn(3, 4), torch.randn(5, 4), torch.zeros(3, dtype=torch.long)
+    coefs, lse = torch.zeros(4, 3), torch.zeros(3)
+    rec = Recorder()
+    k = npu_kernels.AdapterKernels(ops=rec)
+    for env, bits in (({}, 0), ({"FUSED_LCE_NPU_PLAIN_TILING": "1"}, 1), ({"FUSED_LCE_NPU_SERIAL_MATMUL": "1"}, 2),
+                      ({"FUSED_LCE_NPU_PLAIN_TILING": "1", "FUSED_LCE_NPU_SERIAL_MATMUL": " 1 "}, 3),
+                      ({"FUSED_LCE_NPU_PLAIN_TILING": "0"}, 0)):
+        for name in npu_kernels.VARIANT_ENV:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        k.stats(h, w, None, y, 0, 0.0, 1.0, False, False)
+        k.grads(h, w, None, y, lse, coefs, 0, 0.0, 1.0, (True, True, False))
+        assert rec.calls[-2][1][-1] == bits and rec.calls[-1][1][-1] == bits, (env, rec.calls[-2:])
+    fixed = npu_kernels.AdapterKernels(ops=rec, variant=2)
+    fixed.stats(h, w, None, y, 0, 0.0, 1.0, False, False)
+    assert rec.calls[-1][1][-1] == 2
+    monkeypatch.setenv("FUSED_LCE_NPU_SERIAL_MATMUL", "yes")
+    n = len(rec.calls)
+    with pytest.raises(ValueError, match="FUSED_LCE_NPU_SERIAL_MATMUL: expected 0 or 1"):
+        k.stats(h, w, None, y, 0, 0.0, 1.0, False, False)
+    assert len(rec.calls) == n
 
 
 class TwinAsAdapterOps:

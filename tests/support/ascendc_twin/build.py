@@ -113,6 +113,6 @@ class TwinKernels(AdapterKernels):
     ``AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
     provider."""
 
-    def __init__(self, hw: dict = HW_910B, seed: int = 1):
-        super().__init__(ops=load_twin(), prefix="_twin")
+    def __init__(self, hw: dict = HW_910B, seed: int = 1, variant=None):
+        super().__init__(ops=load_twin(), prefix="_twin", variant=variant)
         configure(hw, seed)

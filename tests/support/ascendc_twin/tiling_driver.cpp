@@ -4,7 +4,7 @@
 // stdin: one case per line, `key=value` words:
 //   op=stats_cube|grad_cube part=Ascend910B2|... n= d= v= dtype=bf16|fp16|fp32
 //   label=i32|i64 bias=0|1 softcap= temperature= mask= vocab_start= [with_zsum=0|1] [entropy=0|1] [coef_b=0|1]
-//   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
+//   [coef_u=0|1] [z_cache=0|1] [keep_dz=0|1] [keep_z=0|1] [variant=0..3] [absent=<input>] [shape.<input>=a,b] [dtype.<input>=..]
 //   [out.z_cache=absent|a,b] (FusedLceStatsCube's optional output; default: (N, V) with keep_z, else absent, as the
 //   adapter passes it) [mm_base=M,N] (GetTiling returns this base tile instead of the fixed one) [mm_single_k=K]
 //   (GetTiling returns this singleCoreK instead of the GEMM's K)
@@ -132,6 +132,7 @@ Case build(const std::map<std::string, std::string>& kv) {
         c.attrs["with_zsum"] = th::AttrArg::Bool(get(kv, "with_zsum", "0") == "1");
         c.attrs["with_entropy"] = th::AttrArg::Bool(get(kv, "entropy", "0") == "1");
     }
+    c.attrs["variant"] = th::AttrArg::Int(std::stoll(get(kv, "variant", "0")));
     if (kv.count("mm_base")) c.mm_base = dims_of(get(kv, "mm_base", ""));
     if (kv.count("mm_single_k")) c.mm_single_k = static_cast<int32_t>(std::stoll(get(kv, "mm_single_k", "0")));
     return c;
@@ -264,6 +265,7 @@ void run_case(const std::map<std::string, std::string>& kv) {
                   << ",\"invTemperature\":" << td.invTemperature << ",\"gradMask\":" << td.gradMask
                   << ",\"hasBias\":" << td.hasBias << ",\"hasB\":" << td.hasB << ",\"hasU\":" << td.hasU
                   << ",\"keepDz\":" << td.keepDz << ",\"hasZCache\":" << td.hasZCache
+                  << ",\"variant\":" << td.variant
                   << ",\"mmZ\":" << cube_json(td.mmZ) << ",\"mmDx\":" << cube_json(td.mmDx)
                   << ",\"mmDw\":" << cube_json(td.mmDw) << ",\"mmDxAll\":" << cube_json(td.mmDxAll)
                   << ",\"mmDwAll\":" << cube_json(td.mmDwAll);
@@ -284,6 +286,7 @@ void run_case(const std::map<std::string, std::string>& kv) {
                   << ",\"invTemperature\":" << td.invTemperature << ",\"withZsum\":" << td.withZsum
                   << ",\"withEz\":" << td.withEz << ",\"hasBias\":" << td.hasBias
                   << ",\"labelBytes\":" << td.labelBytes << ",\"hasZCache\":" << td.hasZCache
+                  << ",\"variant\":" << td.variant
                   << ",\"mmLogits\":" << cube_json(td.mmLogits);
             }
         }

@@ -2,13 +2,14 @@
 // definition, shape / dtype inference and tiling. Generated aclnn API:
 //   aclnnFusedLceGradCubeGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
 //                                        labels, lse, zCacheOptional, vocabStart, softcap, temperature, gradMask,
-//                                        keepDz, gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
+//                                        keepDz, variant, gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
 //   aclnnFusedLceGradCube(workspace, workspaceSize, executor, stream)
 // coef_a, coef_t, coef_b, coef_u: float32 (N,) planes of the driver's Coefs (dz = p (a + b max(z, lse - 104)) -
 // t onehot - u); an absent b / u is 0 and skips its vector work. z_cache (float32 (N, V), optional, right after
 // lse): FusedLceStatsCube's kept h W^T of these rows; given, the kernel computes no logits (the tiling's hasZCache,
-// from the optional input's presence here: never from its GM address). keep_dz: dz kept in the workspace between the two phases (tiling keepDz, workspace ws_total_keep), so
-// phase W runs no z GEMM either: with z_cache, 3 GEMMs for forward + backward.
+// from the optional input's presence here: never from its GM address). keep_dz: dz kept in the workspace between the
+// two phases (tiling keepDz, workspace ws_total_keep), so phase W runs no z GEMM either: with z_cache, 3 GEMMs for
+// forward + backward.
 // The three outputs are float32 accumulators that the caller zero-fills or, for dW, passes with the earlier driver
 // blocks' sum (the cube adds into them through the fixpipe, each element by one core in a fixed order; with keep_dz
 // dX is written by one whole-K GEMM per token block instead); an output not selected by gradMask (bit0 dX, bit1 dW,
@@ -17,6 +18,7 @@
 // mode (the kernel's SyncAll before the db merge), workspace = system workspace + rings + db partials, as ops-nn's
 // FusedLinearCrossEntropyLossGrad sets them (hicann/ops-nn matmul/fused_linear_cross_entropy_loss_grad/op_host/
 // fused_linear_cross_entropy_loss_grad_tiling.cpp: SetBlockDim(aicNum), workspace = user + GetLibApiWorkSpaceSize).
+// The attribute variant (last) selects conservative variants for a first hardware run (fused_lce_cube_tiling.h).
 // Status: compiled with opbuild's flags against the host twin's stub CANN headers and run under its runtime in CI
 // (tests/ascend/host); never compiled against a real CANN toolkit, not run on hardware.
 #include "../../common/fused_lce_host.h"
@@ -31,6 +33,7 @@ constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kW
                  kLse = 8, kZCache = 9;
 // attribute index of keep_dz (after the attributes fused_lce_host::read_grad_attrs reads)
 constexpr size_t kAttrKeepDz = fused_lce_host::kGradAttrs;
+constexpr size_t kAttrVariant = kAttrKeepDz + 1;  // the conservative variant bits (fused_lce::cube::Variant)
 }  // namespace grad_cube
 
 // a coefficient plane: float32 (N,)
@@ -43,16 +46,15 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
     namespace ft = fused_lce::tiling;
     namespace fc = fused_lce::cube;
     using namespace grad_cube;
-    FusedLceGradCubeTilingData* td = ctx->GetTilingData<FusedLceGradCubeTilingData>();
-    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceGradCubeTilingData (%zu bytes)",
-                                       sizeof(FusedLceGradCubeTilingData));
-    if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
+    FusedLceGradCubeTilingData* td = nullptr;
+    fh::Problem pr;
+    if (fh::begin_tiling(ctx, "FusedLceGradCube", kHidden, kWeight, kBias, kLabels, &td, &pr) != ge::GRAPH_SUCCESS)
+        return ge::GRAPH_FAILED;
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
     const fh::Input a = fh::input(ctx, kCoefA), t = fh::input(ctx, kCoefT), b = fh::input(ctx, kCoefB),
-                    u = fh::input(ctx, kCoefU), hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight),
-                    bias = fh::input(ctx, kBias), labels = fh::input(ctx, kLabels), lse = fh::input(ctx, kLse);
-    uint64_t n = 0, d = 0, v = 0;
-    if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+                    u = fh::input(ctx, kCoefU), lse = fh::input(ctx, kLse);
+    const fh::Input &hidden = pr.hidden, &bias = pr.bias;
+    const uint64_t n = pr.n, d = pr.d, v = pr.v;
     const int64_t sn = static_cast<int64_t>(n);
     const bool planesOk = plane_ok(a, sn) && plane_ok(t, sn) && (!b.present || plane_ok(b, sn)) &&
                           (!u.present || plane_ok(u, sn));
@@ -70,6 +72,8 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
     const float softcap = at.softcap, temperature = at.temperature;
     bool keepDz = false;
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepDz, &keepDz)) return fh::fail(ctx, "missing attribute");
+    uint32_t variant = 0;
+    if (fh::read_variant(ctx, kAttrVariant, &variant) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
 
     const uint32_t flags = (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
     const fc::CubeGradPlan plan = fc::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
@@ -85,6 +89,7 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
     td->hasU = u.present ? 1u : 0u;
     td->keepDz = keepDz ? 1u : 0u;
     td->hasZCache = zc.present ? 1u : 0u;
+    td->variant = variant;
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -113,10 +118,12 @@ static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
              (!keepDz || (fh::kept_base_tile(ctx, op, "mmDxAll", td->mmDxAll, bm, p.base_d, plan.keep_cols) &&
                           fh::kept_base_tile(ctx, op, "mmDwAll", td->mmDwAll, bn, p.base_d, n)));
         if (!ok) return ge::GRAPH_FAILED;
-        // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles
+        // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles (kPlainTiling: as GetTiling gave)
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
-        fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1, false, false);  // dz @ W
-        fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1, true, false);   // dz^T @ h
+        if (!(variant & fc::kPlainTiling)) {
+            fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1, false, false);  // dz @ W
+            fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1, true, false);   // dz^T @ h
+        }
     }
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }
@@ -153,6 +160,7 @@ public:
         Input("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);  // right after lse: the forward's h W^T
         fused_lce_host::grad_outputs_and_attrs(*this, t);
         Attr("keep_dz").AttrType(OPTIONAL).Bool(false);
+        Attr("variant").AttrType(OPTIONAL).Int(0);  // fused_lce::cube::Variant bits (0: the default kernel)
         SetInferShape(ge::FusedLceGradCubeInferShape).SetInferDataType(ge::FusedLceGradCubeInferDataType);
         AICore().SetTiling(optiling::FusedLceGradCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

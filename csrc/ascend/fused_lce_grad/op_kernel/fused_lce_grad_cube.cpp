@@ -2,7 +2,7 @@
 // tile. Status: compiled and run on CPU against the AscendC API twin (tests/support/ascendc_twin, tests/ascend); not
 // run on NPU hardware.
 //
-// Contract (the driver's Coefs, /work/notes/logprobs_contract.md section 4): per token a, t and optionally b, u and
+// Contract (the driver's Coefs, docs/providers.md): per token a, t and optionally b, u and
 // the global lse; with z = softcap(h W^T + bias) / T,
 //   dz_j = p_j (a + b max(z_j, lse - 104)) - t [j == label] - u,   p_j = exp(z_j - lse),
 //   dz_j *= 1 - (z_j T / c)^2 with a softcap c;  dX += dz W, dW += dz^T h, db += column sums of dz (fp32).
@@ -92,6 +92,7 @@ public:
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(in[7]));
         lseGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[8]));
         zc_ = td->hasZCache != 0;
+        serialMatmul_ = (td->variant & fc::kSerialMatmul) != 0;
         if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(in[9]));
         for (int k = 0; k < 3; ++k)  // dx, dw, db: the outputs gradMask selects
             if (td->gradMask & (1u << k)) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(out[k]));
@@ -144,6 +145,7 @@ public:
         if (recompute) Logits(mmZ, 0);
         for (uint64_t k = 0; k < vecTiles_; ++k) {
             if (recompute && k + 1 < vecTiles_) Logits(mmZ, k + 1);  // C1 of the next tile overlaps V1 of this one
+            Switch();
             CrossCoreWaitFlag(kFlagDzReady);
             const TileAt a = At(k);
             const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
@@ -158,18 +160,21 @@ public:
                 mmDx.SetTail(rows, static_cast<int>(p_->d), cols);
                 mmDx.IterateAll(out_[0][a.m * p_->base_m * p_->d], 1);
                 mmDx.End();
+                Switch();
             } else if (a.phaseW && (td_->gradMask & 2u)) {
                 mmDw.SetTensorA(dz, true);
                 mmDw.SetTensorB(hGm_[a.m * p_->base_m * p_->d]);
                 mmDw.SetTail(cols, static_cast<int>(p_->d), rows);
                 mmDw.IterateAll(out_[1][a.nb * p_->base_n * p_->d], 1);
                 mmDw.End();
+                Switch();
             }
             if (k + fc::kRingSlots < vecTiles_) CrossCoreSetFlag<2, PIPE_FIX>(kFlagDzFree + slot);
         }
         if (!keep_) return;
         // the whole Dz (every core's tiles) and the db partials are in the workspace
         SyncAll<false>();
+        Switch();
         const uint64_t d = p_->d, n = p_->n;
         GlobalTensor<T> chunk;
         uint64_t width, col;
@@ -187,6 +192,7 @@ public:
                 }
             }
         }
+        Switch();
         if (td_->gradMask & 2u) {
             for (uint64_t i = 0; i < tasksW_; ++i) {  // dW[nb] += Dz_c[:, nb's columns]^T @ h, K = N
                 const uint64_t nb = core_ + i * cores_;
@@ -446,6 +452,12 @@ private:
         }
     }
 
+    // kSerialMatmul (a conservative variant): every pipe drained where the cube passes from one Matmul object to
+    // another (they overlay L1: the next object's copies must not overtake the last one's reads)
+    __aicore__ inline void Switch() {
+        if (serialMatmul_) PipeBarrier<PIPE_ALL>();
+    }
+
     template <class MM>
     __aicore__ inline void Logits(MM& mm, uint64_t k) {
         const TileAt a = At(k);
@@ -465,7 +477,7 @@ private:
     const ft::Plan* p_;
     uint64_t core_ = 0, cores_ = 1, total_ = 0, vecTiles_ = 0, tileElems_ = 0, tasksX_ = 0, tasksW_ = 0;
     uint32_t st_ = 0;
-    bool zc_ = false, keep_ = false;
+    bool zc_ = false, keep_ = false, serialMatmul_ = false;
     GlobalTensor<float> coef_[4], lseGm_, zcGm_, out_[3], ring_, dbPart_, dbKeep_;
     GlobalTensor<T> hGm_, wGm_, bGm_, dzRing_, dzKeep_;
     GlobalTensor<LabelT> yGm_;

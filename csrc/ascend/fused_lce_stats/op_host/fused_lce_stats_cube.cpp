@@ -1,14 +1,15 @@
 // FusedLceStatsCube (the cube-driven forward, op_kernel/fused_lce_stats_cube.cpp): operator definition, shape /
 // dtype inference and tiling. The CANN build generates the two-phase aclnn API from this definition:
 //   aclnnFusedLceStatsCubeGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
-//                                         temperature, withEntropy, keepZ, maxOut, sumExpOut, targetLogitOut,
+//                                         temperature, withEntropy, keepZ, variant, maxOut, sumExpOut, targetLogitOut,
 //                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
 //   aclnnFusedLceStatsCube(workspace, workspaceSize, executor, stream)
-// The kernel writes all six (N,) outputs on every launch (logit_sum / entropy_stat are 0 unless asked for), so none may be empty. z_cache (float32 (N, V),
-// optional, the last output): when given, the cube also writes every tile's h W^T there (before bias / softcap /
-// temperature) for FusedLceGradCube's z_cache input. The attribute keep_z (last) says it is given and becomes the
-// tiling's hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
+// The kernel writes all six (N,) outputs on every launch (logit_sum / entropy_stat are 0 unless asked for), so none
+// may be empty. z_cache (float32 (N, V), optional, the last output): when given, the cube also writes every tile's
+// h W^T there (before bias / softcap / temperature) for FusedLceGradCube's z_cache input. The attribute keep_z says
+// it is given and becomes the tiling's hasZCache: the kernel never takes presence from the GM address (CANN does not promise null for an absent
 // optional; ops-nn's FusedLinearOnlineMaxSum switches its optional logits output with an attribute the same way).
+// The attribute variant (last) selects conservative variants for a first hardware run (fused_lce_cube_tiling.h).
 // Kernel type: the kernel declares KERNEL_TYPE_MIX_AIC_1_2 (KERNEL_TASK_TYPE_DEFAULT); the block dim set here is
 // the number of AI cores used, each one cube (AIC) with its two vector cores (AIV), as ops-nn's
 // FusedLinearOnlineMaxSum does (hicann/ops-nn matmul/fused_linear_online_max_sum/op_host/
@@ -27,6 +28,7 @@ constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
 constexpr size_t kZCacheOut = 6;  // output index of the optional z_cache (the last output)
 // attribute index of keep_z (after the attributes fused_lce_host::read_stats_attrs reads)
 constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
+constexpr size_t kAttrVariant = kAttrKeepZ + 1;  // the conservative variant bits (fused_lce::cube::Variant)
 }  // namespace stats_cube
 
 static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
@@ -34,15 +36,12 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     namespace ft = fused_lce::tiling;
     namespace fc = fused_lce::cube;
     using namespace stats_cube;
-    FusedLceStatsCubeTilingData* td = ctx->GetTilingData<FusedLceStatsCubeTilingData>();
-    if (td == nullptr) return fh::fail(ctx, "tiling buffer smaller than FusedLceStatsCubeTilingData (%zu bytes)",
-                                       sizeof(FusedLceStatsCubeTilingData));
-    if (ctx->GetPlatformInfo() == nullptr) return fh::fail(ctx, "no platform info");
+    FusedLceStatsCubeTilingData* td = nullptr;
+    fh::Problem pr;
+    if (fh::begin_tiling(ctx, "FusedLceStatsCube", kHidden, kWeight, kBias, kLabels, &td, &pr) != ge::GRAPH_SUCCESS)
+        return ge::GRAPH_FAILED;
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
-    const fh::Input hidden = fh::input(ctx, kHidden), weight = fh::input(ctx, kWeight), bias = fh::input(ctx, kBias),
-                    labels = fh::input(ctx, kLabels);
-    uint64_t n = 0, d = 0, v = 0;
-    if (fh::check_problem(ctx, hidden, weight, bias, labels, &n, &d, &v) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const uint64_t n = pr.n, d = pr.d, v = pr.v;
     fh::StatsAttrs at;
     if (fh::read_stats_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
     const int64_t vocabStart = at.vocabStart;
@@ -50,6 +49,8 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     const bool withZsum = at.withZsum, withEntropy = at.withEntropy;
     bool keepZ = false;
     if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
+    uint32_t variant = 0;
+    if (fh::read_variant(ctx, kAttrVariant, &variant) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
     // keep_z says the kernel writes N x V floats into z_cache, so then the output must be given with that shape.
     // Without keep_z the kernel never touches z_cache, whatever is given: the generated aclnn passes an absent optional
     // output as a null tensor (asc-devkit tools/build/opbuild/op_aclnn_generator.cpp, NnopbaseAddOutput), a graph
@@ -64,9 +65,9 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
 
     // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has
     // six planes
-    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
+    const uint32_t flags = (pr.bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
                            (softcap > 0.0f ? ft::kSoftcap : 0u);
-    const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(hidden.dtype), flags, withEntropy,
+    const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(pr.hidden.dtype), flags, withEntropy,
                                              fh::hw_spec(plat));
     if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsCube: %s", ft::status_text(plan.status));
     std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
@@ -76,19 +77,21 @@ static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
     td->invTemperature = static_cast<float>(1.0 / static_cast<double>(temperature));
     td->withZsum = withZsum ? 1u : 0u;
     td->withEz = withEntropy ? 1u : 0u;
-    td->hasBias = bias.present ? 1u : 0u;
-    td->labelBytes = labels.dtype == ge::DT_INT64 ? 8u : 4u;
+    td->hasBias = pr.bias.present ? 1u : 0u;
+    td->labelBytes = pr.labels.dtype == ge::DT_INT64 ? 8u : 4u;
     td->hasZCache = keepZ ? 1u : 0u;
+    td->variant = variant;
     // on the AIC: z = h[block] @ W[cols].T, the whole base_m x base_n tile (K = D) into the GM ring; one Iterate per
-    // tile of a task's segment, the hidden rows kept in L1 across them when the plan says they fit
+    // tile of a task's segment, the hidden rows kept in L1 across them when the plan says they fit (kPlainTiling: one
+    // GEMM per tile, GetTiling's tiling as it is)
     const ft::Plan& p = plan.base;
-    if (p.n > 0 && !fh::gemm_tiling(plat, hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
+    if (p.n > 0 && !fh::gemm_tiling(plat, pr.hidden.dtype, false, true, matmul_tiling::TPosition::GM, p.base_m,
                                     p.base_n, p.d, p.base_m, p.base_n, td->mmLogits))
         return fh::fail(ctx, "FusedLceStatsCube: the Matmul API found no tiling");
     if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n,
                                           p.d))
         return ge::GRAPH_FAILED;
-    if (p.n > 0)  // A = h (not transposed), B = W (transposed)
+    if (p.n > 0 && !(variant & fc::kPlainTiling))  // A = h (not transposed), B = W (transposed)
         fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes, false, true);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
 }
@@ -138,6 +141,7 @@ public:
         // vocab_parallel_logits_out)
         Output("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
         Attr("keep_z").AttrType(OPTIONAL).Bool(false);  // z_cache is given (the tiling's hasZCache)
+        Attr("variant").AttrType(OPTIONAL).Int(0);      // fused_lce::cube::Variant bits (0: the default kernel)
         SetInferShape(ge::FusedLceStatsCubeInferShape).SetInferDataType(ge::FusedLceStatsCubeInferDataType);
         AICore().SetTiling(optiling::FusedLceStatsCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
     }

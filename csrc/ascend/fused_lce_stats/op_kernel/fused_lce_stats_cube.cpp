@@ -71,6 +71,7 @@ public:
         yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ LabelT*>(labels));
         for (int k = 0; k < 6; ++k) out_[k].SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[k]));
         zc_ = td->hasZCache != 0;  // presence by tiling (an absent optional's address need not be null)
+        plainTiling_ = (td->variant & fc::kPlainTiling) != 0;
         if (zc_) zcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outs[6]));
         // workspace: [partial statistics: plane k of segment s at k * segments * N + s * N][ring: per AI core two
         // slots of base_m x base_n floats]
@@ -102,6 +103,16 @@ public:
             ft::task_coords(*p_, t, &mIdx, &sIdx);
             ft::segment_blocks(*p_, sIdx, &nb0, &nb1);
             const uint64_t row0 = mIdx * p_->base_m;
+            if (plainTiling_) {  // the conservative variant: one GEMM per tile, GetTiling's tiling as it is
+                for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) {
+                    mm.SetTensorA(hGm_[row0 * p_->d]);
+                    mm.SetTensorB(wGm_[nb * p_->base_n * p_->d], true);
+                    mm.SetTail(ft::block_rows(*p_, mIdx), ft::block_cols(*p_, nb), p_->d);
+                    Tile(mm, row0, nb, k);
+                    mm.End();
+                }
+                continue;
+            }
             // one GEMM per task: the token block's rows against the segment's vocabulary rows, one base_m x base_n
             // tile per Iterate (the segment has one M tile, so the tiles come in vocabulary order); with the
             // tiling's depthA1 / stepN of fused_lce_cube_tiling_data.h keep_a_resident the hidden rows stay in L1
@@ -110,19 +121,24 @@ public:
             mm.SetTensorB(wGm_[nb0 * p_->base_n * p_->d], true);
             mm.SetTail(ft::block_rows(*p_, mIdx), ft::block_cols(*p_, nb1 - 1) + (nb1 - 1 - nb0) * p_->base_n,
                        p_->d);
-            for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) {
-                const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
-                if (k >= fc::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);  // both AIVs copied tile k - 2 out
-                mm.template Iterate<true>();
-                if (zc_) {  // at (row0, nb * base_n) of the cache: the segment's origin + the tile's offset in it
-                    mm.GetTensorC(zcGm_[row0 * p_->v + nb0 * p_->base_n]);
-                } else {  // rows at the tile's own width (the last vocabulary block's: its tail width)
-                    mm.GetTensorC(ring_[(core_ * fc::kRingSlots + slot) * tileElems_], 0, true);
-                }
-                CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
-            }
+            for (uint64_t nb = nb0; nb < nb1; ++nb, ++k) Tile(mm, row0, nb0, k);
             mm.End();
         }
+    }
+
+    // The next tile of the current GEMM into ring slot k % 2 (or, with the z cache, into the cache at (row0, the
+    // GEMM's first column origin nb0 * base_n): the library offsets each tile by its place in the GEMM), then kFull.
+    template <class MM>
+    __aicore__ inline void Tile(MM& mm, uint64_t row0, uint64_t nb0, uint64_t k) {
+        const uint32_t slot = static_cast<uint32_t>(k % fc::kRingSlots);
+        if (k >= fc::kRingSlots) CrossCoreWaitFlag(kFlagFree + slot);  // both AIVs copied tile k - 2 out
+        mm.template Iterate<true>();
+        if (zc_) {
+            mm.GetTensorC(zcGm_[row0 * p_->v + nb0 * p_->base_n]);
+        } else {  // rows at the tile's own width (the last vocabulary block's: its tail width)
+            mm.GetTensorC(ring_[(core_ * fc::kRingSlots + slot) * tileElems_], 0, true);
+        }
+        CrossCoreSetFlag<2, PIPE_FIX>(kFlagFull);
     }
 
     // ---- vector cores -----------------------------------------------------------------------------------------
@@ -405,7 +421,7 @@ private:
     const ft::Plan* p_;
     uint64_t core_ = 0, total_ = 0, tileElems_ = 0;
     uint32_t stride_ = 0;
-    bool zc_ = false;
+    bool zc_ = false, plainTiling_ = false;
     GlobalTensor<T> hGm_, wGm_, bGm_;
     GlobalTensor<LabelT> yGm_;
     GlobalTensor<float> out_[6], wsStats_, ring_, zcGm_;

@@ -178,6 +178,11 @@ void launch_any(const ft::Plan& p, std::vector<twin_test::GmBuffer> bufs, Tensor
 
 StatsCubeKernel pick_stats_cube(at::ScalarType dt, at::ScalarType lt) { return TWIN_PICK(stats_cube, dt, lt); }
 
+void check_variant(int64_t variant) {
+    TORCH_CHECK(variant >= 0 && variant <= fc::kVariantMask, "fused_lce twin: variant must be in 0..",
+                fc::kVariantMask, ", got ", variant);
+}
+
 // An absent (or empty) argument gets the twin's placeholder address, never null: presence must come from the tiling
 // (as on the NPU, where nothing promises a null address for an absent optional), and any access to it is reported.
 GM_ADDR addr(const Tensor& t) {
@@ -193,8 +198,10 @@ twin_test::GmBuffer buf(const Tensor& t, const char* name, bool ro) {
 // kernel's zCache output (fp32 [N, V_local], the raw h W^T tiles; tiling hasZCache), else an empty tensor.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_cube(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias, const Tensor& labels,
-    int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_entropy, bool keep_z) {
+    int64_t vocab_start, double softcap, double temperature, bool with_zsum, bool with_entropy, bool keep_z,
+    int64_t variant) {
     check_problem(hidden, weight, bias, labels);
+    check_variant(variant);
     TORCH_CHECK(temperature > 0, "fused_lce twin: temperature must be > 0");
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
@@ -224,8 +231,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> twin_stats_cu
         td.hasBias = has_bias ? 1u : 0u;
         td.labelBytes = static_cast<uint32_t>(y.element_size());
         td.hasZCache = keep_z ? 1u : 0u;
+        td.variant = static_cast<uint32_t>(variant);
         td.mmLogits = fill_gemm(p.base_m, p.base_n, p.d, p.base_m, p.base_n, p.base_k, p.elt_bytes, state().hw);
-        fc::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes, false, true);
+        if (!(variant & fc::kPlainTiling))
+            fc::keep_a_resident(&td.mmLogits, p.d, p.seg_blocks, p.elt_bytes, state().hw.l1_bytes, false, true);
         vary_tiling(td.mmLogits, p.elt_bytes);
         Tensor ws = at::zeros({static_cast<int64_t>(kSysWorkspace + mp.ws_total)}, hidden.options().dtype(at::kByte));
         const StatsCubeKernel k = pick_stats_cube(h.scalar_type(), y.scalar_type());
@@ -256,8 +265,10 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_cube(const Tensor& hidden, const T
                                                    const c10::optional<Tensor>& b, const c10::optional<Tensor>& u,
                                                    int64_t vocab_start, double softcap, double temperature,
                                                    std::array<bool, 3> grad_mask, const c10::optional<Tensor>& zcache,
-                                                   bool keep_dz, const c10::optional<Tensor>& dw_acc) {
+                                                   bool keep_dz, const c10::optional<Tensor>& dw_acc,
+                                                   int64_t variant) {
     check_problem(hidden, weight, bias, labels);
+    check_variant(variant);
     const bool has_zc = zcache.has_value() && zcache->defined();
     if (has_zc)
         TORCH_CHECK(zcache->scalar_type() == at::kFloat && zcache->dim() == 2 &&
@@ -301,14 +312,17 @@ std::tuple<Tensor, Tensor, Tensor> twin_grads_cube(const Tensor& hidden, const T
         td.hasU = has_u ? 1u : 0u;
         td.keepDz = keep_dz ? 1u : 0u;
         td.hasZCache = has_zc ? 1u : 0u;
+        td.variant = static_cast<uint32_t>(variant);
         Tensor zc = has_zc ? zcache->contiguous() : Tensor();
         const ft::HwSpec& hw = state().hw;
         const uint32_t bm = p.base_m, bn = p.base_n;
         td.mmZ = gemm(bm, bn, p.d, bm, bn, p.base_k, p.elt_bytes, hw);
         td.mmDx = fill_gemm(bm, p.d, bn, bm, p.base_d, bn, p.elt_bytes, hw);
         td.mmDw = fill_gemm(bn, p.d, bm, bn, p.base_d, bm, p.elt_bytes, hw);
-        fc::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, false, false);
-        fc::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, true, false);
+        if (!(variant & fc::kPlainTiling)) {
+            fc::keep_a_resident(&td.mmDx, bn, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, false, false);
+            fc::keep_a_resident(&td.mmDw, bm, ft::ceil_div(p.d, p.base_d), p.elt_bytes, hw.l1_bytes, true, false);
+        }
         vary_tiling(td.mmDx, p.elt_bytes);
         vary_tiling(td.mmDw, p.elt_bytes);
         if (keep_dz) {  // the whole-K GEMMs from the kept Dz (N x V_local)
