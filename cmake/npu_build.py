@@ -47,10 +47,6 @@ from typing import Optional
 OPP_VENDOR = "fused_lce"
 ADAPTER_NAME = "fused_lce._npu_C"
 ADAPTER_SOURCE = os.path.join("csrc", "npu", "fused_lce_npu.cpp")
-# asc-devkit's CMake flow (find_package(ASC), npu_op_package, ...): its custom_op example
-# (examples/01_simd_cpp_api/02_features/99_acl_based/00_acl_compilation/custom_op/README.md) lists Atlas A2 / A3 at
-# CANN >= 9.0.0
-MIN_CANN = (9, 0)
 SKIP_ENV = "FUSED_LCE_SKIP_OPP_BUILD"
 BUILD_DIR = os.path.join("build", "ascend_opp")
 INSTALL_DIR = os.path.join("build", "opp")
@@ -60,6 +56,20 @@ STAMP_NAME = "fused_lce_opp.json"  # in BUILD_DIR: what the installed package wa
 OPP_CMAKE_FILES = (os.path.join("cmake", "ascend_opp.cmake"), os.path.join("cmake", "FindCANN.cmake"))
 # a line that states a build error: CMake, compilers and the linker, ninja, make, asc-devkit's scripts ([ERROR])
 ERROR_LINE = re.compile(r"CMake Error|\berror\b\s*:|^FAILED:|\[ERROR\]|\*\*\*.*\bError\b", re.I)
+
+
+def _load_toolkit():
+    """fused_lce/backends/npu/toolkit.py, by path (the package is not importable while it is being built)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fused_lce", "backends", "npu",
+                        "toolkit.py")
+    spec = importlib.util.spec_from_file_location("fused_lce_npu_toolkit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_toolkit = _load_toolkit()
+MIN_CANN, toolkit_version, parse_version = _toolkit.MIN_CANN, _toolkit.toolkit_version, _toolkit.parse_version
 
 
 class NpuBuildError(RuntimeError):
@@ -120,42 +130,6 @@ def adapter_extension(repo_root: str, tn_dir: str):
 
 
 # ------------------------------------------------------------------------------------------------ the toolkit
-def _version_files(home: str) -> list[tuple[str, str]]:
-    """(file, key) pairs that state a CANN version, in the order they are read: asc-devkit's version.info (the
-    package whose CMake flow the build uses; asc-devkit cmake/package.cmake installs it to share/info/asc-devkit),
-    the runtime's (what CANN's ACL reads, hicann/runtime src/acl/utils/cann_info_utils.cpp), the compiler's (what the
-    OPP build itself records, asc-devkit cmake/asc/fwk_modules/util/gen_version_info.sh), the toolkit's install info
-    of the older layout (asc-devkit docs/zh/quick_start.md; torch_npu's collect_env reads its ``version=`` line)."""
-    arch = f"{platform.machine()}-linux"
-    return [(os.path.join(home, "share", "info", "asc-devkit", "version.info"), "Version"),
-            (os.path.join(home, "share", "info", "runtime", "version.info"), "Version"),
-            (os.path.join(home, "compiler", "version.info"), "Version"),
-            (os.path.join(home, arch, "ascend_toolkit_install.info"), "version"),
-            (os.path.join(home, "ascend_toolkit_install.info"), "version")]
-
-
-def toolkit_version(home: str) -> tuple[Optional[str], list[str]]:
-    """(the version the toolkit at ``home`` states, or None; the files read or looked for, first the one used)."""
-    looked = []
-    for path, key in _version_files(home):
-        looked.append(path)
-        try:
-            with open(path, errors="replace") as f:
-                for line in f:
-                    k, sep, v = line.partition("=")
-                    if sep and k.strip() == key and v.strip():
-                        return v.strip().strip('"'), [path]
-        except OSError:
-            continue
-    return None, looked
-
-
-def parse_version(text: str) -> Optional[tuple[int, int]]:
-    """(major, minor) of a CANN version string ("9.0.0", "8.0.RC1", "9.1.0-beta.1"), None if it has none."""
-    m = re.match(r"\s*(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def find_asc_config(home: str) -> tuple[Optional[str], list[str]]:
     """(path of the ASC CMake package's asc-config.cmake, or None; where it was looked for): asc-devkit's
     cmake/CMakeLists.txt installs it to <arch>-linux/lib64/cmake; cmake/FindCANN.cmake looks in the same places."""

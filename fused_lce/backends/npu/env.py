@@ -27,6 +27,7 @@ import sys
 from typing import Callable, Mapping, NamedTuple, Optional
 
 from .. import build_status as _build_status
+from . import toolkit as _toolkit
 
 OPP_VENDOR = "fused_lce"  # cmake/ascend_opp.cmake FUSED_LCE_OPP_VENDOR, cmake/npu_build.py OPP_VENDOR
 CUST_LIB = "libcust_opapi.so"  # op-plugin op_api_common.h GetCustOpApiLibName
@@ -81,6 +82,12 @@ def build_status() -> dict[str, Optional[dict]]:
     build_status.py)."""
     recorded = _build_status.read()
     return {k: recorded[k] for k in ("npu_opp", "npu_adapter")}
+
+
+def toolkit_version(home: Optional[str] = None) -> Optional[str]:
+    """The CANN version the toolkit at ``home`` (default: ASCEND_HOME_PATH) states (toolkit.py), None if unknown."""
+    home = home or os.environ.get("ASCEND_HOME_PATH")
+    return _toolkit.toolkit_version(home)[0] if home else None
 
 
 # ------------------------------------------------------------------------------------------------ op-plugin's view

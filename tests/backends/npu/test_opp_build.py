@@ -37,6 +37,9 @@ def test_toolkit_version_read_where_cann_states_it(nb, tmp_path, where):
     tk = nb.check_toolkit(home)
     assert tk["version"] == "9.1.0" and tk["asc_config"].endswith("lib64/cmake/asc-config.cmake")
     assert os.path.isfile(tk["version_file"])
+    from fused_lce.backends.npu import env  # what backend_info / fused-lce doctor report: the same files
+
+    assert env.toolkit_version(home) == "9.1.0"
 
 
 @pytest.mark.parametrize("version", ["8.0.RC1", "8.5.0", "7.0.0"])
