@@ -17,14 +17,15 @@ path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the g
 on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager (F.linear +
 fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole fwd+bwd step
 captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default
-and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json and gpu.md
-(and gpu.png) into --out. ``--probe`` times the building blocks first (GEMM tile configurations of the fused
-kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary). ``--profile``
-breaks one step of ours and of CCE torch_compile down kernel by kernel (busy, span and idle ms); ``--queued-ms X``
-profiles each step a second time behind X ms of device work, as a training step runs the head: the device is then
-busy through the host's work before the step's first wait, so its idle is what the step itself makes it wait for.
+and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json, gpu.md and
+gpu.png (device and versions in each) into --out (default benchmarks/results, where the next run overwrites them).
+``--probe`` times the building blocks first (GEMM tile configurations of the fused kernel against cuBLAS, the small
+kernels, the padded-row cuBLAS products of an odd vocabulary). ``--profile`` breaks one step of ours and of CCE
+torch_compile down kernel by kernel (busy, span and idle ms); ``--queued-ms X`` profiles each step a second time
+behind X ms of device work, as a training step runs the head: the device is then busy through the host's work
+before the step's first wait, so its idle is what the step itself makes it wait for.
 
-    PYTHONPATH=. python benchmarks/gpu.py --out bench-out [--probe] [--profile [--queued-ms 3]]
+    PYTHONPATH=. python benchmarks/gpu.py [--out DIR] [--probe] [--profile [--queued-ms 3]]
 """
 from __future__ import annotations
 
@@ -43,14 +44,13 @@ import torch.nn.functional as F
 from fused_lce.core.formulas import reference_mean_loss_grads as reference
 from fused_lce.tools.bench import environment, make_inputs, rel_err
 
-# (N, D, V, dtype): ANCHORS.md shapes, the Qwen3.5 vocabulary, a ragged one, a small one, an odd vocabulary next to
-# its padded twin, fp16 repeats
-SHAPES = [
-    (8192, 4096, 151936, "bfloat16"),
-    (32768, 4096, 151936, "bfloat16"),
-    (16384, 2048, 151936, "bfloat16"),
-    (8192, 2304, 256000, "bfloat16"),
-    (4096, 3584, 152064, "bfloat16"),
+# (N, D, V): the anchor shapes every GPU comparison here is made on (gpu.py, logprobs.py, tp.py): Qwen heads
+# (D 4096 / 2048 / 3584, V 151936 / 152064) at 4096-32768 tokens and Gemma-2-2B's 256000 vocabulary
+ANCHORS = [(8192, 4096, 151936), (32768, 4096, 151936), (16384, 2048, 151936), (8192, 2304, 256000),
+           (4096, 3584, 152064)]
+# (N, D, V, dtype): the anchors, Llama-3's head, the Qwen3.5 vocabulary, a ragged one, a small one, an odd
+# vocabulary next to its padded twin, fp16 repeats
+SHAPES = [(*anchor, "bfloat16") for anchor in ANCHORS] + [
     (4096, 4096, 128256, "bfloat16"),
     (8192, 4096, 248320, "bfloat16"),
     (8191, 5120, 151936, "bfloat16"),
@@ -65,6 +65,7 @@ OURS = ("fused_lce", "fused_lce_all_rows", "fused_lce_cublas", "fused_lce_compac
 # the default set (--methods all: every importable one)
 DEFAULT_METHODS = ("fused_lce", "fused_lce_all_rows", "cce_torch_compile", "cce", "liger", "torch_eager")
 GiB = 2**30
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PROFILED = ("fused_lce", "cce_torch_compile")  # --profile: ours and the fastest peer, kernel by kernel (fp16 too)
 
 
@@ -551,8 +552,9 @@ def write_outputs(result, out_dir, show=True):
     meta = result["meta"]
     env = meta.get("environment", {})
     methods = list(result["methods"])
-    lines = [f"# fused_lce on {env.get('gpu')} (torch {env.get('torch')}, Triton {env.get('triton')}, "
-             f"commit {env.get('commit')})", "",
+    header = (f"fused_lce on {env.get('gpu')} (torch {env.get('torch')}, Triton {env.get('triton')}, "
+              f"commit {env.get('commit')})")
+    lines = [f"# {header}", "",
              f"bf16 GEMM rate in this run (8192^3): {meta['gemm_tflops']:.0f} TFLOP/s; device copy "
              f"{meta.get('copy_tb_s', float('nan')):.2f} TB/s. Floor = 6*N*D*V FLOPs at that rate. 15% of labels "
              "ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
@@ -641,6 +643,9 @@ def write_outputs(result, out_dir, show=True):
             ax.set_yscale("log")
         axes[0].axhline(1.15, color="r", lw=0.8, ls="--")
         axes[0].legend(fontsize=6, ncol=2)
+        versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items()
+                            if k != "torch" and not str(v).startswith("not "))
+        fig.suptitle(f"{header}; {versions}", fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "gpu.png"), dpi=100)
     except Exception as e:  # noqa: BLE001
@@ -651,7 +656,7 @@ def write_outputs(result, out_dir, show=True):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--out", default=RESULTS, help="directory of gpu.json / .md / .png (default: benchmarks/results)")
     ap.add_argument("--shapes", default="all", help="'all', or indices into SHAPES, e.g. 0,4")
     ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)

@@ -15,11 +15,10 @@ each (shape, method) runs in a fresh subprocess and records:
   - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
     + the row kernel).
 Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
-Writes <--name>.json and .md (default logprobs_<device>) into --out (default benchmarks/results).
+Writes logprobs.json and .md into --out (default benchmarks/results, where the next run overwrites them).
 
-    python benchmarks/logprobs.py                                  # CPU: a small shape and the Qwen2.5-0.5B head
-    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 --out DIR \
-        --name logprobs_h200           # CUDA: in process, against TRL's chunked log-prob (GPU_SHAPES x GPU_METHODS)
+    python benchmarks/logprobs.py                    # CPU: a small shape and the Qwen2.5-0.5B head
+    python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1    # CUDA: against TRL
     python benchmarks/logprobs.py --shapes 512x896x32768 --reps 2 --out /tmp/b
 """
 from __future__ import annotations
@@ -33,6 +32,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEM = "logprobs"  # results file stem: one current result per benchmark, whatever the device
 SHAPES = ["512x896x32768", "2048x896x151936"]  # small; Qwen2.5-0.5B head (tokens x hidden x vocab)
 METHODS = ["fused", "fused_no_entropy", "logits", "logits_no_entropy"]
 MIB = 2**20
@@ -206,8 +206,9 @@ def render(report) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- GPU, in process
-GPU_SHAPES = ["8192x4096x151936", "32768x4096x151936", "16384x2048x151936", "8192x2304x256000", "4096x3584x152064",
-              "4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936", "8192x4096x151935"]
+# shapes: gpu.py's anchor shapes, then Llama-3's head, the Qwen3.5 vocabulary, a ragged, small, odd-V one
+GPU_MORE_SHAPES = ["4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936",
+                   "8192x4096x151935"]
 # fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as ours);
 # trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd: forward
 # under torch.no_grad() (reference model / old policy)
@@ -281,12 +282,12 @@ def _gpu_step(fn, nograd, h, w, y, g_lp, g_ent):
 
 
 def _gpu_tools():
-    """``gpu.py``'s GEMM rate, shuffled timing rounds and kernel breakdown (imported late: the CPU parent never
-    loads torch)."""
+    """``gpu.py``'s GEMM rate, shuffled timing rounds, kernel breakdown and anchor shapes (imported late: the
+    CPU parent never loads torch)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from gpu import gemm_rate, kernel_breakdown, time_rounds
+    from gpu import ANCHORS, gemm_rate, kernel_breakdown, time_rounds
 
-    return gemm_rate, time_rounds, kernel_breakdown
+    return gemm_rate, time_rounds, kernel_breakdown, [f"{n}x{d}x{v}" for n, d, v in ANCHORS]
 
 
 def gpu_main(args) -> int:
@@ -300,7 +301,7 @@ def gpu_main(args) -> int:
     sys.path.insert(0, ROOT)
     from fused_lce.tools.bench import environment, make_inputs, rel_err
 
-    gemm_rate, time_rounds, kernel_breakdown = _gpu_tools()
+    gemm_rate, time_rounds, kernel_breakdown, anchors = _gpu_tools()
     rate = gemm_rate()
     env = environment("cuda")
     env["commit"] = os.environ.get("FUSED_LCE_COMMIT") or env.get("commit")
@@ -313,7 +314,7 @@ def gpu_main(args) -> int:
         except Exception as e:  # noqa: BLE001
             versions[dist] = f"not installed: {e}"
     methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
-    shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else GPU_SHAPES
+    shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else anchors + GPU_MORE_SHAPES
     report = {"environment": env, "args": dict(vars(args), shapes=",".join(shapes), methods=",".join(methods)),
               "gemm_tflops": rate, "versions": versions, "results": [],
               "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}
@@ -391,7 +392,7 @@ def gpu_main(args) -> int:
 
 def _write_gpu(report, args) -> str:
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name or "logprobs_cuda")
+    stem = os.path.join(args.out, STEM)
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     text = render_gpu(report)
@@ -456,7 +457,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    p.add_argument("--name", default="", help="file stem of the results (default logprobs_<device type>)")
     p.add_argument("--warmup", type=int, default=1, help="CUDA: untimed runs per method first")
     p.add_argument("--profile", default="", help="CUDA: comma list of methods to break down kernel by kernel")
     p.add_argument("--time-budget", type=float, default=420.0, help="CUDA: stop starting new shapes after this (s)")
@@ -501,7 +501,7 @@ def main(argv=None) -> int:
                     r["dx_rel_diff"] = rel_err(outs[r["method"]]["dh"], outs[base]["dh"])
     report = {"environment": env, "args": vars(args), "results": rows}
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name or f"logprobs_{torch.device(args.device).type}")
+    stem = os.path.join(args.out, STEM)
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(stem + ".md", "w") as f:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device session on the H200: the CUDA tests and the benchmarks of benchmarks/NOTES-gpu.md, each stage under its
-# own time limit, logs and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl)
-# come as wheels in $WHEELS (default ../.whl), installed into /tmp/site.
-#   bash benchmarks/run_h200.sh probe ce lp host stamps graph alltests pack      # stages, in this order
+# One device session on the H200: the CUDA tests and the GPU benchmarks, each stage under its own time limit, logs
+# and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl) come as wheels in
+# $WHEELS (default ../.whl), installed into /tmp/site.
+#   bash benchmarks/run_h200.sh probe ce lp graph alltests pack      # stages, in this order
 # "graph" times gpu.py's CUDA-graph methods beside the default and the peers on GRAPH_SHAPES (indices into SHAPES).
 # "pack" (last) packs everything under $OUT into results.tgz in pieces of 15 MiB: the device tool brings back at most
 # 8 files of 16 MiB each, and a stage writes more files than that (JSON, markdown, plots, profiles, logs).
@@ -47,16 +47,11 @@ print(min(ok, key=ok.get) if ok else '')" 2>/dev/null)
         graph) timeout ${GRAPH_LIMIT:-200} python3 benchmarks/gpu.py --out "$OUT/graph" --shapes ${GRAPH_SHAPES:-8,4} \
                    --methods fused_lce,fused_lce_graph,cce_torch_compile,torch_eager,torch_eager_graph \
                    > "$OUT/graph.log" 2>&1; grep -E "ms \(|rror" "$OUT/graph.log" | cut -c1-150 ;;
-        stamps) timeout ${STAMPS_LIMIT:-120} python3 benchmarks/host_stamps.py --out "$OUT" --launch-profile \
-                   ${STAMPS_ARGS:-} > "$OUT/stamps.log" 2>&1; grep -E 'step_ms|launch:' "$OUT/stamps.log" ;;
-        host) timeout ${HOST_LIMIT:-150} python3 benchmarks/host_profile.py --out "$OUT" --launch-costs \
-                   ${HOST_ARGS:---shapes 2048x1536x151936} > "$OUT/host.log" 2>&1; grep '^{"shape' "$OUT/host.log" \
-                   | cut -c1-200 ;;
         lp) timeout ${LP_LIMIT:-300} python3 benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1 \
-                   --reps ${LP_REPS:-9} --out "$OUT" --name logprobs_h200 ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
+                   --reps ${LP_REPS:-9} --out "$OUT" ${LP_ARGS:-} > "$OUT/lp.log" 2>&1
             python3 -c "
 import json
-for r in json.load(open('$OUT/logprobs_h200.json'))['results']:
+for r in json.load(open('$OUT/logprobs.json'))['results']:
     print(r['shape'], r['method'], round(r['ms'], 2) if 'ms' in r else r.get('error', '')[:100],
           round(r['x_floor'], 3) if 'x_floor' in r else '')" 2>&1 | tail -120 ;;
         pack) tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* \

@@ -2,8 +2,8 @@
 
 One launch measures every TP size that divides the world size: with 8 GPUs, TP=1, 2, 4 and 8 run one after the
 other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like data-parallel
-replicas). For each ANCHORS.md shape (N x D x V, bf16, 15% of labels = -100) and TP size it times one forward +
-backward of the mean loss and records the peak extra memory per rank, for
+replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP size it times
+one forward + backward of the mean loss and records the peak extra memory per rank, for
 
 - ``fused``: ``fused_lce.linear_cross_entropy(h, W_shard, y, process_group=tp)``: per-token statistics cross
   ranks, no logits kept;
@@ -17,11 +17,13 @@ Peak extra = ``max_memory_allocated`` during fwd+bwd minus the memory allocated 
 gradients included); CUDA only (``n/a`` on CPU). Time = median over ``--iters`` (after ``--warmup``), max over
 the ranks of a group.
 
-    torchrun --nproc-per-node 8 benchmarks/tp.py --out benchmarks/results/tp        # GPUs
+    torchrun --nproc-per-node 8 benchmarks/tp.py                                    # GPUs
     torchrun --nproc-per-node 1 benchmarks/tp.py                                    # one GPU: TP=1 only
-    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2
+    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2 \
+        --out /tmp/tp
 
-Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0).
+Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run overwrites
+them).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 import fused_lce  # noqa: E402
+from gpu import ANCHORS  # noqa: E402  (this script's directory is on the path)
 
-ANCHORS = ["8192x4096x151936", "32768x4096x151936", "16384x2048x151936", "8192x2304x256000", "4096x3584x152064"]
 METHODS = ("fused", "gathered", "vocab_parallel")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -221,7 +223,8 @@ def parse_shape(s):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join(ANCHORS), help="comma-separated NxDxV (default: ANCHORS.md)")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{d}x{v}" for n, d, v in ANCHORS),
+                    help="comma-separated NxDxV (default: the anchor shapes, gpu.ANCHORS)")
     ap.add_argument("--tp", default="1,2,4,8", help="TP sizes to run (those dividing the world size)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
@@ -232,7 +235,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ignore-frac", type=float, default=0.15)
     ap.add_argument("--sequence-parallel", action="store_true", help="hidden sharded along tokens (N/tp rows)")
-    ap.add_argument("--out", default=None, help="directory for tp.json and tp.md (default: print only)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    help="directory for tp.json and tp.md (default: benchmarks/results)")
     args = ap.parse_args(argv)
 
     if "RANK" not in os.environ:  # plain `python benchmarks/tp.py`: a world of one

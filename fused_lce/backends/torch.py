@@ -7,7 +7,8 @@ block of a token block fits the tile budget and gradients follow, ``stats`` keep
 (3 GEMM-equivalents in total); otherwise ``grads`` recomputes them (4). Extra memory: the tile budget
 (``Options.tile_bytes``; default 256 MiB on CPU, on CUDA a quarter of free memory between 1 and 8 GiB, 512 MiB
 elsewhere) plus the float32 accumulators.
-Only standard tensor ops, so it runs on CPU, CUDA and NPU (torch_npu) unchanged.
+Only standard tensor ops, so it runs on CPU, CUDA and NPU (torch_npu) unchanged; the ops it runs on an NPU are
+checked against what torch_npu implements by tests/backends/npu/test_torch_route_ops.py.
 
 On CUDA, tiles of at least ``COMPILE_MIN_LOGITS`` logits run the same per-tile arithmetic through
 ``torch.compile``d functions (``FUSED_LCE_TORCH_COMPILE``: ``0`` never, ``1`` for every tile): one fused kernel
@@ -253,7 +254,8 @@ class TorchProvider(Provider):
             # -inf would give exp(nan)
             ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
             if ez is not None:  # sum e (z - ref), moved from the old max to ref like s
-                zr = (z - ref[:, None]).clamp_(min=-200.0)  # exp underflows to 0 there: -inf logits add 0, not NaN
+                # not clamp_, which torch_npu documents may fall back to the CPU; same peak (z - ref is freed)
+                zr = torch.clamp(z - ref[:, None], min=-200.0)  # exp -> 0 there: -inf logits add 0, not NaN
                 e = torch.exp(zr)
                 old = torch.exp(m - ref)
                 shift = torch.where(m == -math.inf, torch.zeros_like(m), m - ref)
@@ -283,7 +285,6 @@ class TorchProvider(Provider):
         # a row whose logits are all -inf has lse = -inf: p = exp(-inf - 0) = 0 there instead of exp(NaN)
         lse = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)
         yl = t.labels[rows].long() - opts.vocab_start
-        idx_rows = torch.arange(h.shape[0], device=h.device)
         dh = None if out.dh is None else out.dh[rows]  # float32 accumulator rows of this block
         vb = cache[0].shape[1] if cache else tl.vb  # kept tiles have the width stats() planned
         for k, (v0, v1) in enumerate(tl.bounds(vb)):
@@ -327,7 +328,8 @@ class TorchProvider(Provider):
                 dz.sub_(u[:, None])
             hit = (yl >= v0) & (yl < v1)
             idx = (yl - v0).clamp(0, v1 - v0 - 1)  # no host sync: rows whose label is elsewhere subtract 0
-            dz[idx_rows, idx] -= torch.where(hit, tgt, torch.zeros_like(tgt))
+            # not dz[rows, idx] -= t: torch_npu documents index_put_ for int64 only; + (-t) is bitwise - t
+            dz.scatter_add_(1, idx[:, None], torch.where(hit, tgt, torch.zeros_like(tgt)).neg()[:, None])
             if cap is not None:
                 dz.mul_(cap)
             if out.db is not None:

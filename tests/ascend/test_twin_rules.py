@@ -111,7 +111,7 @@ def test_kernels_pass_field_values_whole():
     """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it itself (a
     cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every field rule. So the
     kernel sources never cast to those types; they build the structs with parentheses from full-width values (a
-    braced list would not compile against the real headers, tools/ascendc-header-check)."""
+    braced list would not compile against the real headers, cmake/ascendc_header_check.py)."""
     import glob
     import os
     import re

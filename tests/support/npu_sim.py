@@ -21,6 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 NPU = None  # torch.device("npu", 0) once setup_device() renamed PrivateUse1
 _ready = False
+# When set, every aten op NpuMode sees goes to OBSERVER(func, args, kwargs, run) instead; ``run()`` runs it as
+# usual (tests/backends/npu/torch_route_ops.py records the ops of the "torch" route with it).
+OBSERVER = None
 
 
 def _device_module():
@@ -118,15 +121,22 @@ class NpuMode(TorchDispatchMode):
             # a real NPU tensor reaches the op's PrivateUse1 kernel; the mode is re-entered for the ops inside it
             with NpuMode():
                 return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1), *args, **kwargs)
-        if "device" in kwargs and kwargs["device"] is not None:
-            to_npu = _is_npu_device(kwargs["device"])
-        else:
-            to_npu = any(isinstance(a, NpuTensor) or _is_npu_device(a) for a in tree_leaves((args, kwargs)))
-        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
-        if not to_npu:
-            return out
-        return tree_map(lambda t: NpuTensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, NpuTensor)
-                        else t, out)
+        if OBSERVER is not None:
+            return OBSERVER(func, args, kwargs, lambda: _run(func, args, kwargs))
+        return _run(func, args, kwargs)
+
+
+def _run(func, args, kwargs):
+    """An aten op on the CPU data; its results are simulated-device tensors when it runs on the device."""
+    if "device" in kwargs and kwargs["device"] is not None:
+        to_npu = _is_npu_device(kwargs["device"])
+    else:
+        to_npu = any(isinstance(a, NpuTensor) or _is_npu_device(a) for a in tree_leaves((args, kwargs)))
+    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if not to_npu:
+        return out
+    return tree_map(lambda t: NpuTensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, NpuTensor)
+                    else t, out)
 
 
 def cpu(t: torch.Tensor) -> torch.Tensor:

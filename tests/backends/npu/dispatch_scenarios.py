@@ -2,11 +2,12 @@
 PrivateUse1 is process-global). Prints one JSON object: {scenario: "ok" | traceback}.
 
 The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor ("npu:0").
-Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend, auto selection on
-device "npu" (own kernels -> CANN trio -> torch), FUSED_LCE_BACKEND and explicit backends, the npu_cann wrapper end
-to end through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index, z_loss, shift,
-return_stats) against the float64 reference, its routing of options the trio lacks, and the "npu" backend's glue
-with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
+Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend, auto selection
+on device "npu" (own kernels -> CANN trio -> torch; torch end to end for the loss and the log-probs when
+neither NPU provider is available), FUSED_LCE_BACKEND and explicit backends, the npu_cann wrapper end to end
+through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index, z_loss, shift,
+return_stats) against the float64 reference, its routing of options the trio lacks, and the "npu" backend's
+glue with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -33,7 +35,7 @@ from fused_lce.core import registry  # noqa: E402
 from fused_lce.backends import build_status  # noqa: E402
 from fused_lce.backends.npu import cann as npu_cann, env as npu_env, kernels as npu_kernels  # noqa: E402
 from fused_lce.backends.npu import provider as npu_provider  # noqa: E402
-from fused_lce.core.formulas import reference_loss  # noqa: E402
+from fused_lce.core.formulas import reference_logprobs, reference_loss  # noqa: E402
 from tests.support.npu_sim import NpuMode, NpuTensor, cpu  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
@@ -317,6 +319,81 @@ def first_failing_step_is_reported():
             npu_env._snapshot = npu_env.loader_view({})
             build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")
     npu_provider.PROVIDER.reset()
+
+
+@scenario
+def auto_falls_back_to_torch_without_npu_providers():
+    """No custom OPP package and a torch_npu without the CANN trio: backend_info says why neither NPU provider
+    is available, and backend="auto" on npu tensors runs the torch provider for the loss and the log-probs
+    (every dtype, both label dtypes, the options), forward and backward against the float64 reference."""
+    provider = registry.load("torch")
+    ran = Counter()
+
+    def spy(name):
+        fn = getattr(provider, name)
+
+        def counted(*args, **kwargs):
+            ran[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    os.environ["FAKE_NO_TRIO"] = "1"
+    provider.stats, provider.grads = spy("stats"), spy("grads")
+    try:
+        npu_provider.PROVIDER.reset()
+        info = fused_lce.backend_info()
+        assert not info["npu"]["available"] and "custom OPP package" in info["npu"]["reason"], info["npu"]
+        cann = info["npu_cann"]
+        assert not cann["available"] and "has no npu_fused_linear_online_max_sum" in cann["reason"], cann
+        assert info["auto"]["npu"] == "torch", info["auto"]
+        for dtype, ldt, opts, bias, tol in (
+                (torch.bfloat16, torch.int64, dict(z_loss=1e-3), False, 1e-2),
+                (torch.bfloat16, torch.int32, dict(label_smoothing=0.1, softcap=8.0, ignore_index=-1), True,
+                 1e-2),
+                (torch.float16, torch.int32, dict(reduction="none", shift=True, return_stats=True), False,
+                 4e-3),
+                (torch.float32, torch.int64, dict(reduction="sum", num_items=40, tile_budget_mb=0.004), True,
+                 1e-5)):
+            h, w, b, y = problem(31, 24, 270, dtype, 31, bias=bias, lead=(2,) if opts.get("shift") else ())
+            if opts.get("ignore_index") is not None:
+                y[y == -100] = opts["ignore_index"]
+            n0, c0 = dict(ran), calls()
+            up = torch.rand(2, 30) + 0.5 if opts.get("reduction") == "none" else None
+            got, ref = run_both(h, w, b, y.to(ldt), up, **opts)
+            assert ran["stats"] > n0.get("stats", 0) and ran["grads"] > n0.get("grads", 0), (dtype, opts)
+            assert calls() == c0, (dtype, opts)
+            check(got, ref, 1e-5, tol)
+        for dtype, opts, tol in ((torch.bfloat16, dict(temperature=0.7), 1e-2),
+                                 (torch.float32, dict(softcap=5.0, tile_budget_mb=0.004), 1e-5)):
+            h, w, b, y = problem(29, 24, 270, dtype, 32, bias=True)
+            n0 = dict(ran)
+            got, ref = logprobs_both(h, w, b, y.to(torch.int32), **opts)
+            assert ran["stats"] > n0.get("stats", 0) and ran["grads"] > n0.get("grads", 0), (dtype, opts)
+            for k, name in enumerate(("logprob", "entropy", "dX", "dW", "db")):
+                assert got[k].device.type == "npu", name
+                err = rel(got[k], ref[k])
+                assert err < (1e-5 if k < 2 else tol), (dtype, opts, name, err)
+    finally:
+        del provider.stats, provider.grads
+        del os.environ["FAKE_NO_TRIO"]
+
+
+def logprobs_both(h, w, b, y, **opts):
+    """(logprob, entropy, dX, dW, db) of linear_logprobs (return_entropy=True, random upstream gradients of
+    both) on the simulated npu device, and of the float64 reference."""
+    g = torch.Generator().manual_seed(7)
+    g_lp, g_ent = torch.rand(y.shape, generator=g), torch.rand(y.shape, generator=g)
+    ref_opts = {k: opts[k] for k in ("temperature", "softcap") if k in opts}
+    with NpuMode():
+        hn, wn, bn = (x.to("npu").requires_grad_() for x in (h, w, b))
+        lp, ent = fused_lce.linear_logprobs(hn, wn, y.to("npu"), bn, return_entropy=True, **opts)
+        assert lp.device.type == "npu" and lp.dtype == torch.float32
+        torch.autograd.backward((lp, ent), (g_lp.to("npu"), g_ent.to("npu")))
+        got = (lp, ent, hn.grad, wn.grad, bn.grad)
+    h64, w64, b64 = (x.double().requires_grad_() for x in (h, w, b))
+    r_lp, r_ent = reference_logprobs(h64, w64, y, b64, **ref_opts)
+    torch.autograd.backward((r_lp, r_ent), (g_lp.double(), g_ent.double()))
+    return got, (r_lp.detach(), r_ent.detach(), h64.grad, w64.grad, b64.grad)
 
 
 @scenario

@@ -15,7 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
              "fp32_and_unsupported_options_route_to_torch", "trio_shape_limits_route_to_torch",
              "env_override_and_explicit_backends", "first_failing_step_is_reported",
-             "own_kernels_first_when_available", "selfcheck_guards_the_npu_providers"]
+             "auto_falls_back_to_torch_without_npu_providers", "own_kernels_first_when_available",
+             "selfcheck_guards_the_npu_providers"]
 
 
 @pytest.fixture(scope="module")

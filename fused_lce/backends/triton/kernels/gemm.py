@@ -76,7 +76,7 @@ class GemmConfig:
 
 
 def default_config(d: int) -> GemmConfig:
-    """The tile configuration (measured on the H200, benchmarks/NOTES-gpu.md: of ten configurations the persistent
+    """The tile configuration (measured on the H200, docs/performance.md: of ten configurations the persistent
     128x256x64 grid, one program per SM, 3 stages, 8 warps, was fastest at D = 4096 and 2048 and for an odd V);
     FUSED_LCE_GEMM_CONFIG overrides."""
     env = os.environ.get("FUSED_LCE_GEMM_CONFIG", "").strip()
