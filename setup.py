@@ -1,17 +1,23 @@
-"""Build script: the pure-Python package plus, when possible, the C++ extension ``fused_lce._C``.
+"""Build script: the pure-Python package plus, when possible, the C++ extension ``fused_lce._C`` and, on an Ascend
+host, the NPU parts (the custom OPP kernel package and the host adapter ``fused_lce._npu_C``).
 
     pip install --no-build-isolation .     # builds _C against the torch installed here (C++ compiler needed)
     pip install --no-build-isolation -e .  # the same, in place
     pip install .                          # isolated build: torch is not importable there, so no _C
 
 Metadata lives in pyproject.toml. A missing torch, a missing compiler or a failed compile never fails the install:
-the package then runs on its torch backend and ``fused_lce.backend_info()["cpp"]["reason"]`` says why (read from
-``fused_lce/_build_status.txt``, written here). Environment:
-  FUSED_LCE_REQUIRE_EXT=1  a build that cannot produce _C (or an NPU extension it was asked for) is an error;
-                           CI sets it: the extension must be there
+the package then runs on its torch backend. Each part's outcome is recorded in ``fused_lce/_build_status.json``
+({"cpp" | "npu_opp" | "npu_adapter": {"ok", "error", "log", ...}}), which ``fused_lce.backend_info()`` reads for its
+reasons. Every extension and the OPP package are built by ``build_ext`` only (pip runs this script three times per
+install; the metadata runs build nothing). Environment:
+  FUSED_LCE_REQUIRE_EXT=1  a build that cannot produce _C, or (with ASCEND_HOME_PATH set) any NPU part, is an
+                           error; CI sets it: the extension must be there
   FUSED_LCE_NO_EXT=1       do not build any extension
-  ASCEND_HOME_PATH         with cmake/npu_build.py present, its ``npu_extensions(repo_root)`` adds the NPU
-                           extensions (imported by path; it must not need torch_npu to be imported here)
+  ASCEND_HOME_PATH         (set by CANN's set_env.sh) builds the NPU parts with cmake/npu_build.py (imported by
+                           path): ``build_ext`` first runs the ``build_npu_opp`` command (CANN >= 9.0; skipped when
+                           the installed package is newer than its sources; log in build/ascend_opp/build.log), then
+                           compiles ``_npu_C`` whether or not the package built
+  FUSED_LCE_SKIP_OPP_BUILD=1  build the adapter but not the OPP package (one installed by other means)
 
 Every install (wheel or editable) also puts the start-up hook ``fused_lce-autopatch.pth`` in site-packages, so that
 ``FUSED_LINEAR_CE=1`` alone enables fused_lce (see fused_lce_autopatch.py).
@@ -20,60 +26,76 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 import os
 import shutil
 import sys
-import traceback
 
-from setuptools import setup
+from setuptools import Command, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-STATUS = os.path.join("fused_lce", "_build_status.txt")
-PTH = "fused_lce-autopatch.pth"  # start-up hook for site-packages (a .pth runs only from a site directory)  # present only when _C was not built: says why
+STATUS = os.path.join("fused_lce", "_build_status.json")  # read by fused_lce/backends/build_status.py
+PTH = "fused_lce-autopatch.pth"  # start-up hook for site-packages (a .pth runs only from a site directory)
 REQUIRE = os.environ.get("FUSED_LCE_REQUIRE_EXT", "") not in ("", "0")
+NPU_REQUESTED = bool(os.environ.get("ASCEND_HOME_PATH"))
+PARTS: dict = {}  # this build's status per part, written by write_status
 
 
 def note(msg: str) -> None:
     print(f"fused_lce setup: {msg}", file=sys.stderr)
 
 
-def write_status(reason: str, build_lib: str | None = None) -> None:
-    """Record why _C is missing, in the source tree and (for wheels) in the build directory."""
+def part(ok: bool, error: str | None = None, log: str | None = None, attempted: bool = True, **extra) -> dict:
+    return {"ok": ok, "attempted": attempted, "error": error, "log": log, **extra}
+
+
+def write_status(build_lib: str | None = None, parts: dict | None = None) -> None:
+    """Record ``parts`` (default: every part known so far) over the recorded ones, in the source tree and (for
+    wheels) in the build directory: a build_ext run records every part; ``setup.py build_npu_opp`` alone, the OPP
+    package only."""
+    parts = PARTS if parts is None else parts
     for base in filter(None, (ROOT, build_lib)):
         path = os.path.join(base, STATUS)
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+        except (OSError, ValueError):
+            recorded = {}
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            f.write(reason + "\n")
-
-
-def clear_status(build_lib: str | None = None) -> None:
-    for base in filter(None, (ROOT, build_lib)):
-        path = os.path.join(base, STATUS)
-        if os.path.exists(path):
-            os.remove(path)
+            json.dump({**(recorded if isinstance(recorded, dict) else {}), **parts}, f, indent=1)
 
 
 def skip(reason: str) -> None:
+    """No extension is built (decided before build_ext): every part records why."""
     if REQUIRE:
         raise SystemExit(f"fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 but the C++ extension cannot be built: {reason}")
     note(f"building the pure-Python package only: {reason}")
-    write_status(reason)
+    PARTS.update(cpp=part(False, reason, attempted=False), npu_opp=part(False, reason, attempted=False),
+                 npu_adapter=part(False, reason, attempted=False))
+    write_status()
+
+
+def npu_build():
+    """cmake/npu_build.py (owned by the NPU build), imported by path: it must not need torch_npu imported here."""
+    spec = importlib.util.spec_from_file_location("fused_lce_npu_build", os.path.join(ROOT, "cmake", "npu_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def npu_extensions() -> list:
-    """Extensions from cmake/npu_build.py (owned by the NPU build) when ASCEND_HOME_PATH is set."""
-    path = os.path.join(ROOT, "cmake", "npu_build.py")
-    if not os.environ.get("ASCEND_HOME_PATH") or not os.path.exists(path):
+    """The host adapter extension when ASCEND_HOME_PATH is set; why there is none goes into PARTS."""
+    if not NPU_REQUESTED:
+        PARTS["npu_adapter"] = part(False, "not built: ASCEND_HOME_PATH was not set at install time",
+                                    attempted=False)
         return []
     try:
-        spec = importlib.util.spec_from_file_location("fused_lce_npu_build", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return list(module.npu_extensions(ROOT) or [])
-    except Exception:
-        if REQUIRE:
-            raise
-        note("cmake/npu_build.py failed; NPU extensions skipped:\n" + traceback.format_exc())
+        return list(npu_build().npu_extensions(ROOT))
+    except Exception as e:  # an install error in build_ext under FUSED_LCE_REQUIRE_EXT=1
+        reason = getattr(e, "first_line", None) or f"not built: cmake/npu_build.py failed ({type(e).__name__}: {e})"
+        note(reason)
+        PARTS["npu_adapter"] = part(False, reason)
         return []
 
 
@@ -97,8 +119,28 @@ def cpu_extension(cpp_extension):
     )
 
 
+class BuildNpuOpp(Command):
+    """Build and install the custom OPP kernel package (cmake/npu_build.py ``opp_step``): once per build, before the
+    extensions (``build_ext`` runs it); a no-op without ASCEND_HOME_PATH."""
+
+    description = "build the Ascend custom OPP kernel package (csrc/ascend) with CMake against CANN"
+    user_options = [("force", "f", "rebuild even when the installed package is newer than its sources")]
+    boolean_options = ["force"]
+
+    def initialize_options(self):
+        self.force = False
+
+    def finalize_options(self):
+        pass
+
+    def run(self):
+        PARTS["npu_opp"] = npu_build().opp_step(ROOT, force=bool(self.force)) if NPU_REQUESTED else part(
+            False, "not built: ASCEND_HOME_PATH was not set at install time", attempted=False)
+        write_status(parts={"npu_opp": PARTS["npu_opp"]})
+
+
 def build_config() -> dict:
-    """ext_modules and cmdclass for setup(); empty when the extension cannot or must not be built."""
+    """ext_modules and cmdclass for setup(); empty when no extension can or may be built."""
     if os.environ.get("FUSED_LCE_NO_EXT", "") not in ("", "0"):
         skip("not built: FUSED_LCE_NO_EXT was set at install time")
         return {}
@@ -115,25 +157,44 @@ def build_config() -> dict:
         return {}
 
     class OptionalBuildExt(cpp_extension.BuildExtension):
-        """Builds each extension; a failure is recorded (or raised with FUSED_LCE_REQUIRE_EXT=1), never fatal."""
+        """Runs build_npu_opp, then builds each extension; a failure is recorded (or raised with
+        FUSED_LCE_REQUIRE_EXT=1), never fatal. The status file is written once every part is known."""
+
+        def run(self):
+            build_lib = None if self.inplace else self.build_lib
+            self.run_command("build_npu_opp")  # before _npu_C; once per setup.py run
+            npu_failed = [PARTS[k] for k in ("npu_opp", "npu_adapter") if k in PARTS and PARTS[k]["attempted"]
+                          and not PARTS[k]["ok"]]
+            if REQUIRE and NPU_REQUESTED and npu_failed:
+                write_status(build_lib)
+                raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 and ASCEND_HOME_PATH is set, but an NPU "
+                                 f"part failed: {describe(npu_failed[0])}")
+            try:
+                super().run()
+            finally:
+                write_status(build_lib)
 
         def build_extension(self, ext):
+            key = {"fused_lce._C": "cpp"}.get(ext.name, "npu_adapter")
             try:
                 super().build_extension(ext)
             except Exception as e:
+                reason = f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); see the pip -v log"
+                PARTS[key] = part(False, reason)
                 if REQUIRE:
                     raise
-                reason = f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); see the pip -v log"
                 note(reason)
-                if ext.name == "fused_lce._C":
-                    write_status(reason, None if self.inplace else self.build_lib)
                 return
-            if ext.name == "fused_lce._C":
-                clear_status(None if self.inplace else self.build_lib)
+            PARTS[key] = part(True)
 
-    clear_status()
-    return {"ext_modules": [cpu_extension(cpp_extension)] + npu_extensions(),
-            "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None)}}
+    exts = [cpu_extension(cpp_extension)] + npu_extensions()
+    return {"ext_modules": exts,
+            "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
+                         "build_npu_opp": BuildNpuOpp}}
+
+
+def describe(p: dict) -> str:
+    return p["error"] + (f" (full log: {p['log']})" if p.get("log") else "")
 
 
 def startup_hook_commands() -> dict:
@@ -168,4 +229,4 @@ def startup_hook_commands() -> dict:
 
 config = build_config()
 config["cmdclass"] = {**startup_hook_commands(), **config.get("cmdclass", {})}
-setup(package_data={"fused_lce": ["_build_status.txt"]}, **config)
+setup(package_data={"fused_lce": ["_build_status.json"]}, **config)

@@ -7,19 +7,16 @@ docs/npu-twin-rules.md). Counting the Qwen heads on the twin is infeasible (hour
 is counted on small shapes with the same tile and D as the 910B plan of the big shape (one AI core, one token block,
 two and four vocabulary blocks: the difference is one tile's work, the rest the task's fixed cost) and scaled by the
 big shape's tile count; cube FLOPs and ring / workspace bytes per tile are analytic (the twin's FLOPs at the small
-shape are checked against the same formula). The cube's operand bytes go through L2 and bound every pass below with
-the other L2 traffic. Time per kernel:
-  * vector (FusedLceStatsVector / FusedLceGradVector): each vector core drives a synchronous Matmul client, so cube
-    and vector time add per tile; the backward's fp32 atomic dX / dW adds are read and written in L2 (the blocks
-    being accumulated by the 24 cores fit its 192 MB; atomic contention is not modelled);
+shape are checked against the same formula). The cube's operand bytes go through L2 and each core's MTE2, and bound
+every pass below with the other L2 traffic. Time per kernel:
   * cube (FusedLceStatsCube / FusedLceGradCube): cube and vector overlap through the two-slot rings, per tile
     max(cube, vector); the backward runs phase X (token blocks over cores) then phase W (vocabulary blocks over
     cores), two GEMMs per tile in each, the fp32 accumulation of dX / dW by the owning core read and written in L2;
   * trio (CANN's npu_fused_linear_online_max_sum + ..._backward, hicann/ops-nn matmul/fused_linear_online_max_sum and
     matmul/fused_linear_cross_entropy_loss_grad mem_friendly): the same overlap, logits staged as bf16, its backward
-    writes per-core fp32 dX / dW partials and sums them on the vector cores (V2), so its partial traffic is modelled
-    like the vector pair's atomics; its vector work per tile is taken equal to the cube pair's (not counted: its source
-    is not compiled here);
+    writes per-core fp32 dX / dW partials and sums them on the vector cores (V2), read and written in L2 (the
+    blocks being accumulated by the 24 cores fit its 192 MB); its vector work per tile is taken equal to the cube
+    pair's (not counted: its source is not compiled here);
   * dz_kept / onepass (FusedLceGradCube's 3-GEMM modes; see three_gemm): per launch of at most the tile budget's rows,
     phase X forms dz of every tile (from a z GEMM overlapped with the vector work, or, onepass, from the z the
     forward kept) and keeps it in GM, then dX = dz W and dW += dz^T h run as two GEMMs from GM that accumulate their
@@ -42,9 +39,20 @@ A2's 2.5 PFLOPS for 8 NPUs gives 313, i.e. a lower sustained clock or fewer core
 figures only a 910B can confirm, and every ratio below is to a floor at the same peak.)
 Assumptions (only a 910B can confirm them): one 256-byte vector repeat per cycle per vector core, VEC_ISSUE cycles
 of issue / barrier overhead per vector instruction, SCALAR_CYCLES per scalar operation, fp32 cube at 1/4 of the bf16
-rate, the cube's operand copies at L2's aggregate bandwidth (no per-core MTE2 limit), no other stalls.
+rate, no other stalls. Two more are parameters, and the model is run at three settings of them (``Assumptions``):
+  * cube efficiency: the MMAD rate a tile sustains as a fraction of peak (MTE1 loads into L0, fixpipe write-back,
+    pipeline bubbles and scalar issue included). asc-devkit's Matmul tuning case on an Atlas A2
+    (docs/zh/guide/算子实践参考/优秀实践/Matmul性能调优案例/Matmul算子优化Tiling策略.md: 4096 x 5120 x 4096 fp16,
+    128 x 256 base tiles, MDL copies) reaches "cube utilisation 80%+"; the model takes 85% and 70% as its range;
+  * per-core MTE2 bandwidth: the GM -> L1 copy rate of one cube core. The same case measures 2491 GB/s with one
+    base block per copy and 3406 GB/s with MDL's multi-block copies over 20 cube cores, i.e. 125 and 170 GB/s per
+    core; each tile's operand copies (counted on the twin for the tile loops, analytic elsewhere) overlap its
+    MMADs, and a pass is also bounded by its operand bytes over 24 x this rate.
+The "peak" setting (100%, no per-core MTE2 limit) is the lower bound the model used to report alone; the floor stays
+at 100% of peak in every setting, so the ratios include the efficiency lost.
 
-Run: python benchmarks/npu_model.py  (writes benchmarks/results/npu_model.json and .md)
+Run: python benchmarks/npu_model.py [--cube-eff HIGH LOW] [--mte2-gbps HIGH LOW]
+(writes benchmarks/results/npu_model.json and .md)
 """
 from __future__ import annotations
 
@@ -52,6 +60,7 @@ import json
 import math
 import os
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -74,6 +83,20 @@ L2_BPS = 7e12
 VEC_BYTES_PER_CYCLE = 256
 VEC_ISSUE = 8       # cycles per vector instruction beyond its repeats (assumption)
 SCALAR_CYCLES = 2   # cycles per scalar-pipe operation (assumption)
+
+
+
+class Assumptions(NamedTuple):
+    """One setting of the two efficiency parameters (module docstring)."""
+
+    name: str
+    cube_eff: float        # sustained MMAD rate / peak
+    mte2_core_bps: float   # GM -> L1 bytes per second of one cube core (inf: no per-core limit)
+
+
+PEAK = Assumptions("peak", 1.0, math.inf)
+HIGH = Assumptions("high", 0.85, 170e9)
+LOW = Assumptions("low", 0.70, 125e9)
 
 SHAPES = [(8192, 4096, 151936), (32768, 4096, 151936), (16384, 2048, 151936), (8192, 2304, 256000),
           (4096, 3584, 152064)]
@@ -116,22 +139,15 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
         w = (torch.randn(v, d, generator=g) / d**0.5).to(dtype)
         y = torch.randint(0, v, (n,), generator=g)
         lse = torch.logsumexp(h.float() @ w.float().t(), dim=1)
-        if kernel == "vector_fwd":
-            ops._twin_stats_vector(h, w, None, y, 0, 0.0, 1.0, False, False)
-        elif kernel == "cube_fwd":
+        if kernel == "cube_fwd":
             ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)
-        elif kernel == "vector_bwd":
-            one, zero = torch.ones(n), torch.zeros(n)  # the loss's Coefs (a, t, b, u) for g = 1
-            ops._twin_grads_vector(h, w, None, y, lse, torch.stack([one, one, zero, zero]), 0, 0.0, 1.0,
-                                   [True, True, False])
         elif kernel in ("cube_bwd", "dz_kept_bwd", "onepass_bwd"):
             zc = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False, True)[6] \
                 if kernel == "onepass_bwd" else None
             ops._twin_grads_cube(h, w, None, y, lse, torch.ones(n), torch.ones(n), None, None, 0, 0.0, 1.0,
                                  [True, True, False], zc, kernel != "cube_bwd", None)
         vec, flops, copied = _counters()
-        gemms = {"vector_fwd": 1, "cube_fwd": 1, "vector_bwd": 3, "cube_bwd": 4, "dz_kept_bwd": 3,
-                 "onepass_bwd": 2}[kernel]
+        gemms = {"cube_fwd": 1, "cube_bwd": 4, "dz_kept_bwd": 3, "onepass_bwd": 2}[kernel]
         assert flops == gemms * 2 * n * v * d, (kernel, flops)  # the twin's cube count is the analytic one
         out.append(vec)
         l1.append(copied)
@@ -143,19 +159,26 @@ def count_per_tile(ops, kernel: str, dtype, bm: int, bn: int, d: int):
     return per_tile, fixed, l1_tile, l1[0] - 2 * l1_tile
 
 
-def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes):
-    """Modelled seconds and the bound: the cube / vector pipeline of the busiest core, HBM and L2 traffic."""
+def cube_tile(flops: float, operand_bytes: float, peak_core: float, a: Assumptions) -> float:
+    """One tile's cube time on one core: its MMADs at the cube efficiency, overlapped with its GM -> L1 operand
+    copies at the core's MTE2 bandwidth."""
+    return max(flops / (peak_core * a.cube_eff), operand_bytes / a.mte2_core_bps)
+
+
+def _time(tiles_core, t_cube, t_vec, overlap, hbm_bytes, l2_bytes, cube_in_bytes, a: Assumptions):
+    """Modelled seconds and the bound: the cube / vector pipeline of the busiest core, HBM and L2 traffic, the cube
+    operand copies over every core's MTE2."""
     if overlap:
         pipe = tiles_core * max(t_cube, t_vec) + min(t_cube, t_vec)  # + filling the two-slot ring once
     else:
         pipe = tiles_core * (t_cube + t_vec)
     parts = {"cube" if t_cube >= t_vec or not overlap else "vector": pipe, "hbm": hbm_bytes / HBM_BPS,
-             "l2": l2_bytes / L2_BPS}
+             "l2": l2_bytes / L2_BPS, "mte2": cube_in_bytes / (CUBE_CORES * a.mte2_core_bps)}
     bound = max(parts, key=parts.get)
     return parts[bound], bound
 
 
-NAMES = ("vector", "cube", "trio", "dz_kept", "onepass")
+NAMES = ("cube", "trio", "dz_kept", "onepass")
 NPU_TILE_BUDGET = npu_provider.DEFAULT_TILE_BYTES  # bytes of z / dz kept per launch: the npu provider's default
 
 
@@ -165,11 +188,11 @@ def launch_rows(name: str, n: int, v: int, elt: int, budget: int = NPU_TILE_BUDG
     return max(128, min(n, budget // per_row // 128 * 128))
 
 
-def _gemm_time(out_rows: int, out_cols: int, k: int, peak_core: float) -> float:
+def _gemm_time(out_rows: int, out_cols: int, k: int, elt: int, peak_core: float, a: Assumptions) -> float:
     """One big GEMM from GM (dX = dz W or dW = dz^T h): 128 x 256 output tiles dealt to the cores in waves, each
-    accumulating its whole K in L0C (one fixpipe write per tile)."""
+    accumulating its whole K in L0C (one fixpipe write per tile), its operands copied once per tile."""
     tiles = math.ceil(out_rows / 128) * math.ceil(out_cols / 256)
-    return math.ceil(tiles / CUBE_CORES) * 2 * 128 * 256 * k / peak_core
+    return math.ceil(tiles / CUBE_CORES) * cube_tile(2 * 128 * 256 * k, (128 + 256) * k * elt, peak_core, a)
 
 
 def counted_for(ops, counted, kernel, dtype, bm, bn, d):
@@ -185,7 +208,7 @@ def cube_in(c, tiles, tasks):
     return tiles * c[2] + tasks * c[3]
 
 
-def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
+def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype, a: Assumptions):
     """The 3-GEMM schedules of FusedLceGradCube (modelled per launch of ``launch_rows`` rows, summed over launches):
       * dz_kept: the cube-driven forward; backward phase X computes z tiles (cube) and dz (vector, overlapped),
         keeps dz in GM, then dX = dz W (K = V, one GEMM per column chunk of the kept dz) and dW += dz^T h (K = rows)
@@ -194,7 +217,9 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
         forward keeps z (fp32) in GM, phase X forms dz from it with no GEMM, then the same GEMMs: 3 GEMMs in all.
     dW is accumulated in the fp32 output across launches (read + written by the fixpipe after the first launch); dX
     is read back and written once more per column chunk of dz after the first (plan keep_cols). The cube's operand
-    bytes (counted on the twin) bound each pass below through L2."""
+    bytes (counted on the twin) bound each pass below through L2 and the cores' MTE2; the GEMM tiles of phase X and
+    of the GEMMs from GM copy both operand tiles per tile (no L1 reuse: a 128-row block of h at D = 4096 alone is
+    twice L1)."""
     r_max = launch_rows(name, n, v, elt)
     fwd = bwd = 0.0
     bounds = set()
@@ -206,14 +231,14 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
         bm, bn = pm[1], pm[2]
         cf = counted_for(ops, counted, "cube_fwd", dtype, bm, bn, d)
         mb, nbk = math.ceil(r / bm), math.ceil(v / bn)
-        t_cube = 2 * bm * bn * d / peak_core
+        t_cube = cube_tile(2 * bm * bn * d, cf[2], peak_core, a)
         t_fwd_vec = _vec_cycles(cf[0]) / CLOCK_HZ
         waves = math.ceil(pm[8] / CUBE_CORES)
         tiles_core = waves * math.ceil(nbk / pm[7])
         keep = r * v * 4 if name == "onepass" else 0
         fin = cube_in(cf, mb * nbk, pm[8])
         f = _time(tiles_core, t_cube, t_fwd_vec, True, v * d * elt * waves + r * d * elt + keep,
-                  mb * nbk * bm * bn * 4 * 2 + fin)
+                  mb * nbk * bm * bn * 4 * 2 + fin, fin, a)
         # phase X: dz of every tile; the vector work per tile counted on the twin in this mode
         pg = ops._twin_plan_grad_cube(r, d, v, elt, 0)
         gbm, gbn = pg[1], pg[2]
@@ -225,19 +250,21 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
             x = (tiles_x * t_dz, "vector")
             x = max(x, (keep / HBM_BPS + dz_bytes / HBM_BPS, "hbm"))
         else:
-            x = _time(tiles_x, 2 * gbm * gbn * d / peak_core, t_dz, True,
+            x = _time(tiles_x, cube_tile(2 * gbm * gbn * d, (gbm + gbn) * d * elt, peak_core, a), t_dz, True,
                       v * d * elt * math.ceil(math.ceil(r / gbm) / CUBE_CORES) + r * d * elt + dz_bytes,
-                      math.ceil(r / gbm) * math.ceil(v / gbn) * gbm * gbn * 4 * 2)
+                      math.ceil(r / gbm) * math.ceil(v / gbn) * gbm * gbn * 4 * 2, 0, a)  # operand bytes: below
         # the GEMMs from GM: dz read by each (through L2 per wave: taken once from HBM each), W / h read once, dX
         # written once per column chunk of dz (read back after the first), dW read (after the first launch) and
-        # written; the cube's operand bytes (all of the backward's, phase X's logit GEMM included) through L2
+        # written; the cube's operand bytes (all of the backward's, phase X's logit GEMM included) through L2 and
+        # the cores' MTE2
         chunks = math.ceil(v / pg[10])  # dz kept in column chunks of plan keep_cols
-        g_cube = _gemm_time(r, d, v, peak_core) + _gemm_time(v, d, r, peak_core)
+        g_cube = _gemm_time(r, d, v, elt, peak_core, a) + _gemm_time(v, d, r, elt, peak_core, a)
         g_hbm = (2 * dz_bytes + (v + r) * d * elt + r * d * 4 + v * d * 4 * (2 if r0 else 1)) / HBM_BPS
         bin_ = cube_in(cg, math.ceil(r / gbm) * math.ceil(v / gbn), 0) + (chunks - 1) * r * d * 4 * 2
         g = max((g_cube, "cube"), (g_hbm, "hbm"))
-        if bin_ / L2_BPS > x[0] + g[0]:
-            x, g = (0.0, x[1]), (bin_ / L2_BPS, "l2")
+        copies = max((bin_ / L2_BPS, "l2"), (bin_ / (CUBE_CORES * a.mte2_core_bps), "mte2"))
+        if copies[0] > x[0] + g[0]:
+            x, g = (0.0, x[1]), copies
         fwd += f[0]
         bwd += x[0] + g[0]
         l2_in[0] += fin
@@ -250,85 +277,83 @@ def three_gemm(ops, name, n, d, v, elt, peak_core, counted, dtype):
             {"rows_per_launch": r_max, "workspace_bytes": ws})
 
 
-def model_rows(ops):
+def model_rows(ops, a: Assumptions, counted: dict):
+    """One row per (shape, route) at the assumptions ``a``; ``counted`` caches the twin's counts across settings."""
     rows = []
-    counted = {}
     info = {}
     for dname, dtype in DTYPES.items():
         elt = torch.tensor([], dtype=dtype).element_size()
         peak_core = CUBE_PEAK[dname] / CUBE_CORES
         for n, d, v in SHAPES:
             twin_build.configure(twin_build.HW_910B)
-            plans = {"vector_fwd": ops._twin_plan_vector(n, d, v, elt, 0),
-                     "vector_bwd": ops._twin_plan_vector(n, d, v, elt, 8),
-                     "cube_fwd": ops._twin_plan_stats_cube(n, d, v, elt, 0, False)}
+            plans = {"cube_fwd": ops._twin_plan_stats_cube(n, d, v, elt, 0, False)}
             pg = ops._twin_plan_grad_cube(n, d, v, elt, 0)
             plans["cube_bwd"] = [pg[0], pg[1], pg[2]]
             assert all(p[0] == 0 for p in plans.values()), plans
             cnt = {key: counted_for(ops, counted, key, dtype, p[1], p[2], d) for key, p in plans.items()}
 
-            def tile_costs(key, gemms):
+            def tile_costs(key, gemms, operand_bytes):
+                """Tile shape and counts, and one tile's cube time (its operand bytes copied GM -> L1) and vector
+                time (counted on the twin, per visit of the tile)."""
                 bm, bn = plans[key][1], plans[key][2]
                 mb, nbk = math.ceil(n / bm), math.ceil(v / bn)
-                return bm, bn, mb, nbk, gemms * 2 * bm * bn * d / peak_core, _vec_cycles(cnt[key][0]) / CLOCK_HZ
+                return (bm, bn, mb, nbk, cube_tile(gemms * 2 * bm * bn * d, operand_bytes, peak_core, a),
+                        _vec_cycles(cnt[key][0]) / CLOCK_HZ)
 
             inputs = lambda waves_w, waves_h: v * d * elt * waves_w + n * d * elt * waves_h  # noqa: E731
             res = {}
             # forward: one GEMM per tile; logits staged through GM (L2) once written, once read; the cube's operand
-            # bytes through L2 (counted on the twin; the trio sets A for every tile: h and W tiles each time)
-            for name, key, overlap, stage in (("vector", "vector_fwd", False, 4), ("cube", "cube_fwd", True, 4),
-                                              ("trio", "cube_fwd", True, 2)):
-                bm, bn, mb, nbk, tc, tv = tile_costs(key, 1)
-                p = plans[key]  # tasks = token blocks x segments, each task seg_blocks = ceil(n_blocks / segments)
-                waves = math.ceil(p[8] / CUBE_CORES)
-                tiles_core = waves * math.ceil(nbk / p[7])
-                cin = cube_in(cnt[key], mb * nbk, p[8])
+            # bytes through L2 and MTE2 (counted on the twin; the trio sets A for every tile: h and W tiles each time)
+            for name, stage in (("cube", 4), ("trio", 2)):
+                p, c = plans["cube_fwd"], cnt["cube_fwd"]
+                bm, bn = p[1], p[2]
+                per_tile = c[2] if name == "cube" else (bm + bn) * d * elt
+                bm, bn, mb, nbk, tc, tv = tile_costs("cube_fwd", 1, per_tile)
+                waves = math.ceil(p[8] / CUBE_CORES)  # tasks = token blocks x segments
+                tiles_core = waves * math.ceil(nbk / p[7])  # each task seg_blocks = ceil(n_blocks / segments)
+                cin = cube_in(c, mb * nbk, p[8])
                 if name == "trio":  # its own tiling: tiles dealt round-robin over the cores
                     waves, tiles_core = math.ceil(mb / CUBE_CORES), math.ceil(mb * nbk / CUBE_CORES)
-                    cin = mb * nbk * (bm + bn) * d * elt
-                res[(name, "fwd")] = _time(tiles_core, tc, tv, overlap, inputs(waves, 1),
-                                           mb * nbk * bm * bn * stage * 2 + cin) + (tc, tv, cin)
-            # backward, vector: z, dX, dW GEMMs per tile with the vector work in between; fp32 atomic adds of dX / dW
-            # (read + write per tile, L2-resident working set) and dz staged in GM
-            bm, bn, mb, nbk, tc, tv = tile_costs("vector_bwd", 3)
-            cin = cube_in(cnt["vector_bwd"], mb * nbk, plans["vector_bwd"][8])
-            l2 = mb * nbk * (bm * bn * (4 + elt) * 2 + (bm + bn) * d * 4 * 2)
+                    cin = mb * nbk * per_tile
+                res[(name, "fwd")] = _time(tiles_core, tc, tv, True, inputs(waves, 1),
+                                           mb * nbk * bm * bn * stage * 2 + cin, cin, a) + (tc, tv, cin)
+            # trio: C1/V1/C2/V2 on the cube pair's backward tile, the three GEMMs overlap the vector work (taken as
+            # the cube pair's counted dz work), per-core fp32 partials of dX and dW written and read back by V2 (in
+            # L2); its operand bytes per tile (A set for every tile, as its kernel does): z (h and W tiles), dX (dz
+            # and W), dW (dz and h)
+            bm, bn = plans["cube_bwd"][1], plans["cube_bwd"][2]
+            per_tile = ((bm + bn) * d * 2 + 2 * bm * bn) * elt
+            bm, bn, mb, nbk, tc, tv = tile_costs("cube_bwd", 3, per_tile)
             hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
-            res[("vector", "bwd")] = (_time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, False, hbm, l2 + cin)
-                                      + (tc, tv, cin))
-            # trio: C1/V1/C2/V2, the three GEMMs overlap the vector work (taken as the vector pair's counted dz work),
-            # per-core fp32 partials of dX and dW written and read back by V2; its operand bytes per tile (A set for
-            # every tile, as its kernel does): z (h and W tiles), dX (dz and W), dW (dz and h)
-            cin_trio = mb * nbk * ((bm + bn) * d * 2 + 2 * bm * bn) * elt
             res[("trio", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, hbm,
-                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2) + cin_trio) + (
-                                             tc, tv, cin_trio)
+                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2 + per_tile),
+                                         mb * nbk * per_tile, a) + (tc, tv, mb * nbk * per_tile)
             # cube: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile two GEMMs
             # overlapping the vector dz; one owner per output block, fixpipe accumulation read + write in L2
-            bm, bn, mb, nbk, tc, tv = tile_costs("cube_bwd", 2)
+            bm, bn, mb, nbk, tc, tv = tile_costs("cube_bwd", 2, cnt["cube_bwd"][2] / 2)
             cin = cube_in(cnt["cube_bwd"], mb * nbk, 0)
             tx = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, inputs(math.ceil(mb / CUBE_CORES), 1),
-                       mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8) + cin / 2)
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bm * d * 8) + cin / 2, cin / 2, a)
             tw = _time(math.ceil(nbk / CUBE_CORES) * mb, tc, tv, True, inputs(1, math.ceil(nbk / CUBE_CORES)),
-                       mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8) + cin / 2)
+                       mb * nbk * (bm * bn * (4 + elt) * 2 + bn * d * 8) + cin / 2, cin / 2, a)
             res[("cube", "bwd")] = (tx[0] + tw[0], tx[1] + "/" + tw[1], tc, tv, cin)
             floor = 6 * n * d * v / CUBE_PEAK[dname]
             for name in ("dz_kept", "onepass"):
                 res[(name, "fwd")], res[(name, "bwd")], info[name] = three_gemm(
-                    ops, name, n, d, v, elt, peak_core, counted, dtype)
+                    ops, name, n, d, v, elt, peak_core, counted, dtype, a)
             for name in NAMES:
                 f, b = res[(name, "fwd")], res[(name, "bwd")]
                 total = f[0] + b[0]
-                rows.append({"N": n, "D": d, "V": v, "dtype": dname, "kernels": name,
+                rows.append({"N": n, "D": d, "V": v, "dtype": dname, "kernels": name, "assumptions": a.name,
                              "fwd_ms": round(f[0] * 1e3, 3), "bwd_ms": round(b[0] * 1e3, 3),
                              "modeled_ms": round(total * 1e3, 3), "floor_ms": round(floor * 1e3, 3),
                              "ratio": round(total / floor, 3), "fwd_bound": f[1], "bwd_bound": b[1],
                              "fwd_tile_us": {"cube": round(f[2] * 1e6, 2), "vector": round(f[3] * 1e6, 2)},
                              "bwd_tile_us": {"cube": round(b[2] * 1e6, 2), "vector": round(b[3] * 1e6, 2)},
-                             # the L2 bandwidth the cube's operand copies need over each pass (L2_BPS available)
+                             # the bandwidth the cube's operand copies need over each pass (L2 and 24 x MTE2 give)
                              "cube_in_tbps": [round(f[4] / f[0] / 1e12, 2), round(b[4] / b[0] / 1e12, 2)]})
                 rows[-1].update(info.get(name, {"rows_per_launch": n, "workspace_bytes": None}))
-    return rows, counted
+    return rows
 
 
 def main(argv=None) -> int:
@@ -336,41 +361,83 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Writes benchmarks/results/npu_model.json and .md (modelled, not measured).")
-    ap.parse_args(argv)
+    ap.add_argument("--cube-eff", nargs=2, type=float, metavar=("HIGH", "LOW"),
+                    default=[HIGH.cube_eff, LOW.cube_eff], help="cube efficiency of the range's two ends, as "
+                    "fractions of peak (default %(default)s)")
+    ap.add_argument("--mte2-gbps", nargs=2, type=float, metavar=("HIGH", "LOW"),
+                    default=[HIGH.mte2_core_bps / 1e9, LOW.mte2_core_bps / 1e9],
+                    help="GM -> L1 bandwidth of one cube core at the range's two ends, GB/s (default %(default)s)")
+    args = ap.parse_args(argv)
+    for x in args.cube_eff:
+        if not 0 < x <= 1:
+            ap.error(f"--cube-eff: expected fractions in (0, 1], got {x}")
+    for x in args.mte2_gbps:
+        if not x > 0:
+            ap.error(f"--mte2-gbps: expected positive GB/s, got {x}")
+    settings = [PEAK, Assumptions("high", args.cube_eff[0], args.mte2_gbps[0] * 1e9),
+                Assumptions("low", args.cube_eff[1], args.mte2_gbps[1] * 1e9)]
     ops = twin_build.load_twin()
-    rows, counted = model_rows(ops)
+    counted = {}
+    rows = [r for a in settings for r in model_rows(ops, a, counted)]
     twin_build.configure(twin_build.HW_910B)
+    by = {(r["N"], r["D"], r["V"], r["dtype"], r["kernels"], r["assumptions"]): r for r in rows}
+    summary = [{"N": r["N"], "D": r["D"], "V": r["V"], "dtype": r["dtype"], "kernels": r["kernels"],
+                **{f"ratio_{a.name}": by[key[:5] + (a.name,)]["ratio"] for a in settings},
+                **{f"ms_{a.name}": by[key[:5] + (a.name,)]["modeled_ms"] for a in settings}}
+               for key, r in by.items() if key[5] == "peak"]
     out = os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     meta = {"status": "modelled from twin counts; not run on NPU hardware",
-            "figures": {"tile_budget_bytes": NPU_TILE_BUDGET, "cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ, "hbm_bps": HBM_BPS, "l2_bps": L2_BPS,
-                        "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE, "vec_issue_cycles": VEC_ISSUE,
-                        "scalar_cycles": SCALAR_CYCLES},
+            "assumptions": [{"name": a.name, "cube_eff": a.cube_eff,
+                             "mte2_core_bps": None if math.isinf(a.mte2_core_bps) else a.mte2_core_bps}
+                            for a in settings],
+            "figures": {"tile_budget_bytes": NPU_TILE_BUDGET, "cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ,
+                        "hbm_bps": HBM_BPS, "l2_bps": L2_BPS, "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE,
+                        "vec_issue_cycles": VEC_ISSUE, "scalar_cycles": SCALAR_CYCLES},
             "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]} D={k[3]}": {"per_tile": v[0], "per_task": v[1],
                                                                   "cube_in_per_tile": v[2], "cube_in_per_task": v[3]}
                                  for k, v in counted.items()},
             "environment": environment("cpu")}
     with open(os.path.join(out, "npu_model.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)
+    hi, lo = settings[1], settings[2]
+
+    def setting(a):
+        return (f"{a.name}: cube at {a.cube_eff:.0%} of peak, "
+                + ("no per-core MTE2 limit" if math.isinf(a.mte2_core_bps) else
+                   f"{a.mte2_core_bps / 1e9:g} GB/s GM -> L1 per cube core"))
+
     lines = ["# Modelled 910B time (not measured; benchmarks/npu_model.py, docs/npu-status.md)", "",
-             "| N | D | V | dtype | kernels | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
-             "bound (fwd/bwd; cube bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand L2 TB/s (fwd/bwd) | "
-             "rows per launch | kept GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "bf16, fwd + bwd, ratio to the floor 6 N D V / peak (354 TFLOPS). Settings: "
+             + "; ".join(setting(a) for a in settings) + ". The peak setting is a lower bound; the range is "
+             "high .. low.", "",
+             "| N x D x V | kernels | ratio at peak | ratio range | ms range |", "|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['N']} x {r['D']} x {r['V']} | {r['kernels']} | {r['ratio_peak']} | "
+                     f"{r['ratio_high']} .. {r['ratio_low']} | {r['ms_high']} .. {r['ms_low']} |")
+    lines += ["", "kernels: cube = FusedLceStatsCube / FusedLceGradCube recomputing z in both backward phases; trio = "
+              "CANN's schedule; dz_kept = the cube-driven forward + the 3-GEMM backward (dz kept in GM between phase "
+              "X and the dX / dW GEMMs); onepass = gradients in the forward pass (z kept from the forward, 3 GEMMs "
+              "in all; the driver's route for reduced losses).", "",
+              "## Every setting", "",
+              "| N | D | V | dtype | kernels | setting | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
+              "bound (fwd/bwd; cube bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand TB/s (fwd/bwd) | "
+              "rows per launch | kept GiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         kept = "-" if r["workspace_bytes"] is None else round(r["workspace_bytes"] / 2**30, 2)
-        lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['fwd_ms']} | "
-                     f"{r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
+        lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['assumptions']} | "
+                     f"{r['fwd_ms']} | {r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
                      f"{r['fwd_bound']}/{r['bwd_bound']} | {r['cube_in_tbps'][0]}/{r['cube_in_tbps'][1]} | "
                      f"{r['rows_per_launch']} | {kept} |")
-    lines += ["", "kernels: vector = FusedLceStatsVector / FusedLceGradVector; cube = FusedLceStatsCube / "
-              "FusedLceGradCube recomputing z in both backward phases; trio = CANN's schedule; dz_kept = the "
-              "cube-driven forward + the 3-GEMM backward (dz kept in GM between phase X and the dX / dW GEMMs); "
-              "onepass = gradients in the forward pass (z kept from the forward, 3 GEMMs in all; the driver's route "
-              "for reduced losses). kept GiB: the z / dz bytes kept per launch (the tile budget, "
-              f"{NPU_TILE_BUDGET / 2**30:g} GiB); '-': rings only, independent of N."]
-    lines += ["", f"cube operand L2 TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the "
-              f"Matmul library's buffers allow) over the pass time; L2 gives about {L2_BPS / 1e12:g} TB/s.", "",
+    lines += ["", f"kept GiB: the z / dz bytes kept per launch (the tile budget, {NPU_TILE_BUDGET / 2**30:g} GiB); "
+              "'-': rings only, independent of N. Bounds: cube (the cube / vector pipeline, the cube's tile time "
+              "being the larger of its MMADs and its operand copies), vector, hbm, l2 (L2 at about "
+              f"{L2_BPS / 1e12:g} TB/s), mte2 (the cube's operand bytes over 24 cores' MTE2: "
+              f"{CUBE_CORES * hi.mte2_core_bps / 1e12:.2f} TB/s high, {CUBE_CORES * lo.mte2_core_bps / 1e12:.2f} "
+              "low).", "",
+              "cube operand TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the Matmul "
+              "library's buffers allow) over the pass time.", "",
               "Per-tile work counted on the twin (busiest vector core: instructions, UB bytes written, scalar ops; "
               "cube operand bytes GM -> L1 of all cores, per problem tile and per task):", ""]
     for k, v in counted.items():

@@ -23,11 +23,11 @@ to convert; csrc/cpu/gemm.h), ``FUSED_LCE_CPP_BF16_GEMM`` "0" (older knob: conve
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
+from . import build_status
 from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, TokenWeights, WholeRowsProvider
 
 _C = None
@@ -39,11 +39,10 @@ except ImportError as e:
 
 
 def _missing_reason() -> str:
-    """Why _C is not importable: the build's own note (fused_lce/_build_status.txt) when setup.py left one."""
-    status = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_build_status.txt")
-    if os.path.exists(status):
-        with open(status) as f:
-            return f.read().strip()
+    """Why _C is not importable: the build's own record (fused_lce/_build_status.json) when setup.py left one."""
+    recorded = build_status.failure(build_status.read()["cpp"])
+    if recorded:
+        return recorded
     if _IMPORT_ERROR and "No module named" in _IMPORT_ERROR:
         return ("not built: fused_lce._C is missing (install with a C++ compiler: "
                 "`pip install --no-build-isolation .`)")

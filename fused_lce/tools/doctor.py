@@ -130,14 +130,12 @@ def _nvidia_driver() -> Optional[str]:
 
 
 def build_status() -> dict:
-    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and adapter)."""
-    from ..backends.npu import env
+    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and adapter):
+    per part ``{"ok", "attempted", "error", "log", ...}``, None where nothing was recorded
+    (fused_lce/backends/build_status.py)."""
+    from ..backends import build_status as recorded
 
-    reader = getattr(env, "build_status", None)
-    out = dict(reader()) if reader is not None else {}
-    status = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_build_status.txt")
-    out.setdefault("cpp", _first_line(status) or "built (no failure recorded)")
-    return out
+    return recorded.read()
 
 
 def _devices(provider) -> list:

@@ -111,7 +111,7 @@ def test_wheel_carries_the_hook(tmp_path):
     for name in ("setup.py", "pyproject.toml", "README.md", PTH, "fused_lce_autopatch.py"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "fused_lce", src / "fused_lce",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "_build_status.txt"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "_build_status.*"))
     env = {**os.environ, "FUSED_LCE_NO_EXT": "1"}
     env.pop("FUSED_LCE_REQUIRE_EXT", None)
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

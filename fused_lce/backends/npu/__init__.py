@@ -15,10 +15,23 @@ says what the kernels do.
   float32 in block order (deterministic; dW in place).
 * ``kernels.py`` -- the host adapter's private ops (``fused_lce::_npu_*``, csrc/npu/) over the two kernels.
 * ``cann.py`` -- ``CannTrioProvider``, the "npu_cann" provider over torch_npu's fused trio.
-* ``env.py`` -- what the host has: torch_npu with a device, the custom OPP package.
+* ``env.py`` -- what the host has: torch_npu with a device, the custom OPP kernels where op-plugin will find them
+  (ASCEND_CUSTOM_OPP_PATH, then the vendors of ``$ASCEND_OPP_PATH/vendors/config.ini``, as fixed when torch_npu
+  loaded; each aclnn symbol resolved with dlsym in the library op-plugin will take it from), and the build status
+  setup.py recorded (``build_status()``).
 
 Availability of "npu" is checked in order and the first failing step is reported: torch_npu importable, an NPU
-device, the custom OPP package at ASCEND_CUSTOM_OPP_PATH (vendor ``fused_lce``), the aclnn symbols in its
-``libcust_opapi.so``, the host adapter ``fused_lce._npu_C``.
+device, the OPP kernel package not failed at install, the aclnn symbols where op-plugin will look for them, the host
+adapter ``fused_lce._npu_C`` built and loadable.
+
+The providers are imported on first use (``PROVIDER`` below): ``import fused_lce`` imports ``env`` from here before
+it imports torch, and nothing else.
 """
-from .provider import PROVIDER, AscendCProvider  # noqa: F401  (the registry loads PROVIDER)
+
+
+def __getattr__(name):
+    if name in ("PROVIDER", "AscendCProvider"):  # the registry loads PROVIDER
+        from . import provider
+
+        return getattr(provider, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

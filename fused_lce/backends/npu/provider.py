@@ -4,7 +4,6 @@ the kernels are and what has been verified of them."""
 from __future__ import annotations
 
 import copy
-import ctypes
 import importlib.util
 import math
 from typing import Optional
@@ -12,7 +11,8 @@ from typing import Optional
 import torch
 
 from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider, file_digest
-from .env import NEVER_ON_HARDWARE, OPP_VENDOR, find_custom_opp, platform_id, usable_torch_npu
+from ..build_status import failure
+from .env import NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, platform_id, usable_torch_npu
 from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
@@ -62,20 +62,19 @@ class AscendCProvider(WholeRowsProvider):
         _, reason = usable_torch_npu()
         if reason:
             return reason
-        lib, where = find_custom_opp()
+        built = build_status()
+        if built["npu_opp"] and built["npu_opp"].get("attempted") and not built["npu_opp"].get("ok"):
+            # whatever op-plugin would find now is not what the installed sources build
+            return f"the custom OPP kernel package failed to build at install: {failure(built['npu_opp'])}"
+        lib, reason = find_kernels(ACLNN_SYMBOLS)
         if lib is None:
-            return (f"custom OPP package '{OPP_VENDOR}' not found at {where} (build csrc/ascend and source "
-                    f"<install>/vendors/{OPP_VENDOR}/bin/set_env.bash)")
-        try:
-            handle = ctypes.CDLL(lib)
-        except OSError as e:
-            return f"cannot load {lib} ({e})"
-        missing = [s for s in ACLNN_SYMBOLS if not hasattr(handle, s)]
-        if missing:
-            return f"aclnn symbol(s) {', '.join(missing)} missing from {lib}"
+            return (f"custom OPP kernels not found as op-plugin looks them up: {reason} (install with "
+                    f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash before "
+                    "Python starts)")
         spec = importlib.util.find_spec(ADAPTER_MODULE)
         if spec is None or not spec.origin:
-            return f"host adapter {ADAPTER_MODULE} not built (setup.py builds it when ASCEND_HOME_PATH is set)"
+            why = failure(built["npu_adapter"]) or "setup.py builds it when ASCEND_HOME_PATH is set"
+            return f"host adapter {ADAPTER_MODULE} not built ({why})"
         try:
             torch.ops.load_library(spec.origin)
         except Exception as e:

@@ -32,12 +32,16 @@ ASSERT_NO_TORCH_NPU_AT_IMPORT = "torch_npu" not in sys.modules
 
 import torch_npu  # noqa: E402  (the fake)
 from fused_lce.core import registry  # noqa: E402
-from fused_lce.backends.npu import cann as npu_cann, kernels as npu_kernels, provider as npu_provider  # noqa: E402
+from fused_lce.backends import build_status  # noqa: E402
+from fused_lce.backends.npu import cann as npu_cann, env as npu_env, kernels as npu_kernels  # noqa: E402
+from fused_lce.backends.npu import provider as npu_provider  # noqa: E402
 from fused_lce.core.formulas import reference_logprobs, reference_loss  # noqa: E402
 from tests.support.npu_sim import NpuMode, NpuTensor, cpu  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from tests.support.ascendc_twin import build as twin_build  # noqa: E402
+
+build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")  # not what this checkout's build left
 
 
 class TwinKernelsOnSimulatedNpu:
@@ -143,10 +147,13 @@ def check(got, ref, loss_tol, grad_tol):
 @scenario
 def import_and_backend_info():
     assert ASSERT_NO_TORCH_NPU_AT_IMPORT, "import fused_lce imported torch_npu"
+    # fused_lce came first: op-plugin's view was taken when torch_npu was imported
+    assert npu_env._snapshot == npu_env.loader_view({}), npu_env._snapshot
     info = fused_lce.backend_info()
     npu = info["npu"]
     assert not npu["available"], npu
-    assert "custom OPP package 'fused_lce' not found at ASCEND_CUSTOM_OPP_PATH" in npu["reason"], npu["reason"]
+    assert "custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) " in npu["reason"], npu["reason"]
+    assert "ASCEND_CUSTOM_OPP_PATH unset" in npu["reason"], npu["reason"]
     assert npu["reason"].endswith(npu_provider.STATUS) and "not run on NPU hardware" in npu["reason"], npu
     assert info["npu_cann"]["available"], info["npu_cann"]
     assert info["auto"]["npu"] == "npu_cann", info["auto"]
@@ -264,25 +271,53 @@ def first_failing_step_is_reported():
         assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
-    # a custom OPP whose library lacks symbols, then one with all symbols but no host adapter
+    # the custom OPP as op-plugin sees it when torch_npu loads (here: the view it would have taken, had
+    # ASCEND_CUSTOM_OPP_PATH been set before): a library that lacks symbols, then one with all of them but no adapter
     syms_all = npu_kernels.ACLNN_SYMBOLS
+    status = os.path.join(tempfile.mkdtemp(), "_build_status.json")
+    build_status.PATH = status  # nothing recorded: a source checkout
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "stub.c")
-        for k, (syms, expect) in enumerate((
-                (syms_all[:2], "aclnn symbol(s) aclnnFusedLceGradCubeGetWorkspaceSize, aclnnFusedLceGradCube "),
-                (syms_all, "host adapter fused_lce._npu_C not built"))):
-            vendor = os.path.join(tmp, str(k), "vendors", "fused_lce")  # a new path: dlopen caches by name
-            libdir = os.path.join(vendor, "op_api", "lib")
+        vendors = []
+        for k, syms in enumerate((syms_all[:2], syms_all)):
+            vendors.append(os.path.join(tmp, str(k), "vendors", "fused_lce"))  # a new path: dlopen caches by name
+            libdir = os.path.join(vendors[-1], "op_api", "lib")
             os.makedirs(libdir)
             with open(src, "w") as f:
                 f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in syms))
-            lib = os.path.join(libdir, "libcust_opapi.so")
-            subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", lib], check=True)
-            os.environ["ASCEND_CUSTOM_OPP_PATH"] = vendor
-            try:
-                assert reasons()[0].startswith(expect), reasons()[0]
-            finally:
-                del os.environ["ASCEND_CUSTOM_OPP_PATH"]
+            subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(libdir, "libcust_opapi.so")],
+                           check=True)
+        try:
+            npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[0]})
+            assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) "
+                                           "aclnnFusedLceGradCubeGetWorkspaceSize, aclnnFusedLceGradCube "), reasons()
+            npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[1]})
+            r = reasons()[0]
+            assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when ASCEND_HOME_PATH "), r
+            # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes first
+            adapter = {"ok": False, "attempted": True, "error": "not built: compiling fused_lce._npu_C failed (x)",
+                       "log": None}
+            opp = {"ok": False, "attempted": True, "error": "k.cpp:1:2: error: boom", "log": "/b/build.log"}
+            with open(status, "w") as f:
+                json.dump({"npu_adapter": adapter}, f)
+            r = reasons()[0]
+            assert r.startswith("host adapter fused_lce._npu_C not built (not built: compiling fused_lce._npu_C "), r
+            with open(status, "w") as f:
+                json.dump({"npu_adapter": adapter, "npu_opp": opp}, f)
+            assert reasons()[0].startswith("the custom OPP kernel package failed to build at install: k.cpp:1:2: "
+                                           "error: boom (full log: /b/build.log)"), reasons()[0]
+            with open(status, "w") as f:
+                json.dump({"npu_opp": {**opp, "attempted": False, "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
+            assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]  # not tried
+            # the variable set inside the process after torch_npu was imported: op-plugin never sees it
+            npu_env._snapshot = npu_env.loader_view({})
+            os.environ["ASCEND_CUSTOM_OPP_PATH"] = vendors[1]
+            r = reasons()[0]
+            assert r.startswith("custom OPP kernels not found as op-plugin looks them up") and "unset" in r, r
+        finally:
+            os.environ.pop("ASCEND_CUSTOM_OPP_PATH", None)
+            npu_env._snapshot = npu_env.loader_view({})
+            build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")
     npu_provider.PROVIDER.reset()
 
 
@@ -307,7 +342,7 @@ def auto_falls_back_to_torch_without_npu_providers():
     try:
         npu_provider.PROVIDER.reset()
         info = fused_lce.backend_info()
-        assert not info["npu"]["available"] and "custom OPP package" in info["npu"]["reason"], info["npu"]
+        assert not info["npu"]["available"] and "custom OPP kernels not found" in info["npu"]["reason"], info["npu"]
         cann = info["npu_cann"]
         assert not cann["available"] and "has no npu_fused_linear_online_max_sum" in cann["reason"], cann
         assert info["auto"]["npu"] == "torch", info["auto"]

@@ -47,8 +47,9 @@ def test_npu_extensions_is_empty_without_cann(monkeypatch):
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     assert nb.npu_extensions(ROOT) == []
     monkeypatch.setenv("ASCEND_HOME_PATH", "/nonexistent/cann")
-    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)
-    assert nb.npu_extensions(ROOT) == []  # no torch_npu installed: skipped, never imported
+    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)  # no torch_npu installed: looked up, never imported
+    with pytest.raises(nb.NpuBuildError, match="torch_npu is not installed"):  # setup.py records it
+        nb.npu_extensions(ROOT)
 
 
 def test_adapter_flags_match_op_plugin_versioning():

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import fused_lce
-from fused_lce.backends.npu import cann as npu_cann, env as npu_env, provider as npu_provider
+from fused_lce.backends.npu import cann as npu_cann, provider as npu_provider
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
@@ -83,15 +83,3 @@ def test_trio_detected_by_its_kernels_not_a_version(tmp_path):
     assert "aclnnFusedLinearCrossEntropyLossGradGetWorkspaceSize" in npu_cann.find_aclnn(env=env, load=load)
     loaded[str(lib64 / "libopapi.so")] = all_syms[3:]  # split across two libraries is fine
     assert npu_cann.find_aclnn(env=env, load=load) is None
-
-
-def test_find_custom_opp(tmp_path):
-    lib = tmp_path / "vendors" / "fused_lce" / "op_api" / "lib"
-    lib.mkdir(parents=True)
-    (lib / "libcust_opapi.so").write_bytes(b"")
-    other = tmp_path / "vendors" / "someone_else"
-    env = {"ASCEND_CUSTOM_OPP_PATH": f"{other}:{tmp_path / 'vendors' / 'fused_lce'}"}
-    path, _ = npu_env.find_custom_opp(env)
-    assert path == str(lib / "libcust_opapi.so")
-    assert npu_env.find_custom_opp({"ASCEND_CUSTOM_OPP_PATH": str(other)})[0] is None
-    assert npu_env.find_custom_opp({"ASCEND_OPP_PATH": str(tmp_path)})[0] == path
