@@ -3,6 +3,10 @@
 # and results into $OUT (default ./h200-out). The peers (cut-cross-entropy, liger-kernel, trl) come as wheels in
 # $WHEELS (default ../.whl), installed into /tmp/site.
 #   bash benchmarks/run_h200.sh probe ce lp graph alltests pack      # stages, in this order
+# "doctor" writes `fused-lce doctor --json` (the first-use self-checks forced, their cost) to $OUT/doctor.json.
+# "e2e" runs benchmarks/e2e.py (a whole Qwen training step, stock vs fused_lce vs the peers) with $E2E_ARGS under
+# E2E_LIMIT seconds (default 500: it starts no step that would end after it); run it once per part with its own
+# --stem, then merge the parts here: python3 benchmarks/e2e.py --merge a.json b.json
 # "graph" times gpu.py's CUDA-graph methods beside the default and the peers on GRAPH_SHAPES (indices into SHAPES).
 # "pack" (last) packs everything under $OUT into results.tgz in pieces of 15 MiB: the device tool brings back at most
 # 8 files of 16 MiB each, and a stage writes more files than that (JSON, markdown, plots, profiles, logs).
@@ -54,6 +58,14 @@ import json
 for r in json.load(open('$OUT/logprobs.json'))['results']:
     print(r['shape'], r['method'], round(r['ms'], 2) if 'ms' in r else r.get('error', '')[:100],
           round(r['x_floor'], 3) if 'x_floor' in r else '')" 2>&1 | tail -120 ;;
+        doctor) FUSED_LCE_CACHE_DIR=/tmp/fused_lce_doctor timeout ${DOCTOR_LIMIT:-120} python3 -m fused_lce.tools.cli \
+                    doctor --json > "$OUT/doctor.json" 2> "$OUT/doctor.log"; echo "doctor exit $?" ;;
+        e2e) E2E_LIMIT=${E2E_LIMIT:-500}
+             # fewer out-of-memory failures from fragmentation at the longest lengths (e2e.py records the setting)
+             PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} timeout $((E2E_LIMIT + 60)) \
+                 python3 benchmarks/e2e.py --time-limit "$E2E_LIMIT" --out "$OUT" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1
+             echo "e2e.py exit $?"; grep '^\[e2e\]' "$OUT/e2e.log" | cut -c1-300
+             grep -v '^\[e2e\]' "$OUT/e2e.log" | grep -E 'Error|Traceback' | sort | uniq -c | head -10 ;;
         pack) tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* \
                   && split -b 15M -d /tmp/results.tgz "$OUT/results.tgz." && ls -l "$OUT" ;;
         *) echo "unknown stage $stage" ;;
