@@ -261,6 +261,20 @@ def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Opti
     return os.path.join(install_dir, "vendors", OPP_VENDOR)
 
 
+def _forget_other_toolkit(build_dir: str, stamp_path: str, toolkit: dict) -> None:
+    """Drop the CMake cache of a build configured with another toolkit: CMake keeps the old root in its cache
+    (FindCANN's CANN_ROOT; asc-devkit's cmake/asc/fwk_modules/config.cmake caches the package path) while
+    asc-config.cmake reads the new ASCEND_HOME_PATH, and a reconfigure would mix the two."""
+    try:
+        with open(stamp_path) as f:
+            before = json.load(f).get("toolkit")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    cache = os.path.join(build_dir, "CMakeCache.txt")
+    if before != {k: toolkit[k] for k in ("home", "version")} and os.path.exists(cache):
+        os.remove(cache)
+
+
 def opp_step(repo_root: str, force: bool = False) -> dict:
     """The OPP part of a setup.py build, once: its build status {"ok", "attempted", "error", "log", "vendor",
     "cann_version", "note"} ("error": the first error line). Never raises."""
@@ -291,6 +305,7 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
             f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                     f"toolkit: {json.dumps(toolkit)}\n")
         if os.path.exists(stamp_path):
+            _forget_other_toolkit(build_dir, stamp_path, toolkit)
             os.remove(stamp_path)
         log(f"building the custom OPP package with CANN {toolkit['version'] or '(version unknown)'} "
             f"(minutes; full log: {log_path})")

@@ -83,12 +83,14 @@ def unavailable_reason(name: str) -> Optional[str]:
 def info() -> dict[str, dict]:
     from . import selfcheck
 
-    checked = selfcheck.known()
     out = {}
     for name in names():
         reason = unavailable_reason(name)
         provider = load(name)
-        verdicts = checked.get(name, {})
+        if reason is None:  # verdicts on this host's devices from the disk cache too (no battery runs here)
+            for dev in _checked_devices(provider):
+                selfcheck.recorded(provider, dev)
+        verdicts = selfcheck.known().get(name, {})
         failed = [f"{dev}: {v}" for dev, v in verdicts.items() if v != "passed"]
         if reason is None and failed:
             reason = "failed its first-use self-check (" + "; ".join(failed) + ")"
@@ -102,6 +104,30 @@ def info() -> dict[str, dict]:
             "selfcheck": verdicts,
         }
     return out
+
+
+def _checked_devices(provider: Provider) -> list:
+    """Device 0 of each present device type where the provider must pass the first-use self-check."""
+    from . import selfcheck
+
+    out = []
+    for dev in present_device_types():
+        if provider.device_types is None or dev in provider.device_types:
+            device = torch.device(dev) if dev == "cpu" else torch.device(dev, 0)
+            if selfcheck.mode() != "off" and provider.needs_check(device) is not None:
+                out.append(device)
+    return out
+
+
+def _failed_check(name: str, device_type: str) -> bool:
+    """Whether provider ``name`` holds a failed self-check verdict for device 0 of ``device_type`` (this process's
+    or the disk cache's; none is run)."""
+    from . import selfcheck
+
+    provider = load(name)
+    dev = [d for d in _checked_devices(provider) if d.type == device_type]
+    v = selfcheck.recorded(provider, dev[0]) if dev else None
+    return v is not None and not v.ok
 
 
 def why_not(name: str, p: Problem) -> Optional[str]:
@@ -149,6 +175,7 @@ def resolve(requested: str, p: Problem) -> Provider:
 def auto_choice(device_type: str, p: Optional[Problem] = None) -> str:
     """The provider ``auto`` picks for a device type (for a default float32 problem when ``p`` is None)."""
     for name in AUTO_ORDER.get(device_type, ("torch",)):
-        if unavailable_reason(name) is None and (p is None or load(name).supports(p) is None):
+        if unavailable_reason(name) is None and (p is None or load(name).supports(p) is None) \
+                and not _failed_check(name, device_type):
             return name
     return "torch"

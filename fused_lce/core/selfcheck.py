@@ -14,10 +14,12 @@ provider once per process, ignoring the cache and the verified list. ``fused-lce
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -74,6 +76,9 @@ class Verdict:
 
     ok: bool
     reason: Optional[str] = None
+    # a failure by comparison ("mismatch") is a property of the kernels and is cached on disk; one by an error
+    # ("error": a launch error, out of memory, the reference failing) may be the moment's, and is kept per process
+    kind: Optional[str] = None
     errors: dict = dataclasses.field(default_factory=dict)
     cases: list = dataclasses.field(default_factory=list)
     declined: list = dataclasses.field(default_factory=list)
@@ -108,9 +113,10 @@ def failure(provider, device: torch.device) -> Optional[str]:
     key = (provider.name, str(device))
     v = _verdicts.get(key)
     if v is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return (f"its first-use self-check cannot run while a CUDA graph is captured: run one step with "
-                    f"backend={provider.name!r} before capturing")
+        capturing = getattr(getattr(torch, device.type, None), "is_current_stream_capturing", None)
+        if capturing is not None and capturing():
+            return (f"its first-use self-check cannot run while a graph is captured on {device}: run one step "
+                    f"with backend={provider.name!r} before capturing")
         v = verdict(provider, device)
     return None if v.ok else f"failed its first-use self-check on {device}: {v.reason}; {REPORT}"
 
@@ -122,11 +128,14 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
     with _lock:
         if not force and key in _verdicts:
             return _verdicts[key]
-        cache_key = f"{_package_version()}|{provider.name}|{provider.check_id(device)}"
+        cache_key = _cache_key(provider, device)
         v = None if force or mode() == "force" else _load(cache_key)
         if v is None:
+            print(f"fused_lce: first use of backend {provider.name!r} on {device}: checking it against the torch "
+                  f"backend ({ENV}=0 skips this)", file=sys.stderr, flush=True)
             v = run_battery(provider, device)
-            _store(cache_key, v)
+            if v.kind != "error":
+                _store(cache_key, v)
         _verdicts[key] = v
         if not v.ok and key not in _warned:
             _warned.add(key)
@@ -134,6 +143,22 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
                           f"({v.reason}); it is not used on this device in this process (backend='auto' takes the "
                           f"next backend of its order). Please {REPORT}.", RuntimeWarning, stacklevel=3)
         return v
+
+
+def recorded(provider, device: torch.device) -> Optional[Verdict]:
+    """The provider's verdict on ``device`` from this process or the disk cache, without running the battery (None
+    where there is none)."""
+    key = (provider.name, str(device))
+    with _lock:
+        if key not in _verdicts:
+            try:
+                v = _load(_cache_key(provider, device))
+            except Exception:  # noqa: BLE001 - a provider that cannot name its build here has no verdict
+                v = None
+            if v is None:
+                return None
+            _verdicts[key] = v
+        return _verdicts[key]
 
 
 def known() -> dict:
@@ -159,34 +184,53 @@ def run_battery(provider, device: torch.device, cases=BATTERY) -> Verdict:
 
     if registry.load(provider.name) is not provider:
         raise ValueError(f"provider: {provider.name!r} is not the registry's provider of that name")
+    return _battery(provider, device, cases, registry.load("torch"))
 
-    start = time.perf_counter()
-    v = Verdict(ok=True)
-    reference = registry.load("torch")
+
+@contextlib.contextmanager
+def bypassed():
+    """Providers serve without their self-check inside (the battery itself; `fused-lce doctor`'s comparisons)."""
+    before = getattr(_local, "active", False)
     _local.active = True
     try:
-        with torch.no_grad(), _no_autocast(device):
-            for case in cases:
-                inputs, opts, problem = case_inputs(case, device, provider)
-                if problem is None:
-                    v.declined.append(case.name)
-                    continue
-                try:
-                    got = run_case(case, provider.name, inputs, opts)
-                    _sync(device)
-                except Exception as e:  # noqa: BLE001 - a launch error is a verdict, not a crash
-                    v.ok, v.reason = False, f"case {case.name!r}: {type(e).__name__}: {str(e)[:300]}"
-                    break
-                want = run_case(case, reference.name, inputs, opts)
-                v.cases.append(case.name)
-                bad = _compare(case, got, want, v.errors)
-                if bad:
-                    v.ok, v.reason = False, f"case {case.name!r}: {bad}"
-                    break
+        yield
     finally:
-        _local.active = False
+        _local.active = before
+
+
+def _battery(provider, device, cases, reference) -> Verdict:
+    start = time.perf_counter()
+    v = Verdict(ok=True)
+    with bypassed(), torch.no_grad(), _no_autocast(device):
+        for case in cases:
+            inputs, opts, problem = case_inputs(case, device, provider)
+            if problem is None:
+                v.declined.append(case.name)
+                continue
+            got, bad = _attempt(case, provider.name, inputs, opts, device)
+            if bad is None:
+                want, bad = _attempt(case, reference.name, inputs, opts, device)
+                bad = None if bad is None else f"the torch backend's reference failed ({bad}): nothing to check against"
+            if bad is not None:  # a launch error is a verdict, not a crash
+                v.ok, v.kind, v.reason = False, "error", f"case {case.name!r}: {bad}"
+                break
+            v.cases.append(case.name)
+            bad = _compare(case, got, want, v.errors)
+            if bad:
+                v.ok, v.kind, v.reason = False, "mismatch", f"case {case.name!r}: {bad}"
+                break
     v.seconds = time.perf_counter() - start
     return v
+
+
+def _attempt(case: Case, backend: str, inputs, opts, device):
+    """(outputs, None), or (None, the error) when the run or the device's queued work failed."""
+    try:
+        out = run_case(case, backend, inputs, opts)
+        _sync(device)
+        return out, None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def case_inputs(case: Case, device, provider):
@@ -263,17 +307,16 @@ def _compare(case: Case, got: dict, want: dict, errors: dict) -> Optional[str]:
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (an asynchronous kernel fault surfaces here, inside the battery)."""
     mod = getattr(torch, device.type, None)
     if device.type != "cpu" and hasattr(mod, "synchronize"):
-        mod.synchronize()
+        mod.synchronize(device)
 
 
 def _no_autocast(device: torch.device):
     try:
         return torch.autocast(device_type=device.type, enabled=False)
     except Exception:  # noqa: BLE001 - a device type without autocast
-        import contextlib
-
         return contextlib.nullcontext()
 
 
@@ -282,6 +325,10 @@ def cache_path() -> str:
     base = os.environ.get(CACHE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fused_lce")
     return os.path.join(base, "selfcheck.json")
+
+
+def _cache_key(provider, device) -> str:
+    return f"{_package_version()}|{provider.name}|{provider.check_id(device)}"
 
 
 def _package_version() -> str:

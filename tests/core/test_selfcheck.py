@@ -185,3 +185,47 @@ def test_every_case_runs_on_a_provider_that_supports_everything(cache, first_in_
     assert v.ok and not v.declined and len(v.cases) == len(selfcheck.BATTERY), v
     want = {"loss", "lse", "top1", "dX", "dW", "db", "logprob", "entropy", "zmean", "mean_logit", "log_sum_sq"}
     assert set(v.errors) == want
+
+
+class Faulting(twin_build.TwinKernels):
+    """Kernels whose backward raises, as a launch error would."""
+
+    def grads(self, *args, **kw):
+        raise RuntimeError("aclnnFusedLceGradCube failed: 507015 (a stand-in launch error)")
+
+
+def test_an_error_is_kept_for_this_process_only(cache, first_in_auto, seed, monkeypatch):
+    """A failure by an error (a launch error, out of memory, the reference failing) may be the moment's: the provider
+    is skipped in this process, nothing is written to disk, the next process checks again."""
+    first_in_auto(Unverified("npu_fault", kernels=Faulting(), device_types=("cpu",)))
+    runs = []
+    real = selfcheck.run_battery
+    monkeypatch.setattr(selfcheck, "run_battery", lambda *a, **k: runs.append(1) or real(*a, **k))
+    h, w, y = _problem(seed)
+    with pytest.warns(RuntimeWarning, match="RuntimeError: aclnnFusedLceGradCube failed"):
+        _loss_and_grads(h, w, y)
+    assert not cache.exists() or "npu_fault" not in cache.read_text()
+    selfcheck.forget()
+    with pytest.warns(RuntimeWarning):
+        _loss_and_grads(h, w, y)
+    assert runs == [1, 1]
+
+
+def test_a_failure_on_disk_is_reported_before_first_use(cache, first_in_auto, seed):
+    """A new process holding a failed verdict in the disk cache: backend_info says so and auto's choice skips the
+    provider before any call (no battery runs for that)."""
+    first_in_auto(Unverified("npu_stale", kernels=WrongGrads(), device_types=("cpu",)))
+    h, w, y = _problem(seed)
+    with pytest.warns(RuntimeWarning):
+        _loss_and_grads(h, w, y)
+    selfcheck.forget()  # a new process
+    runs = []
+    real = selfcheck.run_battery
+    selfcheck.run_battery = lambda *a, **k: runs.append(1) or real(*a, **k)
+    try:
+        info = fused_lce.backend_info()
+    finally:
+        selfcheck.run_battery = real
+    assert runs == []
+    assert not info["npu_stale"]["available"] and "dW differs" in info["npu_stale"]["reason"], info["npu_stale"]
+    assert info["auto"]["cpu"] == "cpp"

@@ -69,7 +69,8 @@ def platform_id(device) -> str:
         tnpu = metadata.version("torch_npu")
     except metadata.PackageNotFoundError:
         tnpu = "?"
-    return f"torch_npu {tnpu}|CANN {os.environ.get('ASCEND_HOME_PATH', '?')}|{device_name(device)}"
+    cann = toolkit_version() or os.environ.get("ASCEND_HOME_PATH", "?")
+    return f"torch_npu {tnpu}|CANN {cann}|{device_name(device)}"
 
 
 NEVER_ON_HARDWARE = "never run on NPU hardware by this project's tests"
@@ -300,6 +301,40 @@ def _verdict(symbols, view: LoaderView, uid: Optional[int]) -> tuple[Optional[st
         split = ", ".join(f"{s} from {found[s]}" for s in symbols)
         return None, f"op-plugin would take the aclnn symbols from different libraries ({split}): two builds mixed"
     return libs[0], None
+
+
+# The generated aclnn headers the package installs beside its library (asc-devkit opbuild's aclnn generator writes
+# aclnn_<op in snake case>.h, func.cmake installs them into op_api/include): their declarations show the interface
+# the package was built with. A package built before an attribute was added exports the same names with fewer
+# arguments, and the adapter's arguments would land in the wrong places.
+ACLNN_HEADERS = {"aclnn_fused_lce_stats_cube.h": "variant", "aclnn_fused_lce_grad_cube.h": "variant"}
+
+
+def interface_mismatch(lib: str) -> Optional[str]:
+    """None when the package of ``lib`` (<vendor>/op_api/lib/libcust_opapi.so) declares the interface the adapter
+    calls, else why not."""
+    inc = os.path.join(os.path.dirname(os.path.dirname(lib)), "include")
+    for name, argument in ACLNN_HEADERS.items():
+        path = os.path.join(inc, name)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return f"{path} is missing: an incomplete kernel package"
+        if argument not in text:
+            return f"{path} declares no '{argument}' argument: the package was built from older sources (rebuild it)"
+    return None
+
+
+def kernel_files(lib: str) -> list:
+    """The files of the package of ``lib`` a verdict on its kernels depends on: the aclnn and tiling libraries and
+    the kernel binaries (a rebuild that only changed a kernel changes these, not the aclnn library)."""
+    vendor = os.path.dirname(os.path.dirname(os.path.dirname(lib)))
+    out = []
+    for sub in ("op_api", "op_impl"):
+        for root, _, files in os.walk(os.path.join(vendor, sub)):
+            out += [os.path.join(root, f) for f in files]
+    return sorted(out)
 
 
 def find_kernels(symbols, uid: Optional[int] = None,

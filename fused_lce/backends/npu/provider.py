@@ -12,7 +12,8 @@ import torch
 
 from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider, file_digest
 from ..build_status import failure
-from .env import NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, platform_id, usable_torch_npu
+from .env import (NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, interface_mismatch, kernel_files,
+                  platform_id, usable_torch_npu)
 from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
@@ -71,6 +72,9 @@ class AscendCProvider(WholeRowsProvider):
             return (f"custom OPP kernels not found as op-plugin looks them up: {reason} (install with "
                     f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash before "
                     "Python starts)")
+        mismatch = interface_mismatch(lib)
+        if mismatch:
+            return f"the custom OPP kernels op-plugin would load do not match this package: {mismatch}"
         spec = importlib.util.find_spec(ADAPTER_MODULE)
         if spec is None or not spec.origin:
             why = failure(built["npu_adapter"]) or "setup.py builds it when ASCEND_HOME_PATH is set"
@@ -80,7 +84,7 @@ class AscendCProvider(WholeRowsProvider):
         except Exception as e:
             return f"cannot load the host adapter {spec.origin} ({type(e).__name__}: {e})"
         self.kernels = AdapterKernels()
-        self._files = [lib, spec.origin]
+        self._files = kernel_files(lib) + [spec.origin]
         return None
 
     def with_variant(self, name: str, variant: int) -> "AscendCProvider":

@@ -287,6 +287,11 @@ def first_failing_step_is_reported():
                 f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in syms))
             subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(libdir, "libcust_opapi.so")],
                            check=True)
+            inc = os.path.join(vendors[-1], "op_api", "include")  # the generated headers, this package's interface
+            os.makedirs(inc)
+            for name in npu_env.ACLNN_HEADERS:
+                with open(os.path.join(inc, name), "w") as f:
+                    f.write("aclnnStatus aclnnX(..., int64_t variant, ...);\n")
         try:
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[0]})
             assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) "
@@ -294,6 +299,17 @@ def first_failing_step_is_reported():
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[1]})
             r = reasons()[0]
             assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when ASCEND_HOME_PATH "), r
+            # a package built from older sources: the same symbols, a header without the variant argument
+            header = os.path.join(vendors[1], "op_api", "include", "aclnn_fused_lce_grad_cube.h")
+            with open(header, "w") as f:
+                f.write("aclnnStatus aclnnFusedLceGradCubeGetWorkspaceSize(..., bool keepDz, ...);\n")
+            r = reasons()[0]
+            assert "do not match this package" in r and "declares no 'variant' argument" in r, r
+            os.remove(header)
+            r = reasons()[0]
+            assert "aclnn_fused_lce_grad_cube.h is missing: an incomplete kernel package" in r, r
+            with open(header, "w") as f:
+                f.write("aclnnStatus aclnnFusedLceGradCube(..., int64_t variant, ...);\n")
             # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes first
             adapter = {"ok": False, "attempted": True, "error": "not built: compiling fused_lce._npu_C failed (x)",
                        "log": None}

@@ -143,10 +143,15 @@ def test_opp_step_skips_an_up_to_date_package_and_rebuilds_a_stale_one(nb, opp_e
     _edit(repo, "cmake/FindCANN.cmake")  # a CMake module of the package
     assert nb.opp_step(str(repo))["ok"] and builds() == 3
     assert nb.opp_step(str(repo), force=True)["ok"] and builds() == 4
+    cache = repo / "build" / "ascend_opp" / "CMakeCache.txt"
+    cache.write_text("CANN_ROOT:PATH=/old/toolkit\n")  # what CMake keeps from the last configure
+    assert nb.opp_step(str(repo), force=True)["ok"] and builds() == 5 and cache.exists()  # the same toolkit
     monkeypatch.setenv("ASCEND_HOME_PATH", fake_cann.make_toolkit(str(tmp_path / "cann2"), "9.1.0"))
-    assert nb.opp_step(str(repo))["ok"] and builds() == 5  # another toolkit
+    cache.write_text("CANN_ROOT:PATH=/old/toolkit\n")
+    assert nb.opp_step(str(repo))["ok"] and builds() == 6  # another toolkit: reconfigured from scratch
+    assert not cache.exists() or "/old/toolkit" not in cache.read_text()
     shutil.rmtree(repo / "build" / "opp")
-    assert nb.opp_step(str(repo))["ok"] and builds() == 6  # the installed package is gone
+    assert nb.opp_step(str(repo))["ok"] and builds() == 7  # the installed package is gone
 
 
 @pytest.mark.parametrize("mode, first", [
