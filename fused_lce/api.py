@@ -8,6 +8,8 @@ driver.
 """
 from __future__ import annotations
 
+import inspect
+from types import MappingProxyType
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
@@ -360,6 +362,13 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     return check_labels
 
 
+# The options of linear_cross_entropy (its keyword-only arguments) and their defaults, read from its
+# signature: the one list of them (LinearCrossEntropy; the subsets in fused_lce.integrations.hf.options).
+OPTION_DEFAULTS = MappingProxyType({name: p.default for name, p in
+                                    inspect.signature(linear_cross_entropy).parameters.items()
+                                    if p.kind is inspect.Parameter.KEYWORD_ONLY})
+
+
 class LinearCrossEntropy(torch.nn.Module):
     """``nn.Module`` form of :func:`linear_cross_entropy`; the options (its keyword arguments) are fixed at
     construction, ``forward(hidden, weight, labels, bias=None)`` computes the loss. Unknown option names raise
@@ -369,10 +378,10 @@ class LinearCrossEntropy(torch.nn.Module):
 
     def __init__(self, **options):
         super().__init__()
-        unknown = set(options) - _OPTION_NAMES
+        unknown = set(options) - set(OPTION_DEFAULTS)
         if unknown:
             raise TypeError(f"LinearCrossEntropy: unexpected option(s) {sorted(unknown)}; "
-                            f"expected any of {sorted(_OPTION_NAMES)}")
+                            f"expected any of {sorted(OPTION_DEFAULTS)}")
         self.options = options
 
     def forward(self, hidden, weight, labels, bias=None):
@@ -380,10 +389,6 @@ class LinearCrossEntropy(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if k != "process_group")
-
-
-_OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift", "num_items",
-                 "return_stats", "process_group", "sequence_parallel", "backend", "validate", "tile_budget_mb"}
 
 
 def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -100,

@@ -5,15 +5,15 @@ checks, fake kernels and autograd -- once, for every device. Their kernels are `
 Schemas (2-D problems; the public API flattens, shifts and validates labels first)::
 
     fused_lce::forward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items,
-        str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, str backend,
-        str group_name, int vocab_start, int vocab_total, int tile_bytes, bool[3] grad_mask)
+        str reduction, <options>, bool[3] grad_mask)
         -> (Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
 
     fused_lce::backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse,
-        Tensor? num_items, str reduction, <the same options block>, bool[3] grad_mask)
+        Tensor? num_items, str reduction, <options>, bool[3] grad_mask)
         -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
 
-The options block (``ignore_index`` .. ``tile_bytes``) is ``fused_lce.core.Options`` field by field (the loss family).
+``<options>`` is the loss family of ``fused_lce.core.Options`` field by field (``int ignore_index, float
+label_smoothing, ...``; ``fused_lce.ops.loss.FORWARD.schema`` shows it whole).
 ``forward`` returns the reduced float32 loss (0-dim for "sum"/"mean", (N,) for "none"), per-token ``lse`` (float32, 0
 where ignored) and ``correct`` (bool), and -- when ``reduction != "none"`` and ``grad_mask`` asks for any gradient --
 the gradients of the returned loss computed in the same pass (else empty tensors). ``softcap == 0`` means off,
