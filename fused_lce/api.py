@@ -17,7 +17,7 @@ import torch
 from . import ops
 from .core import registry
 from .core import validate as check
-from .core.validate import LABEL_DTYPES
+from .core.formulas import classify_labels
 
 
 class LogprobsOutput(NamedTuple):
@@ -298,8 +298,7 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     if tuple(labels.shape) != tokens:
         what = "hidden.shape[:-1]" if sp_world == 1 else "(world * hidden.shape[0],) + hidden.shape[1:-1]"
         raise ValueError(f"labels: expected shape {what} = {tokens}, got {tuple(labels.shape)}")
-    if labels.dtype not in LABEL_DTYPES:
-        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    check.label_dtype(labels)
     check.weight_shape(weight, hidden.shape[-1])  # V is needed for the label check below
     hidden, weight, bias = _autocast(hidden, weight, bias)
 
@@ -346,7 +345,7 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with ``validate=False``)."""
     if y.is_cuda and torch.cuda.is_current_stream_capturing():
         return _no_check
-    bad = (y != ignore_index) & ((y < 0) | (y >= total))
+    bad = classify_labels(y, ignore_index, total)[1]
     if not bad.is_cuda:
         flag, done = bad.any(), None
     else:
@@ -357,8 +356,7 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
         if done is not None:
             done.synchronize()
         if bool(flag):
-            raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
-                             f"got {int(y[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
+            raise check.label_range_error(y, bad, ignore_index, total)
     return check_labels
 
 
@@ -405,15 +403,13 @@ def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -
             raise ValueError(f"labels: {bad.item()} outside [0, V)")
     """
     check.tensor("labels", labels)
-    if labels.dtype not in LABEL_DTYPES:
-        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    check.label_dtype(labels)
     vocab_size = check.integer("vocab_size", vocab_size)
     if vocab_size < 0:
         raise ValueError(f"vocab_size: expected an int >= 0, got {vocab_size!r}")
-    check.integer("ignore_index", ignore_index)
+    ignore_index = check.integer("ignore_index", ignore_index)
     y = labels[..., 1:] if check.flag("shift", shift) and labels.dim() > 0 else labels
-    bad = (y != ignore_index) & ((y < 0) | (y >= vocab_size))
-    return bad.sum()
+    return classify_labels(y, ignore_index, vocab_size)[1].sum()
 
 
 def backend_info() -> dict:

@@ -11,6 +11,8 @@ import torch
 import fused_lce
 from fused_lce import linear_cross_entropy as lce
 
+from .support import options_block
+
 
 def _p(n=6, d=4, v=9, dtype=torch.float32):
     return torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype), torch.randint(0, v, (n,))
@@ -103,6 +105,28 @@ def test_valid_ignore_index_inside_vocab_is_not_an_error():
     plain = torch.nn.functional.cross_entropy(h @ w.t(), y, ignore_index=3, reduction="none")
     assert per[0] == 0.0
     torch.testing.assert_close(per, plain)
+
+
+def test_label_checks_are_one_check():
+    """The API, label_errors and the op reject non-integer labels with one message; the API's range check, the
+    loss's NaN and label_errors find the same bad labels (int32 labels with a 64-bit ignore_index too)."""
+    h, w, y = _p(n=5)
+    messages = set()
+    for call in (lambda: lce(h, w, y.float()), lambda: fused_lce.label_errors(y.float(), 9),
+                 lambda: torch.ops.fused_lce.forward(h, w, y.float(), None, None, "mean", *options_block(),
+                                                     [False, False, False])):
+        with pytest.raises(TypeError, match="labels") as e:
+            call()
+        messages.add(str(e.value))
+    assert len(messages) == 1, messages
+    for dtype, ii in ((torch.int64, -100), (torch.int32, -100), (torch.int32, 2**32 + 9)):
+        y = torch.tensor([0, 9, -100, 2**31 - 1, -1], dtype=dtype)  # 9 is 2**32 + 9 wrapped to int32
+        bad = [False, True, ii != -100, True, True]
+        assert int(fused_lce.label_errors(y, 9, ignore_index=ii)) == sum(bad)
+        per = lce(h, w, y, ignore_index=ii, reduction="none", validate=False)
+        assert per.isnan().tolist() == bad
+        with pytest.raises(ValueError, match=r"labels: expected values in \[0, 9\) or ignore_index"):
+            lce(h, w, y, ignore_index=ii)
 
 
 def test_module_form_and_repr():

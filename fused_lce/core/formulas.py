@@ -23,23 +23,33 @@ def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return m + torch.log(s)
 
 
+def classify_labels(labels: torch.Tensor, ignore_index: int, vocab: int,
+                    valid: Optional[torch.Tensor] = None):
+    """(valid, bad) of integer ``labels``: not ``ignore_index`` (``valid``: that mask when the caller has it),
+    and valid but outside ``[0, vocab)``. The one label-range test: the API's ``validate`` check,
+    ``label_errors`` and the NaN of a bad label in the loss and log-probs all use it."""
+    y = _comparable(labels, ignore_index, vocab)
+    valid = y != ignore_index if valid is None else valid
+    return valid, valid & ((y < 0) | (y >= vocab))
+
+
 def label_valid(labels: torch.Tensor, opts: Options) -> torch.Tensor:
     """The tokens whose label is not ``ignore_index`` (bool)."""
-    return _int64(labels) != opts.ignore_index
+    return _comparable(labels, opts.ignore_index, 0) != opts.ignore_index
 
 
 def label_classes(labels: torch.Tensor, opts: Options, v_local: int, valid: Optional[torch.Tensor] = None):
-    """(valid, bad): not ignored (``valid``: that mask when the caller has it), and valid but outside
-    [0, vocab_total)."""
-    y = _int64(labels)
-    valid = y != opts.ignore_index if valid is None else valid
-    bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
-    return valid, bad
+    """``classify_labels`` against the global vocabulary of ``opts``."""
+    return classify_labels(labels, opts.ignore_index, opts.vocab(v_local), valid)
 
 
-def _int64(labels: torch.Tensor) -> torch.Tensor:
-    """Labels as int64: a Python int compared with an int32 tensor is cast to int32 (2**32 + 1 would equal 1)."""
-    return labels if labels.dtype == torch.int64 else labels.long()
+def _comparable(labels: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
+    """Labels that compare exactly with the Python ints ``ignore_index`` and ``vocab``: a Python int compared
+    with an int32 tensor is cast to int32 (2**32 + 1 would equal 1), so int32 labels become int64 unless both
+    fit in int32 (no copy, no launch in the usual case)."""
+    if labels.dtype == torch.int64 or (-2**31 <= ignore_index < 2**31 and vocab < 2**31):
+        return labels
+    return labels.long()
 
 
 # Few, scalar-operand ops below: each costs a launch and tens of microseconds of host time per step on the GPU,
@@ -71,7 +81,7 @@ def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int
         per = (1.0 - eps) * per + eps * (lse - st.zsum / vt)
     if opts.z_loss:
         per = per + opts.z_loss * lse * lse
-    return per_token(per, valid, bad), lse, valid & (st.argmax == _int64(labels))
+    return per_token(per, valid, bad), lse, valid & (st.argmax == labels)
 
 
 def loss_terms(opts: Options, v_local: int) -> LossTerms:
