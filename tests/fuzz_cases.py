@@ -587,7 +587,7 @@ def logprob_magnitudes(h, w, b, y, g_lp, g_ent, *, temperature=1.0, softcap=None
     zmag = hd.abs() @ wd.abs().t() + (0.0 if bd is None else bd.abs())
     dcap = torch.ones_like(z)
     if softcap:
-        t = torch.tanh((hd @ wd.t() + (0.0 if bd is None else bd)) / softcap)
+        t = reference_logits(hd, wd, bd, softcap=softcap) / softcap  # tanh(raw / softcap)
         dcap, zmag = 1 + t * t, zmag + zmag.clamp(max=softcap)
     zmag = zmag / temperature
     if not z.numel():

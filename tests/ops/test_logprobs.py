@@ -14,7 +14,7 @@ import torch
 
 import fused_lce
 from fused_lce.core import Coefs, Options, Problem, registry
-from fused_lce.core.formulas import reference_logprob_extras
+from fused_lce.core.formulas import reference_logits, reference_logprob_extras
 from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
@@ -50,12 +50,9 @@ def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-
 def logit_magnitude(h, w, b, softcap=None, temperature=1.0, **_) -> float:
     """max |z| of the tempered logits: log-probs and entropies are differences of terms this large (lse, the
     target logit, E_p[z]), so their float32 rounding scales with it, not with their own size."""
-    z = h.detach().double().reshape(-1, h.shape[-1]) @ w.detach().double().t()
-    if b is not None:
-        z = z + b.detach().double()
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
-    return float((z / temperature).abs().max()) if z.numel() else 0.0
+    z = reference_logits(h.detach().reshape(-1, h.shape[-1]), w.detach(), None if b is None else b.detach(),
+                         softcap=softcap, temperature=temperature)
+    return float(z.abs().max()) if z.numel() else 0.0
 
 
 def close(ours, ref, dtype, what, zmag=0.0):
