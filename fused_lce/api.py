@@ -135,7 +135,7 @@ def linear_cross_entropy(
           them again with ``torch.autograd`` either.
         * double backward (``create_graph=True``): raises at backward.
     """
-    _reject_unsupported_transforms(hidden, weight, bias, plain="F.cross_entropy(F.linear(...))")
+    _reject_unsupported_transforms(hidden, weight, labels, bias, plain="F.cross_entropy(F.linear(...))")
     check.reduction(reduction)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=shift,
                     process_group=process_group, sequence_parallel=sequence_parallel, backend=backend,
@@ -220,7 +220,7 @@ def linear_logprobs(
     work as for :func:`linear_cross_entropy`; higher-order derivatives (``create_graph=True``, ``hessian``,
     nested ``grad``, ``jvp`` / ``jacfwd``) raise a RuntimeError naming fused_lce and the plain path.
     """
-    _reject_unsupported_transforms(hidden, weight, bias, plain="torch.log_softmax(F.linear(...), -1)")
+    _reject_unsupported_transforms(hidden, weight, labels, bias, plain="torch.log_softmax(F.linear(...), -1)")
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
                     process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
                     tile_budget_mb=tile_budget_mb)
@@ -327,7 +327,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     h2 = hidden.reshape(y.numel() // sp_world, hidden.shape[-1])
     check_labels = _no_check
     if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
-        check_labels = _queue_label_check(_unwrapped(y), ignore_index, vocab_total or v)  # vmap: the whole batch
+        # under vmap, the labels of the whole batch (the unwrapped tensor is only read, never computed with)
+        check_labels = _queue_label_check(torch.func.debug_unwrap(y), ignore_index, vocab_total or v)
     opts = dict(ignore_index=ignore_index, softcap=float(softcap), backend=backend, group_name=group_name,
                 vocab_start=vocab_start, vocab_total=vocab_total, tile_bytes=check.tile_bytes(tile_budget_mb))
     return _Call(h2, weight, y, bias, opts, tuple(labels.shape), out_shape, check_labels)
@@ -422,18 +423,19 @@ def backend_info() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _unwrapped(t: torch.Tensor) -> torch.Tensor:
-    """The plain tensor under torch.func wrappers (vmap's batched / grad's tracking tensors), for value checks."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return t
+def _transforms() -> list:
+    """The active torch.func transforms (empty outside them, and while compiling). Private API: torch.func has
+    no public query of them (which, and how many grad levels), and the API needs it: the ops' Autograd kernel,
+    like torch.library.register_autograd's (torch 2.13: grad / vjp / jacrev raise, jvp returns a zero
+    tangent), does not work inside them, so calls there go through the ops' Func* autograd.Functions."""
+    if torch.compiler.is_compiling():
+        return []
+    return torch._C._functorch.get_interpreter_stack() or []
 
 
 def _functorch_active(higher_order_message: str) -> bool:
     """True inside a torch.func transform; RuntimeError for what the op cannot do there (higher order)."""
-    if torch.compiler.is_compiling():
-        return False
-    stack = torch._C._functorch.get_interpreter_stack()
+    stack = _transforms()
     if not stack:
         return False
     kinds = [i.key() for i in stack]
@@ -455,13 +457,12 @@ def _reject_unsupported_transforms(*tensors, plain: str) -> None:
                 raise NotImplementedError(
                     "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
                     f"gradients come from fused kernels; use {plain} for forward-mode AD")
-    if torch.compiler.is_compiling():
+    if not _transforms():
         return
-    from torch._functorch.pyfunctorch import coerce_cinterpreter
-
-    for level in torch._C._functorch.get_interpreter_stack() or ():
-        i = coerce_cinterpreter(level)
-        if hasattr(i, "batch_size") and i.batch_size() == 0:
+    for t in tensors:
+        # vmap over an empty dimension: the batched tensor's storage has one more dimension of size 0 than the
+        # tensor the function sees
+        if isinstance(t, torch.Tensor) and torch.func.debug_unwrap(t).shape.count(0) > t.shape.count(0):
             raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there is no "
                              "problem to run); skip the call for an empty batch")
 

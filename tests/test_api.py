@@ -265,6 +265,11 @@ def test_vmap_over_an_empty_batch_says_so():
     f = lambda hh, yy: lce(hh, w, yy)  # noqa: E731
     with pytest.raises(ValueError, match="vmap over a dimension of size 0"):
         torch.func.vmap(f)(h[None][:0], y[None][:0])
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):  # only the labels batched
+        torch.func.vmap(lambda yy: lce(h, w, yy))(y[None][:0])
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):  # the inner of two
+        hb, yb = h[None, None].expand(2, 0, -1, -1), y[None, None].expand(2, 0, -1)
+        torch.func.vmap(torch.func.vmap(f))(hb, yb)
     torch.testing.assert_close(torch.func.vmap(f)(h[None].expand(2, -1, -1), y[None].expand(2, -1)),
                                lce(h, w, y).expand(2))
 

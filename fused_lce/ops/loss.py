@@ -188,7 +188,7 @@ def _backward_impl(ctx, g_loss):
         # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
         # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
         # foreach rule): out of place.
-        eager = all(type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        eager = all(type(t) is torch.Tensor and torch.func.debug_unwrap(t, recurse=False) is t
                     for t in (dh, dw, db, g_loss))
         if eager:
             ctx.precomputed = (None, None, None)
