@@ -8,6 +8,8 @@ driver.
 """
 from __future__ import annotations
 
+import inspect
+from types import MappingProxyType
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
@@ -15,7 +17,7 @@ import torch
 from . import ops
 from .core import registry
 from .core import validate as check
-from .core.validate import LABEL_DTYPES
+from .core.formulas import classify_labels
 
 
 class LogprobsOutput(NamedTuple):
@@ -65,75 +67,28 @@ def linear_cross_entropy(
     validate: bool = True,
     tile_budget_mb: Optional[float] = None,
 ) -> Union[torch.Tensor, LCEOutput]:
-    """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``labels`` without materialising the logits.
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``labels``, computed tile by tile so that the
+    ``[tokens x vocab]`` logits never exist (the memory of an LM head's loss is the memory of a few tiles).
 
-    Args:
-        hidden: ``(..., D)`` float32/bfloat16/float16 activations.
-        weight: ``(V, D)`` output-layer weight, same dtype as ``hidden`` (under autocast both are cast to the
-            autocast dtype, as ``F.linear`` would). With ``process_group`` it is this rank's contiguous shard.
-        labels: ``hidden.shape[:-1]`` int64/int32 class ids (global ids with ``process_group``).
-        bias: optional ``(V,)`` bias.
-        ignore_index: label value that contributes no loss and no gradient (a 64-bit integer).
-        reduction: ``"mean"`` (sum / ``num_items`` or / number of valid tokens), ``"sum"`` or ``"none"``.
-        label_smoothing: in [0, 1]; matches ``F.cross_entropy(label_smoothing=...)``.
-        z_loss: >= 0; adds ``z_loss * lse**2`` per valid token.
-        softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
-        shift: a bool; causal-LM shift by one position: ``hidden[..., t, :]`` predicts ``labels[..., t + 1]``,
-            without copying hidden.
-        num_items: divisor for ``"mean"`` instead of the count of valid tokens (HF ``num_items_in_batch``): a
-            finite number >= 0 or a one-element tensor holding one (checked with one host sync; ``0`` gives 0).
+    The contract -- shapes, dtypes, every error, what ``torch.compile`` / ``torch.func`` / double backward
+    do -- is docs/spec.md. In short:
+        hidden, weight, labels, bias: ``(..., D)`` float32 / bfloat16 / float16, ``(V, D)`` of the same dtype,
+            ``hidden.shape[:-1]`` int64 / int32 class ids, ``(V,)`` or None.
+        ignore_index, reduction, label_smoothing: as in ``F.cross_entropy``; ``num_items`` (HF's
+            ``num_items_in_batch``) replaces the count of valid tokens as the divisor of ``"mean"``.
+        z_loss, softcap: adds ``z_loss * lse**2`` per token; logits become ``softcap * tanh(z / softcap)``.
+        shift: causal-LM shift (``hidden[..., t, :]`` predicts ``labels[..., t + 1]``) without copying hidden.
         return_stats: return ``LCEOutput(loss, lse, token_accuracy, n_valid)`` instead of the loss.
-        process_group: vocab-parallel group; ``weight``/``bias`` hold this rank's shard, every rank gets the
-            loss of the unsharded problem, the full dX and its own dW shard.
-        sequence_parallel: with ``process_group``: ``hidden`` holds this rank's ``1/world`` of the tokens along
-            its first dimension (Megatron sequence parallelism, ``[s/tp, b, h]``), ``labels`` those of the whole
-            group (``[s, b]``); the op all-gathers the rows and returns dX for this rank's rows (reduce-scatter).
-        backend: ``"auto"`` or one of ``fused_lce.core.registry.names()``; env ``FUSED_LCE_BACKEND`` overrides auto.
-        validate: check the label range: one reduction queued before the op's kernels and read on the host once
-            they are queued too (on CUDA through an event that they do not delay; skipped while a CUDA graph is
-            captured). With False a bad label gives that token a NaN loss (and NaN gradients), never an
-            out-of-bounds read.
-        tile_budget_mb: MiB (2**20 bytes) of logits tiles a backend may keep live, a finite number > 0 (default:
-            env ``FUSED_LCE_TILE_MB``, read once per call here so every backend means the same by it, else the
-            backend's own default: 256 MiB for torch/cpp on CPU, a quarter of free memory (1-8 GiB) for torch on
-            CUDA, planned from free memory for triton, 2 GiB of kept z / dz per launch for the npu backend's MIX
-            kernels). Lower it when a call runs out of memory; the float32 gradient accumulators
-            (``4 * (V*D + N*D + V)`` bytes) come on top.
+        process_group, sequence_parallel: vocab-parallel group (``weight`` / ``bias`` its shard) and Megatron
+            sequence parallelism.
+        backend: ``"auto"`` or a provider name (``fused_lce.backend_info()``; env ``FUSED_LCE_BACKEND``).
+        validate: check the label values without stalling the device; off, a bad label gives NaN.
+        tile_budget_mb: MiB of logits tiles a backend may keep live; lower it when a call runs out of memory.
 
-    Returns:
-        float32 loss (0-dim, or the labels' shape for ``"none"``; ``labels[..., 1:]`` with ``shift``). When no
-        label is valid (all ``ignore_index``, no tokens, or ``num_items == 0``), ``"mean"`` and ``"sum"`` are 0.0
-        with zero gradients, never NaN -- also with an empty vocabulary (``V == 0``); a valid label with
-        ``V == 0`` is a bad label.
-
-    Raises:
-        TypeError: an argument of the wrong type (non-tensor inputs, non-float hidden, a weight/bias dtype that
-            differs from hidden's, non-integer labels, ``shift`` / ``validate`` / ``sequence_parallel`` not a
-            bool, ``ignore_index`` not an int, ``num_items`` not a number or tensor). The message names it.
-        ValueError: a bad shape or value (mismatched D, labels not ``hidden.shape[:-1]``, bias not ``(V,)``,
-            ``shift=True`` without a sequence dimension, a label outside ``[0, V)`` other than ``ignore_index``
-            when ``validate``, an unknown reduction/backend, ``label_smoothing`` outside [0, 1], negative or
-            non-finite ``z_loss``, ``softcap <= 0``, ``ignore_index`` outside 64 bits, ``num_items`` negative /
-            NaN / infinite, a ``tile_budget_mb`` or ``FUSED_LCE_TILE_MB`` that is not a number > 0, a backend
-            that is not available or cannot run this problem (the message says why). The message names it.
-        torch.OutOfMemoryError / RuntimeError: an allocation failed (the type the allocator raised); the message
-            starts with "fused_lce: out of memory" and gives the sizes and the tile budget to lower.
-        RuntimeError: a second-order derivative was asked for (``create_graph=True`` double backward, nested
-            ``torch.func.grad``, ``hessian``, ``jvp`` / ``jacfwd``): the gradients come from fused kernels and
-            are not differentiable; use ``F.cross_entropy(F.linear(...))`` for those.
-
-    Tracing and transforms:
-        * ``torch.compile`` (``fullgraph=True`` works): shapes and options are checked while tracing, but label
-          VALUES are not (no host sync in a graph): a bad label gives that token a NaN loss. For a check that
-          stays in the graph, return :func:`label_errors` ``(labels, V)`` from the compiled step and test it
-          after the step. Meta / fake tensors likewise propagate shapes without value checks.
-        * ``torch.func``: ``grad``, ``grad_and_value``, ``vjp``, ``jacrev`` and ``vmap`` (one op call per batch
-          element; per-sample gradients with ``vmap(grad(...))``) work; forward mode and nested reverse mode
-          raise (see Raises). The gradients ``torch.func`` returns are first-order values: do not differentiate
-          them again with ``torch.autograd`` either.
-        * double backward (``create_graph=True``): raises at backward.
+    Returns the float32 loss (0-dim, or per token for ``"none"``); 0.0 when no label is valid. Bad input
+    raises ValueError / TypeError naming the argument.
     """
-    _reject_unsupported_transforms(hidden, weight, bias, plain="F.cross_entropy(F.linear(...))")
+    _reject_unsupported_transforms(hidden, weight, labels, bias, plain="F.cross_entropy(F.linear(...))")
     check.reduction(reduction)
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=shift,
                     process_group=process_group, sequence_parallel=sequence_parallel, backend=backend,
@@ -176,49 +131,23 @@ def linear_logprobs(
     validate: bool = True,
     tile_budget_mb: Optional[float] = None,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor], LogprobsOutput]:
-    """Per-token ``log p(label)`` (and optionally the entropy of ``p``) of ``hidden @ weight.T (+ bias)``, without
-    materialising the logits: the log-prob head of GRPO / PPO / DPO.
+    """Per-token ``log p(label)`` (and optionally the entropy of ``p``) of ``z = softcap(hidden @ weight.T +
+    bias) / temperature``, without materialising the logits: the log-prob head of GRPO / PPO / DPO. Both are
+    differentiable w.r.t. ``hidden``, ``weight`` and ``bias``.
 
-    ``z = softcap(hidden @ weight.T + bias) / temperature`` -- softcap first, then temperature, as TRL does (its
-    ``selective_log_softmax`` divides the model's logits, already softcapped by e.g. Gemma 2's forward, by the
-    temperature) and verl. With ``p = softmax(z)``: ``logprob = z[label] - logsumexp(z)`` and ``entropy =
-    -sum p log p = logsumexp(z) - E_p[z]``; a ``-inf`` logit (a masked vocabulary entry) has ``p = 0`` and
-    contributes exactly 0 to both and to every gradient.
-
-    Both outputs are differentiable w.r.t. ``hidden``, ``weight`` and ``bias`` for any upstream gradients (the
-    backward recomputes the logits tile by tile from two saved floats per token). Tiling, float32 accumulation,
-    validation and errors are those of :func:`linear_cross_entropy`.
-
-    Args:
-        hidden: ``(..., D)`` float32/bfloat16/float16 activations.
-        weight: ``(V, D)`` output-layer weight, same dtype as ``hidden`` (this rank's contiguous vocabulary shard
-            with ``process_group``).
-        labels: ``hidden.shape[:-1]`` int64/int32 token ids (global ids with ``process_group``).
-        bias: optional ``(V,)`` bias.
-        temperature: > 0 (and ``1 / temperature`` finite); the logits are divided by it (after the softcap).
-        softcap: > 0 or None; logits become ``softcap * tanh(logits / softcap)``.
+    The contract is docs/spec.md ("Per-token log-probs and entropy"). In short:
+        hidden, weight, labels, bias, ignore_index, process_group, backend, validate, tile_budget_mb: as for
+            :func:`linear_cross_entropy`.
+        temperature: > 0; divides the logits after the softcap (TRL's and verl's order).
+        softcap: > 0 or None.
         return_entropy: also return the per-token entropy of ``softmax(z)``.
-        extra_outputs: per-token metrics to return as well, any of ``"mean_logit"``, ``"is_top1"``,
-            ``"log_sum_sq_probs"`` (TRL's fused-head outputs); non-empty, the result is a ``LogprobsOutput``.
-        ignore_index: label value whose log-prob and entropy are 0 (and get no gradient).
-        process_group: vocab-parallel group; every rank gets the log-probs / entropy of the unsharded problem,
-            the full dX and its own dW / db shard.
-        backend: ``"auto"`` or a provider name; ``auto`` skips providers that do not implement log-probs yet.
-        validate: check the label range, as :func:`linear_cross_entropy` does (read once the op's kernels are
-            queued); with False a bad label gives that token NaN outputs (and NaN gradients), never an
-            out-of-bounds read.
-        tile_budget_mb: MiB of logits tiles a backend may keep live (default: env ``FUSED_LCE_TILE_MB``, else
-            the backend's default).
+        extra_outputs: any of ``"mean_logit"``, ``"is_top1"``, ``"log_sum_sq_probs"`` (TRL's fused-head
+            metrics).
 
-    Returns:
-        float32 log-probs of ``labels``' shape, or ``(logprobs, entropy)`` with ``return_entropy``, or a
-        ``LogprobsOutput`` when ``extra_outputs`` is non-empty.
-
-    Transforms: ``torch.compile`` and ``torch.func`` (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``vmap``)
-    work as for :func:`linear_cross_entropy`; higher-order derivatives (``create_graph=True``, ``hessian``,
-    nested ``grad``, ``jvp`` / ``jacfwd``) raise a RuntimeError naming fused_lce and the plain path.
+    Returns float32 log-probs of ``labels``' shape (0 where the label is ignored), ``(logprobs, entropy)``
+    with ``return_entropy``, or a ``LogprobsOutput`` when ``extra_outputs`` is non-empty.
     """
-    _reject_unsupported_transforms(hidden, weight, bias, plain="torch.log_softmax(F.linear(...), -1)")
+    _reject_unsupported_transforms(hidden, weight, labels, bias, plain="torch.log_softmax(F.linear(...), -1)")
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
                     process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
                     tile_budget_mb=tile_budget_mb)
@@ -296,8 +225,7 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     if tuple(labels.shape) != tokens:
         what = "hidden.shape[:-1]" if sp_world == 1 else "(world * hidden.shape[0],) + hidden.shape[1:-1]"
         raise ValueError(f"labels: expected shape {what} = {tokens}, got {tuple(labels.shape)}")
-    if labels.dtype not in LABEL_DTYPES:
-        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    check.label_dtype(labels)
     check.weight_shape(weight, hidden.shape[-1])  # V is needed for the label check below
     hidden, weight, bias = _autocast(hidden, weight, bias)
 
@@ -326,7 +254,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
     h2 = hidden.reshape(y.numel() // sp_world, hidden.shape[-1])
     check_labels = _no_check
     if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
-        check_labels = _queue_label_check(_unwrapped(y), ignore_index, vocab_total or v)  # vmap: the whole batch
+        # under vmap, the labels of the whole batch (the unwrapped tensor is only read, never computed with)
+        check_labels = _queue_label_check(torch.func.debug_unwrap(y), ignore_index, vocab_total or v)
     opts = dict(ignore_index=ignore_index, softcap=float(softcap), backend=backend, group_name=group_name,
                 vocab_start=vocab_start, vocab_total=vocab_total, tile_bytes=check.tile_bytes(tile_budget_mb))
     return _Call(h2, weight, y, bias, opts, tuple(labels.shape), out_shape, check_labels)
@@ -344,7 +273,7 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
     CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with ``validate=False``)."""
     if y.is_cuda and torch.cuda.is_current_stream_capturing():
         return _no_check
-    bad = (y != ignore_index) & ((y < 0) | (y >= total))
+    bad = classify_labels(y, ignore_index, total)[1]
     if not bad.is_cuda:
         flag, done = bad.any(), None
     else:
@@ -355,24 +284,28 @@ def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callab
         if done is not None:
             done.synchronize()
         if bool(flag):
-            raise ValueError(f"labels: expected values in [0, {total}) or ignore_index={ignore_index}, "
-                             f"got {int(y[bad][0])}" + (" (the vocabulary is empty: V == 0)" if total == 0 else ""))
+            raise check.label_range_error(y, bad, ignore_index, total)
     return check_labels
 
 
+# The options of linear_cross_entropy (its keyword-only arguments) and their defaults, read from its
+# signature: the one list of them (LinearCrossEntropy; the subsets in fused_lce.integrations.hf.options).
+OPTION_DEFAULTS = MappingProxyType({name: p.default for name, p in
+                                    inspect.signature(linear_cross_entropy).parameters.items()
+                                    if p.kind is inspect.Parameter.KEYWORD_ONLY})
+
+
 class LinearCrossEntropy(torch.nn.Module):
-    """``nn.Module`` form of :func:`linear_cross_entropy`; the options (its keyword arguments) are fixed at
-    construction, ``forward(hidden, weight, labels, bias=None)`` computes the loss. Unknown option names raise
-    TypeError at construction; option values are checked by every forward call, which raises, returns and
-    behaves under torch.compile / torch.func / double backward exactly as :func:`linear_cross_entropy` (see its
-    Raises and Tracing sections): 0.0 with zero gradients when no label is valid, ``tile_budget_mb`` in MiB."""
+    """``nn.Module`` form of :func:`linear_cross_entropy`: its options (keyword arguments) fixed at
+    construction (an unknown name is a TypeError there), ``forward(hidden, weight, labels, bias=None)`` the
+    loss, checked and computed as :func:`linear_cross_entropy` does (docs/spec.md)."""
 
     def __init__(self, **options):
         super().__init__()
-        unknown = set(options) - _OPTION_NAMES
+        unknown = set(options) - set(OPTION_DEFAULTS)
         if unknown:
             raise TypeError(f"LinearCrossEntropy: unexpected option(s) {sorted(unknown)}; "
-                            f"expected any of {sorted(_OPTION_NAMES)}")
+                            f"expected any of {sorted(OPTION_DEFAULTS)}")
         self.options = options
 
     def forward(self, hidden, weight, labels, bias=None):
@@ -380,10 +313,6 @@ class LinearCrossEntropy(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if k != "process_group")
-
-
-_OPTION_NAMES = {"ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift", "num_items",
-                 "return_stats", "process_group", "sequence_parallel", "backend", "validate", "tile_budget_mb"}
 
 
 def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -100,
@@ -400,15 +329,13 @@ def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -
             raise ValueError(f"labels: {bad.item()} outside [0, V)")
     """
     check.tensor("labels", labels)
-    if labels.dtype not in LABEL_DTYPES:
-        raise TypeError(f"labels: expected an int64 or int32 tensor, got dtype {labels.dtype}")
+    check.label_dtype(labels)
     vocab_size = check.integer("vocab_size", vocab_size)
     if vocab_size < 0:
         raise ValueError(f"vocab_size: expected an int >= 0, got {vocab_size!r}")
-    check.integer("ignore_index", ignore_index)
+    ignore_index = check.integer("ignore_index", ignore_index)
     y = labels[..., 1:] if check.flag("shift", shift) and labels.dim() > 0 else labels
-    bad = (y != ignore_index) & ((y < 0) | (y >= vocab_size))
-    return bad.sum()
+    return classify_labels(y, ignore_index, vocab_size)[1].sum()
 
 
 def backend_info() -> dict:
@@ -421,18 +348,19 @@ def backend_info() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _unwrapped(t: torch.Tensor) -> torch.Tensor:
-    """The plain tensor under torch.func wrappers (vmap's batched / grad's tracking tensors), for value checks."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return t
+def _transforms() -> list:
+    """The active torch.func transforms (empty outside them, and while compiling). Private API: torch.func has
+    no public query of them (which, and how many grad levels), and the API needs it: the ops' Autograd kernel,
+    like torch.library.register_autograd's (torch 2.13: grad / vjp / jacrev raise, jvp returns a zero
+    tangent), does not work inside them, so calls there go through the ops' Func* autograd.Functions."""
+    if torch.compiler.is_compiling():
+        return []
+    return torch._C._functorch.get_interpreter_stack() or []
 
 
 def _functorch_active(higher_order_message: str) -> bool:
     """True inside a torch.func transform; RuntimeError for what the op cannot do there (higher order)."""
-    if torch.compiler.is_compiling():
-        return False
-    stack = torch._C._functorch.get_interpreter_stack()
+    stack = _transforms()
     if not stack:
         return False
     kinds = [i.key() for i in stack]
@@ -454,13 +382,12 @@ def _reject_unsupported_transforms(*tensors, plain: str) -> None:
                 raise NotImplementedError(
                     "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
                     f"gradients come from fused kernels; use {plain} for forward-mode AD")
-    if torch.compiler.is_compiling():
+    if not _transforms():
         return
-    from torch._functorch.pyfunctorch import coerce_cinterpreter
-
-    for level in torch._C._functorch.get_interpreter_stack() or ():
-        i = coerce_cinterpreter(level)
-        if hasattr(i, "batch_size") and i.batch_size() == 0:
+    for t in tensors:
+        # vmap over an empty dimension: the batched tensor's storage has one more dimension of size 0 than the
+        # tensor the function sees
+        if isinstance(t, torch.Tensor) and torch.func.debug_unwrap(t).shape.count(0) > t.shape.count(0):
             raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there is no "
                              "problem to run); skip the call for an empty batch")
 

@@ -25,6 +25,7 @@ import fused_lce
 
 from .conftest import (GRAD_TOL, LOGIT_TOL, LOSS_TOL, assert_grads_close, assert_loss_close, assert_lse_close,
                        fp64_reference, grad_close)
+from .support import options_block
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LABEL_DTYPES = {"int64": torch.int64, "int32": torch.int32}
@@ -430,8 +431,7 @@ def run_op_case(c: dict, backend: str) -> None:
                    "bool": lambda: torch.tensor(True)}[badv[0]]()
         else:
             opts[name] = badv
-    block = [opts[k] for k in ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "group_name",
-                               "vocab_start", "vocab_total", "tile_bytes")]
+    block = options_block(**opts)
     call = (lambda: torch.ops.fused_lce.forward(h, w, y, b, num, red, *block, mask)) if c["op"] == "forward" else \
         (lambda: torch.ops.fused_lce.backward(g_tok, h, w, y, b, lse, None, "none", *block, mask))
     if name:
@@ -587,7 +587,7 @@ def logprob_magnitudes(h, w, b, y, g_lp, g_ent, *, temperature=1.0, softcap=None
     zmag = hd.abs() @ wd.abs().t() + (0.0 if bd is None else bd.abs())
     dcap = torch.ones_like(z)
     if softcap:
-        t = torch.tanh((hd @ wd.t() + (0.0 if bd is None else bd)) / softcap)
+        t = reference_logits(hd, wd, bd, softcap=softcap) / softcap  # tanh(raw / softcap)
         dcap, zmag = 1 + t * t, zmag + zmag.clamp(max=softcap)
     zmag = zmag / temperature
     if not z.numel():

@@ -1,6 +1,7 @@
 """Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and backend_info."""
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -10,6 +11,9 @@ import torch
 
 import fused_lce
 from fused_lce import linear_cross_entropy as lce
+from fused_lce.core.formulas import reference_logits
+
+from .support import options_block
 
 
 def _p(n=6, d=4, v=9, dtype=torch.float32):
@@ -103,6 +107,28 @@ def test_valid_ignore_index_inside_vocab_is_not_an_error():
     plain = torch.nn.functional.cross_entropy(h @ w.t(), y, ignore_index=3, reduction="none")
     assert per[0] == 0.0
     torch.testing.assert_close(per, plain)
+
+
+def test_label_checks_are_one_check():
+    """The API, label_errors and the op reject non-integer labels with one message; the API's range check, the
+    loss's NaN and label_errors find the same bad labels (int32 labels with a 64-bit ignore_index too)."""
+    h, w, y = _p(n=5)
+    messages = set()
+    for call in (lambda: lce(h, w, y.float()), lambda: fused_lce.label_errors(y.float(), 9),
+                 lambda: torch.ops.fused_lce.forward(h, w, y.float(), None, None, "mean", *options_block(),
+                                                     [False, False, False])):
+        with pytest.raises(TypeError, match="labels") as e:
+            call()
+        messages.add(str(e.value))
+    assert len(messages) == 1, messages
+    for dtype, ii in ((torch.int64, -100), (torch.int32, -100), (torch.int32, 2**32 + 9)):
+        y = torch.tensor([0, 9, -100, 2**31 - 1, -1], dtype=dtype)  # 9 is 2**32 + 9 wrapped to int32
+        bad = [False, True, ii != -100, True, True]
+        assert int(fused_lce.label_errors(y, 9, ignore_index=ii)) == sum(bad)
+        per = lce(h, w, y, ignore_index=ii, reduction="none", validate=False)
+        assert per.isnan().tolist() == bad
+        with pytest.raises(ValueError, match=r"labels: expected values in \[0, 9\) or ignore_index"):
+            lce(h, w, y, ignore_index=ii)
 
 
 def test_module_form_and_repr():
@@ -205,9 +231,9 @@ def test_smallest_accepted_scalars_give_the_reference():
     """The edges of the accepted ranges still compute the right numbers: a normal-float32 softcap (every logit
     saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny num_items."""
     h, w, y = _p()
-    z = (h.double() @ w.double().t())
+    z = reference_logits(h, w)
     cap = 2.0**-126
-    zc = cap * torch.tanh(z / cap)
+    zc = reference_logits(h, w, softcap=cap)
     want = torch.nn.functional.cross_entropy(zc, y, reduction="none")
     torch.testing.assert_close(lce(h, w, y, softcap=cap, reduction="none").double(), want, rtol=1e-6, atol=1e-6)
     t = 1e-3
@@ -240,6 +266,11 @@ def test_vmap_over_an_empty_batch_says_so():
     f = lambda hh, yy: lce(hh, w, yy)  # noqa: E731
     with pytest.raises(ValueError, match="vmap over a dimension of size 0"):
         torch.func.vmap(f)(h[None][:0], y[None][:0])
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):  # only the labels batched
+        torch.func.vmap(lambda yy: lce(h, w, yy))(y[None][:0])
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):  # the inner of two
+        hb, yb = h[None, None].expand(2, 0, -1, -1), y[None, None].expand(2, 0, -1)
+        torch.func.vmap(torch.func.vmap(f))(hb, yb)
     torch.testing.assert_close(torch.func.vmap(f)(h[None].expand(2, -1, -1), y[None].expand(2, -1)),
                                lce(h, w, y).expand(2))
 
@@ -264,13 +295,22 @@ def test_tile_env_is_read_once_by_the_api(monkeypatch, value):
     assert repr(value) in str(e.value)  # the text as set
 
 
-def test_docstrings_document_errors_and_tracing():
-    doc = fused_lce.linear_cross_entropy.__doc__
-    for text in ("Raises:", "TypeError", "ValueError", "OutOfMemoryError", "0.0", "MiB", "torch.compile",
-                 "torch.func", "create_graph", "label_errors", "vmap"):
-        assert text in doc, text
+def test_docstrings_name_every_argument_and_point_to_the_contract():
+    """help() stays short, names every argument and points to docs/spec.md, which holds the errors and what
+    torch.compile / torch.func / double backward do."""
+    for fn in (fused_lce.linear_cross_entropy, fused_lce.linear_logprobs):
+        doc = fn.__doc__
+        assert "docs/spec.md" in doc and len(doc.splitlines()) <= 25, fn.__name__
+        for name in inspect.signature(fn).parameters:
+            assert name in doc, (fn.__name__, name)
     assert "linear_cross_entropy" in fused_lce.LinearCrossEntropy.__doc__
     assert "torch.compile" in fused_lce.label_errors.__doc__
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "spec.md")) as f:
+        spec = f.read()
+    for text in ("TypeError", "ValueError", "OutOfMemoryError", "MiB", "torch.compile", "torch.func",
+                 "create_graph", "label_errors", "vmap", "autocast", "first-order"):
+        assert text in spec, text
 
 
 OOM_SCRIPT = r"""

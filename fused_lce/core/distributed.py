@@ -123,22 +123,29 @@ def combine_stats(m: torch.Tensor, s: torch.Tensor, target: torch.Tensor, zsum: 
     allst = packed.new_empty((world * packed.shape[0], packed.shape[1]))  # gloo wants a dim-0 concatenation
     _all_gather_flat(allst, packed, group)
     allst = allst.view(world, *packed.shape)
-    ms, ss = allst[:, 0], allst[:, 1]
+    ids = allst[:, 4].contiguous().view(torch.int32).to(torch.int64)
+    out = merge_stats(allst[:, 0], allst[:, 1], allst[:, 2], allst[:, 3], ids,
+                      None if ez is None else allst[:, 5])
+    return tuple(x.to(like.dtype) for x, like in zip(out, (m, s, target, zsum, argmax, ez)))
+
+
+def merge_stats(ms: torch.Tensor, ss: torch.Tensor, targets: torch.Tensor, zsums: torch.Tensor,
+                argmaxes: torch.Tensor, ezs: Optional[torch.Tensor] = None) -> tuple:
+    """The global statistics from those of every shard, stacked ``(world, n)`` in vocabulary order: what
+    :func:`combine_stats` computes once it has gathered them (the same arithmetic, in the same order)."""
     m_all = ms.amax(dim=0)
     # rescale each shard's sum-exp to the global max; a shard whose max is -inf (or equals the global) scales by 1
     top = ms == m_all
     scale = torch.where(top, torch.ones_like(ms), torch.exp(ms - m_all))
     s_all = (ss * scale).sum(dim=0)
     # first argmax: among the shards holding the global max, the lowest global id
-    ids = allst[:, 4].contiguous().view(torch.int32).to(torch.int64)
-    cand = torch.where(top, ids, torch.full_like(ids, torch.iinfo(torch.int64).max))
-    out = (m_all.to(m.dtype), s_all.to(s.dtype), allst[:, 2].sum(dim=0).to(target.dtype),
-           allst[:, 3].sum(dim=0).to(zsum.dtype), cand.amin(dim=0).to(argmax.dtype))
-    if ez is None:
+    cand = torch.where(top, argmaxes, torch.full_like(argmaxes, torch.iinfo(torch.int64).max))
+    out = (m_all, s_all, targets.sum(dim=0), zsums.sum(dim=0), cand.amin(dim=0))
+    if ezs is None:
         return out
     # sum exp(z - M)(z - M) = sum_k exp(m_k - M) (ez_k + (m_k - M) s_k); an all -inf shard (s_k = 0) adds 0
     delta = torch.where(top | (ms == -torch.inf), torch.zeros_like(ms), ms - m_all)
-    return out + (((allst[:, 5] + delta * ss) * scale).sum(dim=0).to(ez.dtype),)
+    return out + (((ezs + delta * ss) * scale).sum(dim=0),)
 
 
 def all_reduce_sum_(t: Optional[torch.Tensor], group) -> Optional[torch.Tensor]:

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from .types import Coefs, LossTerms, Options, Stats
+from .types import Coefs, EntropyStats, LossTerms, Options, Stats
 
 
 # ------------------------------------------------------------------------------------------ per-token formulas
@@ -23,23 +23,33 @@ def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return m + torch.log(s)
 
 
+def classify_labels(labels: torch.Tensor, ignore_index: int, vocab: int,
+                    valid: Optional[torch.Tensor] = None):
+    """(valid, bad) of integer ``labels``: not ``ignore_index`` (``valid``: that mask when the caller has it),
+    and valid but outside ``[0, vocab)``. The one label-range test: the API's ``validate`` check,
+    ``label_errors`` and the NaN of a bad label in the loss and log-probs all use it."""
+    y = _comparable(labels, ignore_index, vocab)
+    valid = y != ignore_index if valid is None else valid
+    return valid, valid & ((y < 0) | (y >= vocab))
+
+
 def label_valid(labels: torch.Tensor, opts: Options) -> torch.Tensor:
     """The tokens whose label is not ``ignore_index`` (bool)."""
-    return _int64(labels) != opts.ignore_index
+    return _comparable(labels, opts.ignore_index, 0) != opts.ignore_index
 
 
 def label_classes(labels: torch.Tensor, opts: Options, v_local: int, valid: Optional[torch.Tensor] = None):
-    """(valid, bad): not ignored (``valid``: that mask when the caller has it), and valid but outside
-    [0, vocab_total)."""
-    y = _int64(labels)
-    valid = y != opts.ignore_index if valid is None else valid
-    bad = valid & ((y < 0) | (y >= opts.vocab(v_local)))
-    return valid, bad
+    """``classify_labels`` against the global vocabulary of ``opts``."""
+    return classify_labels(labels, opts.ignore_index, opts.vocab(v_local), valid)
 
 
-def _int64(labels: torch.Tensor) -> torch.Tensor:
-    """Labels as int64: a Python int compared with an int32 tensor is cast to int32 (2**32 + 1 would equal 1)."""
-    return labels if labels.dtype == torch.int64 else labels.long()
+def _comparable(labels: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
+    """Labels that compare exactly with the Python ints ``ignore_index`` and ``vocab``: a Python int compared
+    with an int32 tensor is cast to int32 (2**32 + 1 would equal 1), so int32 labels become int64 unless both
+    fit in int32 (no copy, no launch in the usual case)."""
+    if labels.dtype == torch.int64 or (-2**31 <= ignore_index < 2**31 and vocab < 2**31):
+        return labels
+    return labels.long()
 
 
 # Few, scalar-operand ops below: each costs a launch and tens of microseconds of host time per step on the GPU,
@@ -71,7 +81,7 @@ def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int
         per = (1.0 - eps) * per + eps * (lse - st.zsum / vt)
     if opts.z_loss:
         per = per + opts.z_loss * lse * lse
-    return per_token(per, valid, bad), lse, valid & (st.argmax == _int64(labels))
+    return per_token(per, valid, bad), lse, valid & (st.argmax == labels)
 
 
 def loss_terms(opts: Options, v_local: int) -> LossTerms:
@@ -166,15 +176,63 @@ def safe_inverse(div: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------ the float64 reference
+def softcapped(z: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
+    """``softcap * tanh(z / softcap)``; ``z`` itself when ``softcap`` is None or 0 (off)."""
+    return softcap * torch.tanh(z / softcap) if softcap else z
+
+
 def reference_logits(hidden, weight, bias=None, *, softcap: Optional[float] = None, temperature: float = 1.0,
                      dtype=torch.float64):
     """``softcap(hidden @ weight.T + bias) / temperature`` in ``dtype``, materialised (small problems only)."""
     z = hidden.to(dtype) @ weight.to(dtype).t()
     if bias is not None:
         z = z + bias.to(dtype)
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
+    z = softcapped(z, softcap)
     return z / temperature if temperature != 1.0 else z
+
+
+def reference_stats(hidden, weight, labels, bias=None, *, vocab_start: int = 0,
+                    softcap: Optional[float] = None, temperature: float = 1.0,
+                    dtype=torch.float64) -> EntropyStats:
+    """What a provider's ``stats`` returns for one vocabulary shard (``weight`` / ``bias``: its rows, their
+    first global id ``vocab_start``), in ``dtype``, of the logits ``z`` after softcap and temperature: max
+    ``m``, ``s = sum exp(z - m)``, the target logit (0 unless the label is in the shard), ``sum z``, the first
+    argmax as a global id and ``ez = sum exp(z - m) (z - m)``. ``-inf`` logits add 0 (a row of them:
+    ``m = -inf``, ``s = 0``); an empty shard has ``m = -inf`` and no meaningful argmax."""
+    z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
+    n, v = z.shape
+    if v == 0:
+        zero = torch.zeros(n, dtype=dtype, device=z.device)
+        return EntropyStats(zero - math.inf, zero, zero, zero, zero.long() + vocab_start, zero)
+    m = z.max(dim=1).values
+    d = z - torch.where(m == -math.inf, 0.0, m)[:, None]
+    e = torch.exp(d)
+    local = labels.long() - vocab_start
+    hit = (local >= 0) & (local < v)
+    target = torch.where(hit, z.gather(1, local.clamp(0, v - 1)[:, None])[:, 0], 0.0)
+    ez = torch.where(e > 0, e * d, 0.0).sum(dim=1)
+    return EntropyStats(m, e.sum(dim=1), target, z.sum(dim=1), z.argmax(dim=1) + vocab_start, ez)
+
+
+def reference_coef_grads(hidden, weight, labels, lse, coefs: Coefs, bias=None, *, vocab_start: int = 0,
+                         softcap: Optional[float] = None, temperature: float = 1.0, dtype=torch.float64):
+    """(dX, dW, db) in ``dtype`` that a provider's ``grads`` adds for one vocabulary shard from ``Coefs``:
+    ``dz = p (a + b z) - t onehot(label) - u`` with ``p = exp(z - lse)`` (``lse``: the global one), ``z`` the
+    logits after softcap and temperature, chained through the softcap derivative (the driver has folded
+    ``1 / temperature`` into the coefficients). A ``-inf`` logit (``p = 0``) adds 0."""
+    raw = reference_logits(hidden, weight, bias, dtype=dtype)
+    z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
+    a, t, b, u = (None if c is None else c.to(dtype)[:, None] for c in coefs)
+    p = torch.exp(z - lse.to(dtype)[:, None])
+    dz = p * a if b is None else p * a + torch.where(p > 0, p * b * z, 0.0)
+    if u is not None:
+        dz = dz - u
+    local = labels.long() - vocab_start
+    hit = (local >= 0) & (local < z.shape[1])
+    dz[hit, local[hit]] -= t[hit, 0]
+    if softcap:
+        dz = dz * (1 - torch.tanh(raw / softcap) ** 2)
+    return dz @ weight.to(dtype), dz.t() @ hidden.to(dtype), dz.sum(dim=0)
 
 
 def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, reduction="mean",

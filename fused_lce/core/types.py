@@ -37,9 +37,8 @@ def _f32_scale(x) -> bool:
 @dataclass(frozen=True)
 class Options:
     """Every option of the ops, in the order of the options block of their schemas (``fused_lce.ops.schema``
-    builds that block from these fields). Adding a scalar option means: a field here (with its range), its term in
-    ``fused_lce.core.formulas`` (and the float64 reference there), the argument of the public function in
-    ``fused_lce.api``, and the kernels that implement it (docs/providers.md)."""
+    builds that block from these fields). What else a new scalar option touches: docs/architecture.md,
+    "Adding a scalar loss option"."""
 
     ignore_index: int = _option(-100)  # any 64-bit integer (the schema's int)
     label_smoothing: float = _option(0.0, ops=(LOSS,), ok=lambda x: 0.0 <= x <= 1.0, expect="a value in [0, 1]")

@@ -78,8 +78,7 @@ def problem(hidden, weight, labels, bias, opts: Options, *, sequence_parallel_ok
     weight_shape(weight, hidden.shape[1])
     if weight.dtype != hidden.dtype:
         raise TypeError(f"weight: expected dtype {hidden.dtype} (same as hidden), got {weight.dtype}")
-    if labels.dtype not in LABEL_DTYPES:
-        raise TypeError(f"labels: expected dtype int64 or int32, got {labels.dtype}")
+    label_dtype(labels)
     if bias is not None:
         tensor("bias", bias)
         if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
@@ -108,6 +107,20 @@ def problem(hidden, weight, labels, bias, opts: Options, *, sequence_parallel_ok
         raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
                          f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")
     return group
+
+
+def label_dtype(labels) -> None:
+    """Labels are int64 or int32 class ids (the ops, the public functions and ``label_errors`` check it
+    here)."""
+    if labels.dtype not in LABEL_DTYPES:
+        raise TypeError(f"labels: expected dtype int64 or int32, got {labels.dtype}")
+
+
+def label_range_error(labels: torch.Tensor, bad: torch.Tensor, ignore_index: int, vocab: int) -> ValueError:
+    """The error for labels with a ``bad`` one (``fused_lce.core.formulas.classify_labels``)."""
+    empty = " (the vocabulary is empty: V == 0)" if vocab == 0 else ""
+    return ValueError(f"labels: expected values in [0, {vocab}) or ignore_index={ignore_index}, "
+                      f"got {int(labels[bad][0])}{empty}")
 
 
 def weight_shape(weight, d: int) -> None:

@@ -1,28 +1,14 @@
 """The registered log-prob ops ``torch.ops.fused_lce.logprobs`` / ``logprobs_backward`` (the kernels of
-``fused_lce.linear_logprobs``): schemas, input checks, fake kernels and autograd.
+``fused_lce.linear_logprobs``): schemas, input checks, fake kernels and autograd. Their kernels are
+``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``. Schemas, outputs and semantics:
+docs/spec.md ("Per-token log-probs and entropy"); the options block is the log-prob family of
+``fused_lce.core.Options``.
 
-Schemas (2-D problems; ``linear_logprobs`` flattens and validates labels first)::
-
-    fused_lce::logprobs(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, int ignore_index,
-        float softcap, str backend, str group_name, int vocab_start, int vocab_total, int tile_bytes,
-        float temperature, bool entropy, bool mean_logit, bool sum_sq) -> (Tensor logprob, Tensor entropy,
-        Tensor lse, Tensor zmean, Tensor mean_logit, Tensor is_top1, Tensor log_sum_sq)
-
-    fused_lce::logprobs_backward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse,
-        Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy, <the same options block>, bool[3] grad_mask)
-        -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
-
-The options block is the log-prob family of ``fused_lce.core.Options``. ``logprobs`` returns float32 per-token
-``logprob = z[label] - lse`` and (with ``entropy``, else empty) ``entropy = lse - E_p[z]`` of ``p = softmax(z)``,
-``z = softcap(hidden @ weight.T + bias) / temperature``, both 0 where the label is ``ignore_index`` and NaN where it
-is outside ``[0, vocab_total)``; plus the per-token ``lse`` and (with ``entropy``) ``zmean = E_p[z]`` that the
-backward needs (non-differentiable). Per-token metrics, also non-differentiable: ``is_top1`` (bool, the label is the
-first argmax), and when asked ``mean_logit = sum_j z_j / V`` and ``log_sum_sq = log sum_j p_j^2`` (else empty; the
-latter costs a second statistics pass). ``logprobs_backward`` recomputes the logits tile by tile and returns the
-gradients of ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (a missing one counts as 0). Their
-kernels are ``fused_lce.core.driver.logprobs_forward`` / ``logprobs_backward``. Double backward raises a
-RuntimeError naming fused_lce; under torch.func ``FuncLogprobs`` (used by the public API while a transform is
-active) makes ``grad`` / ``vjp`` / ``jacrev`` work, and both ops have vmap rules (one call per batch element).
+``logprobs_backward`` recomputes the logits tile by tile from the saved ``lse`` and ``zmean = E_p[z]`` and
+returns the gradients of ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (a missing one counts
+as 0). Double backward raises a RuntimeError naming fused_lce; under torch.func ``FuncLogprobs`` (used by the
+public API while a transform is active) makes ``grad`` / ``vjp`` / ``jacrev`` work, and both ops have vmap
+rules (one call per batch element).
 """
 from __future__ import annotations
 

@@ -1,29 +1,8 @@
 """The registered loss ops ``torch.ops.fused_lce.forward`` / ``torch.ops.fused_lce.backward``: schemas, input
 checks, fake kernels and autograd -- once, for every device. Their kernels are ``fused_lce.core.driver.forward`` /
-``backward``; native libraries register only private kernel ops (``fused_lce::_cpu_*``, ``_npu_*``).
-
-Schemas (2-D problems; the public API flattens, shifts and validates labels first)::
-
-    fused_lce::forward(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items,
-        str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, str backend,
-        str group_name, int vocab_start, int vocab_total, int tile_bytes, bool[3] grad_mask)
-        -> (Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
-
-    fused_lce::backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor lse,
-        Tensor? num_items, str reduction, <the same options block>, bool[3] grad_mask)
-        -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
-
-The options block (``ignore_index`` .. ``tile_bytes``) is ``fused_lce.core.Options`` field by field (the loss family).
-``forward`` returns the reduced float32 loss (0-dim for "sum"/"mean", (N,) for "none"), per-token ``lse`` (float32, 0
-where ignored) and ``correct`` (bool), and -- when ``reduction != "none"`` and ``grad_mask`` asks for any gradient --
-the gradients of the returned loss computed in the same pass (else empty tensors). ``softcap == 0`` means off,
-``group_name == ""`` means one device, ``vocab_total == 0`` means ``weight.shape[0]``, ``tile_bytes == 0`` means the
-provider's default, ``backend`` is a provider name or "auto". ``backward`` is the vector-Jacobian product of
-``forward``'s loss: the gradients of ``sum(grad_loss * loss)`` (``grad_loss`` of the loss's shape) recomputed from the
-saved ``lse``. With a group and ``hidden.shape[0] < labels.shape[0]`` (sequence parallelism), ``hidden`` holds this
-rank's ``N / world`` rows: the ops all-gather them and return this rank's rows of the gradient. Every input is checked
-(``fused_lce.core.validate``): a bad one raises ValueError/TypeError naming it; a label outside ``[0, vocab_total)``
-that is not ``ignore_index`` gives that token a NaN loss and NaN gradients.
+``backward``; native libraries register only private kernel ops (``fused_lce::_cpu_*``, ``_npu_*``). Schemas,
+outputs and checks: docs/spec.md ("Public API"); the options block of both schemas is the loss family of
+``fused_lce.core.Options`` field by field (``FORWARD.schema`` shows it whole).
 
 Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
 ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
@@ -188,7 +167,7 @@ def _backward_impl(ctx, g_loss):
         # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
         # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
         # foreach rule): out of place.
-        eager = all(type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        eager = all(type(t) is torch.Tensor and torch.func.debug_unwrap(t, recurse=False) is t
                     for t in (dh, dw, db, g_loss))
         if eager:
             ctx.precomputed = (None, None, None)

@@ -1,6 +1,6 @@
 """Fixtures of the tests of csrc/ascend: the twin extension (JIT-built once), the part / scheduler configuration,
-fresh seeds, and the planner's C++ unit-test binary. The twin, its float64 references and tolerances are in
-tests/support/ascendc_twin."""
+fresh seeds, and the planner's C++ unit-test binary. The twin and its tolerances are in
+tests/support/ascendc_twin, the float64 references in fused_lce.core.formulas."""
 from __future__ import annotations
 
 import os

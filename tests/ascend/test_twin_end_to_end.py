@@ -1,58 +1,48 @@
-"""The two kernels on the twin composed like the npu backend composes them (statistics per vocabulary shard ->
-combine -> loss -> token weights -> gradients per shard), against fused_lce.core.formulas.reference_loss in float64
-with autograd: the loss, lse, token accuracy and every gradient, on one device and on vocabulary shards."""
+"""The two kernels on the twin composed like the npu backend composes them (statistics per vocabulary shard
+-> combine -> loss -> token weights -> gradients per shard, each step the driver's own from fused_lce.core),
+against fused_lce.core.formulas.reference_loss in float64 with autograd: the loss, lse, token accuracy and
+every gradient, on one device and on vocabulary shards."""
 import pytest
 import torch
 
-from fused_lce.core.formulas import reference_loss
+from fused_lce.core import formulas
+from fused_lce.core.distributed import merge_stats
+from fused_lce.core.types import Options, Stats
+
 from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2, twin_loss_grads
 
 IGNORE = -100
 
 
-def combine(parts):
-    """Vocab-parallel combine of per-shard (m, s, zt, zs, argmax): global lse, target logit, sum of logits, argmax."""
-    m = torch.stack([p[0].double() for p in parts])
-    s = torch.stack([p[1].double() for p in parts])
-    big = m.max(dim=0).values
-    lse = big + torch.log((s * torch.exp(m - big)).sum(dim=0))
-    zt = sum(p[2].double() for p in parts)
-    zs = sum(p[3].double() for p in parts)
-    first = (m == big).double().argmax(dim=0)  # lowest shard holding the maximum: the first argmax
-    am = torch.stack([p[4] for p in parts]).gather(0, first[None])[0]
-    return lse, zt, zs, am
-
-
 def run_twin(ops, h, w, b, y, shards, eps, zl, cap):
     v = w.shape[0]
+    opts = Options(ignore_index=IGNORE, label_smoothing=eps, z_loss=zl, softcap=cap)
     bounds = [round(i * v / shards) for i in range(shards + 1)]
-    parts = [ops._twin_stats_cube(h, w[a:c], None if b is None else b[a:c], y, a, cap, 1.0, eps > 0, False)
-             for a, c in zip(bounds, bounds[1:])]
-    lse, zt, zs, am = combine(parts)
-    valid = y != IGNORE
-    per = (1 - eps) * (lse - zt) + eps * (lse - zs / v) + zl * lse**2
-    per = torch.where(valid, per, torch.zeros_like(per))
-    n_valid = int(valid.sum())
-    loss = per.sum() / max(n_valid, 1)
-    g = torch.where(valid, torch.full_like(lse, 1.0 / max(n_valid, 1)), torch.zeros_like(lse)).float()
+    parts = [ops._twin_stats_cube(h, w[a:c], None if b is None else b[a:c], y, a, cap, 1.0, eps > 0,
+                                  False)[:5] for a, c in zip(bounds, bounds[1:])]
+    st = Stats(*merge_stats(*(torch.stack(f) for f in zip(*parts))))  # the vocab-parallel combine
+    per, lse, correct = formulas.loss_from_stats(st, y, opts, v)
+    valid, bad = formulas.label_classes(y, opts, v)
+    inv = formulas.safe_inverse(formulas.mean_divisor("mean", None, y, IGNORE, valid))
+    g = formulas.token_weights(valid, bad) * inv
     dx = torch.zeros(h.shape, dtype=torch.float32)
     dws, dbs = [], []
     for a, c in zip(bounds, bounds[1:]):
-        gx, gw, gb = twin_loss_grads(ops, g, h, w[a:c], None if b is None else b[a:c], y, lse.float(), a, v, eps, zl,
+        gx, gw, gb = twin_loss_grads(ops, g, h, w[a:c], None if b is None else b[a:c], y, lse, a, v, eps, zl,
                                      cap, [True, True, b is not None])
         dx += gx
         dws.append(gw)
         dbs.append(gb)
-    acc = ((am == y) & valid).double().sum() / max(n_valid, 1)
-    return loss, lse, acc, dx, torch.cat(dws), torch.cat(dbs) if b is not None else None
+    acc = correct.sum() / max(int(valid.sum()), 1)
+    return per.sum() * inv, lse.double(), acc, dx, torch.cat(dws), torch.cat(dbs) if b is not None else None
 
 
 def reference(h, w, b, y, eps, zl, cap):
     hd = h.double().requires_grad_()
     wd = w.double().requires_grad_()
     bd = b.double().requires_grad_() if b is not None else None
-    loss, lse, acc, _ = reference_loss(hd, wd, y, bd, ignore_index=IGNORE, label_smoothing=eps, z_loss=zl,
-                                       softcap=cap or None)
+    loss, lse, acc, _ = formulas.reference_loss(hd, wd, y, bd, ignore_index=IGNORE, label_smoothing=eps,
+                                                z_loss=zl, softcap=cap or None)
     loss.backward()
     return loss.detach(), lse.detach(), acc, hd.grad, wd.grad, bd.grad if bd is not None else None
 

@@ -5,7 +5,10 @@ masks, both parts, and bitwise determinism across scheduler seeds."""
 import pytest
 import torch
 
-from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, logits64, rel_l2
+from fused_lce.core import formulas
+from fused_lce.core.types import Coefs, Options
+
+from ..support.ascendc_twin.ref import GRAD_RTOL, HW_910B, HW_TINY, rel_l2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (130, 33, 257)]
@@ -22,8 +25,8 @@ def make(n, d, v, dtype, opt, vs=0, vt=None):
 
 
 def lse_of(h, w, bias, softcap, temperature):
-    z, _ = logits64(h, w, bias, softcap)
-    return torch.logsumexp(z / temperature, dim=1).float()
+    z = formulas.reference_logits(h, w, bias, softcap=softcap, temperature=temperature)
+    return torch.logsumexp(z, dim=1).float()
 
 
 def coefs(n, opt):
@@ -34,23 +37,8 @@ def coefs(n, opt):
 
 
 def grads64(h, w, bias, y, lse, a, t, b, u, vs, softcap, temperature):
-    z, raw = logits64(h, w, bias, softcap)
-    z = z / temperature
-    lse = lse.double()
-    p = torch.exp(z - lse[:, None])
-    coef = a.double()[:, None]
-    if b is not None:
-        coef = coef + b.double()[:, None] * torch.maximum(z, (lse - 104)[:, None])
-    dz = p * coef
-    if u is not None:
-        dz = dz - u.double()[:, None]
-    local = y.long() - vs
-    hit = (local >= 0) & (local < z.shape[1])
-    rows = torch.arange(z.shape[0])[hit]
-    dz[rows, local[hit]] -= t.double()[hit]
-    if softcap:
-        dz = dz * (1 - torch.tanh(raw / softcap) ** 2)
-    return dz @ w.double(), dz.t() @ h.double(), dz.sum(dim=0)
+    return formulas.reference_coef_grads(h, w, y, lse, Coefs(a, t, b, u), bias, vocab_start=vs,
+                                         softcap=softcap, temperature=temperature)
 
 
 def run(ops, h, w, bias, y, lse, a, t, b, u, vs=0, softcap=0.0, temperature=1.0, mask=(True, True, True)):
@@ -105,8 +93,7 @@ def test_cube_grads_loss_coefs_match_float64(ops, part, seed):
     h, w, bias, y = make(37, 45, 301, torch.float32, dict(bias=True))
     lse = lse_of(h, w, bias, 2.0, 1.0)
     g = torch.rand(37)
-    eps, zl = 0.1, 1e-3
-    a, t, u = g * (1 + 2 * zl * lse), g * (1 - eps), g * eps / 301
+    a, t, _, u = formulas.loss_coefs(lse, g, Options(label_smoothing=0.1, z_loss=1e-3), 301)
     got = run(ops, h, w, bias, y, lse, a, t, None, u, 0, 2.0, 1.0)
     check(got, grads64(h, w, bias, y, lse, a, t, None, u, 0, 2.0, 1.0), torch.float32, True, f"seed={seed}")
 

@@ -5,9 +5,10 @@ segments, shards, both label dtypes, the 910B part and a tiny part that forces m
 import pytest
 import torch
 
-from ..support.ascendc_twin import build as twin_build
+from fused_lce.core.formulas import reference_logits, reference_stats
 
-from ..support.ascendc_twin.ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats, logits64
+from ..support.ascendc_twin import build as twin_build
+from ..support.ascendc_twin.ref import make_stats_inputs as make, HW_910B, HW_TINY, assert_stats
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(37, 45, 301), (5, 16, 77), (100, 24, 1000), (130, 33, 257)]
@@ -16,19 +17,11 @@ OPTIONS = [dict(), dict(bias=True, with_zsum=True), dict(softcap=5.0, temperatur
 
 
 def ref64(h, w, b, y, vs, softcap, temperature, with_zsum):
-    """(max, sum exp, target or 0, zsum or 0, first argmax + vs, z, ez) of z = softcap(h W^T + b) / T."""
-    z, _ = logits64(h, w, b, softcap)
-    z = z / temperature
-    n, v = z.shape
-    m = z.max(dim=1).values
-    d = z - m[:, None]
-    e = torch.exp(d)
-    local = y.long() - vs
-    hit = (local >= 0) & (local < v)
-    zt = torch.where(hit, z.gather(1, local.clamp(0, v - 1)[:, None])[:, 0], torch.zeros_like(m))
-    zs = z.sum(dim=1) if with_zsum else torch.zeros_like(m)
-    ez = (e * d.clamp(min=-104.0)).sum(dim=1)
-    return (m, e.sum(dim=1), zt, zs, z.argmax(dim=1) + vs, z), ez
+    """((max, sum exp, target or 0, zsum or 0, first argmax + vs, z), ez) of z = softcap(h W^T + b) / T."""
+    st = reference_stats(h, w, y, b, vocab_start=vs, softcap=softcap, temperature=temperature)
+    z = reference_logits(h, w, b, softcap=softcap, temperature=temperature)
+    zs = st.zsum if with_zsum else torch.zeros_like(st.zsum)
+    return (st.m, st.s, st.target, zs, st.argmax, z), st.ez
 
 
 def run(ops, h, w, b, y, vs=0, softcap=0.0, temperature=1.0, with_zsum=False, with_ez=False):

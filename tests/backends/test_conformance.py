@@ -19,6 +19,7 @@ from fused_lce.core import Options, Problem
 from fused_lce.core.formulas import reference_loss
 
 from ..conftest import BACKEND_DEVICE, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
+from ..support import options_block
 
 TINY = 0.002  # MiB: forces many token blocks and vocabulary tiles
 OPTION_SETS = {
@@ -493,7 +494,7 @@ def test_num_items_tensor(bd, seed):
     torch.testing.assert_close(mod(h, w, y, b), want)
     grads = torch.autograd.grad(mod(h, w, y, b), (h, w, b))
     assert_grads_close(grads, ref, torch.float32)
-    args = lambda num: (h, w, y, b, num, "mean", -100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0,  # noqa: E731
+    args = lambda num: (h, w, y, b, num, "mean", *options_block(backend=backend),  # noqa: E731
                         [False, False, False])
     torch.testing.assert_close(torch.ops.fused_lce.forward(*args(torch.tensor(37.0, device=device)))[0], want)
     for bad in (-7.0, -1e-9, float("nan"), float("inf"), -float("inf")):

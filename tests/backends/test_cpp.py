@@ -20,6 +20,7 @@ from fused_lce.core import driver, formulas, registry
 from fused_lce.core import Options, Problem, Tensors
 
 from ..conftest import assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference
+from ..support import options_block
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REASON = registry.unavailable_reason("cpp")
@@ -230,15 +231,16 @@ def test_zero_hidden_size(dtype, seed):
     n, v = 6, 9
     b = torch.randn(v, generator=torch.Generator().manual_seed(seed)).to(dtype)
     y = torch.tensor([0, 3, -100, 8, 1, 2])
+    opts = options_block(backend="cpp")
     out = torch.ops.fused_lce.forward(torch.empty(n, 0, dtype=dtype), torch.empty(v, 0, dtype=dtype), y, b, None,
-                                      "none", -100, 0.0, 0.0, 0.0, "cpp", "", 0, 0, 0, [True, True, True])
+                                      "none", *opts, [True, True, True])
     z = b.double().expand(n, v)
     want = torch.logsumexp(z, 1) - z.gather(1, y.clamp(min=0)[:, None])[:, 0]
     torch.testing.assert_close(out[0].double(), torch.where(y != -100, want, 0.0), rtol=1e-5, atol=1e-5)
     lse = out[1]
     dh, dw, db = torch.ops.fused_lce.backward(torch.ones(n), torch.empty(n, 0, dtype=dtype),
-                                              torch.empty(v, 0, dtype=dtype), y, b, lse, None, "none", -100, 0.0, 0.0, 0.0, "cpp",
-                                              "", 0, 0, 0, [True, True, True])
+                                              torch.empty(v, 0, dtype=dtype), y, b, lse, None, "none", *opts,
+                                              [True, True, True])
     assert dh.shape == (n, 0) and dw.shape == (v, 0) and db.shape == (v,) and db.dtype == dtype
     p = torch.softmax(z, 1) - torch.nn.functional.one_hot(y.clamp(min=0), v) * 1.0
     torch.testing.assert_close(db.double(), (p * (y != -100)[:, None]).sum(0), rtol=2e-2, atol=2e-2)
@@ -408,7 +410,8 @@ def test_more_than_2_31_logits(monkeypatch, dtype, gemm, tol, seed):
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_opcheck(dtype, reduction, seed):
     h, w, y, b = _problem(11, 8, 37, dtype, seed=seed, bias=True)
-    fwd = (h, w, y, b, None, reduction, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0, [True, True, True])
+    opts = options_block(label_smoothing=0.1, z_loss=0.01, softcap=3.0, backend="cpp")
+    fwd = (h, w, y, b, None, reduction, *opts, [True, True, True])
     # the private kernel's schema against what it does (no fake kernel: it only runs inside the public op)
     g = torch.rand(11, generator=torch.Generator().manual_seed(seed))
     terms = (1.0, 0.02, 0.9, 0.1 / 37)  # LossTerms of label_smoothing 0.1, z_loss 0.01, V 37
@@ -417,7 +420,6 @@ def test_opcheck(dtype, reduction, seed):
     torch.library.opcheck(torch.ops.fused_lce.forward, fwd)
     lse = torch.ops.fused_lce.forward(*fwd)[1]
     up = g if reduction == "none" else g[0]
-    bwd = (up, h.detach(), w.detach(), y, b.detach(), lse, None, reduction, -100, 0.1, 0.01, 3.0, "cpp", "", 0, 0, 0,
-           [True, False, True])
+    bwd = (up, h.detach(), w.detach(), y, b.detach(), lse, None, reduction, *opts, [True, False, True])
     torch.library.opcheck(torch.ops.fused_lce.backward, bwd)
     assert math.isfinite(float(torch.ops.fused_lce.forward(*fwd)[0].sum()))

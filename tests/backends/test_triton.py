@@ -220,9 +220,7 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss, softcap=o.softcap or None)
     r1 = C.fp64_reference(h, w, y, b, upstream=torch.full((n,), 1.0 / n), **ref_opts)
     r2 = C.fp64_reference(h, w, y, b, upstream=gl, **ref_opts)
-    z = (h.double() @ w.double().t() + b.double())
-    if o.softcap:
-        z = o.softcap * torch.tanh(z / o.softcap)
+    z = formulas.reference_logits(h, w, b, softcap=o.softcap)
     valid = y != -100
     correct = valid & (z.argmax(1) == y)
     def close(check, *args):
@@ -400,6 +398,7 @@ sys.path.insert(0, sys.argv[1])
 import tests  # noqa: F401  (one single-threaded call into MKL's vector math first: tests/__init__.py)
 import fused_lce
 from fused_lce.core import registry
+from fused_lce.core.formulas import reference_logprobs
 from fused_lce.backends import triton as tc
 torch.manual_seed(int(sys.argv[2]))
 
@@ -410,19 +409,6 @@ class Interp(tc.TritonProvider):  # the triton provider's kernels on CPU tensors
         return None
 
 registry.register(Interp())
-
-def reference(h, w, y, b, temperature, softcap):
-    z = h @ w.t()
-    if b is not None:
-        z = z + b
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
-    logp = torch.log_softmax(z / temperature, dim=-1)
-    valid = y != -100
-    lp = logp.gather(-1, torch.where(valid, y, 0)[:, None]).squeeze(-1)
-    ent = -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
-    zero = torch.zeros_like(lp)
-    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
 def rel(a, b):
     a = a.double(); b = b.double()
@@ -477,7 +463,8 @@ for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *en
     lp, ent = res if entropy else (res, None)
     leaves = [x for x in (h, w, b) if x is not None]
     refs = [x.detach().double().requires_grad_() for x in leaves]
-    rlp, rent = reference(refs[0], refs[1], y, refs[2] if b is not None else None, temp, cap)
+    rlp, rent = reference_logprobs(refs[0], refs[1], y, refs[2] if b is not None else None, temperature=temp,
+                                   softcap=cap or None)
     g_lp, g_ent = torch.randn(n), torch.randn(n)
     obj = (lp * g_lp).sum() + ((ent * g_ent).sum() if entropy else 0.0)
     robj = (rlp * g_lp.double()).sum() + ((rent * g_ent.double()).sum() if entropy else 0.0)

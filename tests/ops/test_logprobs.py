@@ -14,11 +14,12 @@ import torch
 
 import fused_lce
 from fused_lce.core import Coefs, Options, Problem, registry
-from fused_lce.core.formulas import reference_logprob_extras
+from fused_lce.core.formulas import reference_logits, reference_logprob_extras
 from fused_lce.core.formulas import reference_logprobs as reference
 from fused_lce.backends.torch import TorchProvider
 
 from ..conftest import BACKEND_DEVICE, GRAD_TOL, LOSS_TOL, rel_err
+from ..support import options_block
 
 TINY = 0.002  # MiB: many token blocks and vocabulary tiles
 
@@ -49,12 +50,9 @@ def make(shape, v, dtype, device, *, bias=False, ignore_frac=0.0, ignore_index=-
 def logit_magnitude(h, w, b, softcap=None, temperature=1.0, **_) -> float:
     """max |z| of the tempered logits: log-probs and entropies are differences of terms this large (lse, the
     target logit, E_p[z]), so their float32 rounding scales with it, not with their own size."""
-    z = h.detach().double().reshape(-1, h.shape[-1]) @ w.detach().double().t()
-    if b is not None:
-        z = z + b.detach().double()
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
-    return float((z / temperature).abs().max()) if z.numel() else 0.0
+    z = reference_logits(h.detach().reshape(-1, h.shape[-1]), w.detach(), None if b is None else b.detach(),
+                         softcap=softcap, temperature=temperature)
+    return float(z.abs().max()) if z.numel() else 0.0
 
 
 def close(ours, ref, dtype, what, zmag=0.0):
@@ -295,9 +293,11 @@ def test_opcheck(bd, seed):
     backend, device = bd
     h, w, y, b = make((11, 8), 37, torch.float32, device, bias=True, ignore_frac=0.2)
     h, w, b = h.detach(), w.detach(), b.detach()
-    opts = [-100, 3.0, backend, "", 0, 0, 0, 0.7, True, True, True]
+    plain = options_block("logprobs", softcap=3.0, backend=backend, temperature=0.7)
+    opts = options_block("logprobs", softcap=3.0, backend=backend, temperature=0.7, entropy=True,
+                         mean_logit=True, sum_sq=True)
     torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, b, *opts))
-    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *opts[:-3], False, False, False))
+    torch.library.opcheck(torch.ops.fused_lce.logprobs, (h, w, y, None, *plain))
     _lp, _ent, lse, zmean, *_ = torch.ops.fused_lce.logprobs(h, w, y, b, *opts)
     g1, g2 = torch.randn(11, device=device), torch.randn(11, device=device)
     torch.library.opcheck(torch.ops.fused_lce.logprobs_backward, (h, w, y, b, lse, zmean, g1, g2, *opts,
@@ -417,9 +417,9 @@ def test_errors():
     with pytest.raises(ValueError, match="tile_budget_mb"):
         fused_lce.linear_logprobs(h, w, y, tile_budget_mb=0)
     # the ops check their own inputs
-    opts = [-100, 0.0, "auto", "", 0, 0, 0, 1.0, False, False, False]
+    opts = options_block("logprobs")
     with pytest.raises(ValueError, match="temperature"):
-        torch.ops.fused_lce.logprobs(h, w, y, None, *opts[:-4], -2.0, False, False, False)
+        torch.ops.fused_lce.logprobs(h, w, y, None, *options_block("logprobs", temperature=-2.0))
     with pytest.raises(ValueError, match="labels"):
         torch.ops.fused_lce.logprobs(h, w, y[:2], None, *opts)
     lp, _, lse, zmean, *_ = torch.ops.fused_lce.logprobs(h, w, y, None, *opts)

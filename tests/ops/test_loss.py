@@ -13,6 +13,7 @@ from fused_lce.core import registry
 from fused_lce.core.formulas import reference_loss
 
 from ..conftest import BACKEND_DEVICE, rel_err
+from ..support import options_block
 
 OPT_VARIANTS = {
     "plain": dict(ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0),
@@ -26,8 +27,7 @@ def _fwd_args(device, reduction, opts, backend, bias=True, num_items=None, grad_
     b = torch.randn(17, device=device, requires_grad=True) if bias else None
     y = torch.randint(0, 17, (13,), device=device)
     y[::4] = -100
-    return (h, w, y, b, num_items, reduction, opts["ignore_index"], opts["label_smoothing"], opts["z_loss"],
-            opts["softcap"], backend, "", 0, 0, 0, list(grad_mask))
+    return (h, w, y, b, num_items, reduction, *options_block(backend=backend, **opts), list(grad_mask))
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
@@ -49,9 +49,9 @@ def test_opcheck_backward(bd):
     backend, device = bd
     h, w, y, b, *_ = _fwd_args(device, "none", OPT_VARIANTS["all"], backend)
     o = OPT_VARIANTS["all"]
-    _, lse, *_ = torch.ops.fused_lce.forward(h, w, y, b, None, "none", -100, o["label_smoothing"], o["z_loss"],
-                                             o["softcap"], backend, "", 0, 0, 0, [False, False, False])
-    opts = (-100, o["label_smoothing"], o["z_loss"], o["softcap"], backend, "", 0, 0, 0, [True, True, True])
+    opts = options_block(backend=backend, **o)
+    _, lse, *_ = torch.ops.fused_lce.forward(h, w, y, b, None, "none", *opts, [False, False, False])
+    opts = (*opts, [True, True, True])
     for up, num_items, reduction in ((torch.rand(13, device=device), None, "none"),
                                      (torch.tensor(0.5, device=device), torch.tensor(7.0), "mean")):
         args = (up, h.detach(), w.detach(), y, b.detach(), lse, num_items, reduction, *opts)
@@ -93,7 +93,7 @@ def test_no_grad_does_no_gradient_work(bd, monkeypatch):
     assert not loss.requires_grad
     assert calls == []  # no gradient kernel ran
     # the op itself returns empty gradient buffers
-    out = torch.ops.fused_lce.forward(h, w, y, b, None, "mean", -100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0,
+    out = torch.ops.fused_lce.forward(h, w, y, b, None, "mean", *options_block(backend=backend),
                                       [False, False, False])
     assert all(t.numel() == 0 for t in out[3:])
     assert calls == []
@@ -168,15 +168,8 @@ def test_retain_graph_second_backward(bd):
 
 
 # ------------------------------------------------------------------------------------------------ input checks
-OPTS_BLOCK = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "group_name", "vocab_start",
-              "vocab_total", "tile_bytes")
-
-
 def _opts(be, **kw):
-    base = dict(ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0, backend=be, group_name="",
-                vocab_start=0, vocab_total=0, tile_bytes=0)
-    base.update(kw)
-    return [base[k] for k in OPTS_BLOCK]
+    return options_block(**{"backend": be, **kw})
 
 
 def _bad_op_calls(backend, device):
@@ -260,7 +253,8 @@ backend = sys.argv[1]
 n, d, v = 4_000_000, 1, 3          # the sizes at which the C++ kernel used to crash (rc 139)
 h, w = torch.randn(n, d), torch.randn(v, d)
 y, b = torch.randint(0, v, (n,)), torch.randn(v)
-opts = (-100, 0.0, 0.0, 0.0, backend, "", 0, 0, 0)
+from fused_lce.core.types import Options, op_fields
+opts = tuple(getattr(Options(backend=backend), k) for k in op_fields("loss"))
 calls = {  # the two that crashed first: a crash kills the process, and the test reports its exit status
     "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), None, "none", *opts,
                                                 [True, True, False]),

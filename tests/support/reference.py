@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from fused_lce.core.formulas import reference_loss
+from fused_lce.core.formulas import reference_loss, softcapped
 
 
 def rel_err(a, b):
@@ -93,8 +93,9 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         zmag = torch.where(finite, zmag, torch.zeros_like(zmag))  # a -inf (masked) logit is exact
         dcap = torch.ones_like(z)  # magnitude of the softcap derivative's terms: 1 + t^2 (1 - t^2 cancels)
         if softcap:
-            t = torch.tanh(z / softcap)
-            z, dcap = softcap * t, 1 + t * t
+            z = softcapped(z, softcap)
+            t = z / softcap
+            dcap = 1 + t * t
             # softcap * tanh(z / softcap) is rounded relative to its size, which is at most min(|z|, softcap)
             zmag = torch.where(finite, zmag + zmag.clamp(max=softcap), zmag)
         valid = yf != ignore_index

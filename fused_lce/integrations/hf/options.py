@@ -5,13 +5,20 @@ import os
 
 import torch
 
-from ...api import backend_info, linear_cross_entropy
+from ...api import OPTION_DEFAULTS, backend_info, linear_cross_entropy
 
-# fixed by the HF loss contract (mean over num_items_in_batch or valid tokens, causal shift) or set per call
+# Each option of linear_cross_entropy (api.OPTION_DEFAULTS) is in exactly one of these four groups (a test
+# checks it, so a new option must be placed).
+# Fixed by the HF loss contract (mean over num_items_in_batch or valid tokens, causal shift) or set per call
 RESERVED = ("reduction", "shift", "num_items", "return_stats", "process_group", "sequence_parallel")
-LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "backend", "validate", "tile_budget_mb")
+OBJECTIVE = ("label_smoothing", "z_loss", "softcap")  # change the loss: a stock loss from logits would differ
+LABEL_MASK = ("ignore_index",)  # which tokens count; HF's per-call ignore_index argument wins over it
+RUN_OPTIONS = ("backend", "validate", "tile_budget_mb")  # how the loss is computed, never its value
+GROUPS = (RESERVED, OBJECTIVE, LABEL_MASK, RUN_OPTIONS)
+
+LOSS_OPTIONS = tuple(k for k in OPTION_DEFAULTS if k not in RESERVED)  # what a patch may set
+OBJECTIVE_DEFAULTS = {k: OPTION_DEFAULTS[k] for k in OBJECTIVE}
 PATCH_OPTIONS = ("skip_logits", "log_entropy")
-OBJECTIVE_DEFAULTS = {"label_smoothing": 0.0, "z_loss": 0.0, "softcap": None}  # options that change the loss
 ENV = "FUSED_LINEAR_CE"
 ENV_OPTIONS = "FUSED_LINEAR_CE_OPTIONS"  # e.g. "log_entropy=false,z_loss=1e-4"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")

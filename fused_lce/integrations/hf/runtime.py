@@ -33,7 +33,7 @@ import torch
 from ...api import linear_cross_entropy
 from .. import trl as trl_support
 from . import families
-from .options import LOSS_OPTIONS, OBJECTIVE_DEFAULTS, check_options, objective_changed
+from .options import LOSS_OPTIONS, OBJECTIVE_DEFAULTS, RUN_OPTIONS, check_options, objective_changed
 
 CLASS_PATCHES: dict = {}  # class -> {"options": dict, "saved": {name: (had_own, original)}}
 _WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> keys of the warnings it has given
@@ -411,7 +411,7 @@ def _begin_trl(model, options, frame, labels, kwargs):
     if ignored:
         warn_once(model, "trl-options", f"options {ignored} do not apply to TRL's fused-head calls (TRL computes "
                   "its loss from the per-token log-probabilities)")
-    loss_options = {k: v for k, v in options.items() if k in ("backend", "validate", "tile_budget_mb")}
+    loss_options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
     frame.ignore_index = -100  # TRL's label mask
     frame.trl = head
     frame.trl_fields = {"log_entropy": options.get("log_entropy", True)}

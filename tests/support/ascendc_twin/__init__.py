@@ -11,6 +11,7 @@ the kernel sources unchanged with g++ (a test double: nothing here ships in the 
   contracts (``fused_lce::_twin_*``), and the probe kernels of the twin's own rules.
 * ``build.py`` -- builds that extension (and the per-dtype kernel variants, generated from one list);
   ``TwinKernels``, the kernels behind the "npu" provider's interface.
-* ``ref.py`` -- float64 references of the kernels' contracts and the twin tests' tolerances.
+* ``ref.py`` -- the twin tests' shared inputs, tolerances and the loss's grad kernel call (the float64
+  references of the kernels' contracts are ``fused_lce.core.formulas``').
 * ``host_build.py`` / ``tiling_driver.cpp`` -- compile the op_host sources against ``host/`` and run their tiling.
 """

@@ -1,11 +1,14 @@
-"""Float64 references of the kernels' contracts (per-token statistics and gradients over one vocabulary shard),
-tolerances and the parts the twin tests run on."""
+"""What the twin tests share: the loss's grad kernel call, inputs, tolerances and the parts they run on (the
+float64 references of the kernels' contracts are ``fused_lce.core.formulas``')."""
 from __future__ import annotations
 
 import os
 import random
 
 import torch
+
+from fused_lce.core import formulas
+from fused_lce.core.types import Options
 
 from .build import HW_910B, HW_TINY  # noqa: F401  (the parts the tests pick from here)
 
@@ -15,91 +18,16 @@ def fresh_seed() -> int:
     return 20261201 if os.environ.get("CI") else random.randrange(2**31)
 
 
-# ---------------------------------------------------------------------------------------------- float64 references
-def logits64(hidden, weight, bias, softcap, temperature=1.0):
-    """(z, raw): z = softcap(h W^T + b) / temperature (softcap first), raw = h W^T + b."""
-    z = hidden.double() @ weight.double().t()
-    if bias is not None:
-        z = z + bias.double()
-    raw = z
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
-    return z / temperature, raw
-
-
-def ez64(z, m):
-    """sum_j exp(z_j - m) (z_j - m), -inf logits (and rows whose max is -inf) adding 0."""
-    d = z - m[:, None]
-    e = torch.exp(d)
-    return torch.where(e > 0, e * d, torch.zeros_like(d)).sum(dim=1)
-
-
-def stats64(hidden, weight, bias, labels, vocab_start, softcap, with_zsum, temperature=1.0):
-    """(max, sum exp(z - max), target logit or 0, sum of logits or 0, first argmax + vocab_start) over the shard."""
-    z, _ = logits64(hidden, weight, bias, softcap, temperature)
-    n, v = z.shape
-    m = z.max(dim=1).values if v else torch.full((n,), -float("inf"), dtype=torch.float64)
-    s = torch.exp(z - m[:, None]).sum(dim=1)
-    local = labels.long() - vocab_start
-    hit = (local >= 0) & (local < v)
-    zt = torch.where(hit, z.gather(1, local.clamp(0, v - 1)[:, None])[:, 0], torch.zeros_like(m))
-    zs = z.sum(dim=1) if with_zsum else torch.zeros_like(m)
-    am = z.argmax(dim=1) + vocab_start
-    return m, s, zt, zs, am, z
-
-
-def grads64(grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap):
-    """Float64 dX, dW, db of sum_i g_i loss_i over the shard, given the global lse (the kernel's contract)."""
-    z, raw = logits64(hidden, weight, bias, softcap)
-    n, v = z.shape
-    g = grad_tok.double()
-    l64 = lse.double()
-    p = torch.exp(z - l64[:, None])
-    dz = (g * (1 + 2 * z_loss * l64))[:, None] * p - (g * eps / vocab_total)[:, None]
-    local = labels.long() - vocab_start
-    hit = (local >= 0) & (local < v)
-    rows = torch.arange(n)[hit]
-    dz[rows, local[hit]] -= (g * (1 - eps))[hit]
-    if softcap:
-        dz = dz * (1 - torch.tanh(raw / softcap) ** 2)
-    dx = dz @ weight.double()
-    dw = dz.t() @ hidden.double()
-    db = dz.sum(dim=0)
-    return dx, dw, db
-
-
-def loss_coefs(grad_tok, lse, eps, z_loss, vocab_total):
-    """The loss's (4, N) float32 coefficient planes a, t, b, u of the grad kernel (fused_lce.formulas.loss_coefs)."""
-    g = grad_tok.float()
-    l32 = lse.float()
-    return torch.stack([g * (1 + 2 * z_loss * l32), g * (1 - eps), torch.zeros_like(g), g * (eps / vocab_total)])
-
-
-def coef_grads64(coefs, hidden, weight, bias, labels, lse, vocab_start, softcap, temperature=1.0):
-    """Float64 dX, dW, db of dz = p (a + b z) - t onehot - u (times the softcap derivative) over the shard."""
-    z, raw = logits64(hidden, weight, bias, softcap, temperature)
-    n, v = z.shape
-    a, t, b, u = (c.double() for c in coefs)
-    l64 = lse.double()
-    p = torch.exp(z - l64[:, None])
-    bz = torch.where(p > 0, b[:, None] * z, torch.zeros_like(z))  # p = 0 (z = -inf) adds 0
-    dz = p * a[:, None] + p * bz - u[:, None]
-    local = labels.long() - vocab_start
-    hit = (local >= 0) & (local < v)
-    rows = torch.arange(n)[hit]
-    dz[rows, local[hit]] -= t[hit]
-    if softcap:
-        dz = dz * (1 - torch.tanh(raw / softcap) ** 2)
-    return dz @ weight.double(), dz.t() @ hidden.double(), dz.sum(dim=0)
-
-
+# ---------------------------------------------------------------------------------------------- references
+# The float64 references are fused_lce.core.formulas' (reference_stats, reference_coef_grads, reference_loss);
+# the loss's coefficients are the driver's (formulas.loss_coefs).
 def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap,
                     mask):
     """The grad kernel on the twin with the loss's coefficients (what the npu provider sends for the loss)."""
-    a, t, _, u = loss_coefs(grad_tok, lse, eps, z_loss, vocab_total)
-    dx, dw, db = ops._twin_grads_cube(hidden, weight, bias, labels, lse.float(), a, t, None, u, vocab_start, softcap,
-                                      1.0, list(mask))
-    return dx, dw, db
+    opts = Options(label_smoothing=eps, z_loss=z_loss, vocab_total=vocab_total)
+    a, t, _, u = formulas.loss_coefs(lse.float(), grad_tok.float(), opts, weight.shape[0])
+    return ops._twin_grads_cube(hidden, weight, bias, labels, lse.float(), a, t, None, u, vocab_start,
+                                softcap, 1.0, list(mask))
 
 
 def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):
