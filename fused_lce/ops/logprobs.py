@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..core import LOGPROBS, driver, validate
-from .loss import empty_like, no_autocast, vmap_rule
+from .loss import empty_like, no_autocast
 from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
@@ -113,7 +113,7 @@ def _backward(ctx, g_lp, g_ent, *_unused):
     return _backward_impl(ctx, g_lp, g_ent)
 
 
-def _backward_impl(ctx, g_lp, g_ent):
+def _backward_impl(ctx, g_lp, g_ent, *_unused):
     n_inputs = len(FORWARD.arg_names)
     if not ctx.entropy:
         g_ent = None
@@ -133,29 +133,6 @@ FORWARD.register_autograd(_lib, _backward, _setup_context)
 
 
 # ------------------------------------------------------------------------------------------------ torch.func
-class FuncLogprobs(torch.autograd.Function):
-    """``fused_lce::logprobs`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
-    ``vmap``), as ``fused_lce.ops.loss.FuncForward`` is for the loss: the op's Autograd kernel is a ctx-style
-    ``autograd.Function``, which functorch refuses, so while a transform is active ``linear_logprobs`` calls the op
-    through this Function, whose backward is the same. One level of reverse mode: ``fused_lce.api`` rejects nested
-    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
-
-    generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
-
-    @staticmethod
-    def forward(*args):
-        return torch.ops.fused_lce.logprobs(*args)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, g_lp, g_ent, *_unused):
-        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
-        # so this is a first-order gradient
-        return _backward_impl(ctx, g_lp, g_ent)
-
-
-torch.library.register_vmap("fused_lce::logprobs", vmap_rule(FORWARD.op, 7), lib=_lib)
-torch.library.register_vmap("fused_lce::logprobs_backward", vmap_rule(BACKWARD.op, 3), lib=_lib)
+FuncLogprobs = FORWARD.func_function(_backward_impl, _setup_context)
+FORWARD.register_vmap(_lib, 7)
+BACKWARD.register_vmap(_lib, 3)

@@ -154,7 +154,7 @@ def _backward(ctx, g_loss, *_unused):
     return _backward_impl(ctx, g_loss)
 
 
-def _backward_impl(ctx, g_loss):
+def _backward_impl(ctx, g_loss, *_unused):
     n_inputs = len(FORWARD.arg_names)
     if g_loss is None:
         return (None,) * n_inputs
@@ -192,43 +192,6 @@ FORWARD.register_autograd(_lib, _backward, _setup_context)
 
 
 # ------------------------------------------------------------------------------------------------ torch.func
-class FuncForward(torch.autograd.Function):
-    """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
-    ``vmap``). The op's Autograd kernel (``OpSchema.register_autograd``, as ``torch.library.register_autograd``'s)
-    is not functorch-compatible (a ctx-style ``autograd.Function``), so while a transform is active the public API
-    calls the op through this Function, whose backward is the same formula. One level of reverse mode:
-    ``fused_lce.api`` rejects nested grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
-
-    generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
-
-    @staticmethod
-    def forward(*args):
-        return torch.ops.fused_lce.forward(*args)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, g_loss, *_unused):
-        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
-        # so this is a first-order gradient
-        return _backward_impl(ctx, g_loss)
-
-
-def vmap_rule(op, n_out: int):
-    """vmap of an op: one call per batch element, outputs stacked along dim 0 (each element is an independent
-    problem with its own reduction, so the rows cannot simply be folded together)."""
-
-    def rule(info, in_dims, *args):
-        if info.batch_size == 0:
-            raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported (no problem to run)")
-        outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
-                     for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
-        return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out
-
-    return rule
-
-
-torch.library.register_vmap("fused_lce::forward", vmap_rule(FORWARD.op, 6), lib=_lib)
-torch.library.register_vmap("fused_lce::backward", vmap_rule(BACKWARD.op, 3), lib=_lib)
+FuncForward = FORWARD.func_function(_backward_impl, _setup_context)
+FORWARD.register_vmap(_lib, 6)
+BACKWARD.register_vmap(_lib, 3)

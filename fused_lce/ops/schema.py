@@ -70,8 +70,8 @@ class OpSchema:
         per call of a 20-argument toy op with gradients. The price is private API (``_after_autograd_keyset``,
         ``_AutoDispatchBelowAutograd``, ``redispatch``). Refused (torch's kernel handles them, this one does
         not): defaults, keyword-only arguments, tensor lists and aliasing (out / in-place) arguments. Neither
-        kernel works inside torch.func transforms (no ``setup_context`` staticmethod), hence the ops'
-        ``Func*`` autograd.Functions."""
+        kernel works inside torch.func transforms (no ``setup_context`` staticmethod), hence
+        ``func_function``."""
         for a in self.op._schema.arguments:
             if (a.has_default_value() or a.kwarg_only or a.alias_info is not None
                     or ("List" in str(a.type) and "Tensor" in str(a.type))):
@@ -106,3 +106,34 @@ class OpSchema:
                 return op.redispatch(keyset & below, *args)
 
         lib.impl(self.name, kernel, "Autograd", with_keyset=True)
+
+    def func_function(self, backward, setup_context) -> type:
+        """The op as an ``autograd.Function`` with a ``setup_context`` staticmethod, which torch.func transforms
+        (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``vmap``) accept where they refuse the ctx-style
+        Autograd kernel above: the public API calls the op through it while a transform is active. ``backward``
+        is the Autograd kernel's formula: torch.func.grad runs the engine with create_graph=True by design, and
+        ``fused_lce.api`` rejects nested grad levels and forward mode before the forward runs, so it is a
+        first-order gradient."""
+        op = self.op
+
+        def forward(*args):
+            return op(*args)
+
+        return type(f"Func_{self.name}", (torch.autograd.Function,), {
+            "generate_vmap_rule": True,  # vmap of forward / backward reaches the ops' vmap rules
+            "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward)})
+
+    def register_vmap(self, lib: torch.library.Library, n_out: int) -> None:
+        """vmap of the op: one call per batch element, outputs stacked along dim 0 (each element is an independent
+        problem with its own reduction, so the rows cannot simply be folded together)."""
+        op = self.op
+
+        def rule(info, in_dims, *args):
+            if info.batch_size == 0:
+                raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported (no problem to run)")
+            outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
+                         for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
+            return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out
+
+        torch.library.register_vmap(f"fused_lce::{self.name}", rule, lib=lib)

@@ -26,18 +26,10 @@ import torch.nn.functional as F
 from ..core.formulas import reference_mean_loss_grads
 
 PRESETS = {  # LM heads: (hidden size, vocabulary)
-    "qwen2.5-0.5b": (896, 151936),
-    "qwen2.5-1.5b": (1536, 151936),
-    "qwen2.5-3b": (2048, 151936),
-    "qwen2.5-7b": (3584, 152064),
-    "qwen2.5-14b": (5120, 152064),
-    "qwen2.5-32b": (5120, 152064),
-    "qwen3-0.6b": (1024, 151936),
-    "qwen3-1.7b": (2048, 151936),
-    "qwen3-4b": (2560, 151936),
-    "qwen3-8b": (4096, 151936),
-    "qwen3-14b": (5120, 151936),
-    "qwen3-32b": (5120, 151936),
+    "qwen2.5-0.5b": (896, 151936), "qwen2.5-1.5b": (1536, 151936), "qwen2.5-3b": (2048, 151936),
+    "qwen2.5-7b": (3584, 152064), "qwen2.5-14b": (5120, 152064), "qwen2.5-32b": (5120, 152064),
+    "qwen3-0.6b": (1024, 151936), "qwen3-1.7b": (2048, 151936), "qwen3-4b": (2560, 151936),
+    "qwen3-8b": (4096, 151936), "qwen3-14b": (5120, 151936), "qwen3-32b": (5120, 151936),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_TOKENS = (256, 512, 1024)  # the plain path's extra memory grows ~1.2 MiB a token on the default head
