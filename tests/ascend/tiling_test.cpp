@@ -37,14 +37,17 @@ static std::string tag(const Plan& p) {
     return b;
 }
 
+// A flag bit of these tests only: the forward's entropy sum (plan_stats' `ez`), for loops over every flag set.
+constexpr uint32_t kEz = 16u;
+
 // ft::plan under the UB layout of the kernel the flags name: the backward's with kBackward, else the forward's
-// (with the entropy sum for kEntropy).
+// (with the entropy sum for kEz).
 static Plan tile_plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, const HwSpec& hw = HwSpec()) {
     return plan(n, d, v, elt, flags, hw, [&](uint64_t vr, uint64_t bn) {
         fc::CubePlan f;
         fc::CubeGradPlan g;
         return (flags & kBackward) ? fc::layout_grad(&g, vr, bn, elt, flags)
-                                   : fc::layout_stats(&f, vr, bn, elt, flags, (flags & kEntropy) != 0);
+                                   : fc::layout_stats(&f, vr, bn, elt, flags, (flags & kEz) != 0);
     });
 }
 
@@ -119,21 +122,6 @@ static void check_plan(const Plan& p, const HwSpec& hw) {
         }
         CHECK(ok && covered == rows, "%s rows=%llu", s, (unsigned long long)rows);
     }
-    // workspace / accumulator bytes, exact in 128-bit arithmetic
-    // m, s, zt, zs, argmax per token and segment, and ez with kEntropy (the finishing phase's sixth plane)
-    const uint64_t per_tok = (p.flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
-    unsigned __int128 st = p.segments > 1 ? (unsigned __int128)p.segments * p.n * per_tok : 0;
-    CHECK(p.ws_stats >= st && p.ws_stats < st + kGmAlign && p.ws_stats % kGmAlign == 0, "%s", s);
-    if (bwd) {
-        CHECK((unsigned __int128)p.acc_dx_bytes == (unsigned __int128)p.n * p.d * 4, "%s", s);
-        CHECK((unsigned __int128)p.acc_dw_bytes == (unsigned __int128)p.v * p.d * 4, "%s", s);
-        CHECK(p.acc_db_bytes == ((p.flags & kBias) ? p.v * 4 : 0), "%s", s);
-        uint64_t dz = (uint64_t)p.used_cores * 2 * p.base_m * p.base_n * p.elt_bytes;
-        CHECK(p.ws_dz >= dz && p.ws_dz < dz + kGmAlign, "%s", s);
-    } else {
-        CHECK(p.ws_dz == 0 && p.acc_dx_bytes == 0 && p.acc_dw_bytes == 0, "%s", s);
-    }
-    CHECK(p.ws_total == p.ws_stats + p.ws_dz, "%s", s);
 }
 
 // One UB region of a kernel's layout: its offset in the plan, whether the flags need it, the bytes the kernel views.
@@ -167,18 +155,23 @@ static void check_regions(const std::string& t, const Region* regions, int nr, u
     }
 }
 
-// The forward's plan (plan_stats; the entropy sum with kEntropy): ft::plan's tile under its layout, and the layout.
+// The forward's plan (plan_stats; the entropy sum with kEz): ft::plan's tile under its layout, the layout and the
+// GM workspace (the segments' statistics planes, the ring).
 static void check_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, const HwSpec& hw) {
-    flags &= ~static_cast<uint32_t>(kBackward);
-    const bool ez = (flags & kEntropy) != 0, bias = (flags & kBias) != 0;
+    const bool ez = (flags & kEz) != 0, bias = (flags & kBias) != 0;
+    flags &= kBias | kSmoothing | kSoftcap;
     const fc::CubePlan m = fc::plan_stats(n, d, v, elt, flags, ez, hw);
     const Plan& p = m.base;
     const std::string t = "stats " + tag(p);
     CHECK(m.status == kOk, "%s status=%d", t.c_str(), m.status);
     if (m.status != kOk) return;
-    const Plan q = tile_plan(n, d, v, elt, flags, hw);
+    const Plan q = tile_plan(n, d, v, elt, flags | (ez ? kEz : 0u), hw);
     CHECK(p.base_m == q.base_m && p.base_n == q.base_n && p.base_k == q.base_k && p.vec_rows == q.vec_rows, "%s",
           t.c_str());
+    const uint64_t st = p.segments > 1 ? fc::kCubeStatPlanes * p.segments * n * 4 : 0;
+    const uint64_t ring = (uint64_t)p.used_cores * fc::kRingSlots * p.base_m * p.base_n * 4;
+    CHECK(m.ws_stats == align_up(st, kGmAlign) && m.ws_ring == align_up(ring, kGmAlign) &&
+          m.ws_total == m.ws_stats + m.ws_ring, "%s", t.c_str());
     const uint64_t vr = p.vec_rows, bn = p.base_n, tile = vr * bn * 4;
     const Region regions[] = {
         {"z", m.ub_z, true, tile},
@@ -193,7 +186,7 @@ static void check_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32
     check_regions(t, regions, sizeof(regions) / sizeof(regions[0]), m.ub_end, m.slot_stride, p, hw);
 }
 
-// The backward's plan (plan_grad): the same, with its regions.
+// The backward's plan (plan_grad): the same, with its regions and workspace (z and dz rings, db partials).
 static void check_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, const HwSpec& hw) {
     flags = (flags & (kBias | kSoftcap)) | kBackward;
     const bool bias = (flags & kBias) != 0;
@@ -209,6 +202,10 @@ static void check_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_
     const Plan q = tile_plan(n, d, v, elt, flags, hw);
     CHECK(p.base_m == q.base_m && p.base_n == q.base_n && p.base_d == q.base_d && p.vec_rows == q.vec_rows, "%s",
           t.c_str());
+    const uint64_t tiles = (uint64_t)p.used_cores * fc::kRingSlots * p.base_m * p.base_n;
+    CHECK(m.ws_ring == align_up(tiles * 4, kGmAlign) && m.ws_dz == align_up(tiles * elt, kGmAlign) &&
+          m.ws_db == (bias ? align_up(2 * v * 4, kGmAlign) : 0) && m.ws_total == m.ws_ring + m.ws_dz + m.ws_db,
+          "%s", t.c_str());
     const uint64_t vr = p.vec_rows, bn = p.base_n, tile = vr * bn * 4;
     const Region regions[] = {
         {"z", m.ub_z, true, tile},
@@ -277,43 +274,40 @@ static void test_expected_tiles() {
     Plan s = tile_plan(5, 896, 151936, 2, 0);
     CHECK(s.base_m == 16 && s.m_blocks == 1, "base_m=%u", s.base_m);
     CHECK(s.segments == 24 && s.used_cores == 24, "segments=%llu", (unsigned long long)s.segments);
-    CHECK(s.ws_stats == align_up(24 * 5 * kStatBytes, kGmAlign), "ws_stats=%llu", (unsigned long long)s.ws_stats);
-    // with the entropy statistic: six planes (24 bytes per token and segment), the same tile, and the forward's
-    // layout gains the w2 tile for the exponentials
-    Plan se = tile_plan(5, 896, 151936, 2, kEntropy);
-    CHECK(se.ws_stats == align_up(24 * 5 * kStatBytesEntropy, kGmAlign) && se.base_n == s.base_n &&
-          se.ub_used == s.ub_used + (uint64_t)s.vec_rows * s.base_n * 4, "ws_stats=%llu",
-          (unsigned long long)se.ws_stats);
-    // more token blocks than cores: one segment, no stats workspace
+    // with the entropy sum: the same tile, and the forward's layout gains the w2 tile for the exponentials
+    Plan se = tile_plan(5, 896, 151936, 2, kEz);
+    CHECK(se.base_n == s.base_n && se.ub_used == s.ub_used + (uint64_t)s.vec_rows * s.base_n * 4, "ub_used=%llu",
+          (unsigned long long)se.ub_used);
+    // more token blocks than cores: one segment
     Plan big = tile_plan(1 << 16, 4096, 151936, 2, 0);
-    CHECK(big.segments == 1 && big.ws_stats == 0, "%s", "");
+    CHECK(big.segments == 1, "segments=%llu", (unsigned long long)big.segments);
     // the fp32 backward has no cast region, and nothing aliases the row slots or the bias
     check_all(8192, 4096, 151936, 4, kBackward | kBias, HwSpec());
     const fc::CubeGradPlan f3 = fc::plan_grad(8192, 4096, 151936, 4, kBias);
     CHECK(f3.ub_cast == kUbNone && f3.ub_bias_f32 == kUbNone && f3.ub_bias != f3.ub_slots, "cast=%u bias=%u slots=%u",
           f3.ub_cast, f3.ub_bias, f3.ub_slots);
-    // backward: dz staging per core and the fp32 accumulators
-    Plan b = tile_plan(8192, 4096, 151936, 2, kBackward | kBias);
-    CHECK(b.base_d == 128, "base_d=%u", b.base_d);
+    // backward: 128-column dX / dW chunks, a two-slot dz ring per core
+    const fc::CubeGradPlan b = fc::plan_grad(8192, 4096, 151936, 2, kBias);
+    CHECK(b.base.base_d == 128, "base_d=%u", b.base.base_d);
     CHECK(b.ws_dz == 24ull * 2 * 128 * 128 * 2, "ws_dz=%llu", (unsigned long long)b.ws_dz);
-    CHECK(b.acc_dw_bytes == 151936ull * 4096 * 4 && b.acc_db_bytes == 151936ull * 4, "%s", "");
 }
 
 static void test_huge_and_errors() {
     const HwSpec hw;
-    // N beyond 32 bits: counts and byte sizes stay exact in 64 bits
+    // N beyond 32 bits: the grid's counts stay exact in 64 bits
     const uint64_t n = 3000000000000ull;  // 3e12 tokens
     Plan p = tile_plan(n, 4096, 151936, 2, kBackward);
     check_plan(p, hw);
-    CHECK(p.m_blocks == ceil_div(n, 128) && p.acc_dx_bytes == n * 4096 * 4, "m_blocks=%llu",
-          (unsigned long long)p.m_blocks);
+    CHECK(p.m_blocks == ceil_div(n, 128), "m_blocks=%llu", (unsigned long long)p.m_blocks);
     Plan q = tile_plan((1ull << 32) + 3, 8192, 256000, 4, kSmoothing | kSoftcap);
     check_plan(q, hw);
     CHECK(q.tail_m == ((1ull << 32) + 3) % 128, "tail_m=%llu", (unsigned long long)q.tail_m);
-    // the forward needs no N-sized workspace, so even 2^62 tokens plan; the backward's N x D fp32 dX overflows
     Plan f = tile_plan(1ull << 62, 4096, 151936, 2, 0);
-    CHECK(f.status == kOk && f.ws_total == 0, "status=%d", f.status);
-    CHECK(tile_plan(1ull << 62, 4096, 151936, 2, kBackward).status == kTooLarge, "%s", "");
+    CHECK(f.status == kOk, "status=%d", f.status);
+    // ids (and the backward's row offsets) travel as exact floats: the cube planners stop at 2^24
+    CHECK(fc::plan_stats(100, 64, 1ull << 24, 2, 0, false).status == kTooLarge, "%s", "");
+    CHECK(fc::plan_grad(1ull << 24, 64, 100, 2, 0).status == kTooLarge, "%s", "");
+    CHECK(fc::plan_grad(100, 64, (1ull << 24) - 1, 2, 0).status == kOk, "%s", "");
     CHECK(tile_plan(10, 64, 100, 3, 0).status == kBadDtype, "%s", "");
     CHECK(tile_plan(10, 0, 100, 2, 0).status == kEmptyDim && tile_plan(10, 64, 0, 2, 0).status == kEmptyDim, "%s", "");
     CHECK(tile_plan(10, 1ull << 31, 100, 2, 0).status == kTooLarge, "%s", "");
@@ -353,7 +347,7 @@ static void test_other_parts() {
     HwSpec one;
     one.vec_per_cube = 1;
     check_all(300, 512, 5000, 2, kBackward | kSoftcap, one);
-    check_all(300, 512, 5000, 2, kSoftcap | kEntropy, one);
+    check_all(300, 512, 5000, 2, kSoftcap | kEz, one);
     // nothing fits in a UB smaller than the reserve
     HwSpec tiny;
     tiny.ub_bytes = 8 * 1024;

@@ -232,11 +232,6 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return ge::GRAPH_SUCCESS;
 }
 
-inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
-                                     const fused_lce::tiling::Plan& plan) {
-    return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
-}
-
 // FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);

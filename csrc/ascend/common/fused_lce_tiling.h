@@ -40,14 +40,13 @@ enum Flags : uint32_t {
     kSmoothing = 2u,      // sum of logits per token is needed (label smoothing)
     kSoftcap = 4u,        // logits -> c * tanh(z / c)
     kBackward = 8u,       // plan for the gradient kernel
-    kEntropy = 16u,       // forward: the entropy statistic ez = sum exp(z - m)(z - m) is a sixth statistic
 };
 
 enum Status : int32_t {
     kOk = 0,
     kBadDtype = 1,        // element size must be 2 (bf16/fp16) or 4 (fp32)
     kEmptyDim = 2,        // D == 0 or V == 0 (N == 0 is fine: zero tasks)
-    kTooLarge = 3,        // a size exceeds the 32-bit limits of the Matmul API or a byte count overflows 64 bits
+    kTooLarge = 3,        // a size exceeds the 32-bit limits of the Matmul API (or the cube planners' 2^24)
     kNoFit = 4,           // no tile fits the on-chip memories
     kStrideLimit = 5,     // D >= 65535: the cube operands' row stride does not fit the GM -> L1 copy's 16-bit field
 };
@@ -63,8 +62,6 @@ constexpr uint64_t kUbReserved = 16 * 1024;
 constexpr uint64_t kUbAlign = 32;          // UB allocations are 32-byte blocks
 constexpr uint64_t kGmAlign = 512;         // workspace slices start on 512-byte boundaries
 constexpr uint32_t kUbNone = 0xffffffffu;  // offset of a UB region the plan does not allocate (never a valid view)
-constexpr uint64_t kStatBytes = 20;        // partial stats per token per segment: m, s, zt, zs (fp32), argmax (i32)
-constexpr uint64_t kStatBytesEntropy = 24; // the same and ez (fp32), with kEntropy
 constexpr uint32_t kMinBase = 16;          // cube fractal edge
 
 // The plan. Plain old data: op_host copies it verbatim into the tiling buffer, the kernels read it from there.
@@ -87,9 +84,6 @@ struct Plan {
     uint32_t used_cores, cube_cores;
     // on-chip bytes used (UB: one vector core's, under the caller's layout)
     uint64_t l1_used, l0a_used, l0b_used, l0c_used, ub_used;
-    // GM workspace (bytes) and the float32 accumulators of the backward kernel (outputs, not workspace)
-    uint64_t ws_stats, ws_dz, ws_total;
-    uint64_t acc_dx_bytes, acc_dw_bytes, acc_db_bytes;
     int32_t status;
     uint32_t pad_;
 };
@@ -126,16 +120,6 @@ FUSED_LCE_HD inline void vec_rows_of(const Plan& p, uint64_t rows, uint32_t sub,
 }
 
 // ---- planner (host only) ----------------------------------------------------------------------------------------
-namespace detail {
-
-inline bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
-    if (a != 0 && b > UINT64_MAX / a) return false;
-    *out = a * b;
-    return true;
-}
-
-}  // namespace detail
-
 // Plan for N tokens, hidden size D, V vocabulary rows on this rank. Never throws; check `status`.
 // `ub_bytes(vec_rows, base_n)` gives the UB bytes one vector core needs for that tile under the kernel's own layout
 // (fused_lce_cube_tiling.h lays out each kernel's UB): the kernels' layouts are the only ones, so a tile is taken
@@ -270,28 +254,6 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
     p.tasks = p.m_blocks * p.segments;
     p.used_cores = static_cast<uint32_t>(p.tasks < hw.cube_cores ? p.tasks : hw.cube_cores);
 
-    // bytes in GM; every product is checked, N is only bounded by 64 bits
-    uint64_t stats = 0, dz = 0, dx = 0, dw = 0, tmp = 0;
-    bool ok = true;
-    if (p.segments > 1) {
-        const uint64_t per = (flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
-        ok = ok && detail::mul_ok(p.segments, n, &tmp) && detail::mul_ok(tmp, per, &stats);
-    }
-    if (bwd) {
-        dz = static_cast<uint64_t>(p.used_cores) * 2 * p.base_m * p.base_n * elt_bytes;
-        ok = ok && detail::mul_ok(n, d, &tmp) && detail::mul_ok(tmp, 4, &dx);
-        ok = ok && detail::mul_ok(v, d, &tmp) && detail::mul_ok(tmp, 4, &dw);
-        p.acc_db_bytes = (flags & kBias) ? v * 4 : 0;
-    }
-    if (!ok || stats > UINT64_MAX - 2 * kGmAlign - dz) {
-        p.status = kTooLarge;
-        return p;
-    }
-    p.ws_stats = align_up(stats, kGmAlign);
-    p.ws_dz = align_up(dz, kGmAlign);
-    p.ws_total = p.ws_stats + p.ws_dz;
-    p.acc_dx_bytes = dx;
-    p.acc_dw_bytes = dw;
     p.status = kOk;
     return p;
 }
@@ -301,7 +263,9 @@ inline const char* status_text(int32_t status) {
         case kOk: return "ok";
         case kBadDtype: return "element size must be 2 (bf16/fp16) or 4 (fp32)";
         case kEmptyDim: return "hidden size and vocabulary size must be > 0";
-        case kTooLarge: return "a dimension exceeds the int32 Matmul limits or a byte count overflows 64 bits";
+        case kTooLarge:
+            return "a dimension exceeds the int32 Matmul limits, or V_local (backward: also N) reaches 2^24, where ids "
+                   "stop being exact floats";
         case kNoFit: return "no tile fits the on-chip memories of this part";
         case kStrideLimit:
             return "hidden size D >= 65535: the row stride of h and W does not fit Nd2NzParams::srcDValue (16 bits) "
