@@ -42,7 +42,7 @@ enum Variant : uint32_t { kPlainTiling = 1u, kSerialMatmul = 2u, kVariantMask = 
 
 
 struct CubePlan {
-    ft::Plan base;  // tile, grid, segments, cores (its UB layout and workspace are not used)
+    ft::Plan base;  // tile, grid, segments, cores (its GM workspace is not used: ws_* below)
     uint32_t slot_stride;  // floats per row slot
     uint32_t ub_z, ub_w, ub_w2, ub_bias, ub_bias_f32, ub_bc, ub_mask, ub_slots, ub_end;
     uint64_t ws_stats;  // kCubeStatPlanes * segments * N floats (segments > 1 only)
@@ -53,51 +53,46 @@ struct CubePlan {
 };
 
 namespace detail {
-// UB of one vector core (byte offsets, ft::kUbNone for an absent region):
+// Places the regions of one vector core's UB one after another, each on a 32-byte block. A region the plan does not
+// need gets no bytes and the offset ft::kUbNone (never a valid view): a zero-sized region sharing the next one's
+// offset would let a copy sized for another dtype write over it.
+struct UbLayout {
+    uint64_t end = 0;
+    uint32_t take(bool need, uint64_t bytes) {
+        if (!need) return ft::kUbNone;
+        const uint64_t at = end;
+        end += ft::align_up(bytes, ft::kUbAlign);
+        return static_cast<uint32_t>(at);
+    }
+};
+}  // namespace detail
+
+// The forward's UB for a vec_rows x base_n tile (byte offsets into m, ft::kUbNone for an absent region); returns the
+// bytes:
 //   z     the logit tile (vec_rows x base_n floats), as copied from the ring, then biased / capped / tempered
 //   w     z - max and its exponentials; w2: softcap tanh scratch, then exp when the entropy sum is wanted
 //   bias  the bias block as loaded; bias_f32 its float copy (bf16 / fp16)
 //   bc    per-row values broadcast to one 32-byte block per row (Brcb), align8(vec_rows) blocks
 //   mask  Compare results (4 masks of slot_stride bits)
 //   slots kCubeSlots row slots
-inline uint64_t ub_layout(uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez, CubePlan* p) {
+inline uint64_t layout_stats(CubePlan* m, uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags, bool ez) {
     const bool bias = (flags & ft::kBias) != 0;
-    const bool w2 = (flags & ft::kSoftcap) != 0 || ez;
-    const uint64_t stride = ft::align_up(vr, 64);
-    uint64_t off = 0;
-    auto take = [&off](bool need, uint64_t bytes) -> uint64_t {
-        if (!need) return ft::kUbNone;
-        const uint64_t at = off;
-        off += ft::align_up(bytes, ft::kUbAlign);
-        return at;
-    };
-    const uint64_t z = take(true, vr * bn * 4);
-    const uint64_t w = take(true, vr * bn * 4);
-    const uint64_t w2o = take(w2, vr * bn * 4);
-    const uint64_t b = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
-    const uint64_t bf = take(bias && elt != 4, bn * 4);
-    const uint64_t bc = take(true, ft::align_up(vr, 8) * 8 * 4);
-    const uint64_t mask = take(true, 4 * kMaskBytes);
-    const uint64_t slots = take(true, stride * kCubeSlots * 4);
-    if (p != nullptr) {
-        p->slot_stride = static_cast<uint32_t>(stride);
-        p->ub_z = static_cast<uint32_t>(z);
-        p->ub_w = static_cast<uint32_t>(w);
-        p->ub_w2 = static_cast<uint32_t>(w2o);
-        p->ub_bias = static_cast<uint32_t>(b);
-        p->ub_bias_f32 = static_cast<uint32_t>(bf);
-        p->ub_bc = static_cast<uint32_t>(bc);
-        p->ub_mask = static_cast<uint32_t>(mask);
-        p->ub_slots = static_cast<uint32_t>(slots);
-        p->ub_end = static_cast<uint32_t>(off);
-    }
-    return off;
+    detail::UbLayout ub;
+    m->slot_stride = static_cast<uint32_t>(ft::align_up(vr, 64));
+    m->ub_z = ub.take(true, vr * bn * 4);
+    m->ub_w = ub.take(true, vr * bn * 4);
+    m->ub_w2 = ub.take((flags & ft::kSoftcap) != 0 || ez, vr * bn * 4);
+    m->ub_bias = ub.take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+    m->ub_bias_f32 = ub.take(bias && elt != 4, bn * 4);
+    m->ub_bc = ub.take(true, ft::align_up(vr, 8) * 8 * 4);
+    m->ub_mask = ub.take(true, 4 * kMaskBytes);
+    m->ub_slots = ub.take(true, m->slot_stride * static_cast<uint64_t>(kCubeSlots) * 4);
+    m->ub_end = static_cast<uint32_t>(ub.end);
+    return ub.end;
 }
-}  // namespace detail
 
 // Plan of the cube-driven forward for N tokens, hidden D, V vocabulary rows on this rank; `ez`: the entropy sum is
-// wanted. Never throws; check `status` (ft::Status). The tile comes from ft::plan, asked with less UB until this layout
-// fits.
+// wanted. Never throws; check `status` (ft::Status). The tile is ft::plan's first that fits this layout.
 inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags, bool ez,
                            const ft::HwSpec& hw = ft::HwSpec()) {
     CubePlan m{};
@@ -105,22 +100,13 @@ inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uin
         m.status = ft::kTooLarge;
         return m;
     }
-    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
-    ft::HwSpec h = hw;
-    for (;;) {
-        m.base = ft::plan(n, d, v, elt, flags & ~static_cast<uint32_t>(ft::kBackward), h);
-        if (m.base.status != ft::kOk) {
-            m.status = m.base.status;
-            return m;
-        }
-        if (detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, nullptr) <= budget) break;
-        if (h.ub_bytes <= ft::kUbReserved + 4096) {
-            m.status = ft::kNoFit;
-            return m;
-        }
-        h.ub_bytes -= 4096;
+    m.base = ft::plan(n, d, v, elt, flags & ~static_cast<uint32_t>(ft::kBackward), hw,
+                      [&](uint64_t vr, uint64_t bn) { CubePlan s; return layout_stats(&s, vr, bn, elt, flags, ez); });
+    if (m.base.status != ft::kOk) {
+        m.status = m.base.status;
+        return m;
     }
-    detail::ub_layout(m.base.vec_rows, m.base.base_n, elt, flags, ez, &m);
+    layout_stats(&m, m.base.vec_rows, m.base.base_n, elt, flags, ez);
     ft::Plan& p = m.base;
     // Balance the last wave: with a number of token blocks that is not a multiple of the cores, split the vocabulary
     // in up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
@@ -190,6 +176,30 @@ inline void plan_keep_dz(CubeGradPlan* m, uint64_t n, uint64_t v, uint32_t elt, 
     m->ws_total_keep = m->ws_total + m->ws_keep_dz + m->ws_keep_db;
 }
 
+// The backward's UB for a vec_rows x base_n tile, as layout_stats (z becomes dz in place):
+//   w, w2  p = exp(z - lse); softcap: tanh scratch, then w2 keeps the derivative 1 - tanh^2 for the end
+//   cast   bf16 / fp16: dz rounded to the operand dtype for the cube (fp32 hands z itself over)
+//   bias, bias_f32, bc as the forward's; bc2 a second broadcast block set (and the live-row mask)
+//   colsum with a bias: column sums of dz (db)
+//   slots  kCubeSlots row slots
+inline uint64_t layout_grad(CubeGradPlan* m, uint64_t vr, uint64_t bn, uint32_t elt, uint32_t flags) {
+    const bool bias = (flags & ft::kBias) != 0;
+    detail::UbLayout ub;
+    m->slot_stride = static_cast<uint32_t>(ft::align_up(vr, 64));
+    m->ub_z = ub.take(true, vr * bn * 4);
+    m->ub_w = ub.take(true, vr * bn * 4);
+    m->ub_w2 = ub.take(true, vr * bn * 4);
+    m->ub_cast = ub.take(elt != 4, vr * bn * elt);
+    m->ub_bias = ub.take(bias, ft::align_up(bn, ft::kMinBase) * elt);
+    m->ub_bias_f32 = ub.take(bias && elt != 4, bn * 4);
+    m->ub_bc = ub.take(true, ft::align_up(vr, 8) * 8 * 4);
+    m->ub_bc2 = ub.take(true, ft::align_up(vr, 8) * 8 * 4);
+    m->ub_colsum = ub.take(bias, bn * 4);
+    m->ub_slots = ub.take(true, m->slot_stride * static_cast<uint64_t>(kCubeSlots) * 4);
+    m->ub_end = static_cast<uint32_t>(ub.end);
+    return ub.end;
+}
+
 inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uint32_t flags,
                               const ft::HwSpec& hw = ft::HwSpec()) {
     CubeGradPlan m{};
@@ -198,43 +208,13 @@ inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, 
         return m;
     }
     const bool bias = (flags & ft::kBias) != 0;
-    const uint64_t budget = hw.ub_bytes > ft::kUbReserved ? hw.ub_bytes - ft::kUbReserved : 0;
-    ft::HwSpec h = hw;
-    uint64_t need = 0;
-    for (;;) {
-        m.base = ft::plan(n, d, v, elt, flags | ft::kBackward, h);
-        if (m.base.status != ft::kOk) {
-            m.status = m.base.status;
-            return m;
-        }
-        const uint64_t vr = m.base.vec_rows, bn = m.base.base_n, st = ft::align_up(vr, 64);
-        uint64_t off = 0;
-        auto take = [&off](bool on, uint64_t bytes) -> uint32_t {
-            if (!on) return ft::kUbNone;
-            const uint64_t at = off;
-            off += ft::align_up(bytes, ft::kUbAlign);
-            return static_cast<uint32_t>(at);
-        };
-        m.slot_stride = static_cast<uint32_t>(st);
-        m.ub_z = take(true, vr * bn * 4);
-        m.ub_w = take(true, vr * bn * 4);
-        m.ub_w2 = take(true, vr * bn * 4);
-        m.ub_cast = take(elt != 4, vr * bn * elt);
-        m.ub_bias = take(bias, ft::align_up(bn, ft::kMinBase) * elt);
-        m.ub_bias_f32 = take(bias && elt != 4, bn * 4);
-        m.ub_bc = take(true, ft::align_up(vr, 8) * 8 * 4);
-        m.ub_bc2 = take(true, ft::align_up(vr, 8) * 8 * 4);
-        m.ub_colsum = take(bias, bn * 4);
-        m.ub_slots = take(true, st * kCubeSlots * 4);
-        m.ub_end = static_cast<uint32_t>(off);
-        need = off;
-        if (need <= budget) break;
-        if (h.ub_bytes <= ft::kUbReserved + 4096) {
-            m.status = ft::kNoFit;
-            return m;
-        }
-        h.ub_bytes -= 4096;
+    m.base = ft::plan(n, d, v, elt, flags | ft::kBackward, hw,
+                      [&](uint64_t vr, uint64_t bn) { CubeGradPlan s; return layout_grad(&s, vr, bn, elt, flags); });
+    if (m.base.status != ft::kOk) {
+        m.status = m.base.status;
+        return m;
     }
+    layout_grad(&m, m.base.vec_rows, m.base.base_n, elt, flags);
     ft::Plan& p = m.base;
     uint64_t cores = p.m_blocks > p.n_blocks ? p.m_blocks : p.n_blocks;
     if (cores > hw.cube_cores) cores = hw.cube_cores;

@@ -120,23 +120,29 @@ struct Problem {
     uint64_t n = 0, d = 0, v = 0;
 };
 
-// Runs an op's tiling `body(ctx, td, problem, platform)` after the prologue every tiling function shares: the tiling
-// data buffer (large enough for TD), the platform info, and the problem's inputs at their IR indices, checked.
-template <typename TD, typename Body>
-inline ge::graphStatus run_tiling(gert::TilingContext* ctx, const char* op, size_t ir_hidden, size_t ir_weight,
-                                  size_t ir_bias, size_t ir_labels, Body body) {
+// An op's own tiling, run after the prologue every tiling function shares (tiling_entry below).
+template <typename TD>
+using TilingBody = ge::graphStatus (*)(gert::TilingContext* ctx, TD* td, const Problem& pr,
+                                       platform_ascendc::PlatformAscendC& plat);
+
+// The tiling function an op registers: the tiling data buffer (large enough for TD), the platform info and the
+// problem's inputs, checked, then `Body`. hidden is at IR index kIrHidden, weight, bias and labels right after it
+// (problem_inputs declares them so). A template because OpAICoreDef::SetTiling takes a plain function pointer
+// (gert::OpImplRegisterV2::TilingKernelFunc = UINT32 (*)(TilingContext*)): the op's specifics cannot be captured.
+template <typename TD, size_t kIrHidden, TilingBody<TD> Body>
+inline ge::graphStatus tiling_entry(gert::TilingContext* ctx) {
     TD* td = ctx->GetTilingData<TD>();
-    if (td == nullptr) return fail(ctx, "%s: tiling buffer smaller than its tiling data (%zu bytes)", op, sizeof(TD));
-    if (ctx->GetPlatformInfo() == nullptr) return fail(ctx, "%s: no platform info", op);
+    if (td == nullptr) return fail(ctx, "tiling buffer smaller than the op's tiling data (%zu bytes)", sizeof(TD));
+    if (ctx->GetPlatformInfo() == nullptr) return fail(ctx, "no platform info");
     Problem pr;
-    pr.hidden = input(ctx, ir_hidden);
-    pr.weight = input(ctx, ir_weight);
-    pr.bias = input(ctx, ir_bias);
-    pr.labels = input(ctx, ir_labels);
+    pr.hidden = input(ctx, kIrHidden);
+    pr.weight = input(ctx, kIrHidden + 1);
+    pr.bias = input(ctx, kIrHidden + 2);
+    pr.labels = input(ctx, kIrHidden + 3);
     if (check_problem(ctx, pr.hidden, pr.weight, pr.bias, pr.labels, &pr.n, &pr.d, &pr.v) != ge::GRAPH_SUCCESS)
         return ge::GRAPH_FAILED;
     platform_ascendc::PlatformAscendC plat(ctx->GetPlatformInfo());
-    return body(ctx, td, pr, plat);
+    return Body(ctx, td, pr, plat);
 }
 
 // temperature attribute: finite and > 0 (the kernels multiply the logits by its reciprocal)
@@ -232,12 +238,32 @@ inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_as
     return ge::GRAPH_SUCCESS;
 }
 
-inline ge::graphStatus finish_launch(gert::TilingContext* ctx, const platform_ascendc::PlatformAscendC& plat,
-                                     const fused_lce::tiling::Plan& plan) {
-    return finish_launch(ctx, plat, plan.used_cores, plan.ws_total);
+// ---- shape / dtype inference of the two ops (h, w: the shapes of hidden and weight) ---------------------------------
+// FusedLceStatsCube: six (N,) statistics (argmax int32, the rest float32) and the optional z_cache, float32
+// (N, V_local) when present
+inline ge::graphStatus infer_stats_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
+    if (h == nullptr || w == nullptr || h->GetDimNum() != 2 || w->GetDimNum() != 2) return ge::GRAPH_FAILED;
+    for (size_t i = 0; i < 6; ++i) {
+        gert::Shape* out = ctx->GetOutputShape(i);
+        if (out == nullptr) return ge::GRAPH_FAILED;
+        out->SetDimNum(1);
+        out->SetDim(0, h->GetDim(0));
+    }
+    gert::Shape* cache = ctx->GetOutputShape(6);
+    if (cache != nullptr) {
+        cache->SetDimNum(2);
+        cache->SetDim(0, h->GetDim(0));
+        cache->SetDim(1, w->GetDim(0));
+    }
+    return ge::GRAPH_SUCCESS;
 }
 
-// FusedLceGradCube's shape / dtype inference: dX like hidden, dW like weight, db (V,), all float32 accumulators
+inline ge::graphStatus infer_stats_dtypes(gert::InferDataTypeContext* ctx) {
+    for (size_t i = 0; i < 7; ++i) ctx->SetOutputDataType(i, i == 4 ? ge::DT_INT32 : ge::DT_FLOAT);  // 4: argmax
+    return ge::GRAPH_SUCCESS;
+}
+
+// FusedLceGradCube: dX like hidden, dW like weight, db (V,), all float32 accumulators
 inline ge::graphStatus infer_grad_shapes(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w) {
     gert::Shape* dx = ctx->GetOutputShape(0);
     gert::Shape* dw = ctx->GetOutputShape(1);
@@ -275,11 +301,30 @@ inline void problem_inputs(ops::OpDef& def, const OpTypes& t) {
     def.Input("labels").ParamType(ops::REQUIRED).DataType(t.label).Format(t.nd);
 }
 
-// The attributes stats_outputs_and_attrs / grad_outputs_and_attrs declare, read by their index there and checked:
-// what both tilings read first.
-struct StatsAttrs {
+// Every attribute of an op, read by its OpDef index and checked: first the list stats_outputs_and_attrs /
+// grad_outputs_and_attrs declares, then the two finish_opdef declares last (`keep`, `variant`).
+struct LossAttrs {  // what both ops have
     int64_t vocabStart = 0;
     float softcap = 0.0f, temperature = 1.0f;
+    bool keep = false;     // keep_z (FusedLceStatsCube) / keep_dz (FusedLceGradCube)
+    uint32_t variant = 0;  // fused_lce::cube::Variant bits
+};
+
+// The loss's values that would otherwise give a silently wrong number, and the last two attributes, at `index`.
+inline ge::graphStatus read_loss_attrs(gert::TilingContext* ctx, size_t index, LossAttrs* a) {
+    if (a->vocabStart < 0 || !(a->softcap >= 0.0f) || !temperature_ok(a->temperature))
+        return fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
+    int64_t v = 0;
+    if (!attr(ctx->GetAttrs(), index, &a->keep) || !attr(ctx->GetAttrs(), index + 1, &v))
+        return fail(ctx, "missing attribute");
+    if (v < 0 || v > static_cast<int64_t>(fused_lce::cube::kVariantMask))
+        return fail(ctx, "variant must be a set of the bits %u, got %lld", fused_lce::cube::kVariantMask,
+                    static_cast<long long>(v));
+    a->variant = static_cast<uint32_t>(v);
+    return ge::GRAPH_SUCCESS;
+}
+
+struct StatsAttrs : LossAttrs {
     bool withZsum = false, withEntropy = false;
 };
 
@@ -288,14 +333,11 @@ inline ge::graphStatus read_stats_attrs(gert::TilingContext* ctx, StatsAttrs* a)
     if (!attr(attrs, 0, &a->vocabStart) || !attr(attrs, 1, &a->softcap) || !attr(attrs, 2, &a->withZsum) ||
         !attr(attrs, 3, &a->temperature) || !attr(attrs, 4, &a->withEntropy))
         return fail(ctx, "missing attribute");
-    if (a->vocabStart < 0 || !(a->softcap >= 0.0f) || !temperature_ok(a->temperature))
-        return fail(ctx, "vocab_start must be >= 0, softcap >= 0, temperature finite and > 0");
-    return ge::GRAPH_SUCCESS;
+    return read_loss_attrs(ctx, 5, a);  // keep_z, variant
 }
 
-struct GradAttrs {
-    int64_t vocabStart = 0, gradMask = 0;
-    float softcap = 0.0f, temperature = 1.0f;
+struct GradAttrs : LossAttrs {
+    int64_t gradMask = 0;
 };
 
 inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
@@ -303,23 +345,22 @@ inline ge::graphStatus read_grad_attrs(gert::TilingContext* ctx, GradAttrs* a) {
     if (!attr(attrs, 0, &a->vocabStart) || !attr(attrs, 1, &a->softcap) || !attr(attrs, 2, &a->temperature) ||
         !attr(attrs, 3, &a->gradMask))
         return fail(ctx, "missing attribute");
-    if (a->vocabStart < 0 || !(a->softcap >= 0.0f) || !temperature_ok(a->temperature) || a->gradMask < 0 ||
-        a->gradMask > 7)
-        return fail(ctx, "vocab_start >= 0, softcap >= 0, temperature finite and > 0, grad_mask in [0, 7]");
-    return ge::GRAPH_SUCCESS;
+    if (a->gradMask < 0 || a->gradMask > 7) return fail(ctx, "grad_mask must be in [0, 7]");
+    return read_loss_attrs(ctx, 4, a);  // keep_dz, variant
 }
-constexpr size_t kGradAttrs = 4;  // FusedLceGradCube's own attributes come after these
-constexpr size_t kStatsAttrs = 5;  // and FusedLceStatsCube's after these
 
-// The `variant` attribute (last of both ops): fused_lce::cube::Variant bits, nothing else.
-inline ge::graphStatus read_variant(gert::TilingContext* ctx, size_t index, uint32_t* variant) {
-    int64_t v = 0;
-    if (!attr(ctx->GetAttrs(), index, &v)) return fail(ctx, "missing attribute variant");
-    if (v < 0 || v > static_cast<int64_t>(fused_lce::cube::kVariantMask))
-        return fail(ctx, "variant must be a set of the bits %u, got %lld", fused_lce::cube::kVariantMask,
-                    static_cast<long long>(v));
-    *variant = static_cast<uint32_t>(v);
-    return ge::GRAPH_SUCCESS;
+// Starts an op's tiling data: all of it zeroed (padding and later-appended fields too: 0 = off), then the plan and
+// the fields both ops' structs have (fused_lce_cube_tiling_data.h).
+template <typename TD, typename CubePlan>
+inline void init_tiling_data(TD* td, const CubePlan& plan, const LossAttrs& at, bool bias, bool z_cache) {
+    std::memset(static_cast<void*>(td), 0, sizeof(*td));
+    td->plan = plan;
+    td->vocabStart = at.vocabStart;
+    td->softcap = at.softcap;
+    td->invTemperature = static_cast<float>(1.0 / static_cast<double>(at.temperature));
+    td->hasBias = bias ? 1u : 0u;
+    td->hasZCache = z_cache ? 1u : 0u;
+    td->variant = at.variant;
 }
 
 // FusedLceStatsCube: the six per-token outputs and the five attributes (read_stats_attrs' order)
@@ -346,6 +387,30 @@ inline void grad_outputs_and_attrs(ops::OpDef& def, const OpTypes& t) {
     def.Attr("softcap").AttrType(ops::OPTIONAL).Float(0.0f);
     def.Attr("temperature").AttrType(ops::OPTIONAL).Float(1.0f);
     def.Attr("grad_mask").AttrType(ops::OPTIONAL).Int(7);
+}
+
+// ---- what both OpDefs end with ------------------------------------------------------------------------------------
+// An op's output shapes from hidden's and weight's (infer_stats_shapes, infer_grad_shapes).
+typedef ge::graphStatus (*InferShapes)(gert::InferShapeContext* ctx, const gert::Shape* h, const gert::Shape* w);
+
+// The InferShape function an op registers: hidden and weight read by IR index (an optional input before them, as
+// FusedLceGradCube's coef_b / coef_u, shifts instance indices), then `Shapes`. A template for tiling_entry's reason:
+// OpDef::SetInferShape takes a plain function pointer (InferShapeKernelFunc = UINT32 (*)(InferShapeContext*)).
+template <size_t kIrHidden, InferShapes Shapes>
+inline ge::graphStatus infer_shape_entry(gert::InferShapeContext* ctx) {
+    return Shapes(ctx, ctx->GetRequiredInputShape(kIrHidden), ctx->GetRequiredInputShape(kIrHidden + 1));
+}
+
+// The tail of both OpDefs, in one place so that the ops cannot drift: the last two attributes (read_loss_attrs),
+// the op's `keep` flag (named by the op: what it keeps for the other op) and `variant`, then the inference
+// functions, the tiling and the SoCs the kernels are built for.
+template <typename TD, size_t kIrHidden, TilingBody<TD> Body, InferShapes Shapes>
+inline void finish_opdef(ops::OpDef& def, const char* keep,
+                         gert::OpImplRegisterV2::InferDataTypeKernelFunc infer_dtypes) {
+    def.Attr(keep).AttrType(ops::OPTIONAL).Bool(false);
+    def.Attr("variant").AttrType(ops::OPTIONAL).Int(0);  // fused_lce::cube::Variant bits (0: the default kernel)
+    def.SetInferShape(infer_shape_entry<kIrHidden, Shapes>).SetInferDataType(infer_dtypes);
+    def.AICore().SetTiling(tiling_entry<TD, kIrHidden, Body>).AddConfig("ascend910b").AddConfig("ascend910_93");
 }
 
 }  // namespace fused_lce_host

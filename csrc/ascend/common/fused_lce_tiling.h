@@ -40,14 +40,13 @@ enum Flags : uint32_t {
     kSmoothing = 2u,      // sum of logits per token is needed (label smoothing)
     kSoftcap = 4u,        // logits -> c * tanh(z / c)
     kBackward = 8u,       // plan for the gradient kernel
-    kEntropy = 16u,       // forward: the entropy statistic ez = sum exp(z - m)(z - m) is a sixth statistic
 };
 
 enum Status : int32_t {
     kOk = 0,
     kBadDtype = 1,        // element size must be 2 (bf16/fp16) or 4 (fp32)
     kEmptyDim = 2,        // D == 0 or V == 0 (N == 0 is fine: zero tasks)
-    kTooLarge = 3,        // a size exceeds the 32-bit limits of the Matmul API or a byte count overflows 64 bits
+    kTooLarge = 3,        // a size exceeds the 32-bit limits of the Matmul API (or the cube planners' 2^24)
     kNoFit = 4,           // no tile fits the on-chip memories
     kStrideLimit = 5,     // D >= 65535: the cube operands' row stride does not fit the GM -> L1 copy's 16-bit field
 };
@@ -62,10 +61,7 @@ constexpr uint64_t kMaxOperandStride = 65534;
 constexpr uint64_t kUbReserved = 16 * 1024;
 constexpr uint64_t kUbAlign = 32;          // UB allocations are 32-byte blocks
 constexpr uint64_t kGmAlign = 512;         // workspace slices start on 512-byte boundaries
-constexpr uint64_t kRowSlots = 20;         // per-row fp32 slots in UB (stats, temporaries, coefficients, label)
 constexpr uint32_t kUbNone = 0xffffffffu;  // offset of a UB region the plan does not allocate (never a valid view)
-constexpr uint64_t kStatBytes = 20;        // partial stats per token per segment: m, s, zt, zs (fp32), argmax (i32)
-constexpr uint64_t kStatBytesEntropy = 24; // the same and ez (fp32), with kEntropy
 constexpr uint32_t kMinBase = 16;          // cube fractal edge
 
 // The plan. Plain old data: op_host copies it verbatim into the tiling buffer, the kernels read it from there.
@@ -86,13 +82,8 @@ struct Plan {
     uint64_t tail_m, tail_n;      // rows of the last token block, columns of the last vocabulary block
     uint64_t segments, seg_blocks, tasks;
     uint32_t used_cores, cube_cores;
-    // on-chip bytes used
+    // on-chip bytes used (UB: one vector core's, under the caller's layout)
     uint64_t l1_used, l0a_used, l0b_used, l0c_used, ub_used;
-    // UB layout of one vector core (byte offsets; kUbNone for a region this plan does not need)
-    uint32_t ub_c, ub_work, ub_work2, ub_cast, ub_bias, ub_bias_f32, ub_rows, ub_colsum, ub_end;
-    // GM workspace (bytes) and the float32 accumulators of the backward kernel (outputs, not workspace)
-    uint64_t ws_stats, ws_dz, ws_total;
-    uint64_t acc_dx_bytes, acc_dw_bytes, acc_db_bytes;
     int32_t status;
     uint32_t pad_;
 };
@@ -129,63 +120,13 @@ FUSED_LCE_HD inline void vec_rows_of(const Plan& p, uint64_t rows, uint32_t sub,
 }
 
 // ---- planner (host only) ----------------------------------------------------------------------------------------
-namespace detail {
-
-inline bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
-    if (a != 0 && b > UINT64_MAX / a) return false;
-    *out = a * b;
-    return true;
-}
-
-// UB bytes of one vector core for a (vec_rows, base_n) tile; fills the layout when `p` is given. Every region a
-// kernel uses has its own bytes: a region the flags do not need gets no bytes and the offset kUbNone (a zero-sized
-// region that shared its offset with the next one would let a copy sized for another dtype, such as the fp32
-// backward's dz copy, write over the bias, the row slots and past the end of the buffer).
-//   c        C tile from the cube: baseM x base_n floats with baseM = align16(vec_rows), the Matmul tiling's baseM
-//            (GetTensorC(LocalTensor) needs at least baseM * baseN elements, asc-devkit GetTensorC.md)
-//   work     exp / probabilities, ReduceMax scratch, the finishing phase's per-token planes
-//   work2    softcap: tanh(z / c) (forward scratch, backward derivative)
-//   cast     backward, bf16 / fp16: dz rounded to the operand dtype (fp32 stages dz straight from the C tile)
-//   bias     the bias block as loaded (operand dtype); bias_f32 its float copy (bf16 / fp16 only)
-//   rows     kRowSlots per-row float slots of align8(vec_rows)
-//   colsum   backward with bias: column sums of dz (db)
-inline uint64_t ub_layout(uint64_t vec_rows, uint64_t base_n, uint32_t elt, uint32_t flags, Plan* p) {
-    const bool bwd = (flags & kBackward) != 0;
-    const bool bias = (flags & kBias) != 0;
-    const bool softcap = (flags & kSoftcap) != 0;
-    uint64_t off = 0;
-    auto take = [&off](bool need, uint64_t bytes) -> uint64_t {
-        if (!need) return kUbNone;
-        uint64_t at = off;
-        off += align_up(bytes, kUbAlign);
-        return at;
-    };
-    const uint64_t c = take(true, align_up(vec_rows, kMinBase) * base_n * 4);
-    const uint64_t work = take(true, vec_rows * base_n * 4);
-    const uint64_t work2 = take(softcap, vec_rows * base_n * 4);
-    const uint64_t cast = take(bwd && elt != 4, vec_rows * base_n * elt);
-    const uint64_t bias_in = take(bias, align_up(base_n, kMinBase) * elt);
-    const uint64_t bias_f32 = take(bias && elt != 4, base_n * 4);
-    const uint64_t rows = take(true, align_up(vec_rows, 8) * kRowSlots * 4);
-    const uint64_t colsum = take(bwd && bias, base_n * 4);
-    if (p != nullptr) {
-        p->ub_c = static_cast<uint32_t>(c);
-        p->ub_work = static_cast<uint32_t>(work);
-        p->ub_work2 = static_cast<uint32_t>(work2);
-        p->ub_cast = static_cast<uint32_t>(cast);
-        p->ub_bias = static_cast<uint32_t>(bias_in);
-        p->ub_bias_f32 = static_cast<uint32_t>(bias_f32);
-        p->ub_rows = static_cast<uint32_t>(rows);
-        p->ub_colsum = static_cast<uint32_t>(colsum);
-        p->ub_end = static_cast<uint32_t>(off);
-    }
-    return off;
-}
-
-}  // namespace detail
-
 // Plan for N tokens, hidden size D, V vocabulary rows on this rank. Never throws; check `status`.
-inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_t flags, const HwSpec& hw = HwSpec()) {
+// `ub_bytes(vec_rows, base_n)` gives the UB bytes one vector core needs for that tile under the kernel's own layout
+// (fused_lce_cube_tiling.h lays out each kernel's UB): the kernels' layouts are the only ones, so a tile is taken
+// exactly when the layout it will run with fits, with kUbReserved left over.
+template <typename UbBytes>
+inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_t flags, const HwSpec& hw,
+                 const UbBytes& ub_bytes) {
     Plan p{};
     p.n = n;
     p.d = d;
@@ -229,7 +170,8 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
         for (uint32_t bn : kBn) {
             if (bm * bn * 4 * (pass == 0 ? 2 : 1) > hw.l0c_bytes) continue;
             uint64_t vr = ceil_div(bm, hw.vec_per_cube);
-            if (detail::ub_layout(vr, bn, elt_bytes, flags, nullptr) > ub_budget) continue;
+            const uint64_t ub = ub_bytes(vr, static_cast<uint64_t>(bn));
+            if (ub > ub_budget) continue;
             uint64_t bk = 0;
             for (uint32_t k : kBk) {
                 if (k > d16 && k != kMinBase) continue;
@@ -285,7 +227,7 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
                 uint64_t out = rows * bd * 4 * 2;
                 if (out > p.l0c_used) p.l0c_used = out;
             }
-            p.ub_used = detail::ub_layout(vr, bn, elt_bytes, flags, &p);
+            p.ub_used = ub;
             found = true;
             break;
         }
@@ -312,28 +254,6 @@ inline Plan plan(uint64_t n, uint64_t d, uint64_t v, uint32_t elt_bytes, uint32_
     p.tasks = p.m_blocks * p.segments;
     p.used_cores = static_cast<uint32_t>(p.tasks < hw.cube_cores ? p.tasks : hw.cube_cores);
 
-    // bytes in GM; every product is checked, N is only bounded by 64 bits
-    uint64_t stats = 0, dz = 0, dx = 0, dw = 0, tmp = 0;
-    bool ok = true;
-    if (p.segments > 1) {
-        const uint64_t per = (flags & kEntropy) ? kStatBytesEntropy : kStatBytes;
-        ok = ok && detail::mul_ok(p.segments, n, &tmp) && detail::mul_ok(tmp, per, &stats);
-    }
-    if (bwd) {
-        dz = static_cast<uint64_t>(p.used_cores) * 2 * p.base_m * p.base_n * elt_bytes;
-        ok = ok && detail::mul_ok(n, d, &tmp) && detail::mul_ok(tmp, 4, &dx);
-        ok = ok && detail::mul_ok(v, d, &tmp) && detail::mul_ok(tmp, 4, &dw);
-        p.acc_db_bytes = (flags & kBias) ? v * 4 : 0;
-    }
-    if (!ok || stats > UINT64_MAX - 2 * kGmAlign - dz) {
-        p.status = kTooLarge;
-        return p;
-    }
-    p.ws_stats = align_up(stats, kGmAlign);
-    p.ws_dz = align_up(dz, kGmAlign);
-    p.ws_total = p.ws_stats + p.ws_dz;
-    p.acc_dx_bytes = dx;
-    p.acc_dw_bytes = dw;
     p.status = kOk;
     return p;
 }
@@ -343,7 +263,9 @@ inline const char* status_text(int32_t status) {
         case kOk: return "ok";
         case kBadDtype: return "element size must be 2 (bf16/fp16) or 4 (fp32)";
         case kEmptyDim: return "hidden size and vocabulary size must be > 0";
-        case kTooLarge: return "a dimension exceeds the int32 Matmul limits or a byte count overflows 64 bits";
+        case kTooLarge:
+            return "a dimension exceeds the int32 Matmul limits, or V_local (backward: also N) reaches 2^24, where ids "
+                   "stop being exact floats";
         case kNoFit: return "no tile fits the on-chip memories of this part";
         case kStrideLimit:
             return "hidden size D >= 65535: the row stride of h and W does not fit Nd2NzParams::srcDValue (16 bits) "

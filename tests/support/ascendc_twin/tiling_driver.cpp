@@ -168,7 +168,7 @@ ft::HwSpec expected_hw(const th::Part& p) {
 // to fused_lce_tiling.h is covered without being listed here.
 #define PLAN_FIELDS(X) \
     X(n) X(d) X(v) X(elt_bytes) X(flags) X(base_m) X(base_n) X(base_d) X(vec_rows) X(m_blocks) X(n_blocks) \
-    X(segments) X(seg_blocks) X(tasks) X(used_cores) X(cube_cores) X(ws_stats) X(ws_dz) X(ws_total) X(status)
+    X(segments) X(seg_blocks) X(tasks) X(used_cores) X(cube_cores) X(status)
 
 std::string plan_json(const ft::Plan& p) {
     std::ostringstream o;

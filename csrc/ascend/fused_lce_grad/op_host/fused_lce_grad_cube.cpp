@@ -1,5 +1,5 @@
 // FusedLceGradCube (the deterministic cube-driven backward, op_kernel/fused_lce_grad_cube.cpp): operator
-// definition, shape / dtype inference and tiling. Generated aclnn API:
+// definition and tiling (the parts both ops share, inference included, are fused_lce_host.h's). Generated aclnn API:
 //   aclnnFusedLceGradCubeGetWorkspaceSize(coefA, coefT, coefBOptional, coefUOptional, hidden, weight, biasOptional,
 //                                        labels, lse, zCacheOptional, vocabStart, softcap, temperature, gradMask,
 //                                        keepDz, variant, gradHiddenOut, gradWeightOut, gradBiasOut, ws, executor)
@@ -32,12 +32,9 @@ namespace fc = fused_lce::cube;
 
 namespace grad_cube {
 // IR input indices (the Input(...) order below); coef_b, coef_u, bias and z_cache are optional, so instance indices
-// of the later inputs shift when one is absent: every input is read by IR index
-constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kWeight = 5, kBias = 6, kLabels = 7,
-                 kLse = 8, kZCache = 9;
-// attribute index of keep_dz (after the attributes fused_lce_host::read_grad_attrs reads)
-constexpr size_t kAttrKeepDz = fused_lce_host::kGradAttrs;
-constexpr size_t kAttrVariant = kAttrKeepDz + 1;  // the conservative variant bits (fused_lce::cube::Variant)
+// of the later inputs shift when one is absent: every input is read by IR index. weight, bias and labels follow
+// hidden.
+constexpr size_t kCoefA = 0, kCoefT = 1, kCoefB = 2, kCoefU = 3, kHidden = 4, kLse = 8, kZCache = 9;
 }  // namespace grad_cube
 
 // a coefficient plane: float32 (N,)
@@ -65,28 +62,16 @@ static ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTili
                         static_cast<long long>(v));
     fh::GradAttrs at;
     if (fh::read_grad_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
-    const int64_t vocabStart = at.vocabStart, mask = at.gradMask;
-    const float softcap = at.softcap, temperature = at.temperature;
-    bool keepDz = false;
-    if (!fh::attr(ctx->GetAttrs(), kAttrKeepDz, &keepDz)) return fh::fail(ctx, "missing attribute");
-    uint32_t variant = 0;
-    if (fh::read_variant(ctx, kAttrVariant, &variant) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const bool keepDz = at.keep;
 
-    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (softcap > 0.0f ? ft::kSoftcap : 0u);
+    const uint32_t flags = (bias.present ? ft::kBias : 0u) | (at.softcap > 0.0f ? ft::kSoftcap : 0u);
     const fc::CubeGradPlan plan = fc::plan_grad(n, d, v, fh::elt_bytes(hidden.dtype), flags, fh::hw_spec(plat));
     if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceGradCube: %s", ft::status_text(plan.status));
-    std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
-    td->plan = plan;
-    td->vocabStart = vocabStart;
-    td->softcap = softcap;
-    td->invTemperature = static_cast<float>(1.0 / static_cast<double>(temperature));
-    td->gradMask = static_cast<uint32_t>(mask) & (bias.present ? 7u : 3u);
-    td->hasBias = bias.present ? 1u : 0u;
+    fh::init_tiling_data(td, plan, at, bias.present, zc.present);
+    td->gradMask = static_cast<uint32_t>(at.gradMask) & (bias.present ? 7u : 3u);
     td->hasB = b.present ? 1u : 0u;
     td->hasU = u.present ? 1u : 0u;
     td->keepDz = keepDz ? 1u : 0u;
-    td->hasZCache = zc.present ? 1u : 0u;
-    td->variant = variant;
     const ft::Plan& p = plan.base;
     if (p.n > 0) {
         const uint32_t bm = p.base_m, bn = p.base_n;
@@ -117,7 +102,7 @@ static ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTili
         if (!ok) return ge::GRAPH_FAILED;
         // the per-tile C2 GEMMs keep their dz tile in L1 across D's column tiles (kPlainTiling: as GetTiling gave)
         const uint64_t l1 = fh::hw_spec(plat).l1_bytes, dcols = ft::ceil_div(p.d, p.base_d);
-        if (!(variant & fc::kPlainTiling)) {
+        if (!(at.variant & fc::kPlainTiling)) {
             fc::keep_a_resident(&td->mmDx, bn, dcols, p.elt_bytes, l1, false, false);  // dz @ W
             fc::keep_a_resident(&td->mmDw, bm, dcols, p.elt_bytes, l1, true, false);   // dz^T @ h
         }
@@ -125,28 +110,7 @@ static ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTili
     return fh::finish_launch(ctx, plat, p.used_cores, keepDz ? plan.ws_total_keep : plan.ws_total);
 }
 
-static ge::graphStatus FusedLceGradCubeTiling(gert::TilingContext* ctx) {
-    using namespace grad_cube;
-    return fh::run_tiling<FusedLceGradCubeTilingData>(ctx, "FusedLceGradCube", kHidden, kWeight, kBias, kLabels,
-                                                       GradTiling);
-}
-
 }  // namespace optiling
-
-namespace ge {
-
-static graphStatus FusedLceGradCubeInferShape(gert::InferShapeContext* ctx) {
-    // hidden and weight come after the optional coef_b / coef_u: read by IR index
-    const gert::Shape* h = ctx->GetRequiredInputShape(optiling::grad_cube::kHidden);
-    const gert::Shape* w = ctx->GetRequiredInputShape(optiling::grad_cube::kWeight);
-    return fused_lce_host::infer_grad_shapes(ctx, h, w);
-}
-
-static graphStatus FusedLceGradCubeInferDataType(gert::InferDataTypeContext* ctx) {
-    return fused_lce_host::infer_grad_dtypes(ctx);  // float32 accumulators
-}
-
-}  // namespace ge
 
 namespace ops {
 
@@ -162,10 +126,10 @@ public:
         Input("lse").ParamType(REQUIRED).DataType(t.f32).Format(t.nd);
         Input("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);  // right after lse: the forward's h W^T
         fused_lce_host::grad_outputs_and_attrs(*this, t);
-        Attr("keep_dz").AttrType(OPTIONAL).Bool(false);
-        Attr("variant").AttrType(OPTIONAL).Int(0);  // fused_lce::cube::Variant bits (0: the default kernel)
-        SetInferShape(ge::FusedLceGradCubeInferShape).SetInferDataType(ge::FusedLceGradCubeInferDataType);
-        AICore().SetTiling(optiling::FusedLceGradCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+        // then keep_dz (dz kept between the phases: the tiling's keepDz), variant, inference and tiling
+        fused_lce_host::finish_opdef<FusedLceGradCubeTilingData, optiling::grad_cube::kHidden, optiling::GradTiling,
+                                     fused_lce_host::infer_grad_shapes>(*this, "keep_dz",
+                                                                        fused_lce_host::infer_grad_dtypes);
     }
 };
 

@@ -1,5 +1,6 @@
-// FusedLceStatsCube (the cube-driven forward, op_kernel/fused_lce_stats_cube.cpp): operator definition, shape /
-// dtype inference and tiling. The CANN build generates the two-phase aclnn API from this definition:
+// FusedLceStatsCube (the cube-driven forward, op_kernel/fused_lce_stats_cube.cpp): operator definition and tiling
+// (the parts both ops share, inference included, are fused_lce_host.h's). The CANN build generates the two-phase
+// aclnn API from this definition:
 //   aclnnFusedLceStatsCubeGetWorkspaceSize(hidden, weight, biasOptional, labels, vocabStart, softcap, withZsum,
 //                                         temperature, withEntropy, keepZ, variant, maxOut, sumExpOut, targetLogitOut,
 //                                         logitSumOut, argmaxOut, entropyStatOut, zCacheOptional, ws, executor)
@@ -27,12 +28,9 @@ namespace ft = fused_lce::tiling;
 namespace fc = fused_lce::cube;
 
 namespace stats_cube {
-// IR input indices (the Input(...) order below); bias is optional, so the instance index of labels is 2 without it
-constexpr size_t kHidden = 0, kWeight = 1, kBias = 2, kLabels = 3;
+// IR index of hidden (the Input(...) order below); weight, bias (optional) and labels follow it
+constexpr size_t kHidden = 0;
 constexpr size_t kZCacheOut = 6;  // output index of the optional z_cache (the last output)
-// attribute index of keep_z (after the attributes fused_lce_host::read_stats_attrs reads)
-constexpr size_t kAttrKeepZ = fused_lce_host::kStatsAttrs;
-constexpr size_t kAttrVariant = kAttrKeepZ + 1;  // the conservative variant bits (fused_lce::cube::Variant)
 }  // namespace stats_cube
 
 static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTilingData* td, const fh::Problem& pr,
@@ -41,13 +39,7 @@ static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTi
     const uint64_t n = pr.n, d = pr.d, v = pr.v;
     fh::StatsAttrs at;
     if (fh::read_stats_attrs(ctx, &at) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
-    const int64_t vocabStart = at.vocabStart;
-    const float softcap = at.softcap, temperature = at.temperature;
-    const bool withZsum = at.withZsum, withEntropy = at.withEntropy;
-    bool keepZ = false;
-    if (!fh::attr(ctx->GetAttrs(), kAttrKeepZ, &keepZ)) return fh::fail(ctx, "missing attribute");
-    uint32_t variant = 0;
-    if (fh::read_variant(ctx, kAttrVariant, &variant) != ge::GRAPH_SUCCESS) return ge::GRAPH_FAILED;
+    const bool keepZ = at.keep;
     // keep_z says the kernel writes N x V floats into z_cache, so then the output must be given with that shape.
     // Without keep_z the kernel never touches z_cache, whatever is given: the generated aclnn passes an absent optional
     // output as a null tensor (asc-devkit tools/build/opbuild/op_aclnn_generator.cpp, NnopbaseAddOutput), a graph
@@ -62,22 +54,15 @@ static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTi
 
     // the entropy sum is the planner's own argument (not a Plan flag): the cube-driven forward's workspace always has
     // six planes
-    const uint32_t flags = (pr.bias.present ? ft::kBias : 0u) | (withZsum ? ft::kSmoothing : 0u) |
-                           (softcap > 0.0f ? ft::kSoftcap : 0u);
-    const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(pr.hidden.dtype), flags, withEntropy,
+    const uint32_t flags = (pr.bias.present ? ft::kBias : 0u) | (at.withZsum ? ft::kSmoothing : 0u) |
+                           (at.softcap > 0.0f ? ft::kSoftcap : 0u);
+    const fc::CubePlan plan = fc::plan_stats(n, d, v, fh::elt_bytes(pr.hidden.dtype), flags, at.withEntropy,
                                              fh::hw_spec(plat));
     if (plan.status != ft::kOk) return fh::fail(ctx, "FusedLceStatsCube: %s", ft::status_text(plan.status));
-    std::memset(static_cast<void*>(td), 0, sizeof(*td));  // padding and later-appended fields too (0 = off)
-    td->plan = plan;
-    td->vocabStart = vocabStart;
-    td->softcap = softcap;
-    td->invTemperature = static_cast<float>(1.0 / static_cast<double>(temperature));
-    td->withZsum = withZsum ? 1u : 0u;
-    td->withEz = withEntropy ? 1u : 0u;
-    td->hasBias = pr.bias.present ? 1u : 0u;
+    fh::init_tiling_data(td, plan, at, pr.bias.present, keepZ);
+    td->withZsum = at.withZsum ? 1u : 0u;
+    td->withEz = at.withEntropy ? 1u : 0u;
     td->labelBytes = pr.labels.dtype == ge::DT_INT64 ? 8u : 4u;
-    td->hasZCache = keepZ ? 1u : 0u;
-    td->variant = variant;
     // on the AIC: z = h[block] @ W[cols].T, the whole base_m x base_n tile (K = D) into the GM ring; one Iterate per
     // tile of a task's segment, the hidden rows kept in L1 across them when the plan says they fit (kPlainTiling: one
     // GEMM per tile, GetTiling's tiling as it is)
@@ -88,49 +73,12 @@ static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTi
     if (p.n > 0 && !fh::kept_base_tile(ctx, "FusedLceStatsCube", "mmLogits", td->mmLogits, p.base_m, p.base_n,
                                           p.d))
         return ge::GRAPH_FAILED;
-    if (p.n > 0 && !(variant & fc::kPlainTiling))  // A = h (not transposed), B = W (transposed)
+    if (p.n > 0 && !(at.variant & fc::kPlainTiling))  // A = h (not transposed), B = W (transposed)
         fc::keep_a_resident(&td->mmLogits, p.d, p.seg_blocks, p.elt_bytes, fh::hw_spec(plat).l1_bytes, false, true);
     return fh::finish_launch(ctx, plat, p.used_cores, plan.ws_total);
 }
 
-static ge::graphStatus FusedLceStatsCubeTiling(gert::TilingContext* ctx) {
-    using namespace stats_cube;
-    return fh::run_tiling<FusedLceStatsCubeTilingData>(ctx, "FusedLceStatsCube", kHidden, kWeight, kBias, kLabels,
-                                                        StatsTiling);
-}
-
 }  // namespace optiling
-
-namespace ge {
-
-static graphStatus FusedLceStatsCubeInferShape(gert::InferShapeContext* ctx) {
-    const gert::Shape* h = ctx->GetInputShape(0);
-    const gert::Shape* w = ctx->GetInputShape(1);  // weight precedes the optional bias: instance index = IR index
-    if (h == nullptr || w == nullptr || h->GetDimNum() != 2 || w->GetDimNum() != 2) return GRAPH_FAILED;
-    for (size_t i = 0; i < 6; ++i) {
-        gert::Shape* out = ctx->GetOutputShape(i);
-        if (out == nullptr) return GRAPH_FAILED;
-        out->SetDimNum(1);
-        out->SetDim(0, h->GetDim(0));
-    }
-    gert::Shape* cache = ctx->GetOutputShape(6);  // the optional z_cache: (N, V_local) when present
-    if (cache != nullptr) {
-        cache->SetDimNum(2);
-        cache->SetDim(0, h->GetDim(0));
-        cache->SetDim(1, w->GetDim(0));
-    }
-    return GRAPH_SUCCESS;
-}
-
-static graphStatus FusedLceStatsCubeInferDataType(gert::InferDataTypeContext* ctx) {
-    for (size_t i = 0; i < 4; ++i) ctx->SetOutputDataType(i, DT_FLOAT);
-    ctx->SetOutputDataType(4, DT_INT32);
-    ctx->SetOutputDataType(5, DT_FLOAT);
-    ctx->SetOutputDataType(6, DT_FLOAT);
-    return GRAPH_SUCCESS;
-}
-
-}  // namespace ge
 
 namespace ops {
 
@@ -143,10 +91,10 @@ public:
         // last output: the z cache (an optional output, as ops-nn's FusedLinearOnlineMaxSum declares its
         // vocab_parallel_logits_out)
         Output("z_cache").ParamType(OPTIONAL).DataType(t.f32).Format(t.nd);
-        Attr("keep_z").AttrType(OPTIONAL).Bool(false);  // z_cache is given (the tiling's hasZCache)
-        Attr("variant").AttrType(OPTIONAL).Int(0);      // fused_lce::cube::Variant bits (0: the default kernel)
-        SetInferShape(ge::FusedLceStatsCubeInferShape).SetInferDataType(ge::FusedLceStatsCubeInferDataType);
-        AICore().SetTiling(optiling::FusedLceStatsCubeTiling).AddConfig("ascend910b").AddConfig("ascend910_93");
+        // then keep_z (z_cache is given: the tiling's hasZCache), variant, inference and tiling
+        fused_lce_host::finish_opdef<FusedLceStatsCubeTilingData, optiling::stats_cube::kHidden, optiling::StatsTiling,
+                                     fused_lce_host::infer_stats_shapes>(*this, "keep_z",
+                                                                         fused_lce_host::infer_stats_dtypes);
     }
 };
 
