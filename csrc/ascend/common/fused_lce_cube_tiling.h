@@ -109,16 +109,19 @@ inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uin
     layout_stats(&m, m.base.vec_rows, m.base.base_n, elt, flags, ez);
     ft::Plan& p = m.base;
     // Balance the last wave: with a number of token blocks that is not a multiple of the cores, split the vocabulary
-    // in up to kMaxSegments segments when that lowers the tiles of the busiest core (e.g. 32 blocks on 24 cores: two
+    // in the segments that give the busiest core the fewest tiles: ft::plan's split (the cores shared out when the
+    // blocks are fewer, e.g. 24 segments for one block) or up to kMaxSegments (e.g. 32 blocks on 24 cores: two
     // waves of 1187 tiles -> 4 x 396 with 3 segments; 18 blocks: 18 of 24 cores busy -> 72 tasks of 297 tiles with
     // 4 segments); the finishing phase merges them (O(N x segments)).
     if (p.m_blocks % hw.cube_cores != 0) {
-        uint64_t best = 0, best_seg = 1;
-        for (uint64_t s = 1; s <= kMaxSegments && s <= p.n_blocks; ++s) {
+        const auto busiest = [&](uint64_t s) {
             const uint64_t sb = ft::ceil_div(p.n_blocks, s), segs = ft::ceil_div(p.n_blocks, sb);
-            const uint64_t tiles = ft::ceil_div(p.m_blocks * segs, hw.cube_cores) * sb;
-            if (best == 0 || tiles < best) {
-                best = tiles;
+            return ft::ceil_div(p.m_blocks * segs, hw.cube_cores) * sb;
+        };
+        uint64_t best_seg = p.segments, best = busiest(p.segments);
+        for (uint64_t s = 1; s <= kMaxSegments && s <= p.n_blocks; ++s) {
+            if (busiest(s) < best) {
+                best = busiest(s);
                 best_seg = s;
             }
         }
