@@ -2,27 +2,30 @@
 F.linear_cross_entropy on wide LM heads, in float32, bfloat16 and float16.
 
 Shapes (N x D x V): D = 2048, 3584, 4096 at V = 151936 (Qwen heads) and D = 2304 at V = 256000 (Gemma-2-2B's
-vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape, dtype):
-  - one child makes the inputs (fused_lce.tools.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of labels
-    -100), saves them for the method children (which load them instead of regenerating: most of a child's time
-    otherwise) and computes the float64 mean loss of those (rounded) inputs over vocabulary chunks (no float64 copy
-    of W; fused_lce.core.formulas.reference_mean_loss_grads would also build a float64 dW, 10 GiB at the widest head);
-  - every method runs in its own fresh subprocess (so its peak RSS is its own), --rounds children per method with
-    the methods interleaved (round 1: eager, fused_cpp, torch_lce, fused_torch; round 2: fused_cpp, eager, i.e.
-    --repeat-methods in reverse; eager runs next to ours under the same load), each child --reps fwd+bwd of the mean loss w.r.t. hidden and weight. Recorded per child: wall and process CPU
-    seconds of every run, the 1-minute load average before and after, peak RSS (getrusage max RSS minus the RSS
-    after loading the inputs: gradients and temporaries), the loss (relative error vs float64: fused_lce.tools.bench's
-    rel_err of the scalars).
+vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape,
+dtype):
+  - one child makes the inputs (fused_lce.tools.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of
+    labels -100), saves them for the method children (which load them instead of regenerating: most of a
+    child's time otherwise) and computes the float64 mean loss of those (rounded) inputs over vocabulary
+    chunks (no float64 copy of W; fused_lce.core.formulas.reference_mean_loss_grads would also build a float64
+    dW, 10 GiB at the widest head);
+  - every method runs in its own fresh subprocess (so its peak RSS is its own), --rounds children per method
+    with the methods interleaved (round 1: eager, fused_cpp, torch_lce, fused_torch; round 2: fused_cpp,
+    eager, i.e. --repeat-methods in reverse; eager runs next to ours under the same load), each child --reps
+    fwd+bwd of the mean loss w.r.t. hidden and weight. Recorded per child: wall and process CPU seconds of
+    every run, the 1-minute load average before and after, peak RSS (getrusage max RSS minus the RSS after
+    loading the inputs: gradients and temporaries), the loss (relative error vs float64:
+    fused_lce.tools.bench's rel_err of the scalars).
 Methods: eager (F.linear + F.cross_entropy in the input dtype, logits upcast to float32 as HF does), torch_lce
 (torch 2.13's F.linear_cross_entropy(options=torch.nn.LinearCrossEntropyOptions()): chunked), fused_torch (our
 "torch" provider), fused_cpp (our "cpp" provider). Where oneDNN has no bf16 / fp16 matmul on this CPU
-(torch.ops.mkldnn._is_mkldnn_bf16_supported() false), ATen multiplies 16-bit matrices with its fallback kernels
-(measured here: ~0.5 GFLOP/s for dZ @ W): the methods running on those ("slow": eager, torch_lce and, when asked
-for, fused_torch in bf16 / fp16) get one child with --slow-timeout seconds, torch_lce in float32 one with
---lce-timeout; a timeout is recorded as a lower bound on their time (the seconds from the start of their first
-fwd+bwd to the kill), so "x eager" is then an upper bound; `--extrapolate cpu.json` then times
-eager on the first V / 16 vocabulary rows of those cases (labels folded into them) and "x eager" uses 16 x that
-time, marked "est." (every GEMM and the cross-entropy are linear in V).
+(torch.ops.mkldnn._is_mkldnn_bf16_supported() false), ATen multiplies 16-bit matrices with its fallback
+kernels (measured here: ~0.5 GFLOP/s for dZ @ W): the methods running on those ("slow": eager, torch_lce and,
+when asked for, fused_torch in bf16 / fp16) get one child with --slow-timeout seconds, torch_lce in float32
+one with --lce-timeout; a timeout is recorded as a lower bound on their time (the seconds from the start of
+their first fwd+bwd to the kill), so "x eager" is then an upper bound; `--extrapolate cpu.json` then times
+eager on the first V / 16 vocabulary rows of those cases (labels folded into them) and "x eager" uses 16 x
+that time, marked "est." (every GEMM and the cross-entropy are linear in V).
 
     python benchmarks/cpu.py                                      # the full run, results in benchmarks/results
     python benchmarks/cpu.py --shapes 128x2048x151936 --dtypes float32 --methods eager fused_cpp --out /tmp/b
@@ -49,8 +52,8 @@ SHAPES = {  # N x D x V: the model whose LM head it is
 }
 DTYPES = ["float32", "bfloat16", "float16"]
 METHODS = ["eager", "fused_cpp", "torch_lce", "fused_torch"]
-# 16-bit: fused_torch multiplies with the same ATen kernels as eager (slow without oneDNN bf16 / fp16): not run by
-# default there, to keep the run short; --methods adds it
+# 16-bit: fused_torch multiplies with the same ATen kernels as eager (slow without oneDNN bf16 / fp16): not
+# run by default there, to keep the run short; --methods adds it
 DEFAULT_METHODS = {"float32": METHODS, "bfloat16": METHODS[:3], "float16": METHODS[:3]}
 GIB = 2**30
 SLICE = 16  # eager in slow 16-bit cases is also timed on V / SLICE vocabulary rows, its times scaled by SLICE
@@ -116,8 +119,8 @@ def child_case(method, inputs, reps):
 
 
 def child_reference(n, d, v, dtype_name, inputs, chunk=8192, loss=True):
-    """Makes the inputs (saved to `inputs` for the method children) and prints their float64 mean loss, computed
-    over vocabulary chunks with an online logsumexp (no float64 copy of the whole weight)."""
+    """Makes the inputs (saved to `inputs` for the method children) and prints their float64 mean loss,
+    computed over vocabulary chunks with an online logsumexp (no float64 copy of the whole weight)."""
     import torch
 
     from fused_lce.tools.bench import make_inputs
@@ -208,7 +211,8 @@ def summarize(runs):
 
 
 def ratio(case, dt, m, ref="eager", key="wall_s"):
-    """(ours / theirs, is_upper_bound): theirs timed out -> its lower bound, so the ratio is an upper bound."""
+    """(ours / theirs, is_upper_bound): theirs timed out -> its lower bound, so the ratio is an upper
+    bound."""
     a = case.get(dt, {}).get("methods", {}).get(m, {})
     b = case.get(dt, {}).get("methods", {}).get(ref, {})
     if key in a and key in b:
@@ -337,8 +341,9 @@ def case_tables(cases):
 
 
 def extrapolate(a):
-    """Eager on V / SLICE vocabulary rows for the cases of a.extrapolate where eager only has a lower bound (every
-    GEMM and the cross-entropy are linear in V, so SLICE x its time estimates eager's); rewrites the JSON and md."""
+    """Eager on V / SLICE vocabulary rows for the cases of a.extrapolate where eager only has a lower bound
+    (every GEMM and the cross-entropy are linear in V, so SLICE x its time estimates eager's); rewrites the
+    JSON and md."""
     with open(a.extrapolate) as f:
         result = json.load(f)
     result["slice"] = SLICE
@@ -382,7 +387,8 @@ def main(argv=None):
                                                           "where eager timed out, and rewrite it")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "INPUTS", "REPS"), help=argparse.SUPPRESS)
     ap.add_argument("--reference", nargs=5, metavar=("N", "D", "V", "DTYPE", "INPUTS"), help=argparse.SUPPRESS)
-    ap.add_argument("--no-loss", action="store_true", help=argparse.SUPPRESS)  # --reference: only save the inputs
+    # --reference: only save the inputs
+    ap.add_argument("--no-loss", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         method, inputs, reps = a.child

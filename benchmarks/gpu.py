@@ -1,29 +1,31 @@
 """CUDA benchmark of fused_lce against the alternatives, side by side in one process.
 
-For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss w.r.t.
-hidden and weight) and each method it records
+For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss
+w.r.t. hidden and weight) and each method it records
   - time: median over --reps rounds of timed fwd+bwd runs (CUDA events; one run of every method per round, in
-    an order shuffled each round) after --warmup runs; with --steady K also the median of K runs of each method
-    back to back after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
-  - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
-    gradients included),
+    an order shuffled each round) after --warmup runs; with --steady K also the median of K runs of each
+    method back to back after two more (each method at its own sustained load: the GPU's clock then differs
+    from the rounds'),
+  - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs
+    excluded, gradients included),
   - errors against a float32 reference from the same low-precision inputs
-    (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32 off): loss absolute error, dX and dW relative L2
-    errors,
+    (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32 off): loss absolute error, dX and dW relative
+    L2 errors,
 and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8192^3.
 
 Methods (each when importable; the reason is recorded when not): fused_lce "triton" (default = the fused-GEMM
-path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same provider
-on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager (F.linear +
-fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole fwd+bwd step
-captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default
-and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json, gpu.md and
-gpu.png (device and versions in each) into --out (default benchmarks/results, where the next run overwrites them).
-``--probe`` times the building blocks first (GEMM tile configurations of the fused kernel against cuBLAS, the small
-kernels, the padded-row cuBLAS products of an odd vocabulary). ``--profile`` breaks one step of ours and of CCE
-torch_compile down kernel by kernel (busy, span and idle ms); ``--queued-ms X`` profiles each step a second time
-behind X ms of device work, as a training step runs the head: the device is then busy through the host's work
-before the step's first wait, so its idle is what the step itself makes it wait for.
+path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same
+provider on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager
+(F.linear + fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole
+fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes),
+Liger-Kernel (default and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack.
+Writes gpu.json, gpu.md and gpu.png (device and versions in each) into --out (default benchmarks/results,
+where the next run overwrites them). ``--probe`` times the building blocks first (GEMM tile configurations of
+the fused kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
+``--profile`` breaks one step of ours and of CCE torch_compile down kernel by kernel (busy, span and idle ms);
+``--queued-ms X`` profiles each step a second time behind X ms of device work, as a training step runs the
+head: the device is then busy through the host's work before the step's first wait, so its idle is what the
+step itself makes it wait for.
 
     PYTHONPATH=. python benchmarks/gpu.py [--out DIR] [--probe] [--profile [--queued-ms 3]]
 """
@@ -66,7 +68,8 @@ OURS = ("fused_lce", "fused_lce_all_rows", "fused_lce_cublas", "fused_lce_compac
 DEFAULT_METHODS = ("fused_lce", "fused_lce_all_rows", "cce_torch_compile", "cce", "liger", "torch_eager")
 GiB = 2**30
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-PROFILED = ("fused_lce", "cce_torch_compile")  # --profile: ours and the fastest peer, kernel by kernel (fp16 too)
+# --profile: ours and the fastest peer, kernel by kernel (fp16 too)
+PROFILED = ("fused_lce", "cce_torch_compile")
 
 
 def gemm_rate(dtype=torch.bfloat16, n=8192, reps=10):
@@ -174,9 +177,9 @@ class _Env:
 
 class Graphed:
     """``fwd_bwd(fn, ...)`` captured as one CUDA graph per input tensors (after two warm-up steps on a side
-    stream), then replayed: the step without the host's launch latency, as when a trainer captures its whole step.
-    Under capture nothing reads a device value on the host, so fused_lce computes every row (no live-row gather)
-    and does not plan from free memory."""
+    stream), then replayed: the step without the host's launch latency, as when a trainer captures its whole
+    step. Under capture nothing reads a device value on the host, so fused_lce computes every row (no live-row
+    gather) and does not plan from free memory."""
 
     def __init__(self, fn):
         self.fn, self.key, self.graph, self.out = fn, None, None, None
@@ -213,7 +216,8 @@ def fwd_bwd(fn, h, w, y):
 
 
 def run_method(fn, env, h, w, y, ref, warmup):
-    """Warm-up, then one measured step: peak extra memory and errors against ``ref`` (timing: ``time_round``)."""
+    """Warm-up, then one measured step: peak extra memory and errors against ``ref`` (timing:
+    ``time_round``)."""
     with _Env(env):
         out = {}
         for _ in range(max(1, warmup)):  # compile / autotune outside the measured peak
@@ -259,11 +263,11 @@ def time_round(fn, env, h, w, y) -> float:
 
 
 def time_rounds(steps, reps, seed=0):
-    """CUDA-event ms of every step in ``steps`` (name -> callable), ``reps`` rounds of one call each, in an order
-    shuffled afresh each round (seeded), so that clock and temperature drift over the run is shared by every
-    method alike and no method always runs right after the same other one (a step runs slower after a
-    power-hungry step). Returns (times: name -> list of ms, errors: name -> message of a method that failed, which
-    then leaves the rounds)."""
+    """CUDA-event ms of every step in ``steps`` (name -> callable), ``reps`` rounds of one call each, in an
+    order shuffled afresh each round (seeded), so that clock and temperature drift over the run is shared by
+    every method alike and no method always runs right after the same other one (a step runs slower after a
+    power-hungry step). Returns (times: name -> list of ms, errors: name -> message of a method that failed,
+    which then leaves the rounds)."""
     rng, times, errors = random.Random(seed), {k: [] for k in steps}, {}
     for _ in range(reps):
         for name in rng.sample(list(steps), len(steps)):
@@ -297,7 +301,8 @@ def time_steady(methods, results, h, w, y, reps, warm=2):
 
 
 # ---------------------------------------------------------------------------------------------- probe
-# bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS: ";"-list)
+# bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS:
+# ";"-list)
 PROBE_CONFIGS = [c for c in os.environ.get("FUSED_LCE_PROBE_CONFIGS", "").split(";") if c] or [
     "128,256,64,3,8,8,2,1,0", "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1", "128,128,64,4,8,8,1,1,1",
     "128,256,64,3,8,8,1,1,1", "128,128,64,4,4,8,1,2,0",
@@ -309,7 +314,8 @@ PROBE_SHAPES = tuple(tuple(int(x) for x in sh.split("x")) for sh in os.environ.g
 
 
 def _warm_config(text):
-    """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the cache."""
+    """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the
+    cache."""
     from fused_lce.backends import triton as tb
     from fused_lce.backends.triton.kernels import gemm as kg
 
@@ -441,9 +447,9 @@ def sleep_cycles_per_ms() -> float:
 def profile_method(fn, h, w, y, env, top=12, queued_cycles=0):
     """Device time per kernel family (ms, the ``top`` largest, then launches per family) for one fwd+bwd of
     ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count. With
-    ``queued_cycles`` the step first queues that much device sleep, as when the head runs right after the model's
-    forward: the host's work before the step's first wait then runs while the device is busy, and the idle counts
-    what the device waits for inside the step only."""
+    ``queued_cycles`` the step first queues that much device sleep, as when the head runs right after the
+    model's forward: the host's work before the step's first wait then runs while the device is busy, and the
+    idle counts what the device waits for inside the step only."""
     def step():
         if queued_cycles:
             torch.cuda._sleep(queued_cycles)
@@ -486,7 +492,8 @@ def kernel_breakdown(step, top=12):
         out[f"_gap{k} before {name}"] = g / 1e3
     out["_busy_ms"] = busy / 1e3
     out["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
-    out["_idle_ms"] = out["_span_ms"] - out["_busy_ms"]  # device idle between the step's first and last kernel
+    # device idle between the step's first and last kernel
+    out["_idle_ms"] = out["_span_ms"] - out["_busy_ms"]
     out["_kernels"] = float(len(kern))
     return out
 
@@ -505,8 +512,8 @@ ALIGNED = 64  # a vocabulary that is a multiple of this is "aligned" (cuBLAS's f
 
 def targets(result):
     """The CUDA targets, read off this run: fwd+bwd <= 1.08x the floor on every aligned shape with N >= 4096
-    (<= 1.25x at 2048 tokens), faster than CCE torch_compile at no more peak memory, loss error <= 1e-4, dX / dW
-    errors <= eager's."""
+    (<= 1.25x at 2048 tokens), faster than CCE torch_compile at no more peak memory, loss error <= 1e-4, dX /
+    dW errors <= eager's."""
     rows = []
     by_key = {(s["n"], s["d"], s["v"], s["dtype"]): s for s in result["shapes"]}
     for s in result["shapes"]:

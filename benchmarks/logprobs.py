@@ -1,21 +1,24 @@
-"""Benchmark of fused_lce.linear_logprobs (per-token log-probs, with and without the entropy) against the logits
-path (logits / temperature -> log_softmax -> gather, entropy from the logits: what an RL trainer does without a
-fused head), forward + backward with random upstream gradients on both outputs.
+"""Benchmark of fused_lce.linear_logprobs (per-token log-probs, with and without the entropy) against the
+logits path (logits / temperature -> log_softmax -> gather, entropy from the logits: what an RL trainer does
+without a fused head), forward + backward with random upstream gradients on both outputs.
 
 On CUDA (``--device cuda``) every method runs in this process against TRL's chunked log-prob (``gpu_main``:
-median ms by CUDA events over rounds of one run of every method, in an order shuffled each round, x the FLOP floor,
-with and without entropy, fwd+bwd and under torch.no_grad()). On CPU
-each (shape, method) runs in a fresh subprocess and records:
+median ms by CUDA events over rounds of one run of every method, in an order shuffled each round, x the FLOP
+floor, with and without entropy, fwd+bwd and under torch.no_grad()). On CPU each (shape, method) runs in a
+fresh subprocess and records:
   - time: min (and all values) of --reps forward+backward runs (CUDA: synchronised), and the process CPU time,
-  - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients included);
-    CUDA: max_memory_allocated minus what was allocated before the runs,
+  - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients
+    included); CUDA: max_memory_allocated minus what was allocated before the runs,
   - the load average before / after (the machine may be shared: a case run under load is slower),
   - the per-token outputs, so the parent reports their error against a float64 reference of the same inputs
-    (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits path,
-  - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
+    (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits
+    path,
+  - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or
+    cuBLAS
     + the row kernel).
-Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
-Writes logprobs.json and .md into --out (default benchmarks/results, where the next run overwrites them).
+Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from
+fused_lce.tools.bench.environment. Writes logprobs.json and .md into --out (default benchmarks/results, where
+the next run overwrites them).
 
     python benchmarks/logprobs.py                    # CPU: a small shape and the Qwen2.5-0.5B head
     python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1    # CUDA: against TRL
@@ -147,8 +150,8 @@ def child(args):
 
 
 def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
-    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on the GPU for a CUDA device,
-    else on CPU); returned on CPU."""
+    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on the GPU for a CUDA
+    device, else on CPU); returned on CPU."""
     import torch
 
     from fused_lce.tools.bench import make_inputs
@@ -205,13 +208,13 @@ def render(report) -> str:
     return "\n".join(out) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------- GPU, in process
+# -------------------------------------------------------------------------------------------- GPU, in process
 # shapes: gpu.py's anchor shapes, then Llama-3's head, the Qwen3.5 vocabulary, a ragged, small, odd-V one
 GPU_MORE_SHAPES = ["4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936",
                    "8192x4096x151935"]
-# fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as ours);
-# trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd: forward
-# under torch.no_grad() (reference model / old policy)
+# fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as
+# ours); trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd:
+# forward under torch.no_grad() (reference model / old policy)
 GPU_METHODS = ["fused", "fused_no_entropy", "trl", "trl_no_entropy", "trl_valid", "trl_valid_no_entropy",
                "fused_nograd", "fused_no_entropy_nograd", "trl_nograd", "trl_no_entropy_nograd",
                "trl_valid_nograd"]
@@ -291,9 +294,9 @@ def _gpu_tools():
 
 
 def gpu_main(args) -> int:
-    """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x the
-    floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB, errors of
-    the log-probs / entropy against float64 and dX against TRL's."""
+    """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x
+    the floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB,
+    errors of the log-probs / entropy against float64 and dX against TRL's."""
     import statistics
 
     import torch

@@ -1,9 +1,10 @@
-"""Tensor-parallel (vocab-parallel) LM-head loss: time and memory per rank, fused vs the logits-materialising ways.
+"""Tensor-parallel (vocab-parallel) LM-head loss: time and memory per rank, fused vs the logits-materialising
+ways.
 
 One launch measures every TP size that divides the world size: with 8 GPUs, TP=1, 2, 4 and 8 run one after the
-other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like data-parallel
-replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP size it times
-one forward + backward of the mean loss and records the peak extra memory per rank, for
+other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like
+data-parallel replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP
+size it times one forward + backward of the mean loss and records the peak extra memory per rank, for
 
 - ``fused``: ``fused_lce.linear_cross_entropy(h, W_shard, y, process_group=tp)``: per-token statistics cross
   ranks, no logits kept;
@@ -22,8 +23,8 @@ the ranks of a group.
     torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2 \
         --out /tmp/tp
 
-Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run overwrites
-them).
+Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run
+overwrites them).
 """
 from __future__ import annotations
 
@@ -277,8 +278,8 @@ def main(argv=None):
             y = torch.randint(0, v, (n,), generator=gen)
             y[torch.rand(n, generator=gen) < args.ignore_frac] = -100
             y = y.to(device)
-            # this rank's shard of the same (V, D) weight whatever the TP size: fixed blocks of rows, each from
-            # its own seed, so the full matrix is never built on one rank
+            # this rank's shard of the same (V, D) weight whatever the TP size: fixed blocks of rows, each
+            # from its own seed, so the full matrix is never built on one rank
             w = torch.empty(sizes[grank], d, dtype=dtype, device=device)
             blk = 16384
             for b0 in range(v0 // blk * blk, v0 + sizes[grank], blk):

@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """A GRPO policy-gradient step on a tiny random Qwen3 with fused per-token log-probs, against the logits path.
 
-Part 1 ("compare"): the loss of GRPO / DAPO-style policy optimisation -- per-token ratio against the old policy's
-log-probs, clipped surrogate with group-normalised advantages, a k3 KL penalty to a reference policy's log-probs and
-an entropy bonus, averaged over the completion tokens -- computed twice on the same random Qwen3 (no download):
+Part 1 ("compare"): the loss of GRPO / DAPO-style policy optimisation -- per-token ratio against the old
+policy's log-probs, clipped surrogate with group-normalised advantages, a k3 KL penalty to a reference
+policy's log-probs and an entropy bonus, averaged over the completion tokens -- computed twice on the same
+random Qwen3 (no download):
   - fused:  hidden states of the backbone -> fused_lce.linear_logprobs(..., temperature, return_entropy=True);
   - logits: the model's logits / temperature -> log_softmax -> gather, entropy from the logits (what TRL's
             selective_log_softmax / entropy_from_logits do without a fused head).
-It prints both losses and the largest relative difference of the gradients of every parameter, and exits 1 if they
-do not match (fp32: 1e-5 on the loss, 1e-4 on the gradients).
+It prints both losses and the largest relative difference of the gradients of every parameter, and exits 1 if
+they do not match (fp32: 1e-5 on the loss, 1e-4 on the gradients).
 
-Part 2 ("memory"): peak resident memory of the log-prob head alone, forward + backward of log-probs and entropy, for
-a Qwen2.5-0.5B-shaped head (2048 tokens x 896 hidden x 151,936 vocabulary, float32) on CPU, fused vs logits, each in
-its own subprocess (peak RSS minus the RSS once the inputs exist).
+Part 2 ("memory"): peak resident memory of the log-prob head alone, forward + backward of log-probs and
+entropy, for a Qwen2.5-0.5B-shaped head (2048 tokens x 896 hidden x 151,936 vocabulary, float32) on CPU, fused
+vs logits, each in its own subprocess (peak RSS minus the RSS once the inputs exist).
 
     python examples/grpo_qwen.py                         # both parts (the memory part takes about a minute)
     python examples/grpo_qwen.py --part compare --vocab-size 1024
@@ -60,8 +61,9 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------------------------------ the loss
 def grpo_loss(logp, entropy, old_logp, ref_logp, adv, mask, args):
-    """GRPO objective per completion token, averaged over the completion tokens of the batch (DAPO's token-level
-    mean): -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta * KL_k3(ref || policy) - entropy_coef * H."""
+    """GRPO objective per completion token, averaged over the completion tokens of the batch (DAPO's
+    token-level mean): -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta * KL_k3(ref || policy) - entropy_coef *
+    H."""
     ratio = torch.exp(logp - old_logp)
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - args.clip, 1 + args.clip) * adv)
     d = ref_logp - logp
@@ -125,7 +127,8 @@ def compare(args) -> dict:
     mask = (labels != -100).float()
     rewards = torch.rand(args.prompts, args.group, generator=gen)
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).reshape(b, 1)
-    with torch.no_grad():  # rollout-time log-probs of the old and the reference policy (constants of the loss)
+    # rollout-time log-probs of the old and the reference policy (constants of the loss)
+    with torch.no_grad():
         old_logp, _ = logprobs_fused(old, input_ids, labels, args)
         ref_logp, _ = logprobs_fused(ref, input_ids, labels, args)
 

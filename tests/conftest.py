@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # first-use self-check verdicts (fused_lce.core.selfcheck) of this run, not the user's cache
 os.environ.setdefault("FUSED_LCE_CACHE_DIR", tempfile.mkdtemp(prefix="fused_lce_test_cache_"))
 
-# Property tests: a fresh random search locally; in CI (env CI set) the same derandomized examples every run, so a
-# landing is never blocked at random (failing examples are printed with their reproduction blob).
+# Property tests: a fresh random search locally; in CI (env CI set) the same derandomized examples every run,
+# so a landing is never blocked at random (failing examples are printed with their reproduction blob).
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -38,10 +38,10 @@ TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of 
 
 
 def _register_twin():
-    """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
-    "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the providers
-    runs it like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a
-    build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
+    """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind
+    the "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the
+    providers runs it like any other (marked `twin`). The extension is built once (cached in build/twin-ext).
+    In CI a build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
         return
     import warnings
@@ -84,9 +84,10 @@ BACKEND_DEVICE = backend_device_params()
 
 @pytest.fixture
 def seed(request):
-    """The seed of a test's random inputs (shown on failure as the fixture value). Locally a fresh one per run, so
-    every run draws new inputs; in CI (env CI set) one derived from the test's id, so CI is reproducible and a
-    landing is never blocked at random. FUSED_LCE_TEST_SEED=<int> replays a local failure."""
+    """The seed of a test's random inputs (shown on failure as the fixture value). Locally a fresh one per
+    run, so every run draws new inputs; in CI (env CI set) one derived from the test's id, so CI is
+    reproducible and a landing is never blocked at random. FUSED_LCE_TEST_SEED=<int> replays a local
+    failure."""
     if os.environ.get("FUSED_LCE_TEST_SEED"):
         s = int(os.environ["FUSED_LCE_TEST_SEED"])
     elif os.environ.get("CI"):
@@ -129,18 +130,18 @@ def pytest_collection_modifyitems(config, items):
 def _marked(rank, fn, marker_dir, args):
     fn(rank, *args)
     open(os.path.join(marker_dir, f"done{rank}"), "w").close()  # every check of this rank passed
-    # leave without the interpreter's teardown, where gloo's threads have aborted a rank under load ("terminate
-    # called without an active exception") after every check had passed
+    # leave without the interpreter's teardown, where gloo's threads have aborted a rank under load
+    # ("terminate called without an active exception") after every check had passed
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 def spawn_pair(fn, make_args, nprocs: int = 2) -> None:
-    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more only when a process died of a signal after every
-    rank had returned from ``fn`` (all its checks passed): gloo's teardown under load has aborted a rank that way
-    ("terminate called without an active exception"). A failed check, or a signal before every rank finished, is
-    never retried."""
+    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more only when a process died of a signal after
+    every rank had returned from ``fn`` (all its checks passed): gloo's teardown under load has aborted a rank
+    that way ("terminate called without an active exception"). A failed check, or a signal before every rank
+    finished, is never retried."""
     import tempfile
 
     import torch.multiprocessing as mp

@@ -1,14 +1,15 @@
-"""Random cases for tests/test_fuzz.py, run in batches in subprocesses (a crash takes down one batch, not pytest).
+"""Random cases for tests/test_fuzz.py, run in batches in subprocesses (a crash takes down one batch, not
+pytest).
 
     python -m tests.fuzz_cases <api|ops|numeric> <backend> <seed> <count>      (from the repository root)
 
 prints one JSON line per case, ``{"i", "case", "ok", "why"}``, after a ``START i`` line (so a crash names its
 case). A case is random shapes (zero-size dimensions included), dtypes, layouts (transposed, strided, expanded
-inputs), options, and at most one bad value. A case with a bad value must raise ValueError/TypeError whose message
-names the argument; every other case must give the float64 reference's answer (loss, lse, gradients, with the
-tolerances of tests/conftest.py), or NaN exactly where a label is out of range and ``validate=False``. The
-``numeric`` kind: valid inputs at the edges of float32 (ignored tokens with huge logits, softcaps across their
-whole range), through the loss and the log-probs, against float64.
+inputs), options, and at most one bad value. A case with a bad value must raise ValueError/TypeError whose
+message names the argument; every other case must give the float64 reference's answer (loss, lse, gradients,
+with the tolerances of tests/conftest.py), or NaN exactly where a label is out of range and
+``validate=False``. The ``numeric`` kind: valid inputs at the edges of float32 (ignored tokens with huge
+logits, softcaps across their whole range), through the loss and the log-probs, against float64.
 """
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def api_case(rng: random.Random) -> dict:
         corruption=None, bad=None, data_seed=rng.randrange(2**31),
     )
     if c["bias"] == "masked":
-        c["label_smoothing"] = 0.0  # the mean logit of a masked vocabulary is -inf: an infinite loss by definition
+        # the mean logit of a masked vocabulary is -inf: an infinite loss by definition
+        c["label_smoothing"] = 0.0
     if not c["validate"] and rng.random() < 0.6:
         c["bad_labels"] = rng.choice([1, 3])
     if rng.random() < 0.5:
@@ -264,7 +266,8 @@ def check_api_answer(c, args, kw, out, bad_mask, inputs):
     num = float(num) if isinstance(num, torch.Tensor) else num
     scored = (y[..., 1:] if shift else y).reshape(-1)
     if num is None and kw["reduction"] == "mean" and bool(scored_bad.any()):
-        num = float((scored != ii).sum())  # our divisor counts the out-of-range labels: so must the reference's
+        # our divisor counts the out-of-range labels: so must the reference's
+        num = float((scored != ii).sum())
     g = torch.rand(loss.shape) if c["reduction"] == "none" else torch.ones(())
     ref = fp64_reference(h, w, y_ref, b, upstream=g, reduction=kw["reduction"], shift=shift, ignore_index=ii,
                          label_smoothing=kw["label_smoothing"], z_loss=kw["z_loss"], softcap=kw["softcap"],
@@ -281,7 +284,8 @@ def check_api_answer(c, args, kw, out, bad_mask, inputs):
             raise Bad(f"loss {float(loss)} with out-of-range labels and validate=False (NaN expected)")
     else:
         assert_loss_close(loss, ref, dtype)
-    if kw["return_stats"]:  # the reference scores an out-of-range label as ignored (lse 0): compare the others
+    # the reference scores an out-of-range label as ignored (lse 0): compare the others
+    if kw["return_stats"]:
         assert_lse_close(torch.where(scored_bad, 0.0, out.lse), ref)
         if int(out.n_valid) != int(ref.n_valid) + int(scored_bad.sum()):
             raise Bad(f"n_valid {int(out.n_valid)}")
@@ -472,7 +476,8 @@ def run_op_case(c: dict, backend: str) -> None:
         return
     dh, dw, db = call()
     ref = fp64_reference(h, w, y_ref, b, reduction="none", upstream=g_tok, **ref_kw)
-    # the recompute path takes the saved lse: give it the true one (a random lse is a valid input, not a check)
+    # the recompute path takes the saved lse: give it the true one (a random lse is a valid input, not a
+    # check)
     got = torch.ops.fused_lce.backward(g_tok, h, w, y, b, ref.lse.float(), None, "none", *block, mask)
     for k, (t, like) in enumerate(zip(got, (h, w, b))):
         want = mask[k] and like is not None
@@ -487,7 +492,7 @@ def run_op_case(c: dict, backend: str) -> None:
         raise Bad("dX row of the out-of-range label is not NaN")
 
 
-# ------------------------------------------------------------------------------------------------ numeric cases
+# ---------------------------------------------------------------------------------------------- numeric cases
 # Valid inputs at the edges of float32, no bad value: every case must give the float64 answer, and exact zeros
 # for ignored tokens. Two classes:
 #   ignored_large: ignored tokens whose (tempered) logits are far beyond exp's float32 range (~88): logits of

@@ -1,4 +1,5 @@
-"""Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and backend_info."""
+"""Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and
+backend_info."""
 from __future__ import annotations
 
 import inspect
@@ -190,7 +191,8 @@ def test_more_errors_name_the_argument():
         lce(h, w, y.to("meta"))
 
 
-EDGE_CASES = [  # (kwargs, exception, the name the message must contain): values that used to give wrong numbers
+# (kwargs, exception, the name the message must contain): values that used to give wrong numbers
+EDGE_CASES = [
     (dict(softcap=1e-50), ValueError, "softcap"),  # 0 in float32: the kernels read it as "off"
     (dict(softcap=1e39), ValueError, "softcap"),  # inf in float32
     (dict(num_items=1e-300), ValueError, "num_items"),  # 0 in float32: the loss became 0
@@ -229,7 +231,8 @@ def test_logprob_extreme_scalars_are_rejected(case):
 
 def test_smallest_accepted_scalars_give_the_reference():
     """The edges of the accepted ranges still compute the right numbers: a normal-float32 softcap (every logit
-    saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny num_items."""
+    saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny
+    num_items."""
     h, w, y = _p()
     z = reference_logits(h, w)
     cap = 2.0**-126
@@ -240,7 +243,8 @@ def test_smallest_accepted_scalars_give_the_reference():
     lp = fused_lce.linear_logprobs(h, w, y, temperature=t)
     want_lp = torch.log_softmax(z / t, -1).gather(1, y[:, None])[:, 0]
     torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-2)  # |z / T| ~ 1e3: float32 logits
-    # a tiny divisor scales the float32 loss up (beyond float32's range it is inf, as in the plain float32 path)
+    # a tiny divisor scales the float32 loss up (beyond float32's range it is inf, as in the plain float32
+    # path)
     want = torch.nn.functional.cross_entropy(z, y, reduction="sum") / 1e-30
     torch.testing.assert_close(lce(h, w, y, num_items=1e-30).double(), want, rtol=1e-6, atol=0.0)
 
@@ -344,9 +348,10 @@ print("SMALL", loss.item(), bool(torch.isfinite(h.grad).all() and torch.isfinite
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc for the address-space limit")
 @pytest.mark.parametrize("backend", [n for n in ("torch", "cpp") if fused_lce.backend_info()[n]["available"]])
 def test_out_of_memory_names_the_tile_budget(backend):
-    """Under a small address-space limit (RLIMIT_AS, fresh process), a tile budget too large for the memory left
-    raises the allocator's error type (RuntimeError on CPU, torch.OutOfMemoryError on CUDA) with a message
-    naming fused_lce, the sizes and the tile budget to lower; the same problem with a small budget then runs."""
+    """Under a small address-space limit (RLIMIT_AS, fresh process), a tile budget too large for the memory
+    left raises the allocator's error type (RuntimeError on CPU, torch.OutOfMemoryError on CUDA) with a
+    message naming fused_lce, the sizes and the tile budget to lower; the same problem with a small budget
+    then runs."""
     out = subprocess.run([sys.executable, "-c", OOM_SCRIPT, backend], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
     lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
@@ -357,7 +362,8 @@ def test_out_of_memory_names_the_tile_budget(backend):
                  "can't allocate memory"):
         assert text in msg, (text, msg)
     loss, finite = lines["SMALL"].split()
-    assert 12.0 < float(loss) < 15.5 and finite == "True", lines["SMALL"]  # ~log(500k) = 13.1 for random logits
+    # ~log(500k) = 13.1 for random logits
+    assert 12.0 < float(loss) < 15.5 and finite == "True", lines["SMALL"]
 
 
 @pytest.mark.cuda

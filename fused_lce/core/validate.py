@@ -1,9 +1,10 @@
-"""Every input check, once: a bad value raises ValueError / TypeError naming the argument and what was expected.
+"""Every input check, once: a bad value raises ValueError / TypeError naming the argument and what was
+expected.
 
 The registered ops check what reaches them (``options``, ``problem``, ``per_token``, ``num_items_tensor``), so
-they are safe to call directly; the public functions of ``fused_lce.api`` check only what the ops cannot see (the
-unflattened shapes, ``shift``, Python-side types such as ``process_group`` or a ``num_items`` number) and leave
-the rest to the op.
+they are safe to call directly; the public functions of ``fused_lce.api`` check only what the ops cannot see
+(the unflattened shapes, ``shift``, Python-side types such as ``process_group`` or a ``num_items`` number) and
+leave the rest to the op.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ _TYPES = {"int": (int, "an int"), "float": ((int, float), "a float"), "str": (st
 
 
 # ------------------------------------------------------------------------------------------------ op inputs
-_CHECKED: dict = {}  # the Options of recent option values (each op call checks ~15 of them: host time per call)
+# the Options of recent option values (each op call checks ~15 of them: host time per call)
+_CHECKED: dict = {}
 
 
 def options(values: dict) -> Options:
-    """The ``Options`` of an op call from its bound arguments (every field present in ``values``; absent fields
-    keep their defaults), type- and range-checked field by field from the field's own metadata."""
+    """The ``Options`` of an op call from its bound arguments (every field present in ``values``; absent
+    fields keep their defaults), type- and range-checked field by field from the field's own metadata."""
     key = tuple((k, type(x), x) for k, x in values.items())
     try:
         o = _CHECKED.get(key)
@@ -67,8 +69,8 @@ def backend(name) -> str:
 
 
 def problem(hidden, weight, labels, bias, opts: Options, *, sequence_parallel_ok: bool = True):
-    """Shapes, dtypes and devices of the tensors every op shares, and the vocabulary shard. Returns the process
-    group of ``opts.group_name`` (resolved here, once per op call) or None."""
+    """Shapes, dtypes and devices of the tensors every op shares, and the vocabulary shard. Returns the
+    process group of ``opts.group_name`` (resolved here, once per op call) or None."""
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         tensor(name, t)
     if hidden.dim() != 2:
@@ -163,8 +165,8 @@ def grad_mask(mask) -> None:
 
 
 def num_items_tensor(t, device) -> None:
-    """``num_items`` as the ops take it: None or a one-element real tensor holding a finite value >= 0 (its value
-    is read with one host sync, except while tracing)."""
+    """``num_items`` as the ops take it: None or a one-element real tensor holding a finite value >= 0 (its
+    value is read with one host sync, except while tracing)."""
     if t is None:
         return
     tensor("num_items", t)
@@ -228,7 +230,8 @@ def process_group(group):
 
 
 def num_items(x, device) -> Optional[torch.Tensor]:
-    """``num_items`` of the public API: None, a finite number >= 0 or a one-element tensor (checked by the op)."""
+    """``num_items`` of the public API: None, a finite number >= 0 or a one-element tensor (checked by the
+    op)."""
     if x is None:
         return None
     if isinstance(x, torch.Tensor):

@@ -2,37 +2,40 @@
 
 ``FusedLCEColumnParallelLinear`` subclasses megatron-core's ``ColumnParallelLinear``;
 ``fused_output_layer_class(base)`` builds the same subclass over any column-parallel linear class whose
-instances follow Megatron's conventions -- Transformer Engine's ``TEColumnParallelLinear``, or the native class
-that MindSpeed rebinds the TE names to -- and ``convert_output_layer(layer)`` turns an existing layer into it in
-place (parameters, hooks and checkpoints unchanged). megatron-core is imported only when one of them is used, so
-``import fused_lce`` (and this module) never needs it.
+instances follow Megatron's conventions -- Transformer Engine's ``TEColumnParallelLinear``, or the native
+class that MindSpeed rebinds the TE names to -- and ``convert_output_layer(layer)`` turns an existing layer
+into it in place (parameters, hooks and checkpoints unchanged). megatron-core is imported only when one of
+them is used, so ``import fused_lce`` (and this module) never needs it.
 
-Forward, Megatron layout (hidden ``[s, b, h]``, or ``[s/tp, b, h]`` with sequence parallelism; labels ``[b, s]``)::
+Forward, Megatron layout (hidden ``[s, b, h]``, or ``[s/tp, b, h]`` with sequence parallelism; labels ``[b,
+s]``)::
 
     loss = layer(hidden, labels=labels, weight=shared_embedding_weight_or_None, loss_mask=mask)  # [b, s]
     logits, bias = layer(hidden, weight=...)                                                   # no labels
 
 With labels, the loss is computed inside this module's forward through ``fused_lce.linear_cross_entropy`` with
-this layer's tensor-parallel group as ``process_group`` (vocab-parallel: only per-token statistics cross ranks)
-and its sequence-parallel setting, on the layer's own ``weight`` (untied embeddings) or the ``weight`` passed in
-(the shared embedding weight when tied, as GPTModel passes it). Because the parameters are used inside the
-module's own forward, module forward-pre hooks (distributed-optimizer parameter all-gather with overlap) and the
-parameters' gradient-accumulation hooks (DDP / main_grad) fire as for the plain layer; gradients arrive in
-``param.grad`` (Megatron's DDP hook adds them to ``main_grad``). Without labels it is the base layer's forward,
-unchanged (``(logits, bias)`` for both native and TE-backed classes), so the layer is a drop-in replacement.
+this layer's tensor-parallel group as ``process_group`` (vocab-parallel: only per-token statistics cross
+ranks) and its sequence-parallel setting, on the layer's own ``weight`` (untied embeddings) or the ``weight``
+passed in (the shared embedding weight when tied, as GPTModel passes it). Because the parameters are used
+inside the module's own forward, module forward-pre hooks (distributed-optimizer parameter all-gather with
+overlap) and the parameters' gradient-accumulation hooks (DDP / main_grad) fire as for the plain layer;
+gradients arrive in ``param.grad`` (Megatron's DDP hook adds them to ``main_grad``). Without labels it is the
+base layer's forward, unchanged (``(logits, bias)`` for both native and TE-backed classes), so the layer is a
+drop-in replacement.
 
-The default ``reduction="none"`` returns ``[b, s]`` per-token losses like ``GPTModel.compute_language_model_loss``
-(tokens where ``loss_mask == 0`` give 0). That path recomputes the logits tiles in backward; pass
-``reduction="sum"`` (with ``loss_mask``) to get Megatron's ``sum(losses * loss_mask)`` directly through the fused
-path whose gradients are computed during forward (about 3 instead of 4 GEMM-equivalents).
+The default ``reduction="none"`` returns ``[b, s]`` per-token losses like
+``GPTModel.compute_language_model_loss`` (tokens where ``loss_mask == 0`` give 0). That path recomputes the
+logits tiles in backward; pass ``reduction="sum"`` (with ``loss_mask``) to get Megatron's ``sum(losses *
+loss_mask)`` directly through the fused path whose gradients are computed during forward (about 3 instead of 4
+GEMM-equivalents).
 
-Stock ``GPTModel.forward(..., labels=labels)`` calls its output layer without labels and computes the loss from
-the logits in ``compute_language_model_loss``. Converting (or building) a fused layer therefore also routes
-GPTModel, once per process: in a ``GPTModel.forward`` with labels whose ``output_layer`` is a fused layer, that
-layer computes the per-token ``[b, s]`` loss from the labels (``reduction="none"`` whatever its options say:
-that is ``compute_language_model_loss``'s contract) and returns it in place of the logits, and
-``compute_language_model_loss`` returns it. So ``convert_output_layer(model.output_layer)`` is all a stock GPTModel
-needs. Where the route cannot engage, the stock path runs with a warning: multi-token prediction
+Stock ``GPTModel.forward(..., labels=labels)`` calls its output layer without labels and computes the loss
+from the logits in ``compute_language_model_loss``. Converting (or building) a fused layer therefore also
+routes GPTModel, once per process: in a ``GPTModel.forward`` with labels whose ``output_layer`` is a fused
+layer, that layer computes the per-token ``[b, s]`` loss from the labels (``reduction="none"`` whatever its
+options say: that is ``compute_language_model_loss``'s contract) and returns it in place of the logits, and
+``compute_language_model_loss`` returns it. So ``convert_output_layer(model.output_layer)`` is all a stock
+GPTModel needs. Where the route cannot engage, the stock path runs with a warning: multi-token prediction
 (``config.mtp_num_layers``, whose extra output-layer calls use rolled labels), or a fused layer called without
 labels in a training step outside GPTModel's forward (e.g. a custom model that computes its own loss from the
 logits: pass ``labels=`` to the layer there).
@@ -148,9 +151,10 @@ class _FusedLossMixin:
         return group if dist.get_world_size(group) > 1 else None
 
 
-# ------------------------------------------------------------------------------------------------ GPTModel route
+# --------------------------------------------------------------------------------------------- GPTModel route
 class _Route:
-    """One ``GPTModel.forward`` with labels: its model, output layer and labels, and the loss the layer computed."""
+    """One ``GPTModel.forward`` with labels: its model, output layer and labels, and the loss the layer
+    computed."""
 
     __slots__ = ("model", "layer", "labels", "loss", "taken")
 
@@ -174,8 +178,8 @@ def _warn_once(obj, message):
 
 
 def _route_gpt_model():
-    """Wrap ``GPTModel.forward`` and ``compute_language_model_loss`` (class level, once) as the module docstring
-    says; a megatron-core without GPTModel is left alone."""
+    """Wrap ``GPTModel.forward`` and ``compute_language_model_loss`` (class level, once) as the module
+    docstring says; a megatron-core without GPTModel is left alone."""
     try:
         from megatron.core.models.gpt.gpt_model import GPTModel
     except ImportError:
@@ -222,9 +226,10 @@ def _route_gpt_model():
 
 
 def fused_output_layer_class(base=None):
-    """The subclass of ``base`` (default: megatron-core's native ``ColumnParallelLinear``) whose forward computes
-    the fused loss when given labels. Its constructor takes the base's arguments plus ``fused_lce_options``. Also
-    routes ``GPTModel.forward(labels=...)`` through such a layer (see the module docstring)."""
+    """The subclass of ``base`` (default: megatron-core's native ``ColumnParallelLinear``) whose forward
+    computes the fused loss when given labels. Its constructor takes the base's arguments plus
+    ``fused_lce_options``. Also routes ``GPTModel.forward(labels=...)`` through such a layer (see the module
+    docstring)."""
     _route_gpt_model()
     if base is None:
         from megatron.core.tensor_parallel import ColumnParallelLinear as base

@@ -27,7 +27,7 @@ BACKWARD = OpSchema(_lib, "logprobs_backward", "Tensor hidden, Tensor weight, Te
                     "bool[3] grad_mask", "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _check(schema: OpSchema, args):
     """Bound, checked arguments of a log-prob op call: (bound, options, group)."""
     a = schema.bind(args)
@@ -136,9 +136,9 @@ FORWARD.register_autograd(_lib, _backward, _setup_context)
 class FuncLogprobs(torch.autograd.Function):
     """``fused_lce::logprobs`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
     ``vmap``), as ``fused_lce.ops.loss.FuncForward`` is for the loss: the op's Autograd kernel is a ctx-style
-    ``autograd.Function``, which functorch refuses, so while a transform is active ``linear_logprobs`` calls the op
-    through this Function, whose backward is the same. One level of reverse mode: ``fused_lce.api`` rejects nested
-    grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+    ``autograd.Function``, which functorch refuses, so while a transform is active ``linear_logprobs`` calls
+    the op through this Function, whose backward is the same. One level of reverse mode: ``fused_lce.api``
+    rejects nested grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
 
     generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
 
@@ -152,8 +152,8 @@ class FuncLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent, *_unused):
-        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
-        # so this is a first-order gradient
+        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up
+        # front, so this is a first-order gradient
         return _backward_impl(ctx, g_lp, g_ent)
 
 

@@ -1,12 +1,13 @@
 """The registered loss ops ``torch.ops.fused_lce.forward`` / ``torch.ops.fused_lce.backward``: schemas, input
-checks, fake kernels and autograd -- once, for every device. Their kernels are ``fused_lce.core.driver.forward`` /
-``backward``; native libraries register only private kernel ops (``fused_lce::_cpu_*``, ``_npu_*``). Schemas,
-outputs and checks: docs/spec.md ("Public API"); the options block of both schemas is the loss family of
-``fused_lce.core.Options`` field by field (``FORWARD.schema`` shows it whole).
+checks, fake kernels and autograd -- once, for every device. Their kernels are
+``fused_lce.core.driver.forward`` / ``backward``; native libraries register only private kernel ops
+(``fused_lce::_cpu_*``, ``_npu_*``). Schemas, outputs and checks: docs/spec.md ("Public API"); the options
+block of both schemas is the loss family of ``fused_lce.core.Options`` field by field (``FORWARD.schema``
+shows it whole).
 
-Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
-``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
-``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
+Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and
+calls ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce
+in ``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
 torch.func: ``FuncForward`` (used by the public API while a transform is active) makes ``grad`` / ``vjp`` /
 ``jacrev`` work; both ops have vmap rules (one call per batch element).
 """
@@ -27,17 +28,19 @@ FORWARD = OpSchema(_lib, "forward", "Tensor hidden, Tensor weight, Tensor labels
 BACKWARD = OpSchema(_lib, "backward", "Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, "
                     "Tensor? bias, Tensor lse, Tensor? num_items, str reduction", LOSS, "bool[3] grad_mask",
                     "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
-# dW / dX / db computed in forward, scaled in place by the upstream gradient in backward: one kernel per device
-# (a Triton one on CUDA that reads the scale on the device and skips the pass when it is 1), _foreach_mul_ else
+# dW / dX / db computed in forward, scaled in place by the upstream gradient in backward: one kernel per
+# device (a Triton one on CUDA that reads the scale on the device and skips the pass when it is 1),
+# _foreach_mul_ else
 _lib.define("_scale_grads_(Tensor(a!)[] grads, Tensor scale) -> ()")
 
 
 @torch.library.impl(_lib, "_scale_grads_", "CompositeExplicitAutograd")
 def _scale_grads_default(grads, scale):
-    torch._foreach_mul_(grads, scale)  # vectorised, reads the scale on the device (a 0-dim broadcast mul_ is slow)
+    # vectorised, reads the scale on the device (a 0-dim broadcast mul_ is slow)
+    torch._foreach_mul_(grads, scale)
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _check(schema: OpSchema, args):
     """Bound, checked arguments of a loss op call: (bound, options, group)."""
     a = schema.bind(args)
@@ -54,8 +57,8 @@ def _check(schema: OpSchema, args):
 
 
 def no_autocast(fn):
-    """Providers pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast the
-    fp32 tile GEMMs inside them."""
+    """Providers pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast
+    the fp32 tile GEMMs inside them."""
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -134,10 +137,12 @@ def _setup_context(ctx, inputs, output):
     # no zero-filled gradients for the non-differentiable outputs (one would be the size of dW)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(a["hidden"], a["weight"], a["labels"], a["bias"], a["num_items"], lse)
-    # held outside save_for_backward: they are scaled in place by the first backward (no version-counter check)
+    # held outside save_for_backward: they are scaled in place by the first backward (no version-counter
+    # check)
     ctx.precomputed = (dh, dw, db)
-    # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every rank
-    # of a group must take the same path here (the recompute path has collectives under sequence parallelism)
+    # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every
+    # rank of a group must take the same path here (the recompute path has collectives under sequence
+    # parallelism)
     ctx.pre_mask = driver.normalise_mask(a["grad_mask"], a["bias"])
 
 
@@ -163,10 +168,10 @@ def _backward_impl(ctx, g_loss):
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
     out = [None, None, None]
     if ctx.fused and dh is not None:
-        # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory (dW is
-        # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
-        # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
-        # foreach rule): out of place.
+        # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory
+        # (dW is V x D); the buffers are then spent and a second backward (retain_graph=True) takes the
+        # recompute path. Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors
+        # have no in-place foreach rule): out of place.
         eager = all(type(t) is torch.Tensor and torch.func.debug_unwrap(t, recurse=False) is t
                     for t in (dh, dw, db, g_loss))
         if eager:
@@ -194,10 +199,11 @@ FORWARD.register_autograd(_lib, _backward, _setup_context)
 # ------------------------------------------------------------------------------------------------ torch.func
 class FuncForward(torch.autograd.Function):
     """``fused_lce::forward`` under torch.func transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``,
-    ``vmap``). The op's Autograd kernel (``OpSchema.register_autograd``, as ``torch.library.register_autograd``'s)
-    is not functorch-compatible (a ctx-style ``autograd.Function``), so while a transform is active the public API
-    calls the op through this Function, whose backward is the same formula. One level of reverse mode:
-    ``fused_lce.api`` rejects nested grad levels and forward mode (``DOUBLE_BACKWARD``) before the forward runs."""
+    ``vmap``). The op's Autograd kernel (``OpSchema.register_autograd``, as
+    ``torch.library.register_autograd``'s) is not functorch-compatible (a ctx-style ``autograd.Function``), so
+    while a transform is active the public API calls the op through this Function, whose backward is the same
+    formula. One level of reverse mode: ``fused_lce.api`` rejects nested grad levels and forward mode
+    (``DOUBLE_BACKWARD``) before the forward runs."""
 
     generate_vmap_rule = True  # vmap of forward / backward reaches the ops' vmap rules below
 
@@ -211,8 +217,8 @@ class FuncForward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_loss, *_unused):
-        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up front,
-        # so this is a first-order gradient
+        # torch.func.grad runs the engine with create_graph=True by design; nested levels were rejected up
+        # front, so this is a first-order gradient
         return _backward_impl(ctx, g_loss)
 
 

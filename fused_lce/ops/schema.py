@@ -1,8 +1,8 @@
 """Op schemas generated from ``Options``, and op arguments bound by name.
 
-Every public op's schema is ``name(<tensors and per-op arguments>, <options block>, <tail>) -> <outputs>``; the
-options block is the ``Options`` fields of its family (``LOSS`` or ``LOGPROBS``) in declaration order, so an
-option added to ``Options`` reaches every op's schema, checks and kernels without touching this package.
+Every public op's schema is ``name(<tensors and per-op arguments>, <options block>, <tail>) -> <outputs>``;
+the options block is the ``Options`` fields of its family (``LOSS`` or ``LOGPROBS``) in declaration order, so
+an option added to ``Options`` reaches every op's schema, checks and kernels without touching this package.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ class OpSchema:
         self.option_names = op_fields(family)
 
     def bind(self, args: tuple) -> dict[str, Any]:
-        """The op's positional arguments (as kernels, fake kernels and ``setup_context`` receive them) by name."""
+        """The op's positional arguments (as kernels, fake kernels and ``setup_context`` receive them) by
+        name."""
         return dict(zip(self.arg_names, args))
 
     def options(self, bound: dict[str, Any]) -> Options:
@@ -96,7 +97,8 @@ class OpSchema:
             finally:
                 ctx.needs_input_grad = wanted
 
-        fn = type(f"GeneratedBackwardFor_fused_lce_{self.name}_default", (torch.autograd.Function,),  # torch's name
+        # torch's name
+        fn = type(f"GeneratedBackwardFor_fused_lce_{self.name}_default", (torch.autograd.Function,),
                   {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
         def kernel(keyset, *args):

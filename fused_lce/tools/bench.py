@@ -134,7 +134,7 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
     return statistics.median(times), peak, loss.item(), h.grad.detach().clone(), w.grad.detach().clone()
 
 
-# ---------------------------------------------------------------------------------------------- shared helpers
+# --------------------------------------------------------------------------------------------- shared helpers
 # (benchmarks/*.py import these: one way to make inputs and one environment record; the float64 reference is
 # fused_lce.core.formulas)
 IGNORE_FRAC = 0.15
@@ -142,8 +142,9 @@ IGNORE_FRAC = 0.15
 
 def make_inputs(n: int, d: int, v: int, dtype=torch.float32, device="cpu", seed: int = 0,
                 ignore_frac: float = IGNORE_FRAC, w_scale: float = 1.0):
-    """Deterministic (hidden, weight, labels): N(0, 1) hidden, N(0, w_scale^2 / d) weight, ``ignore_frac`` of the
-    labels -100. Generated in chunks on ``device``, straight into ``dtype`` (no large float32 temporaries)."""
+    """Deterministic (hidden, weight, labels): N(0, 1) hidden, N(0, w_scale^2 / d) weight, ``ignore_frac`` of
+    the labels -100. Generated in chunks on ``device``, straight into ``dtype`` (no large float32
+    temporaries)."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     h = torch.empty(n, d, dtype=dtype, device=device)
@@ -427,7 +428,8 @@ def environment(device) -> dict:
     except OSError:
         pass
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if os.environ.get("FUSED_LCE_COMMIT"):  # a copy of the tree without its own .git (e.g. sent to a remote GPU)
+    # a copy of the tree without its own .git (e.g. sent to a remote GPU)
+    if os.environ.get("FUSED_LCE_COMMIT"):
         env["commit"] = os.environ["FUSED_LCE_COMMIT"]
         return env
     try:

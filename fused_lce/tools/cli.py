@@ -1,5 +1,6 @@
-"""The ``fused-lce`` command: ``bench`` (the main job), ``env`` (what backends exist here and why not) and ``doctor``
-(the report to attach to a bug: versions, backends, build, first-use self-checks, variants, timing)."""
+"""The ``fused-lce`` command: ``bench`` (the main job), ``env`` (what backends exist here and why not) and
+``doctor`` (the report to attach to a bug: versions, backends, build, first-use self-checks, variants,
+timing)."""
 from __future__ import annotations
 
 import argparse

@@ -1,10 +1,12 @@
-"""``fused-lce doctor``: what this host has and how each backend behaves on it -- the report to attach to a bug.
+"""``fused-lce doctor``: what this host has and how each backend behaves on it -- the report to attach to a
+bug.
 
-Sections: versions (Python, torch, torch_npu, CANN, the NPU and its driver, Triton, CUDA, the GPU and its driver);
-every backend's availability and reason; the build status of the C++ and NPU parts; the first-use self-check of
-every available backend on every device here (forced: the battery runs now; then the same verdict read back from
-the disk cache, both timed), with the largest error per output; the NPU kernels' conservative variants against the
-default, bit for bit; and a timing of each available backend against ``torch`` at one Qwen head shape.
+Sections: versions (Python, torch, torch_npu, CANN, the NPU and its driver, Triton, CUDA, the GPU and its
+driver); every backend's availability and reason; the build status of the C++ and NPU parts; the first-use
+self-check of every available backend on every device here (forced: the battery runs now; then the same
+verdict read back from the disk cache, both timed), with the largest error per output; the NPU kernels'
+conservative variants against the default, bit for bit; and a timing of each available backend against
+``torch`` at one Qwen head shape.
 """
 from __future__ import annotations
 
@@ -130,8 +132,8 @@ def _nvidia_driver() -> Optional[str]:
 
 
 def build_status() -> dict:
-    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and adapter):
-    per part ``{"ok", "attempted", "error", "log", ...}``, None where nothing was recorded
+    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and
+    adapter): per part ``{"ok", "attempted", "error", "log", ...}``, None where nothing was recorded
     (fused_lce/backends/build_status.py)."""
     from ..backends import build_status as recorded
 
@@ -158,7 +160,8 @@ def _available(only=None):
 
 
 def selfchecks(only=None) -> dict:
-    """The battery on every available backend and device, forced, then the verdict as the next process reads it."""
+    """The battery on every available backend and device, forced, then the verdict as the next process reads
+    it."""
     from ..core import selfcheck
 
     out = {}
@@ -232,7 +235,8 @@ def _max_diff(a, b) -> float:
 
 
 def timings(shape: Optional[tuple], reps: int, only=None) -> dict:
-    """Forward + backward of the mean loss, median ms of ``reps`` after one warm-up, each backend against torch."""
+    """Forward + backward of the mean loss, median ms of ``reps`` after one warm-up, each backend against
+    torch."""
     import fused_lce
 
     out = {}

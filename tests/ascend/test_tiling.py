@@ -1,6 +1,7 @@
-"""(a) The tiling header csrc/ascend/common/fused_lce_tiling.h: C++ unit tests (UB / L1 / L0 budgets, UB regions, tails,
-V not a multiple of the block, N beyond 32 bits). The kernels run with this header's plan on the AscendC CPU twin
-(tests/ascend), whose index helpers (task map, segments, tails) the C++ tests check to be a bijection."""
+"""(a) The tiling header csrc/ascend/common/fused_lce_tiling.h: C++ unit tests (UB / L1 / L0 budgets, UB
+    regions, tails,
+V not a multiple of the block, N beyond 32 bits). The kernels run with this header's plan on the AscendC CPU
+twin (tests/ascend), whose index helpers (task map, segments, tails) the C++ tests check to be a bijection."""
 import re
 import subprocess
 
@@ -14,9 +15,9 @@ def test_header_unit_tests(tiling_binary):
 
 
 def test_tiling_headers_compile_as_cplusplus11(tmp_path):
-    """op_host is compiled by opbuild with -std=c++11 (asc-devkit compile_ascendc_all_ops_so.py): the headers it
-    includes -- the planners, the tiling data structs, the TCubeTiling POD -- must stay C++11, and both structs must
-    fit the 2048-byte default tiling buffer."""
+    """op_host is compiled by opbuild with -std=c++11 (asc-devkit compile_ascendc_all_ops_so.py): the headers
+    it includes -- the planners, the tiling data structs, the TCubeTiling POD -- must stay C++11, and both
+    structs must fit the 2048-byte default tiling buffer."""
     import os
     import shutil
 

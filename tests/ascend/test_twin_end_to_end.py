@@ -96,8 +96,9 @@ def test_bad_label_gives_nan_loss_only_for_that_token(ops, part, seed):
 
 
 def test_more_than_2_pow_31_logits(ops, part):
-    """N * V > 2^31 at small D: no index of the kernels (or of the twin) wraps at 32 bits. Statistics only, hazard
-    checkers off (they are exercised by every other test); each token's statistics are checked in float64."""
+    """N * V > 2^31 at small D: no index of the kernels (or of the twin) wraps at 32 bits. Statistics only,
+    hazard checkers off (they are exercised by every other test); each token's statistics are checked in
+    float64."""
     part(HW_910B, sched_seed=3, switch_prob=0.05, hazards=False)
     n, d, v = 65537, 4, 32769
     assert n * v > 2**31

@@ -1,6 +1,6 @@
-"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that follows
-the AscendC contract runs clean with the right values, code that breaks one rule is reported, naming the rule. A twin
-that let these pass would prove nothing about the kernels."""
+"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that
+follows the AscendC contract runs clean with the right values, code that breaks one rule is reported, naming
+the rule. A twin that let these pass would prove nothing about the kernels."""
 import pytest
 import torch
 
@@ -94,7 +94,8 @@ def test_violation_is_reported(ops, name):
 
 
 def test_cast_rounds_to_nearest_even_like_torch(ops, seed):
-    """bf16 / fp16 conversions are bit-exact round-to-nearest-even, including ties, subnormals, overflow and NaN."""
+    """bf16 / fp16 conversions are bit-exact round-to-nearest-even, including ties, subnormals, overflow and
+    NaN."""
     x = torch.cat([torch.randn(4000) * 10.0 ** torch.randint(-8, 6, (4000,)).float(),
                    torch.tensor([0.0, -0.0, 1e-40, -1e-42, 6e-8, 3e-8, 65504.0, 65520.0, 1e30, float("inf"),
                                  -float("inf"), float("nan"), 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-11,
@@ -108,10 +109,11 @@ def test_cast_rounds_to_nearest_even_like_torch(ops, seed):
 
 
 def test_kernels_pass_field_values_whole():
-    """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it itself (a
-    cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every field rule. So the
-    kernel sources never cast to those types; they build the structs with parentheses from full-width values (a
-    braced list would not compile against the real headers, cmake/ascendc_header_check.py)."""
+    """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it
+    itself (a cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every
+    field rule. So the kernel sources never cast to those types; they build the structs with parentheses from
+    full-width values (a braced list would not compile against the real headers,
+    cmake/ascendc_header_check.py)."""
     import glob
     import os
     import re

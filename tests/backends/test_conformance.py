@@ -1,7 +1,8 @@
 """The conformance suite: every available backend on every device, against the float64 reference of SPEC.md.
 
-Each case draws fresh random inputs (seed printed on failure), runs forward + backward through the public API and
-compares the loss and the gradients of hidden, weight and bias with ``fused_lce.core.formulas.reference_loss``.
+Each case draws fresh random inputs (seed printed on failure), runs forward + backward through the public API
+and compares the loss and the gradients of hidden, weight and bias with
+``fused_lce.core.formulas.reference_loss``.
 """
 from __future__ import annotations
 
@@ -151,15 +152,16 @@ def test_all_ignored_and_empty(bd, n, seed):
     hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
     none = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction="none", backend=backend)
     assert none.shape == (n,) and (none == 0).all()
-    grads = torch.autograd.grad(none, (hh, ww, bb), torch.rand_like(none))  # the recompute path, also for N == 0
+    # the recompute path, also for N == 0
+    grads = torch.autograd.grad(none, (hh, ww, bb), torch.rand_like(none))
     for t, g in zip((hh, ww, bb), grads):
         assert g.shape == t.shape and (g == 0).all()
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_accumulation_is_fp32(bd, seed):
-    """dW summed over ~500 token blocks of a bf16 problem stays at bf16 output-rounding accuracy; a bf16 running
-    sum would drift to several percent."""
+    """dW summed over ~500 token blocks of a bf16 problem stays at bf16 output-rounding accuracy; a bf16
+    running sum would drift to several percent."""
     backend, device = bd
     check(backend, device, (4096, 16), 24, torch.bfloat16, "sum", tile=0.0005)
 
@@ -221,8 +223,9 @@ def test_large_logits_are_stable(bd, seed):
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
     """Ignored tokens whose logits are far beyond exp's float32 range (~88): the lse saved for them is 0 (the
-    contract), so a backward that forms exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN in
-    their dX rows and in dW / db (the recompute path of "none"). Their dX rows are exactly 0, the rest right."""
+    contract), so a backward that forms exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN
+    in their dX rows and in dW / db (the recompute path of "none"). Their dX rows are exactly 0, the rest
+    right."""
     backend, device = bd
     for tile in (None, TINY):
         h, w, y, b = make_problem((19, 8), 41, dtype, device, bias=True, ignore_frac=0.3, scale=300.0)
@@ -237,7 +240,8 @@ def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
 
 
 # softcap over the whole range Options accepts (a normal float32): both ends, the usual values and large ones,
-# where c * tanh(z / c) is z to float32 rounding (an inaccurate tanh of small arguments flattened every logit to 0)
+# where c * tanh(z / c) is z to float32 rounding (an inaccurate tanh of small arguments flattened every logit
+# to 0)
 SOFTCAPS = [2.0**-126, 1e-3, 0.5, 30.0, 1e4, 1e6, 1e8, 1e30, 3.4028234663852886e38]
 
 
@@ -245,8 +249,8 @@ SOFTCAPS = [2.0**-126, 1e-3, 0.5, 30.0, 1e4, 1e6, 1e8, 1e30, 3.4028234663852886e
 @pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"{c:.3g}")
 def test_softcap_whole_range(bd, softcap, seed):
     """Loss, lse and gradients (the softcap derivative included) at every softcap against float64, with the
-    capped logits' rounding relative to their size (tests/support/reference.py); from 1e8 up the softcap changes
-    no float32 logit, so the answer is that of no softcap."""
+    capped logits' rounding relative to their size (tests/support/reference.py); from 1e8 up the softcap
+    changes no float32 logit, so the answer is that of no softcap."""
     backend, device = bd
     for k, reduction in enumerate(("none", "mean")):
         torch.manual_seed(seed + k)
@@ -307,8 +311,9 @@ def test_input_layouts(bd, layout, seed):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_zero_hidden_size(bd, seed):
-    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline the
-    problem (its supports() says why): then an explicit request raises that reason and auto runs it elsewhere."""
+    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline
+    the problem (its supports() says why): then an explicit request raises that reason and auto runs it
+    elsewhere."""
     backend, device = bd
     p = Problem(5, 0, 7, torch.float32, torch.device(device), True, Options())
     declined = registry.why_not(backend, p)
@@ -326,8 +331,9 @@ def test_zero_hidden_size(bd, seed):
 @pytest.mark.parametrize("tile", [TINY, None], ids=["tiny", "default"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
-    """A -inf bias over the first 200 vocabulary entries (a masked vocabulary): the online softmax starts on rows
-    whose running max is -inf for several whole tiles, which must not become NaN (F.cross_entropy is finite)."""
+    """A -inf bias over the first 200 vocabulary entries (a masked vocabulary): the online softmax starts on
+    rows whose running max is -inf for several whole tiles, which must not become NaN (F.cross_entropy is
+    finite)."""
     backend, device = bd
     h, w, _, b = make_problem((13, 8), 301, torch.float32, device, bias=True)
     with torch.no_grad():
@@ -339,8 +345,8 @@ def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
     assert torch.isfinite(loss).all()
     g = torch.rand_like(loss)
     grads = torch.autograd.grad(loss, (h, w, b), g)
-    # the reference: the same problem over the 101 unmasked entries only (exp(-inf) = 0 exactly, so the loss and
-    # dX are those of the sub-vocabulary, and the masked rows of dW / db are exactly 0)
+    # the reference: the same problem over the 101 unmasked entries only (exp(-inf) = 0 exactly, so the loss
+    # and dX are those of the sub-vocabulary, and the masked rows of dW / db are exactly 0)
     sub = torch.where(y == -100, y, y - 200)
     ref = fp64_reference(h, w[200:], sub, b[200:], upstream=g, reduction=reduction)
     assert_loss_close(loss, ref, torch.float32)
@@ -356,9 +362,9 @@ def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
-    """The example hypothesis found (n=1, d=1, v=25, smoothing=0.3, softcap=2): dX is a sum of terms of ~1 that
-    cancels to ~1e-4, so its float32 error is ~1e-7 absolute but ~1e-3 relative. The tolerance's floor scales
-    with the summands; several seeds of it must pass."""
+    """The example hypothesis found (n=1, d=1, v=25, smoothing=0.3, softcap=2): dX is a sum of terms of ~1
+    that cancels to ~1e-4, so its float32 error is ~1e-7 absolute but ~1e-3 relative. The tolerance's floor
+    scales with the summands; several seeds of it must pass."""
     backend, device = bd
     torch.manual_seed(1 * 7919 + 1 * 104729 + 25)  # the recorded example (the old test seeded from n, d, v):
     # ||dX|| = 1.1e-4, float32 error 1.4e-7 = 1.2e-3 relative (the old bound was 1e-4 relative)
@@ -370,8 +376,9 @@ def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_tolerance_rejects_small_errors(dtype, seed):
-    """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so a
-    gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative fails."""
+    """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so
+    a gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative
+    fails."""
     from ..conftest import GRAD_TOL, grad_close
 
     h, w, y, b = make_problem((29, 24), 53, dtype, "cpu", bias=True, ignore_frac=0.2)
@@ -450,8 +457,8 @@ def test_option_errors_on_every_provider(bd, monkeypatch):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_tile_budget_means_the_same_on_every_provider(bd, monkeypatch):
-    """FUSED_LCE_TILE_MB and tile_budget_mb reach the provider as the same byte count (read once by the API, not
-    by each provider: the C++ kernel used to ignore the variable)."""
+    """FUSED_LCE_TILE_MB and tile_budget_mb reach the provider as the same byte count (read once by the API,
+    not by each provider: the C++ kernel used to ignore the variable)."""
     backend, device = bd
     from fused_lce.core import registry
 

@@ -1,11 +1,12 @@
 """The compiled "cpp" backend (fused_lce._C, csrc/cpu/).
 
-It is really loaded and owns the CPU kernels of the ops; it matches the float64 reference on every code path of the
-kernel (kept row block / recompute, each 16-bit GEMM path forced on and off for bf16 and fp16, each row-kernel
-instruction set, both parallel schemes, 1 or 2 threads); it detects the CPU features its defaults depend on; the
-registry routes to it and away from it as asked; it is deterministic; it indexes past 2^31 logits (float32 and the
-16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed`` fixture (fixed per test in CI). The shared conformance suite (tests/backends/test_conformance.py) runs on "cpp"
-too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
+It is really loaded and owns the CPU kernels of the ops; it matches the float64 reference on every code path
+of the kernel (kept row block / recompute, each 16-bit GEMM path forced on and off for bf16 and fp16, each
+row-kernel instruction set, both parallel schemes, 1 or 2 threads); it detects the CPU features its defaults
+depend on; the registry routes to it and away from it as asked; it is deterministic; it indexes past 2^31
+logits (float32 and the 16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed``
+fixture (fixed per test in CI). The shared conformance suite (tests/backends/test_conformance.py) runs on
+"cpp" too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
 """
 from __future__ import annotations
 
@@ -150,9 +151,9 @@ def _forced_path_available(monkeypatch, dtype_key, path):
 @pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517), (70, 40, 2049)], ids=["even", "odd", "tiles"])
 def test_16bit_gemm_paths(monkeypatch, gemm, dtype, shape, seed):
     """Each way of multiplying 16-bit operands (gemm.h), forced through FUSED_LCE_CPP_LOW_GEMM: MKL's 16-bit x
-    16-bit -> fp32 GEMMs, ATen's brgemm (bf16 only), float32 tiles; a forced path this machine lacks falls back to
-    the converted tiles (said by describe). Every kernel path (kept block, recompute, backward from lse) against
-    float64, with several vocabulary tiles and token blocks in the "tiles" shape."""
+    16-bit -> fp32 GEMMs, ATen's brgemm (bf16 only), float32 tiles; a forced path this machine lacks falls
+    back to the converted tiles (said by describe). Every kernel path (kept block, recompute, backward from
+    lse) against float64, with several vocabulary tiles and token blocks in the "tiles" shape."""
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
     picked = _gemm_paths()[key]
@@ -196,9 +197,9 @@ def test_16bit_gemm_defaults_follow_the_cpu(monkeypatch):
 @pytest.mark.parametrize("gemm", ["mkl", "brgemm", "convert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
-    """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum, gradients
-    from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db of both
-    outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
+    """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum,
+    gradients from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db
+    of both outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
     from ..ops.test_logprobs import check
 
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
@@ -209,9 +210,9 @@ def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
 
 @pytest.mark.parametrize("gemm", ["mkl", "convert"])
 def test_float16_gradients_do_not_underflow(monkeypatch, gemm, seed):
-    """Mean over many tokens makes dZ ~ softmax / N, far below float16's normal range: the 16-bit dX/dW GEMMs get
-    dZ scaled by a power of two per tile (undone by the GEMM's alpha), so the gradients keep float16 accuracy.
-    Tiles where every token is ignored (dZ = 0) and a bad label (NaN poisons dW) are handled too."""
+    """Mean over many tokens makes dZ ~ softmax / N, far below float16's normal range: the 16-bit dX/dW GEMMs
+    get dZ scaled by a power of two per tile (undone by the GEMM's alpha), so the gradients keep float16
+    accuracy. Tiles where every token is ignored (dZ = 0) and a bad label (NaN poisons dW) are handled too."""
     if not _forced_path_available(monkeypatch, "fp16", gemm):
         assert not IN_CI, f"no exact float16 {gemm} GEMM in CI"
         pytest.skip(f"no exact float16 {gemm} GEMM on this machine")
@@ -318,9 +319,10 @@ def test_registry_routes_to_and_away_from_cpp(monkeypatch, seed):
 
 
 def test_vocab_parallel_kernels(monkeypatch, seed):
-    """The kernels the driver uses for a vocab-parallel group: shard statistics (checked on two emulated shards
-    against the full vocabulary), and the whole group path with an identity combine (one rank holding the full
-    vocabulary): statistics, combine, gradients from the global lse, float32 dX for the all-reduce."""
+    """The kernels the driver uses for a vocab-parallel group: shard statistics (checked on two emulated
+    shards against the full vocabulary), and the whole group path with an identity combine (one rank holding
+    the full vocabulary): statistics, combine, gradients from the global lse, float32 dX for the
+    all-reduce."""
     n, d, v, cut = 29, 12, 90, 41
     h, w, y, b = _problem(n, d, v, torch.float32, seed=seed, bias=True)
     hd, wd, bd = h.detach(), w.detach(), b.detach()
@@ -329,9 +331,11 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
               for a, z in ((0, cut), (cut, v))]
     m = torch.maximum(shards[0][0], shards[1][0])
     s = sum(sh[1] * torch.exp(sh[0] - m) for sh in shards)
-    first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])  # lowest id among shards holding the max
+    # lowest id among shards holding the max
+    first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])
     torch.testing.assert_close(m + s.log(), full[0] + full[1].log())
-    torch.testing.assert_close(shards[0][2] + shards[1][2], full[2])  # target logit lives in exactly one shard
+    # target logit lives in exactly one shard
+    torch.testing.assert_close(shards[0][2] + shards[1][2], full[2])
     torch.testing.assert_close(shards[0][3] + shards[1][3], full[3])
     assert torch.equal(first, full[4])
     monkeypatch.setattr(driver.distributed, "combine_stats", lambda *t: t[:5])
@@ -368,9 +372,9 @@ def test_deterministic_for_a_thread_count(dtype, seed):
 @pytest.mark.parametrize("dtype,gemm,tol", [(torch.float32, "auto", 1e-4), (torch.bfloat16, "auto", 1e-2),
                                             (torch.float16, "mkl", 2e-3)], ids=["float32", "bfloat16", "float16"])
 def test_more_than_2_31_logits(monkeypatch, dtype, gemm, tol, seed):
-    """N * V > 2^31 (D = 1 keeps it cheap): sampled rows of the loss, lse and dX, and sampled rows of dW, against
-    float64 computed row by row from the (rounded) inputs; 16-bit inputs on their GEMM paths (gradients rounded to
-    the input dtype, hence the wider tolerance)."""
+    """N * V > 2^31 (D = 1 keeps it cheap): sampled rows of the loss, lse and dX, and sampled rows of dW,
+    against float64 computed row by row from the (rounded) inputs; 16-bit inputs on their GEMM paths
+    (gradients rounded to the input dtype, hence the wider tolerance)."""
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
     n, v = 2**16 + 3, 2**15 + 5
     assert n * v > 2**31

@@ -1,4 +1,5 @@
-"""A CPU problem whose logits alone would need > 4 GiB runs in far less memory (peak RSS of a fresh process)."""
+"""A CPU problem whose logits alone would need > 4 GiB runs in far less memory (peak RSS of a fresh
+process)."""
 from __future__ import annotations
 
 import json

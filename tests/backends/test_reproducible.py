@@ -1,6 +1,7 @@
-"""The test suite's randomness is reproducible in CI and fresh locally: the ``seed`` fixture (tests/conftest.py)
-is a function of the test's id under env CI, FUSED_LCE_TEST_SEED replays one, and hypothesis is derandomized in
-CI (a landing is never blocked at random) while locally it searches afresh and records failing examples."""
+"""The test suite's randomness is reproducible in CI and fresh locally: the ``seed`` fixture
+(tests/conftest.py) is a function of the test's id under env CI, FUSED_LCE_TEST_SEED replays one, and
+hypothesis is derandomized in CI (a landing is never blocked at random) while locally it searches afresh and
+records failing examples."""
 from __future__ import annotations
 
 import os

@@ -1,9 +1,10 @@
-"""The "triton" CUDA backend: both paths (the fused logits GEMM and cuBLAS + row kernel), every schedule, kernel
-variant, graph capture and torch.compile on the GPU, and the "torch" provider's compiled CUDA tiles (marked
-``cuda``: run on the H200 with ``python -m pytest -m cuda -q tests/``), plus, on CPU (CI), the chunk planners and
-every Triton kernel run under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter has to be switched on before
-Triton compiles anything, so it cannot share this process). The interpreter runs the same kernels (tensor
-descriptors included) with small tile configurations; it cannot show TMA / wgmma code generation or speed."""
+"""The "triton" CUDA backend: both paths (the fused logits GEMM and cuBLAS + row kernel), every schedule,
+kernel variant, graph capture and torch.compile on the GPU, and the "torch" provider's compiled CUDA tiles
+(marked ``cuda``: run on the H200 with ``python -m pytest -m cuda -q tests/``), plus, on CPU (CI), the chunk
+planners and every Triton kernel run under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter has to be
+switched on before Triton compiles anything, so it cannot share this process). The interpreter runs the same
+kernels (tensor descriptors included) with small tile configurations; it cannot show TMA / wgmma code
+generation or speed."""
 from __future__ import annotations
 
 import json
@@ -60,7 +61,8 @@ def test_token_plan_respects_memory_rule(n, d, v):
         if free is not None and rows > tc.MIN_ROWS:
             assert buf + (4 * v * d if acc else 2 * v * d if want_dw else 0) <= 0.75 * free + 8 * 4 * v
         if full and (free is None or free > 100 * 2**30):
-            assert -(-n // rows) <= -(-n // full)  # never more chunks than ceil(n / full) with memory to spare
+            # never more chunks than ceil(n / full) with memory to spare
+            assert -(-n // rows) <= -(-n // full)
     for free, full in itertools.product((140 * 2**30, 6 * 2**30), (0, tc.planner.FULL_RATE_ROWS)):
         # float32 results (CUDA-graph capture): even one chunk accumulates dW in float32, within the cap too
         rows, acc = tc.plan_token_chunk(n, v, d, 2, True, True, 0, free, None, full)
@@ -73,9 +75,10 @@ def test_token_plan_respects_memory_rule(n, d, v):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("op", ["loss", "logprobs"])
 def test_recompute_blocks_leave_room_for_the_dw_accumulator(monkeypatch, op):
-    """The recompute backward's token blocks (several of them accumulate dW in float32) fit the free memory with
-    that accumulator: full-rate blocks only where the plan counts it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    """The recompute backward's token blocks (several of them accumulate dW in float32) fit the free memory
+    with that accumulator: full-rate blocks only where the plan counts it."""
+    # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton import provider as P
     from fused_lce.core import Options, Problem
@@ -91,9 +94,11 @@ def test_recompute_blocks_leave_room_for_the_dw_accumulator(monkeypatch, op):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_statistics_only_pass_is_one_block(monkeypatch):
-    """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics only,
-    so 16384 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs several."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics
+    only, so 16384 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs
+    several."""
+    # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton.provider import PROVIDER
     from fused_lce.core import Options, Problem
@@ -109,11 +114,12 @@ def test_statistics_only_pass_is_one_block(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("by_count", [False, True], ids=["scale-on-device", "scale-by-count"])
 def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype, by_count):
-    """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row gather
-    before it and forms the token weights and scale after it. fp16 takes its scale on the host (cuBLAS's alpha):
-    from the live count when the weights give ``scale_of_count`` (then it forms them late too), else it forms them
-    first and reads the scale right after the live count's synchronisation."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
+    """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row
+    gather before it and forms the token weights and scale after it. fp16 takes its scale on the host
+    (cuBLAS's alpha): from the live count when the weights give ``scale_of_count`` (then it forms them late
+    too), else it forms them first and reads the scale right after the live count's synchronisation."""
+    # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton import provider as P
     from fused_lce.core import Options, Tensors, TokenWeights, formulas
@@ -155,7 +161,7 @@ def test_vocab_plan():
     assert tc.plan_vocab_chunk(10, 50, 4, 4, (True, True, True), 160) == 4
 
 
-# ------------------------------------------------------------------------------------------- interpreter (CPU)
+# ------------------------------------------------------------------------------------------ interpreter (CPU)
 INTERP_SCRIPT = r"""
 import json, os, sys, torch
 sys.path.insert(0, sys.argv[1])
@@ -373,9 +379,9 @@ print("RESULT" + json.dumps(out))
 def test_kernel_under_triton_interpreter(tmp_path, seed):
     """Every kernel variant of both paths on CPU tensors under TRITON_INTERPRET=1, through the backend's own
     schedules, against the float64 reference. cuBLAS path: fused stats+gradient, split statistics with merge,
-    gradient only, in-place half-width dz. Fused-GEMM path: EXP / STATS / DZ epilogues, tile combine (merged over
-    vocabulary chunks), dz from exp tiles, the label-logit dot, fused scale+cast. Bias, softcap, smoothing, z-loss,
-    odd V, several chunks. The cuBLAS products fall back to CPU matmuls."""
+    gradient only, in-place half-width dz. Fused-GEMM path: EXP / STATS / DZ epilogues, tile combine (merged
+    over vocabulary chunks), dz from exp tiles, the label-logit dot, fused scale+cast. Bias, softcap,
+    smoothing, z-loss, odd V, several chunks. The cuBLAS products fall back to CPU matmuls."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env, capture_output=True,
                           text=True, timeout=600)
@@ -488,13 +494,14 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_logprobs_under_triton_interpreter(seed):
-    """linear_logprobs through the public API on the triton provider's kernels (CPU tensors, TRITON_INTERPRET=1),
-    values and gradients (random upstream gradients on both outputs) against float64: the row kernel's entropy
-    statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy coefficient b, temperature
-    after softcap, bias, a -inf masked vocabulary, ignored tokens, several token blocks, the compact schedule's
-    vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path (STATS epilogue with temperature and
-    the entropy's tile sums, their combine and vocabulary-chunk merge, DZ epilogue from the driver's coefficients
-    with the entropy term, live rows gathered in the backward) with and without entropy."""
+    """linear_logprobs through the public API on the triton provider's kernels (CPU tensors,
+    TRITON_INTERPRET=1), values and gradients (random upstream gradients on both outputs) against float64: the
+    row kernel's entropy statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy
+    coefficient b, temperature after softcap, bias, a -inf masked vocabulary, ignored tokens, several token
+    blocks, the compact schedule's vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path
+    (STATS epilogue with temperature and the entropy's tile sums, their combine and vocabulary-chunk merge, DZ
+    epilogue from the driver's coefficients with the entropy term, live rows gathered in the backward) with
+    and without entropy."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", LOGPROB_INTERP_SCRIPT, ROOT, str(seed)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -513,7 +520,8 @@ def test_logprobs_under_triton_interpreter(seed):
 
 # ------------------------------------------------------------------------------------------- CUDA
 def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
-    """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture seeds."""
+    """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture
+    seeds."""
     g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
     h = (torch.randn(n, d, generator=g) * scale).to(dtype).cuda().requires_grad_()
     w = (torch.randn(v, d, generator=g) / d**0.5 * 2).to(dtype).cuda().requires_grad_()
@@ -535,7 +543,8 @@ def _compare(h, w, y, b, out, opts, reduction, upstream, dtype):
     assert_grads_close(grads, ref, dtype)
 
 
-# split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one device
+# split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one
+# device
 MODES = {"default": ({}, False), "compact": ({"FUSED_LCE_COMPACT": "1"}, False), "split": ({}, True)}
 OPTS = {
     "plain": {},
@@ -547,7 +556,8 @@ OPTS = {
 PATHS = {"gemm": "1", "cublas": "0"}
 
 
-# the fused-GEMM path takes bf16 / fp16 problems without softcap (the others run the cuBLAS path, tested there)
+# the fused-GEMM path takes bf16 / fp16 problems without softcap (the others run the cuBLAS path, tested
+# there)
 PATH_CASES = [pytest.param(p, dt, o, id=f"{p}-{str(dt).replace('torch.', '')}-{o}")
               for p in PATHS for dt in (torch.float32, torch.bfloat16, torch.float16) for o in OPTS
               if p == "cublas" or (dt != torch.float32 and not OPTS[o].get("softcap"))]
@@ -560,8 +570,8 @@ PATH_CASES = [pytest.param(p, dt, o, id=f"{p}-{str(dt).replace('torch.', '')}-{o
 @pytest.mark.parametrize("tile", [None, 0.3], ids=["auto", "chunks"])
 def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch, seed):
     """Odd V (not a multiple of any kernel tile), odd N, bias, every option, mean (fused gradients) and none
-    (recompute path with a random upstream gradient), default / compact / split schedules, on the fused-GEMM path
-    (bf16 / fp16 without softcap) and the cuBLAS path."""
+    (recompute path with a random upstream gradient), default / compact / split schedules, on the fused-GEMM
+    path (bf16 / fp16 without softcap) and the cuBLAS path."""
     env, split = MODES[mode]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -587,10 +597,10 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("plan", ["one_chunk", "chunks", "all_live"])
 def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype, plan):
-    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once the last dz is
-    formed, so with one chunk they are not alive at the peak of the gradient products; the gradients are those of
-    the weighted sum, with one chunk (dX written over the gathered rows), several, or every row live (nothing
-    gathered)."""
+    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once the last dz
+    is formed, so with one chunk they are not alive at the peak of the gradient products; the gradients are
+    those of the weighted sum, with one chunk (dX written over the gathered rows), several, or every row live
+    (nothing gathered)."""
     import weakref
 
     from fused_lce.backends.triton import provider as P
@@ -628,9 +638,9 @@ def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype,
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     """linear_logprobs on the GPU against float64 (values; gradients for random upstream gradients on both
-    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
-    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients, temperature, entropy
-    tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
+    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy
+    on the cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients,
+    temperature, entropy tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
     from fused_lce.core import Options
 
     from ..ops.test_logprobs import check
@@ -655,7 +665,8 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
                                  "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1"])
 def test_gemm_tile_configurations(cfg, monkeypatch, seed):
     """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store, warp
-    specialisation) against the reference: rows and columns not multiples of the tiles, several token chunks."""
+    specialisation) against the reference: rows and columns not multiples of the tiles, several token
+    chunks."""
     monkeypatch.setenv("FUSED_LCE_GEMM_CONFIG", cfg)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     h, w, y, b = _problem(1000, 64, 3001, torch.bfloat16, bias=True, seed=seed)
@@ -754,10 +765,11 @@ def test_bad_label_nan_no_fault(seed):
 @cuda
 @needs_triton_cuda
 def test_label_check_reads_after_the_op_without_draining(seed, monkeypatch):
-    """validate=True on CUDA: a bad label is a ValueError naming its value (the loss with gradients, the log-probs);
-    the check is read after the op's kernels are queued, so a log-prob call with good labels queues its logits GEMM
-    while work queued before the call still runs (no drain of the device before the op's first launch; the loss's
-    gradient products read the live-row count on the host, which drains it there)."""
+    """validate=True on CUDA: a bad label is a ValueError naming its value (the loss with gradients, the
+    log-probs); the check is read after the op's kernels are queued, so a log-prob call with good labels
+    queues its logits GEMM while work queued before the call still runs (no drain of the device before the
+    op's first launch; the loss's gradient products read the live-row count on the host, which drains it
+    there)."""
     h, w, y, _ = _problem(64, 32, 3000, torch.bfloat16, seed=seed)
     fused_lce.linear_logprobs(h, w, y, backend="triton")  # compiled and warm
     for bad in (3000, -3):
@@ -795,8 +807,9 @@ def _logprob_step(h, w, y, b, up, validate=False, **opts):
 
 
 def _replay_matches_eager(step, inputs, new_inputs, opts):
-    """``step(*inputs, **opts)`` captured in a CUDA graph (after two warm-up calls on a side stream), replayed on
-    ``new_inputs`` copied into ``inputs``: the same results as ``step(*new_inputs, **opts)`` in eager mode."""
+    """``step(*inputs, **opts)`` captured in a CUDA graph (after two warm-up calls on a side stream), replayed
+    on ``new_inputs`` copied into ``inputs``: the same results as ``step(*new_inputs, **opts)`` in eager
+    mode."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -821,8 +834,8 @@ def _replay_matches_eager(step, inputs, new_inputs, opts):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_cuda_graph_capture(mode, monkeypatch, seed):
     """Forward + backward captured in a CUDA graph (validate=False): no host synchronisation anywhere; replays
-    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does: gathering
-    the live rows reads their count on the host)."""
+    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does:
+    gathering the live rows reads their count on the host)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
@@ -836,10 +849,10 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 @pytest.mark.parametrize("validate", [False, True])
 def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
-    """linear_logprobs forward + backward captured in a CUDA graph, as a host-bound RL step at few tokens would
-    be: no host synchronisation on either pass (with validate=True the label check, a host read, is skipped while
-    capturing and runs in eager); replays on new inputs match eager with ignored tokens kept in the products (as a
-    capture keeps them)."""
+    """linear_logprobs forward + backward captured in a CUDA graph, as a host-bound RL step at few tokens
+    would be: no host synchronisation on either pass (with validate=True the label check, a host read, is
+    skipped while capturing and runs in eager); replays on new inputs match eager with ignored tokens kept in
+    the products (as a capture keeps them)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
@@ -852,9 +865,10 @@ def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
 @cuda
 @needs_triton_cuda
 def test_compile_reduce_overhead_records_cuda_graphs(monkeypatch, seed):
-    """``torch.compile(mode="reduce-overhead")``, the one-line way a trainer captures its step: Inductor records
-    the loss's forward and backward as CUDA graphs (none skipped: no CPU tensor, no host read while recording),
-    and every replay, on new inputs each step, matches eager with ignored tokens kept in the products."""
+    """``torch.compile(mode="reduce-overhead")``, the one-line way a trainer captures its step: Inductor
+    records the loss's forward and backward as CUDA graphs (none skipped: no CPU tensor, no host read while
+    recording), and every replay, on new inputs each step, matches eager with ignored tokens kept in the
+    products."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")  # eager computes every row too, as a recording does
@@ -884,8 +898,9 @@ def test_compile_reduce_overhead_records_cuda_graphs(monkeypatch, seed):
 @needs_triton_cuda
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
-    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0): the
-    same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against float64."""
+    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0):
+    the same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against
+    float64."""
     h, w, y, b = _problem(1500, 64, 3001, torch.bfloat16, bias=True, ignore=0.4, seed=seed)
     y[-7:] = -100
     res = {}
@@ -927,9 +942,9 @@ def test_compile_fullgraph(seed):
 def test_peak_memory_bounds(path, mode, monkeypatch, seed):
     """Peak extra memory of the backend's fused forward (loss + dX + dW in one call): default <= dX + dW +
     4*V*D + 0.5 GiB, or on the fused-GEMM path a buffer of up to FULL_RATE_ROWS tokens' logits (and their tile
-    statistics) in its place; compact <= 1.15 (dX + dW) on the fused-GEMM path (its bf16 dz chunks), + 2 dX on the
-    cuBLAS path (float32 logits chunks of at least 32 MiB). The op layer's backward scales these gradients in
-    place."""
+    statistics) in its place; compact <= 1.15 (dX + dW) on the fused-GEMM path (its bf16 dz chunks), + 2 dX on
+    the cuBLAS path (float32 logits chunks of at least 32 MiB). The op layer's backward scales these gradients
+    in place."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", PATHS[path])

@@ -1,11 +1,11 @@
-"""Vocab-parallel and sequence-parallel linear cross-entropy (and vocab-parallel linear_logprobs) over gloo, with 2
-and 4 CPU processes.
+"""Vocab-parallel and sequence-parallel linear cross-entropy (and vocab-parallel linear_logprobs) over gloo,
+with 2 and 4 CPU processes.
 
-Every case draws fresh inputs in this process, runs the op on every rank of a persistent process pool (each rank
-holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token rows),
-and compares the loss, statistics and gradients (full dX, each rank's dW/db shard) with the single-process op and
-with the float64 reference. The bytes every rank hands to ``torch.distributed`` are counted in the workers and
-must equal ``fused_lce.core.distributed.comm_bytes``.
+Every case draws fresh inputs in this process, runs the op on every rank of a persistent process pool (each
+rank holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token
+rows), and compares the loss, statistics and gradients (full dX, each rank's dW/db shard) with the
+single-process op and with the float64 reference. The bytes every rank hands to ``torch.distributed`` are
+counted in the workers and must equal ``fused_lce.core.distributed.comm_bytes``.
 """
 from __future__ import annotations
 
@@ -231,8 +231,9 @@ def _logprob_case(rank, world, spec):
 
 def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32, bias=False, ignore_frac=0.0,
                        tile=None, backend="torch", entropy=True, **opts):
-    """linear_logprobs on every rank of ``pool`` (uneven vocabulary shards) against the single-process call and
-    the float64 reference: identical outputs on every rank, full dX, each rank's dW/db shard, and the bytes."""
+    """linear_logprobs on every rank of ``pool`` (uneven vocabulary shards) against the single-process call
+    and the float64 reference: identical outputs on every rank, full dX, each rank's dW/db shard, and the
+    bytes."""
     v = sum(sizes)
     h, w, b, y = _problem((n,), d, v, dtype, bias=bias, ignore_frac=ignore_frac)
     data = {"h": h, "w": w, "b": b, "y": y, "g_lp": torch.randn(n), "g_ent": torch.randn(n)}
@@ -271,8 +272,9 @@ def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32,
     return res
 
 
-# every CPU provider that runs vocab-parallel log-prob problems, run-time registered ones included (npu_twin: the
-# AscendC kernels on the CPU twin; the spawned ranks register it too, importing tests/conftest.py with this module)
+# every CPU provider that runs vocab-parallel log-prob problems, run-time registered ones included (npu_twin:
+# the AscendC kernels on the CPU twin; the spawned ranks register it too, importing tests/conftest.py with
+# this module)
 LOGPROB_BACKENDS = ["torch"] + [
     pytest.param(n, marks=pytest.mark.twin) if n.startswith("npu_twin") else n for n in registry.names() if n != "torch" and
     registry.why_not(n, Problem(8, 8, 8, torch.float32, torch.device("cpu"), False, Options(group_name="g"),
@@ -282,8 +284,9 @@ LOGPROB_BACKENDS = ["torch"] + [
 @pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
 @pytest.mark.parametrize("backend", LOGPROB_BACKENDS)
 def test_logprobs(pools, world, sizes, backend, seed):
-    """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine), temperature,
-    softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty shard; bf16."""
+    """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine),
+    temperature, softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty
+    shard; bf16."""
     pool = pools(world)
     check_logprob_case(pool, sizes=sizes, backend=backend)
     check_logprob_case(pool, sizes=sizes, backend=backend, temperature=0.7, softcap=3.0, bias=True,
@@ -324,8 +327,9 @@ def test_options(pools, world, sizes, reduction, seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel(pools, world, seed):
-    """hidden sharded along its first dimension: (N/tp, D) rows with every option, Megatron's [s/tp, b, h] with
-    many token blocks, and a sharded leading dimension combined with shift (which acts on the last token dim)."""
+    """hidden sharded along its first dimension: (N/tp, D) rows with every option, Megatron's [s/tp, b, h]
+    with many token blocks, and a sharded leading dimension combined with shift (which acts on the last token
+    dim)."""
     pool = pools(world)
     sizes = (50, 45) if world == 2 else (23, 40, 29, 31)
     for reduction in ("mean", "none"):
@@ -357,8 +361,8 @@ def test_labels_in_one_shard_and_all_ignored(pools, world, sizes, seed):
 
 
 def test_empty_and_tiny_shards_need_agreement(pools, seed):
-    """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without an
-    agreed block size the ranks would run different numbers of combine_stats collectives."""
+    """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without
+    an agreed block size the ranks would run different numbers of combine_stats collectives."""
     pool = pools(4)
     for reduction in ("mean", "none"):
         check_case(pool, sizes=(3, 0, 120, 9), reduction=reduction, tile=TINY, **OPTION_SETS["everything"])
@@ -367,7 +371,8 @@ def test_empty_and_tiny_shards_need_agreement(pools, seed):
 
 @pytest.mark.parametrize("backend", OTHER_CPU)
 def test_other_cpu_backends(pools, backend, seed):
-    """The same checks through the other backends that take vocab-parallel problems on CPU (the C++ kernel)."""
+    """The same checks through the other backends that take vocab-parallel problems on CPU (the C++
+    kernel)."""
     for world, sizes in ((2, (31, 44)), (4, (23, 40, 29, 31))):
         pool = pools(world)
         for reduction in ("mean", "none"):

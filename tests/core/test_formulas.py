@@ -16,9 +16,10 @@ def _device_inverse(device):
 
 
 def test_count_scale_is_the_float32_inverse_bit_for_bit(seed):
-    """``count_scale`` must give cuBLAS the value the device forms, ``safe_inverse(mean_divisor(...))``, exactly:
-    small counts, every power of two and its neighbours, and random counts up to 2**24 through its own code; and
-    for every count, the float64 quotient rounded to float32 (what it computes) against float32's own."""
+    """``count_scale`` must give cuBLAS the value the device forms, ``safe_inverse(mean_divisor(...))``,
+    exactly: small counts, every power of two and its neighbours, and random counts up to 2**24 through its
+    own code; and for every count, the float64 quotient rounded to float32 (what it computes) against
+    float32's own."""
     rng = random.Random(seed)
     counts = list(range(0, 5000)) + [c + k for c in (2**e for e in range(13, 25)) for k in (-1, 0, 1)]
     counts = [c for c in counts + [rng.randrange(1, COUNTS + 1) for _ in range(20000)] if c <= COUNTS]

@@ -1,9 +1,9 @@
-"""The first-use self-check (fused_lce/core/selfcheck.py), shown with the AscendC kernel sources on the CPU twin behind
-the "npu" provider's Python, as a provider the registry must check before first use on this device (what every NPU
-is today): a deliberately wrong kernel fails the battery, warns once, is reported by backend_info and skipped by
-auto, which falls back to the next provider with the right loss; a correct one passes and its verdict is cached on
-disk and reused; the environment turns the check off or forces it. (On a simulated npu device, through the whole
-auto order: tests/backends/npu/dispatch_scenarios.py.)"""
+"""The first-use self-check (fused_lce/core/selfcheck.py), shown with the AscendC kernel sources on the CPU
+twin behind the "npu" provider's Python, as a provider the registry must check before first use on this device
+(what every NPU is today): a deliberately wrong kernel fails the battery, warns once, is reported by
+backend_info and skipped by auto, which falls back to the next provider with the right loss; a correct one
+passes and its verdict is cached on disk and reused; the environment turns the check off or forces it. (On a
+simulated npu device, through the whole auto order: tests/backends/npu/dispatch_scenarios.py.)"""
 from __future__ import annotations
 
 import json
@@ -125,7 +125,8 @@ def test_a_correct_kernel_passes_is_cached_and_used(cache, first_in_auto, seed, 
         warnings.simplefilter("error")
         before = Counted.calls
         got = _loss_and_grads(h, w, y)
-    assert runs == [1] and Counted.calls > before + 1  # the battery, then the user's call on the checked provider
+    # the battery, then the user's call on the checked provider
+    assert runs == [1] and Counted.calls > before + 1
     for x, r in zip(got, _reference(h, w, y)):
         assert float((x.double() - r).norm() / r.norm()) < 1e-5
     v = next(iter(json.loads(cache.read_text()).values()))
@@ -151,7 +152,8 @@ def test_the_cache_key_follows_the_kernels(cache, first_in_auto, monkeypatch):
 def test_off_and_bad_values_of_the_environment(cache, first_in_auto, monkeypatch, seed):
     first_in_auto(Unverified("npu_off", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
-    monkeypatch.setenv("FUSED_LCE_SELFCHECK", "0")  # trusted as is: the wrong kernel serves (the user's choice)
+    # trusted as is: the wrong kernel serves (the user's choice)
+    monkeypatch.setenv("FUSED_LCE_SELFCHECK", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss, _, dw = _loss_and_grads(h, w, y)
@@ -178,8 +180,8 @@ def test_an_unwritable_cache_costs_only_a_rerun(tmp_path, monkeypatch):
 
 
 def test_every_case_runs_on_a_provider_that_supports_everything(cache, first_in_auto):
-    """The twin-backed provider takes every option: the whole battery runs (no case declined), every output of the
-    loss and the log-probs is compared, each within its tolerance."""
+    """The twin-backed provider takes every option: the whole battery runs (no case declined), every output of
+    the loss and the log-probs is compared, each within its tolerance."""
     prov = first_in_auto(Unverified("npu_all", kernels=twin_build.TwinKernels(), device_types=("cpu",)))
     v = selfcheck.verdict(prov, torch.device("cpu"))
     assert v.ok and not v.declined and len(v.cases) == len(selfcheck.BATTERY), v
@@ -195,8 +197,8 @@ class Faulting(twin_build.TwinKernels):
 
 
 def test_an_error_is_kept_for_this_process_only(cache, first_in_auto, seed, monkeypatch):
-    """A failure by an error (a launch error, out of memory, the reference failing) may be the moment's: the provider
-    is skipped in this process, nothing is written to disk, the next process checks again."""
+    """A failure by an error (a launch error, out of memory, the reference failing) may be the moment's: the
+    provider is skipped in this process, nothing is written to disk, the next process checks again."""
     first_in_auto(Unverified("npu_fault", kernels=Faulting(), device_types=("cpu",)))
     runs = []
     real = selfcheck.run_battery
@@ -212,8 +214,8 @@ def test_an_error_is_kept_for_this_process_only(cache, first_in_auto, seed, monk
 
 
 def test_a_failure_on_disk_is_reported_before_first_use(cache, first_in_auto, seed):
-    """A new process holding a failed verdict in the disk cache: backend_info says so and auto's choice skips the
-    provider before any call (no battery runs for that)."""
+    """A new process holding a failed verdict in the disk cache: backend_info says so and auto's choice skips
+    the provider before any call (no battery runs for that)."""
     first_in_auto(Unverified("npu_stale", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
     with pytest.warns(RuntimeWarning):

@@ -1,5 +1,5 @@
-"""Integration tests count fused_lce's work where every public function ends (the driver's forward entries) and
-share a tiny random Qwen3."""
+"""Integration tests count fused_lce's work where every public function ends (the driver's forward entries)
+and share a tiny random Qwen3."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional

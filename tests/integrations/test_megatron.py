@@ -1,8 +1,9 @@
-"""fused_lce.integrations.megatron: the fused output layer on megatron-core's ColumnParallelLinear (gloo, CPU).
+"""fused_lce.integrations.megatron: the fused output layer on megatron-core's ColumnParallelLinear (gloo,
+CPU).
 
 What runs here: the native ColumnParallelLinear subclass with TP=2 (and 4), untied and tied (shared embedding)
-weights, bias, loss_mask, sequence parallelism for the loss path, the logits path without sequence parallelism,
-hooks, and a TE-style base class (forward(x) only, ``_tp_group``, empty bias) standing in for
+weights, bias, loss_mask, sequence parallelism for the loss path, the logits path without sequence
+parallelism, hooks, and a TE-style base class (forward(x) only, ``_tp_group``, empty bias) standing in for
 TEColumnParallelLinear. What cannot run on CPU: the logits path with sequence parallelism (megatron-core's
 all-gather buffer is CUDA-only) and the real TransformerEngine class (needs CUDA).
 """
@@ -41,8 +42,8 @@ def pools():
 
 
 class FakeTELinear(torch.nn.Module):
-    """Megatron's TE wrapper conventions without TE: forward(x) -> (out, None), ``_tp_group``, ``use_bias`` and
-    an empty ``bias`` tensor when there is no bias, ``sequence_parallel`` attribute."""
+    """Megatron's TE wrapper conventions without TE: forward(x) -> (out, None), ``_tp_group``, ``use_bias``
+    and an empty ``bias`` tensor when there is no bias, ``sequence_parallel`` attribute."""
 
     def __init__(self, weight, tp_group=None, sequence_parallel=False):
         super().__init__()
@@ -299,10 +300,10 @@ def _gpt_case(rank, world, spec):
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_gpt_model_forward_is_routed_tp2(pools, tied):
     """convert_output_layer(model.output_layer) and the stock GPTModel.forward(labels=...): one fused call per
-    forward (no logits), per-token [b, s] losses and every parameter's gradient equal to the unconverted model's;
-    without labels the logits are unchanged; multi-token prediction is not routed and warns. (Sequence
-    parallelism: megatron-core's norms need Apex or TE for it, absent on CPU; the fused layer's own sequence-
-    parallel loss is tested above.)"""
+    forward (no logits), per-token [b, s] losses and every parameter's gradient equal to the unconverted
+    model's; without labels the logits are unchanged; multi-token prediction is not routed and warns.
+    (Sequence parallelism: megatron-core's norms need Apex or TE for it, absent on CPU; the fused layer's own
+    sequence- parallel loss is tested above.)"""
     pytest.importorskip("megatron.core.models.gpt")
     seed = int(torch.randint(0, 2**31, ()))
     ids = torch.randint(0, V, (B, S))

@@ -1,11 +1,11 @@
 """``FUSED_LINEAR_CE=1 swift sft ...`` (ms-swift, unedited) with fused_lce pip-installed and nothing else: the
-start-up hook patches ms-swift's trainer, fused_lce computes the loss (one fused call per micro-batch, counted at
-the driver in the training process) and ms-swift's ``token_acc`` is logged from fused_lce's token accuracy; loss,
-grad norm and token accuracy equal the stock run's.
+start-up hook patches ms-swift's trainer, fused_lce computes the loss (one fused call per micro-batch, counted
+at the driver in the training process) and ms-swift's ``token_acc`` is logged from fused_lce's token accuracy;
+loss, grad norm and token accuracy equal the stock run's.
 
 ms-swift pins transformers < 5.20 and trl < 0.30, so it runs in an environment of its own, given by
-``FUSED_LCE_SWIFT_PYTHON`` (its python, with ms-swift and a non-editable fused_lce installed); skipped without it.
-``.ci/run`` builds one (ms-swift 4.6 on top of this environment's packages) and runs this test;
+``FUSED_LCE_SWIFT_PYTHON`` (its python, with ms-swift and a non-editable fused_lce installed); skipped without
+it. ``.ci/run`` builds one (ms-swift 4.6 on top of this environment's packages) and runs this test;
 ``FUSED_LCE_CI_SWIFT=0`` leaves it out."""
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ if not SWIFT_PYTHON:
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-# builds a tiny tied-embedding Qwen3 (tokenizer trained on the data) and a chat dataset whose answers repeat one
-# word, so that the random model's token accuracy is neither 0 nor 1
+# builds a tiny tied-embedding Qwen3 (tokenizer trained on the data) and a chat dataset whose answers repeat
+# one word, so that the random model's token accuracy is neither 0 nor 1
 MAKE = """
 import json, sys, pathlib, torch, transformers
 sys.path.insert(0, sys.argv[2])
@@ -106,8 +106,8 @@ def test_swift_sft_with_the_switch_alone(tmp_path):
     stock, stock_calls, _ = swift_sft(tmp_path, "stock", fused=False)
     fused, fused_calls, stderr = swift_sft(tmp_path, "fused", fused=True)
     assert stock_calls == []
-    # one fused loss per micro-batch (2 steps x 2 accumulated micro-batches), besides the option checks' probes
-    # (a 1 x 1 problem)
+    # one fused loss per micro-batch (2 steps x 2 accumulated micro-batches), besides the option checks'
+    # probes (a 1 x 1 problem)
     assert [fn for fn, shape in fused_calls if shape != [1, 1]] == ["forward"] * 4, (fused_calls, stderr[-2000:])
     assert len(fused) == len(stock) == 2
     for ref, out in zip(stock, fused):

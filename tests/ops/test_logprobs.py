@@ -1,9 +1,10 @@
 """linear_logprobs: per-token log-probs and entropy on every provider that implements them, against float64.
 
-Each case draws fresh inputs (the ``seed`` fixture), runs ``fused_lce.linear_logprobs`` forward and backward with
-random upstream gradients on BOTH outputs, and compares values and the gradients of hidden, weight and bias with a
-float64 reference that materialises the logits. Providers that do not implement the log-prob contract yet must
-decline it with a reason (and ``auto`` must fall back); the ops pass opcheck and trace with torch.compile.
+Each case draws fresh inputs (the ``seed`` fixture), runs ``fused_lce.linear_logprobs`` forward and backward
+with random upstream gradients on BOTH outputs, and compares values and the gradients of hidden, weight and
+bias with a float64 reference that materialises the logits. Providers that do not implement the log-prob
+contract yet must decline it with a reason (and ``auto`` must fall back); the ops pass opcheck and trace with
+torch.compile.
 """
 from __future__ import annotations
 
@@ -155,8 +156,9 @@ def test_only_one_output_differentiated(bd, seed):
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
 def test_ignored_bad_and_empty(bd, seed):
-    """ignore_index gives exact zeros (values and dX rows); a label outside [0, V) with validate=False gives NaN
-    values and poisons its gradients, never an out-of-bounds read; all ignored and N = 0 give zeros / empty."""
+    """ignore_index gives exact zeros (values and dX rows); a label outside [0, V) with validate=False gives
+    NaN values and poisons its gradients, never an out-of-bounds read; all ignored and N = 0 give zeros /
+    empty."""
     backend, device = bd
     h, w, y, b = make((12, 8), 30, torch.float32, device, bias=True)
     y[2], y[5], y[7], y[9] = 30, -5, 2**40, -100
@@ -202,9 +204,10 @@ def test_ignored_tokens_with_large_logits(bd, dtype, seed):
                 assert (grads[0][y == -100] == 0).all()
 
 
-# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not tiny:
-# it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as autograd's
-# tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it) covers those
+# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not
+# tiny: it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as
+# autograd's tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it)
+# covers those
 SOFTCAPS = [2.0**-126, 0.5, 30.0, 1e4, 1e6, 1e30, 3.4028234663852886e38]
 
 
@@ -223,8 +226,8 @@ def test_softcap_whole_range(bd, softcap, seed):
 @pytest.mark.parametrize("mask", ["tiles", "scattered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_masked_vocabulary(bd, mask, dtype, seed):
-    """-inf logits (a masked bias) over whole tiles or scattered: finite log-probs and entropy (0 log 0 = 0), and
-    every gradient finite and right -- a -inf logit contributes exactly 0, to db too."""
+    """-inf logits (a masked bias) over whole tiles or scattered: finite log-probs and entropy (0 log 0 = 0),
+    and every gradient finite and right -- a -inf logit contributes exactly 0, to db too."""
     backend, device = bd
     h, w, y, b = make((11, 8), 300, dtype, device, bias=True)
     with torch.no_grad():
@@ -260,8 +263,9 @@ def test_matches_the_loss(bd, seed):
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
 def test_extra_outputs(bd, seed):
-    """TRL's fused-head metrics: mean logit, is_top1 and log sum p^2, against float64, with softcap, temperature,
-    bias, ignored labels and a tile budget that splits the vocabulary; asked for one at a time or together."""
+    """TRL's fused-head metrics: mean logit, is_top1 and log sum p^2, against float64, with softcap,
+    temperature, bias, ignored labels and a tile budget that splits the vocabulary; asked for one at a time or
+    together."""
     backend, device = bd
     h, w, y, b = make((23, 16), 211, torch.float32, device, bias=True, ignore_frac=0.25)
     kw = dict(temperature=0.7, softcap=4.0)
@@ -312,8 +316,8 @@ def test_opcheck(bd, seed):
 def test_torch_func_transforms(bd, seed):
     """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) of the
     log-probs and the entropy match the plain path (they used to fail inside torch: "must override the
-    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and the
-    plain path."""
+    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and
+    the plain path."""
     import warnings
 
     backend, device = bd
@@ -450,8 +454,8 @@ class _NoLogprobs(TorchProvider):
 
 
 def test_providers_without_logprobs_decline(monkeypatch, seed):
-    """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto falls
-    back to the next provider, and its loss still runs."""
+    """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto
+    falls back to the next provider, and its loss still runs."""
     p = _NoLogprobs()
     registry.register(p)
     try:
@@ -503,8 +507,8 @@ def test_grpo_example_runs():
     assert res["ok"] and res["grad_rel_diff"] < 1e-4 and 0 < res["clipped_fraction"] < 1, res
     args = mod.parse_args(["--tokens", "64", "--head-hidden", "16", "--head-vocab", "700"])
     rows = mod.memory(args)
-    # both paths against the float64 values of the same inputs: ours tightly; the plain float32 logits path once
-    # printed an entropy sum 1.4e-5 (relative) off inside the full suite, so it gets 1e-4
+    # both paths against the float64 values of the same inputs: ours tightly; the plain float32 logits path
+    # once printed an entropy sum 1.4e-5 (relative) off inside the full suite, so it gets 1e-4
     from fused_lce.tools.bench import make_inputs
 
     h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu", seed=args.seed)

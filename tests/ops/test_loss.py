@@ -130,7 +130,8 @@ def test_gradient_checkpointing(bd):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_compile_fullgraph(bd, compiler):
-    """The public API (validate left at its default) traces without graph breaks; loss and grads match eager."""
+    """The public API (validate left at its default) traces without graph breaks; loss and grads match
+    eager."""
     backend, device = bd
     torch._dynamo.reset()
     torch.manual_seed(1)
@@ -167,7 +168,7 @@ def test_retain_graph_second_backward(bd):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _opts(be, **kw):
     return options_block(**{"backend": be, **kw})
 
@@ -239,7 +240,8 @@ def _bad_op_calls(backend, device):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_direct_ops_check_every_input(bd):
     """The documented ops check every size, dtype, device and option themselves (the C++ kernel used to read
-    past short labels / bias / lse / grad_loss): a ValueError/TypeError naming the argument, nothing computed."""
+    past short labels / bias / lse / grad_loss): a ValueError/TypeError naming the argument, nothing
+    computed."""
     backend, device = bd
     for what, call, exc, name in _bad_op_calls(backend, device):
         with pytest.raises(exc, match=name):
@@ -311,8 +313,9 @@ def _plain_loss(h, w, y, b, reduction="mean", **kw):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_torch_func_transforms(bd, seed):
-    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) match the
-    plain path; they used to fail inside torch ("must override setup_context", "data-dependent control flow")."""
+    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) match
+    the plain path; they used to fail inside torch ("must override setup_context", "data-dependent control
+    flow")."""
     import warnings
 
     backend, device = bd
@@ -365,7 +368,7 @@ def test_torch_func_transforms(bd, seed):
             call()
 
 
-# ------------------------------------------------------------------------------------------------ meta / compile
+# --------------------------------------------------------------------------------------------- meta / compile
 def test_meta_tensors_propagate_shapes():
     """device="meta" through the public API and the ops: shapes (and grads' shapes) propagate, values are not
     checked (they do not exist: .item() used to fail), shapes still are."""
@@ -436,9 +439,9 @@ def test_compile_bad_label_is_nan_and_label_errors_counts_it(bd):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_int32_labels_with_a_64_bit_ignore_index(bd, seed):
-    """int32 labels and an ignore_index outside the int32 range: no label equals it (none is ignored), through the
-    public API and the registered op alike, with the results of the same labels as int64. Compared as int32, the
-    index would wrap (2**40 to 0) and label 0 would count as ignored."""
+    """int32 labels and an ignore_index outside the int32 range: no label equals it (none is ignored), through
+    the public API and the registered op alike, with the results of the same labels as int64. Compared as
+    int32, the index would wrap (2**40 to 0) and label 0 would count as ignored."""
     backend, device = bd
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(9, 8, generator=g).to(device).requires_grad_()

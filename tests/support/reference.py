@@ -1,6 +1,6 @@
-"""The float64 answer of a problem and the tolerances every comparison with it uses (relative to the magnitudes
-that formed each value). The reference itself is ``fused_lce.core.formulas.reference_loss``; this module adds its
-gradients and the magnitudes the tolerances scale with."""
+"""The float64 answer of a problem and the tolerances every comparison with it uses (relative to the
+magnitudes that formed each value). The reference itself is ``fused_lce.core.formulas.reference_loss``; this
+module adds its gradients and the magnitudes the tolerances scale with."""
 from __future__ import annotations
 
 import math
@@ -20,9 +20,9 @@ def rel_err(a, b):
 
 
 # Tolerances against the float64 reference, per input dtype: relative to the reference's own magnitude (rtol)
-# plus absolute floors proportional to the magnitudes of the summands that formed the value: floating-point error
-# scales with those, and cancellation can leave the result itself tiny (a gradient of 1e-4 summed from terms of
-# 1: hypothesis once found n=1, d=1, v=25, smoothing=0.3, softcap=2).
+# plus absolute floors proportional to the magnitudes of the summands that formed the value: floating-point
+# error scales with those, and cancellation can leave the result itself tiny (a gradient of 1e-4 summed from
+# terms of 1: hypothesis once found n=1, d=1, v=25, smoothing=0.3, softcap=2).
 #   logits z = h @ W.T + b carry an error ~ u * zmag with zmag = |h| @ |W|.T + |b| (u: float32 unit roundoff);
 #   loss / lse: |ours - ref| <= LOSS_TOL |ref| + LOSS_ATOL * (sum of the per-token terms' magnitudes, in zmag)
 #   gradients:  ||ours - ref|| <= GRAD_TOL ||ref|| + SUMMAND_TOL || B @ |W| || + LOGIT_TOL || P @ |W| ||
@@ -79,7 +79,8 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         leaves = [t for t in (hr, wr, br) if t is not None]
         got = iter(torch.autograd.grad(loss, leaves, g, allow_unused=True))
         grads = tuple(None if t is None else next(got) for t in (hr, wr, br))
-        grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)  # unused: zero gradient
+        # unused: zero gradient
+        grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)
                       for t, gr in zip((hr, wr, br), grads))
     with torch.no_grad():
         hh, yy = (hr[..., :-1, :], y[..., 1:]) if shift else (hr, y)

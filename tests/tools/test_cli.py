@@ -131,7 +131,7 @@ def test_env_and_module_entry_points():
     assert "--preset" in help_text and "--tokens" in help_text and "--plot" in help_text
 
 
-# ------------------------------------------------------------------------------------------------ bad arguments
+# ---------------------------------------------------------------------------------------------- bad arguments
 BAD_ARGS = [  # (arguments, the option the usage error must name)
     (["--tokens", "abc"], "--tokens"),
     (["--tokens", "0"], "--tokens"),
@@ -181,8 +181,9 @@ FAKE_NO_MATPLOTLIB = "raise ImportError('No module named matplotlib (hidden by t
 
 
 def test_usage_errors_in_a_fresh_process(tmp_path):
-    """The exit status and the absence of a traceback, as a user sees them: --tokens abc, --device cuda without
-    CUDA (cuda:99 with it), and --plot without matplotlib, which must fail before the run, not after it."""
+    """The exit status and the absence of a traceback, as a user sees them: --tokens abc, --device cuda
+    without CUDA (cuda:99 with it), and --plot without matplotlib, which must fail before the run, not after
+    it."""
     fake = tmp_path / "fake" / "matplotlib"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_NO_MATPLOTLIB)

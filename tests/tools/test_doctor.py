@@ -1,7 +1,8 @@
-"""``fused-lce doctor`` (fused_lce/tools/doctor.py): the CLI on this host (every section present, the self-check of
-the available backends with their errors and both timings, the timing against torch, clear argument errors), and
-in-process with the AscendC kernels on the CPU twin registered, so that the NPU sections -- the self-check of the
-kernels and the bitwise comparison of their conservative variants -- run as they would on a card."""
+"""``fused-lce doctor`` (fused_lce/tools/doctor.py): the CLI on this host (every section present, the
+self-check of the available backends with their errors and both timings, the timing against torch, clear
+argument errors), and in-process with the AscendC kernels on the CPU twin registered, so that the NPU sections
+-- the self-check of the kernels and the bitwise comparison of their conservative variants -- run as they
+would on a card."""
 from __future__ import annotations
 
 import json
@@ -55,8 +56,8 @@ def test_bad_arguments_are_usage_errors(args, msg, capsys):
 
 
 class DriftingVariant(twin_build.TwinKernels):
-    """Kernels whose conservative variants disagree with the default in the last bit of dX (what a card could show
-    if the default's pipe order or L1 residency were wrong)."""
+    """Kernels whose conservative variants disagree with the default in the last bit of dX (what a card could
+    show if the default's pipe order or L1 residency were wrong)."""
 
     def grads(self, *args, **kw):
         dx, dw, db = super().grads(*args, **kw)

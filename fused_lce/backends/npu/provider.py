@@ -1,6 +1,6 @@
-"""The "npu" provider (``AscendCProvider``): the AscendC kernels behind the driver's ``stats`` / ``grads``, with the
-token blocks and gradient sums of the one-pass modes. The package docstring (``fused_lce/backends/npu``) says what
-the kernels are and what has been verified of them."""
+"""The "npu" provider (``AscendCProvider``): the AscendC kernels behind the driver's ``stats`` / ``grads``,
+with the token blocks and gradient sums of the one-pass modes. The package docstring
+(``fused_lce/backends/npu``) says what the kernels are and what has been verified of them."""
 from __future__ import annotations
 
 import copy
@@ -18,9 +18,10 @@ from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
 ADAPTER_MODULE = "fused_lce._npu_C"
-# z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0: 2 GiB keeps about 2300 rows of a
-# 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the cube's work in
-# benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of 1.14x)
+# z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0: 2 GiB keeps about 2300 rows
+# of a 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the
+# cube's work in benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of
+# 1.14x)
 DEFAULT_TILE_BYTES = 2 << 30
 MAX_IDS = 1 << 24  # the kernels' planner carries vocabulary ids and row offsets as exact floats
 # every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
@@ -117,8 +118,8 @@ class AscendCProvider(WholeRowsProvider):
         return max(min(p.n, rows), 1)
 
     def store(self, t: Tensors, rows: slice, out: Grads, dh, dw, db) -> None:
-        """One block's float32 gradients: dX rows into their place, dW / db added to the earlier blocks' (block
-        order); a single block covering every row is taken as is."""
+        """One block's float32 gradients: dX rows into their place, dW / db added to the earlier blocks'
+        (block order); a single block covering every row is taken as is."""
         if rows.start == 0 and rows.stop == t.hidden.shape[0] and out.dh is None and out.dw is None \
                 and out.db is None:
             return WholeRowsProvider.store(t, rows, out, dh, dw, db)
@@ -144,7 +145,7 @@ class AscendCProvider(WholeRowsProvider):
                     f"floats), got {p.v}")
         return reason
 
-    # -- kernels: the kernels tile a driver block's tokens across cores ----------------------------------------
+    # -- kernels: the kernels tile a driver block's tokens across cores --------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         if t.weight.shape[0] == 0:  # an empty vocabulary shard (vocab parallel): no kernel launch, no logits
             n, dev = t.hidden[rows].shape[0], t.hidden.device

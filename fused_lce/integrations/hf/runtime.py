@@ -1,23 +1,23 @@
 """How a patched model runs (nothing of transformers' forwards is copied, so it follows their changes).
 
-``patch_model`` registers a forward pre-hook and an (always-called) forward hook on the model and gives its output
-layer (``lm_head``) a forward that stays inert unless armed. The pre-hook decides per call whether the fused path
-runs (default: ``model.training`` and ``labels`` given) and, if so, pushes a *frame* (labels, options) onto a
-context-local stack (a ``contextvars.ContextVar``: concurrent threads and nested calls never see each other's
-frames). The model's own forward then runs unchanged; when it calls ``self.lm_head(hidden_states)``, the armed layer
-computes the fused loss from the hidden states it receives and its own ``weight``/``bias`` (tied or untied) and
-returns it in place of the logits. This happens inside the module's ``__call__``, so FSDP2 / DeepSpeed ZeRO-3 hooks
-gather the weight around it and see its result.
+``patch_model`` registers a forward pre-hook and an (always-called) forward hook on the model and gives its
+output layer (``lm_head``) a forward that stays inert unless armed. The pre-hook decides per call whether the
+fused path runs (default: ``model.training`` and ``labels`` given) and, if so, pushes a *frame* (labels,
+options) onto a context-local stack (a ``contextvars.ContextVar``: concurrent threads and nested calls never
+see each other's frames). The model's own forward then runs unchanged; when it calls
+``self.lm_head(hidden_states)``, the armed layer computes the fused loss from the hidden states it receives
+and its own ``weight``/``bias`` (tied or untied) and returns it in place of the logits. This happens inside
+the module's ``__call__``, so FSDP2 / DeepSpeed ZeRO-3 hooks gather the weight around it and see its result.
 
-The stock forward hands what ``lm_head`` returned -- as the module hooks left it: ZeRO-3 replaces it with a tensor
-whose backward re-gathers the weight -- to ``self.loss_function``, which the patch sets to a relay that returns
-(a copy of) that very tensor, so backward runs through those hooks; MoE forwards then add their router aux loss as
-always. The forward hook pops the frame and returns the model's usual output class with ``logits=None``
-(``return_dict=False``: the usual tuple, ``None`` where the logits were).
+The stock forward hands what ``lm_head`` returned -- as the module hooks left it: ZeRO-3 replaces it with a
+tensor whose backward re-gathers the weight -- to ``self.loss_function``, which the patch sets to a relay that
+returns (a copy of) that very tensor, so backward runs through those hooks; MoE forwards then add their router
+aux loss as always. The forward hook pops the frame and returns the model's usual output class with
+``logits=None`` (``return_dict=False``: the usual tuple, ``None`` where the logits were).
 
-TRL's fused-head calls (``fused_lm_head=True``) are served the same way (:mod:`fused_lce.integrations.trl`): the
-armed layer returns the per-token log-probabilities (and entropy) as one tensor, from which the output TRL expects
-is built.
+TRL's fused-head calls (``fused_lm_head=True``) are served the same way (:mod:`fused_lce.integrations.trl`):
+the armed layer returns the per-token log-probabilities (and entropy) as one tensor, from which the output TRL
+expects is built.
 """
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ from . import families
 from .options import LOSS_OPTIONS, OBJECTIVE_DEFAULTS, RUN_OPTIONS, check_options, objective_changed
 
 CLASS_PATCHES: dict = {}  # class -> {"options": dict, "saved": {name: (had_own, original)}}
-_WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> keys of the warnings it has given
+# model -> keys of the warnings it has given
+_WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class PatchStatus:
-    """What :func:`is_patched` returns: truthy iff the next training step (training mode, labels given) computes
-    its loss with fused_lce; ``reason`` says why or why not."""
+    """What :func:`is_patched` returns: truthy iff the next training step (training mode, labels given)
+    computes its loss with fused_lce; ``reason`` says why or why not."""
 
     __slots__ = ("active", "reason")
 
@@ -55,7 +56,7 @@ class PatchStatus:
         return f"PatchStatus({self.active}, {self.reason!r})"
 
 
-# ------------------------------------------------------------------------------------------------ instance patch
+# --------------------------------------------------------------------------------------------- instance patch
 def patch_model(model, options: dict):
     """Patch ``model`` (a supported model or a PEFT wrapper around one) in place with checked ``options``."""
     target = resolve(model)
@@ -68,10 +69,13 @@ def patch_model(model, options: dict):
         _install_leaf(leaf)
     handles = (target.register_forward_pre_hook(_pre_hook, with_kwargs=True),
                target.register_forward_hook(_post_hook, with_kwargs=True, always_call=True))
-    # a second entry for calls of model.forward(...) that bypass the module hooks (PEFT <= 0.20's tuners do that)
-    previous = target.__dict__.get("forward")  # someone's instance forward (TRL's fused head, accelerate's autocast)
+    # a second entry for calls of model.forward(...) that bypass the module hooks (PEFT <= 0.20's tuners do
+    # that)
+    # someone's instance forward (TRL's fused head, accelerate's autocast)
+    previous = target.__dict__.get("forward")
     entry = functools.partial(_instance_forward, target, previous)
-    entry.__signature__ = inspect.signature(target.forward)  # Trainer and generate read the forward's signature
+    # Trainer and generate read the forward's signature
+    entry.__signature__ = inspect.signature(target.forward)
     if previous is not None:
         entry.__wrapped__ = previous
     target.__dict__["forward"] = entry
@@ -92,7 +96,8 @@ def unpatch_model(model):
             del target.__dict__["forward"]
         else:
             target.__dict__["forward"] = entry.args[1]
-    # else: a wrapper installed after patch (TRL, accelerate) holds our entry; left in place, it passes through
+    # else: a wrapper installed after patch (TRL, accelerate) holds our entry; left in place, it passes
+    # through
     if isinstance(target.__dict__.get("_loss_function"), _LossRelay):
         if state["relay_previous"] is None:
             del target.__dict__["_loss_function"]
@@ -167,9 +172,9 @@ def patch_family(family, options):
         if cls in CLASS_PATCHES:
             CLASS_PATCHES[cls]["options"] = options
             continue
-        # wrap __call__ (which sees TRL's fused-head calls, whatever replaced an instance's forward) and forward
-        # (called directly by PEFT <= 0.20's tuners); both looked up through the MRO (a forward may be inherited
-        # from a shared base class) and restored, or removed, on unpatch
+        # wrap __call__ (which sees TRL's fused-head calls, whatever replaced an instance's forward) and
+        # forward (called directly by PEFT <= 0.20's tuners); both looked up through the MRO (a forward may be
+        # inherited from a shared base class) and restored, or removed, on unpatch
         entry = {"options": options, "saved": {}}
         for name, wrap in (("__call__", _class_call), ("forward", _class_forward)):
             original = getattr(cls, name)
@@ -217,8 +222,9 @@ def _class_forward(cls, original):
 
 
 def _instance_forward(model, previous, *args, **kwargs):
-    """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame and it
-    passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the frame."""
+    """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame
+    and it passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the
+    frame."""
     run = previous if previous is not None else functools.partial(type(model).forward, model)
     state = model.__dict__.get("_fused_lce_patch")
     top = _top()
@@ -257,14 +263,15 @@ class _Frame:
 
 
 # The frames of the patched calls in progress. Eager: a ContextVar (per thread and asyncio task, so concurrent
-# calls never see each other's frames). Dynamo cannot trace ContextVar, so a compiled region keeps its frames on a
-# plain list, which dynamo traces as a side effect (it is empty again once the call returns).
+# calls never see each other's frames). Dynamo cannot trace ContextVar, so a compiled region keeps its frames
+# on a plain list, which dynamo traces as a side effect (it is empty again once the call returns).
 _FRAMES = contextvars.ContextVar("fused_lce_hf_frames", default=())
 _TRACED_FRAMES: list = []
 
 
 # Token-accuracy records for callers that log it from the logits the fused path does not return (ms-swift):
-# None, or a list that the fused calls made inside recording_token_accuracy() append (correct, valid) counts to.
+# None, or a list that the fused calls made inside recording_token_accuracy() append (correct, valid) counts
+# to.
 _ACCURACY = contextvars.ContextVar("fused_lce_hf_accuracy", default=None)
 
 
@@ -367,7 +374,8 @@ def _begin(model, options, args, kwargs, via):
 
     loss_options = {k: v for k, v in options.items() if k in LOSS_OPTIONS}
     default_ignore = loss_options.pop("ignore_index", -100)
-    frame.ignore_index = kwargs.get("ignore_index", default_ignore)  # a per-call kwarg, as ForCausalLMLoss takes
+    # a per-call kwarg, as ForCausalLMLoss takes
+    frame.ignore_index = kwargs.get("ignore_index", default_ignore)
     _fill(frame, model, mode, labels, kwargs, loss_options)
     if mode == "fused":
         frame.want_tuple = not _return_dict(model, kwargs)
@@ -395,8 +403,9 @@ def _fill(frame, model, mode, labels, kwargs, loss_options):
 
 
 def _begin_trl(model, options, frame, labels, kwargs):
-    """A call of TRL's fused LM head: serve it with fused_lce (TRL's forward then runs the stock forward, whose
-    armed output layer computes TRL's per-token outputs), or leave it to TRL with a warning saying why."""
+    """A call of TRL's fused LM head: serve it with fused_lce (TRL's forward then runs the stock forward,
+    whose armed output layer computes TRL's per-token outputs), or leave it to TRL with a warning saying
+    why."""
     head = trl_support.installed_head(model)
     if head is None:
         head = "fused_lm_head=True was passed but no TRL fused LM head (add_fused_lm_head) is installed"
@@ -428,8 +437,8 @@ def _positional(model, args, kwargs, name):
 
 
 def _returned(frame, value):
-    """What the armed layer returned, as the stock forward passed it on (``value``, possibly replaced by module
-    hooks, e.g. ZeRO-3's): that tensor when it has the shape of ours, else ours."""
+    """What the armed layer returned, as the stock forward passed it on (``value``, possibly replaced by
+    module hooks, e.g. ZeRO-3's): that tensor when it has the shape of ours, else ours."""
     if isinstance(value, torch.Tensor) and value.shape == frame.loss.shape:
         return value
     return frame.loss
@@ -457,7 +466,8 @@ def _finish(model, frame, out):
 
 
 def _leaf_forward(leaf, hidden, *rest, **kwargs):
-    """The output layer's forward while patched: the stock forward unless this call's frame armed this layer."""
+    """The output layer's forward while patched: the stock forward unless this call's frame armed this
+    layer."""
     frame = _top()
     if (frame is None or frame.mode is None or frame.loss is not None
             or not any(leaf is m for m in frame.leaves)):
@@ -489,9 +499,9 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
 
 
 class _LossRelay:
-    """``model._loss_function`` while patched: in a call whose output layer ran armed, a copy of the tensor that
-    layer returned as the forward passed it here (see the module docstring: backward must run through the module
-    hooks' version of it); else the stock loss function (``ForCausalLMLoss``)."""
+    """``model._loss_function`` while patched: in a call whose output layer ran armed, a copy of the tensor
+    that layer returned as the forward passed it here (see the module docstring: backward must run through the
+    module hooks' version of it); else the stock loss function (``ForCausalLMLoss``)."""
 
     def __init__(self, stock):
         self.stock = stock
@@ -529,7 +539,8 @@ def _install_relay(model):
 
 
 def _candidate_leaves(model):
-    """Every ``nn.Linear`` that may compute the logits (the head, or the copies in PEFT's ModulesToSaveWrapper)."""
+    """Every ``nn.Linear`` that may compute the logits (the head, or the copies in PEFT's
+    ModulesToSaveWrapper)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         return []
@@ -544,7 +555,8 @@ def _is_leaf_forward(f):
 
 
 def _install_leaf(leaf):
-    """Give ``leaf`` the inert-unless-armed forward, unless someone else's forward already sits on the instance."""
+    """Give ``leaf`` the inert-unless-armed forward, unless someone else's forward already sits on the
+    instance."""
     if "forward" not in leaf.__dict__:
         # a partial (not a bound method) so that copy.deepcopy / PEFT's copies rebind it to the copy
         leaf.forward = functools.partial(_leaf_forward, leaf)
@@ -607,9 +619,10 @@ def _why_not(model, kwargs):
 
 
 def _forward_replaced(model):
-    """The armed output layer returns the loss where transformers' own forward expects logits, which that forward
-    hands to ``loss_function``. Another library's forward set on the supported class itself (Unsloth, Liger)
-    computes its loss in its own way: then the fused path must not run. A user subclass's forward is fine."""
+    """The armed output layer returns the loss where transformers' own forward expects logits, which that
+    forward hands to ``loss_function``. Another library's forward set on the supported class itself (Unsloth,
+    Liger) computes its loss in its own way: then the fused path must not run. A user subclass's forward is
+    fine."""
     for cls in type(model).__mro__:
         if cls.__name__ in families.SUPPORTED and cls.__module__.startswith("transformers."):
             where = getattr(cls.forward, "__module__", None) or ""

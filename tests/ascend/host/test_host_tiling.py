@@ -1,7 +1,8 @@
 """The real tiling / inference functions of the two operators, run under the host twin's runtime on a grid of
-problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask, parts):
-status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data equal to the
-planners' plans, attributes read at the right index, inputs read by IR index, bad nodes rejected without a crash."""
+problems (N, D, V, dtypes, label dtype, bias, softcap / temperature / sum of logits / entropy, grad mask,
+parts): status handling, workspace size, block dim, batch scheduling for the cross-core sync, tiling data
+equal to the planners' plans, attributes read at the right index, inputs read by IR index, bad nodes rejected
+without a crash."""
 from __future__ import annotations
 
 import os
@@ -107,8 +108,9 @@ def _adapter_calls() -> dict:
 
 
 def test_adapter_passes_inputs_attributes_outputs_as_the_generated_aclnn_api_expects(driver):
-    """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs (asc-devkit
-    docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int int64_t, Bool bool."""
+    """The generated aclnn*GetWorkspaceSize takes the OpDef's inputs, then its attributes, then its outputs
+    (asc-devkit docs 单算子API调用.md); an optional input is a nullable tensor, Float attributes are double, Int
+    int64_t, Bool bool."""
     calls = _adapter_calls()
     assert set(calls) == {"FusedLceStatsCube", "FusedLceGradCube"}
     attr_cpp = {"int": "int64_t", "float": "double", "bool": "bool"}
@@ -126,8 +128,8 @@ def f32(x: float) -> float:
 
 
 def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
-    """The shared grid plus the ops' own options (coef_b / coef_u / z_cache present or not, keep_dz; keep_z for the
-    forward)."""
+    """The shared grid plus the ops' own options (coef_b / coef_u / z_cache present or not, keep_dz; keep_z
+    for the forward)."""
     out = []
     for line in grid(op, count, rng):
         if op == "grad_cube":
@@ -141,11 +143,11 @@ def cube_grid(op: str, count: int, rng: random.Random) -> list[str]:
 
 
 def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str, a_trans: bool, b_trans: bool):
-    """(ok, message): as much of a GEMM's A as fits L1 beside B's double buffer is kept over its n_tiles N tiles
-    (ORDER_M, stepM 1, stepN = n_tiles, depthB1 2, depthA1 = the A blocks that fit, at most kIter: the Norm template
-    caches the whole K, or the first depthA1 - 2 K blocks when depthA1 > 2), L1 blocks sized as the Matmul library
-    does (float32: the K side aligned to 16 for a transposed A and a non-transposed B); the tiling is left alone
-    (A not cached) where fewer than three A blocks, or A's whole K, fit."""
+    """(ok, message): as much of a GEMM's A as fits L1 beside B's double buffer is kept over its n_tiles N
+    tiles (ORDER_M, stepM 1, stepN = n_tiles, depthB1 2, depthA1 = the A blocks that fit, at most kIter: the
+    Norm template caches the whole K, or the first depthA1 - 2 K blocks when depthA1 > 2), L1 blocks sized as
+    the Matmul library does (float32: the K side aligned to 16 for a transposed A and a non-transposed B); the
+    tiling is left alone (A not cached) where fewer than three A blocks, or A's whole K, fit."""
     bk = t["baseK"]
     kiter = -(-k // bk)
 
@@ -163,8 +165,8 @@ def a_resident(t: dict, k: int, n_tiles: int, elt: int, l1: int, name: str, a_tr
 
 
 def cube_problems(line: str, r: dict) -> list[str]:
-    """Every way the cube-driven tiling's result disagrees with the planner of fused_lce_cube_tiling.h (what the twin
-    kernels run with) and what the kernels and the runtime need."""
+    """Every way the cube-driven tiling's result disagrees with the planner of fused_lce_cube_tiling.h (what
+    the twin kernels run with) and what the kernels and the runtime need."""
     c = words(line)
     grad = c["op"] == "grad_cube"
     e = r["expected_plan"]
@@ -213,7 +215,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
         gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
-        # Dz kept in column chunks of keep_cols (< 65535: the GM -> L1 copy's 16-bit row stride), dX one GEMM per chunk
+        # Dz kept in column chunks of keep_cols (< 65535: the GM -> L1 copy's 16-bit row stride), dX one GEMM
+        # per chunk
         want(e["keep_cols"] < 65535 and e["keep_cols"] % bn == 0 or e["keep_cols"] == b["v"], f"keep_cols {e}")
         whole = {"mmDxAll": (bm, d, e["keep_cols"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
         if keep:  # the whole-K GEMMs from the kept Dz (N x V)
@@ -244,8 +247,9 @@ def cube_problems(line: str, r: dict) -> list[str]:
 
 @pytest.mark.parametrize("op", ["stats_cube", "grad_cube"])
 def test_cube_tiling_on_a_grid_of_problems(op, driver):
-    """Odd shapes, every dtype and label dtype, bias / softcap / temperature / sum of logits / entropy / coef_b /
-    coef_u / grad masks, four parts: the tiling data is the planner's plan (bytewise), launch values as required."""
+    """Odd shapes, every dtype and label dtype, bias / softcap / temperature / sum of logits / entropy /
+    coef_b / coef_u / grad masks, four parts: the tiling data is the planner's plan (bytewise), launch values
+    as required."""
     rng = random.Random(SEED + 1)
     lines = cube_grid(op, 300, rng)
     outs = driver(lines)
@@ -256,16 +260,16 @@ def test_cube_tiling_on_a_grid_of_problems(op, driver):
     assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1 for r in ok)
     if op == "stats_cube":
         assert any(r["plan"]["base"]["segments"] > 1 for r in ok)
-    # the planner's own refusals (V_local >= 2^24, N >= 2^24 for the backward, D >= 65535: the operands' row stride
-    # in the GM -> L1 copy's 16-bit srcDValue) fail the tiling cleanly
+    # the planner's own refusals (V_local >= 2^24, N >= 2^24 for the backward, D >= 65535: the operands' row
+    # stride in the GM -> L1 copy's 16-bit srcDValue) fail the tiling cleanly
     refused = [case(op, n=37, d=16, v=1 << 24), case(op, n=37, d=65535, v=301)]
     refused += [case(op, n=1 << 24, d=16, v=301)] if op == "grad_cube" else []
     assert all(r["status"] == "failed" and not r["block_dim_set"] for r in driver(refused))
 
 
 def test_cube_batch_mode_for_the_kernels_that_sync_all_cores(driver):
-    """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch mode
-    always."""
+    """Both cube-driven kernels call SyncAll (the forward's segment merge, the backward's db merge): batch
+    mode always."""
     for op, src in KERNELS.items():
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"
@@ -314,9 +318,10 @@ RESIDENCY = ("depthA1", "depthB1", "stepM", "stepN", "iterateOrder", "shareL1Siz
 
 @pytest.mark.parametrize("op,gemms", [("stats_cube", ["mmLogits"]), ("grad_cube", ["mmDx", "mmDw"])])
 def test_plain_tiling_variant_leaves_get_tilings_choice(op, gemms, driver):
-    """The attribute variant reaches the tiling data (each bit alone and both); with kPlainTiling (bit 1) the Matmul
-    tilings are GetTiling's own: they differ from the default only in the fields keep_a_resident overrides, and they
-    do differ there (the override applies to this problem). Any other value fails the tiling."""
+    """The attribute variant reaches the tiling data (each bit alone and both); with kPlainTiling (bit 1) the
+    Matmul tilings are GetTiling's own: they differ from the default only in the fields keep_a_resident
+    overrides, and they do differ there (the override applies to this problem). Any other value fails the
+    tiling."""
     line = case(op, n=300, d=1024, v=20000)
     runs = {v: driver.one(f"{line} variant={v}") for v in range(4)}
     assert all(r["status"] == "ok" and r["variant"] == v for v, r in runs.items()), runs
@@ -358,10 +363,11 @@ def test_cube_bad_nodes_fail_the_tiling_cleanly(what, kw, driver):
     ("mm_single_k=128", "GetTiling returned singleCoreK 128 for {}, not its K = 256"),
 ], ids=["base_tile", "single_core_k"])
 def test_cube_tiling_fails_when_get_tiling_moves_what_the_plan_fixed(op, quirk, msg, driver):
-    """The kernels size their ring slots and place the tiles they read back by the plan's base tile, the fixpipe by
-    the tiling's; the Matmul library lays an operand's L1 buffer out from the tiling's singleCoreK, keep_a_resident
-    sizes "A's whole K" from the GEMM's K. A GetTiling that did not keep SetFixSplit's base M / N, or returned another
-    singleCoreK, fails the tiling, naming the GEMM (the first checked: mmLogits / mmZ, K = D = 256)."""
+    """The kernels size their ring slots and place the tiles they read back by the plan's base tile, the
+    fixpipe by the tiling's; the Matmul library lays an operand's L1 buffer out from the tiling's singleCoreK,
+    keep_a_resident sizes "A's whole K" from the GEMM's K. A GetTiling that did not keep SetFixSplit's base M
+    / N, or returned another singleCoreK, fails the tiling, naming the GEMM (the first checked: mmLogits /
+    mmZ, K = D = 256)."""
     line = case(op, n=300, d=256, v=5000, keep_dz=1, keep_z=1)
     assert driver.one(line)["status"] == "ok"
     r = driver.one(line + " " + quirk)
@@ -375,9 +381,10 @@ def test_cube_tiling_fails_when_get_tiling_moves_what_the_plan_fixed(op, quirk, 
     (1, "0", "keep_z is set but no z_cache output"),
 ])
 def test_stats_cube_keep_z_needs_the_z_cache_output(keep_z, out, msg, driver):
-    """keep_z makes the kernel write N x V floats into z_cache: the tiling fails unless the output is given with shape
-    (N, V). Without keep_z the kernel never touches z_cache, so any z_cache is accepted: absent (the generated aclnn's
-    null tensor), empty (a hand-written op_api's shape (0)) or (N, V) (a graph allocating it from InferShape)."""
+    """keep_z makes the kernel write N x V floats into z_cache: the tiling fails unless the output is given
+    with shape (N, V). Without keep_z the kernel never touches z_cache, so any z_cache is accepted: absent
+    (the generated aclnn's null tensor), empty (a hand-written op_api's shape (0)) or (N, V) (a graph
+    allocating it from InferShape)."""
     for zc in ("absent", "0", "37,301"):
         assert driver.one(case("stats_cube", keep_z=0, out__z_cache=zc))["status"] == "ok"
     assert driver.one(case("stats_cube", keep_z=1, out__z_cache="37,301"))["status"] == "ok"
@@ -399,9 +406,9 @@ def test_cube_inferred_shapes_and_dtypes(driver):
 
 
 def test_cube_opdefs_declare_the_kernels_arguments(driver):
-    """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch passes
-    them so): compare with the extern "C" signature of each cube-driven kernel, the z-cache slots included (z_cache,
-    optional: the last output of the forward, right after lse in the backward)."""
+    """The OpDef's inputs then outputs are the kernel entry's GM arguments in order (the generated launch
+    passes them so): compare with the extern "C" signature of each cube-driven kernel, the z-cache slots
+    included (z_cache, optional: the last output of the forward, right after lse in the backward)."""
     for op, src in KERNELS.items():
         code = open(src).read()
         sig = re.search(r'extern "C" __global__ __aicore__ void \w+\(([^)]*)\)', code).group(1)

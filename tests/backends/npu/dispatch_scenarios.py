@@ -1,13 +1,13 @@
 """(d) Dispatch scenarios on the simulated "npu" device, run in a subprocess by test_npu_dispatch.py (renaming
 PrivateUse1 is process-global). Prints one JSON object: {scenario: "ok" | traceback}.
 
-The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor ("npu:0").
-Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend, auto selection
-on device "npu" (own kernels -> CANN trio -> torch; torch end to end for the loss and the log-probs when
-neither NPU provider is available), FUSED_LCE_BACKEND and explicit backends, the npu_cann wrapper end to end
-through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index, z_loss, shift,
-return_stats) against the float64 reference, its routing of options the trio lacks, and the "npu" backend's
-glue with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
+The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor
+("npu:0"). Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend,
+auto selection on device "npu" (own kernels -> CANN trio -> torch; torch end to end for the loss and the
+log-probs when neither NPU provider is available), FUSED_LCE_BACKEND and explicit backends, the npu_cann
+wrapper end to end through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index,
+z_loss, shift, return_stats) against the float64 reference, its routing of options the trio lacks, and the
+"npu" backend's glue with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
 """
 from __future__ import annotations
 
@@ -41,12 +41,14 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from tests.support.ascendc_twin import build as twin_build  # noqa: E402
 
-build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")  # not what this checkout's build left
+# not what this checkout's build left
+build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")
 
 
 class TwinKernelsOnSimulatedNpu:
-    """The AscendC kernel sources on the CPU twin (tests/ascend) as the "npu" provider's kernels, fed the CPU data of
-    simulated-npu tensors and returning simulated-npu tensors: what the compiled kernels would be on a real card."""
+    """The AscendC kernel sources on the CPU twin (tests/ascend) as the "npu" provider's kernels, fed the CPU
+    data of simulated-npu tensors and returning simulated-npu tensors: what the compiled kernels would be on a
+    real card."""
 
     def __init__(self):
         self.twin = twin_build.TwinKernels()
@@ -83,7 +85,8 @@ def fake_cann_home(symbols) -> str:
 
 TRIO_SYMBOLS = [n + suffix for n in npu_cann.ACLNN for suffix in ("", "GetWorkspaceSize")]
 os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS)
-os.environ["FUSED_LCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fused_lce_cache_")  # this run's self-check verdicts
+# this run's self-check verdicts
+os.environ["FUSED_LCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fused_lce_cache_")
 
 SCENARIOS = {}
 
@@ -170,7 +173,8 @@ def auto_uses_trio_bf16_all_reductions():
         got, ref = run_both(h, w, None, y, up, reduction=reduction, num_items=num_items, z_loss=z_loss)
         after = torch_npu.calls
         assert after[npu_cann.TRIO[0]] > before.get(npu_cann.TRIO[0], 0), reduction
-        # reduction "none" recomputes its gradients through the trio's backward; the others get them in forward
+        # reduction "none" recomputes its gradients through the trio's backward; the others get them in
+        # forward
         assert after[npu_cann.TRIO[2]] > before.get(npu_cann.TRIO[2], 0), reduction
         assert got[1].dtype == torch.bfloat16 and got[2].dtype == torch.bfloat16
         check(got, ref, 2e-3, 1.5e-2)  # the trio rounds logits to bf16
@@ -183,7 +187,8 @@ def trio_shift_3d_and_stats():
     check(got, ref, 1e-4, 2e-3)
     out, r = got[4], ref[4]
     assert out.lse.shape == (3, 16) and int(cpu(out.n_valid)) == int(r[3])
-    assert abs(float(cpu(out.token_accuracy)) - float(r[2])) <= 3.0 / float(r[3])  # fp16-rounded logits may tie
+    # fp16-rounded logits may tie
+    assert abs(float(cpu(out.token_accuracy)) - float(r[2])) <= 3.0 / float(r[3])
 
 
 @scenario
@@ -272,7 +277,8 @@ def first_failing_step_is_reported():
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
     # the custom OPP as op-plugin sees it when torch_npu loads (here: the view it would have taken, had
-    # ASCEND_CUSTOM_OPP_PATH been set before): a library that lacks symbols, then one with all of them but no adapter
+    # ASCEND_CUSTOM_OPP_PATH been set before): a library that lacks symbols, then one with all of them but no
+    # adapter
     syms_all = npu_kernels.ACLNN_SYMBOLS
     status = os.path.join(tempfile.mkdtemp(), "_build_status.json")
     build_status.PATH = status  # nothing recorded: a source checkout
@@ -280,14 +286,16 @@ def first_failing_step_is_reported():
         src = os.path.join(tmp, "stub.c")
         vendors = []
         for k, syms in enumerate((syms_all[:2], syms_all)):
-            vendors.append(os.path.join(tmp, str(k), "vendors", "fused_lce"))  # a new path: dlopen caches by name
+            # a new path: dlopen caches by name
+            vendors.append(os.path.join(tmp, str(k), "vendors", "fused_lce"))
             libdir = os.path.join(vendors[-1], "op_api", "lib")
             os.makedirs(libdir)
             with open(src, "w") as f:
                 f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in syms))
             subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(libdir, "libcust_opapi.so")],
                            check=True)
-            inc = os.path.join(vendors[-1], "op_api", "include")  # the generated headers, this package's interface
+            # the generated headers, this package's interface
+            inc = os.path.join(vendors[-1], "op_api", "include")
             os.makedirs(inc)
             for name in npu_env.ACLNN_HEADERS:
                 with open(os.path.join(inc, name), "w") as f:
@@ -310,7 +318,8 @@ def first_failing_step_is_reported():
             assert "aclnn_fused_lce_grad_cube.h is missing: an incomplete kernel package" in r, r
             with open(header, "w") as f:
                 f.write("aclnnStatus aclnnFusedLceGradCube(..., int64_t variant, ...);\n")
-            # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes first
+            # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes
+            # first
             adapter = {"ok": False, "attempted": True, "error": "not built: compiling fused_lce._npu_C failed (x)",
                        "log": None}
             opp = {"ok": False, "attempted": True, "error": "k.cpp:1:2: error: boom", "log": "/b/build.log"}
@@ -324,7 +333,8 @@ def first_failing_step_is_reported():
                                            "error: boom (full log: /b/build.log)"), reasons()[0]
             with open(status, "w") as f:
                 json.dump({"npu_opp": {**opp, "attempted": False, "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
-            assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]  # not tried
+            # not tried
+            assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]
             # the variable set inside the process after torch_npu was imported: op-plugin never sees it
             npu_env._snapshot = npu_env.loader_view({})
             os.environ["ASCEND_CUSTOM_OPP_PATH"] = vendors[1]
@@ -414,8 +424,8 @@ def logprobs_both(h, w, b, y, **opts):
 
 @scenario
 def own_kernels_first_when_available():
-    """With the kernels present (the AscendC sources on the CPU twin), auto on device npu picks "npu" for every
-    option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
+    """With the kernels present (the AscendC sources on the CPU twin), auto on device npu picks "npu" for
+    every option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
     kernels = TwinKernelsOnSimulatedNpu()
     counted = kernels.counted
     registry.register(npu_provider.AscendCProvider("npu", kernels=kernels))
@@ -452,10 +462,11 @@ class WrongKernelsOnSimulatedNpu(TwinKernelsOnSimulatedNpu):
 
 @scenario
 def selfcheck_guards_the_npu_providers():
-    """The first use of each NPU provider on the device runs the self-check battery against the torch provider on
-    the same device. A wrong "npu" kernel fails it (a warning naming the check and `fused-lce doctor`; backend_info
-    says why) and auto takes npu_cann (the fake trio, which passes); fp32, which the trio declines, and a trio that
-    fails its check too (its functions raise), take the torch route. Every answer matches the float64 reference."""
+    """The first use of each NPU provider on the device runs the self-check battery against the torch provider
+    on the same device. A wrong "npu" kernel fails it (a warning naming the check and `fused-lce doctor`;
+    backend_info says why) and auto takes npu_cann (the fake trio, which passes); fp32, which the trio
+    declines, and a trio that fails its check too (its functions raise), take the torch route. Every answer
+    matches the float64 reference."""
     import warnings
 
     from fused_lce.core import selfcheck

@@ -47,7 +47,8 @@ def test_npu_extensions_is_empty_without_cann(monkeypatch):
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     assert nb.npu_extensions(ROOT) == []
     monkeypatch.setenv("ASCEND_HOME_PATH", "/nonexistent/cann")
-    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)  # no torch_npu installed: looked up, never imported
+    # no torch_npu installed: looked up, never imported
+    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)
     with pytest.raises(nb.NpuBuildError, match="torch_npu is not installed"):  # setup.py records it
         nb.npu_extensions(ROOT)
 
@@ -76,7 +77,8 @@ def test_adapter_and_twin_define_their_ops_from_one_schema_list():
 @pytest.mark.parametrize("op", ["_cpu_stats", "_cpu_grads", "_twin_stats_cube", "_twin_grads_cube"])
 def test_private_kernel_ops_share_one_argument_order(op):
     """Every private kernel op of every device (the CPU ops, and the twin's, whose schemas are the adapter's):
-    hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and sizes."""
+    hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and
+    sizes."""
     import torch
 
     from ...support.ascendc_twin import build as twin_build

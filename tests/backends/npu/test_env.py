@@ -1,7 +1,7 @@
-"""Where op-plugin finds the custom OPP kernels (fused_lce/backends/npu/env.py), against stand-in libcust_opapi.so
-files built with g++: ASCEND_CUSTOM_OPP_PATH's order, $ASCEND_OPP_PATH/vendors/config.ini's load_priority, the owner
-check, libraries that do not load, symbols split across builds, and the loader view op-plugin fixed when torch_npu
-was imported (snapshotted after fused_lce, reconstructed before it)."""
+"""Where op-plugin finds the custom OPP kernels (fused_lce/backends/npu/env.py), against stand-in
+libcust_opapi.so files built with g++: ASCEND_CUSTOM_OPP_PATH's order, $ASCEND_OPP_PATH/vendors/config.ini's
+load_priority, the owner check, libraries that do not load, symbols split across builds, and the loader view
+op-plugin fixed when torch_npu was imported (snapshotted after fused_lce, reconstructed before it)."""
 from __future__ import annotations
 
 import json
@@ -37,7 +37,8 @@ def verdict(view_env, uid=None):
 
 
 def test_custom_path_order_and_any_vendor_name(tmp_path):
-    a = make_vendor(str(tmp_path / "a" / "vendors" / "customize"))  # op-plugin does not look at the folder name
+    # op-plugin does not look at the folder name
+    a = make_vendor(str(tmp_path / "a" / "vendors" / "customize"))
     b = make_vendor(str(tmp_path / "b" / "vendors" / "fused_lce"))
     custom = f"{tmp_path / 'a' / 'vendors' / 'customize'}:{tmp_path / 'b' / 'vendors' / 'fused_lce'}"
     assert verdict({"ASCEND_CUSTOM_OPP_PATH": custom}) == (a, None)
@@ -66,7 +67,8 @@ def test_vendors_folder_only_through_config_ini(tmp_path):
     config = opp / "vendors" / "config.ini"
     config.write_text("load_priority=fused_lce\n")
     assert verdict(e) == (ours, None)
-    config.write_text("# vendors\nload_priority=customize,fused_lce\nload_priority=other\n")  # the first line counts
+    # the first line counts
+    config.write_text("# vendors\nload_priority=customize,fused_lce\nload_priority=other\n")
     assert verdict(e) == (ours, None)
     theirs = make_vendor(str(opp / "vendors" / "customize"))
     assert verdict(e) == (theirs, None)  # load order: customize first
@@ -115,7 +117,7 @@ def test_library_that_does_not_load(tmp_path):
     assert verdict({"ASCEND_CUSTOM_OPP_PATH": f"{tmp_path / 'v'}:{tmp_path / 'w'}"}) == (good, None)
 
 
-# ------------------------------------------------------------------------------------------------ the loader view
+# -------------------------------------------------------------------------------------------- the loader view
 PROBE = r"""
 import json, os, sys
 sys.path[:0] = [{fake!r}, {root!r}]

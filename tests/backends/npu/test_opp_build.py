@@ -1,8 +1,8 @@
-"""The NPU build path without CANN: cmake/npu_build.py's toolkit check, OPP step and log scan against a stub cmake
-and stub toolkit trees (tests/support/fake_cann.py), and setup.py under pip with them: the OPP package is built once
-per install (not once per setup.py run), not again while it is newer than its sources, a failed kernel build is
-recorded with its first error line and log while the host adapter is still built, and FUSED_LCE_REQUIRE_EXT=1 turns
-any NPU failure into an install error."""
+"""The NPU build path without CANN: cmake/npu_build.py's toolkit check, OPP step and log scan against a stub
+cmake and stub toolkit trees (tests/support/fake_cann.py), and setup.py under pip with them: the OPP package
+is built once per install (not once per setup.py run), not again while it is newer than its sources, a failed
+kernel build is recorded with its first error line and log while the host adapter is still built, and
+FUSED_LCE_REQUIRE_EXT=1 turns any NPU failure into an install error."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,7 +30,7 @@ def nb():
     return mod
 
 
-# ------------------------------------------------------------------------------------------------ toolkit check
+# ---------------------------------------------------------------------------------------------- toolkit check
 @pytest.mark.parametrize("where", ["asc-devkit", "runtime", "compiler", "install_info"])
 def test_toolkit_version_read_where_cann_states_it(nb, tmp_path, where):
     home = fake_cann.make_toolkit(str(tmp_path / "cann"), "9.1.0", where)
@@ -78,7 +78,7 @@ def test_first_error_line(nb):
     assert nb.first_error_line("all good\n-Werror -ferror-limit=0") is None
 
 
-# ------------------------------------------------------------------------------------------------ the OPP step
+# ----------------------------------------------------------------------------------------------- the OPP step
 @pytest.fixture()
 def opp_env(tmp_path, monkeypatch):
     """A repository root with OPP sources, a stub toolkit and a stub cmake on PATH."""
@@ -190,9 +190,10 @@ def test_opp_step_not_attempted(nb, opp_env, monkeypatch):
     assert not st["attempted"] and "ASCEND_HOME_PATH was not set" in st["error"] and builds() == 0
 
 
-# ------------------------------------------------------------------------------------------------ setup.py via pip
+# ------------------------------------------------------------------------------------------- setup.py via pip
 def _source_copy(dst):
-    """The files an install reads (a copy: the build writes build/, the status file and egg-info beside them)."""
+    """The files an install reads (a copy: the build writes build/, the status file and egg-info beside
+    them)."""
     dst.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.md", "fused_lce-autopatch.pth", "fused_lce_autopatch.py"):
         shutil.copy(os.path.join(ROOT, name), dst / name)

@@ -1,6 +1,7 @@
-"""Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the CANN-trio
-wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on the CPU twin) must give every rank the unsharded loss, lse and
-(all-reduced) dX, and each rank its own rows of dW, against the float64 reference."""
+"""Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the
+CANN-trio wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on the CPU twin) must
+give every rank the unsharded loss, lse and (all-reduced) dX, and each rank its own rows of dW, against the
+float64 reference."""
 import dataclasses
 import math
 import os
@@ -55,8 +56,8 @@ def _worker(rank, world, port, seed):
         cfg = Options(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
                       vocab_total=v)
         # the trio rounds logits to bf16 (loss / lse ~1e-3); the own kernels keep fp32 logits
-        # and with a tile budget that gives the two shards different token blocks (16 and 20 rows): the ranks agree
-        # on 16, so 3 driver blocks with a collective each
+        # and with a tile budget that gives the two shards different token blocks (16 and 20 rows): the ranks
+        # agree on 16, so 3 driver blocks with a collective each
         small = dataclasses.replace(cfg, tile_bytes=16 * 6 * 170)
         for name, be, ltol, tol, opts in (("npu_cann", npu_cann.PROVIDER, 2e-3, 1.5e-2, cfg),
                                           ("npu", emulated, 1e-5, 1e-2, cfg),

@@ -1,6 +1,7 @@
-"""fused_lce.patch under FSDP2 (torch.distributed.fsdp.fully_shard), 2 processes, gloo on CPU: the LM head in its
-own FSDP group (untied) or in the root group (tied to the embeddings). The fused loss runs inside the head's module
-call, so FSDP's hooks unshard its weight; gradients equal the unsharded stock model's, averaged over ranks."""
+"""fused_lce.patch under FSDP2 (torch.distributed.fsdp.fully_shard), 2 processes, gloo on CPU: the LM head in
+its own FSDP group (untied) or in the root group (tied to the embeddings). The fused loss runs inside the
+head's module call, so FSDP's hooks unshard its weight; gradients equal the unsharded stock model's, averaged
+over ranks."""
 from __future__ import annotations
 
 import copy

@@ -1,6 +1,7 @@
-"""fused_lce.patch (fused_lce.integrations.hf.api / runtime) on every supported Qwen class (tiny random configs, no downloads): loss and every parameter
-gradient equal to the stock forward, and the HF semantics (label shift, shift_labels, num_items_in_batch,
-logits_to_keep, eval/no-labels logits, skip_logits, no_grad, return_dict=False, gradient checkpointing, PEFT)."""
+"""fused_lce.patch (fused_lce.integrations.hf.api / runtime) on every supported Qwen class (tiny random
+configs, no downloads): loss and every parameter gradient equal to the stock forward, and the HF semantics
+(label shift, shift_labels, num_items_in_batch, logits_to_keep, eval/no-labels logits, skip_logits, no_grad,
+return_dict=False, gradient checkpointing, PEFT)."""
 from __future__ import annotations
 
 import copy
@@ -260,7 +261,8 @@ def test_eval_and_no_labels_return_logits(seed):
     torch.testing.assert_close(out.logits, stock(**no_labels).logits)
     stock.eval()
     fused.eval()
-    out, ref = fused(**inputs), stock(**inputs)  # eval with labels: stock path, loss and logits (compute_metrics)
+    # eval with labels: stock path, loss and logits (compute_metrics)
+    out, ref = fused(**inputs), stock(**inputs)
     assert out.logits is not None
     torch.testing.assert_close(out.logits, ref.logits)
     torch.testing.assert_close(out.loss, ref.loss)
@@ -503,7 +505,7 @@ def test_peft_modules_to_save_lm_head(seed):
     torch.testing.assert_close(out.loss, ref.loss)
 
 
-# ------------------------------------------------------------------------------------------------ never silent
+# ----------------------------------------------------------------------------------------------- never silent
 @pytest.mark.parametrize("when", ["before", "after"], ids=["set-before-patch", "set-after-patch"])
 def test_user_loss_function_is_respected(when, seed):
     """A user-set model.loss_function (here: twice the stock loss) is what the model computes, patched or not;
@@ -550,8 +552,8 @@ def test_stock_loss_function_set_explicitly_is_fused(seed):
 
 
 def test_torch_compile_fullgraph(seed):
-    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph, and
-    loss and gradients equal the compiled stock model's."""
+    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph,
+    and loss and gradients equal the compiled stock model's."""
     torch._dynamo.reset()
     stock, fused = pair("Qwen3ForCausalLM", seed=seed)
     ops = []
@@ -577,8 +579,8 @@ def test_torch_compile_fullgraph(seed):
 
 
 def test_concurrent_threads_see_their_own_call(seed):
-    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its own
-    result (the per-call state is context-local, not a flag on the model)."""
+    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its
+    own result (the per-call state is context-local, not a flag on the model)."""
     import threading
 
     stock, fused = pair("Qwen3ForCausalLM", seed=seed)
@@ -608,9 +610,9 @@ def test_concurrent_threads_see_their_own_call(seed):
 
 
 def test_output_layer_wrapped_before_patch_falls_back(seed):
-    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that does
-    not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch wraps the
-    armed forward and works: test_accelerate_hook_on_head.)"""
+    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that
+    does not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch
+    wraps the armed forward and works: test_accelerate_hook_on_head.)"""
     hooks = pytest.importorskip("accelerate.hooks")
     stock = build("Qwen3ForCausalLM", seed=seed)
     fused = copy.deepcopy(stock)
@@ -639,8 +641,9 @@ def test_is_patched_reasons(seed):
 @pytest.mark.parametrize("calls_head", [False, True], ids=["own-fused-loss", "own-loss-from-lm_head"])
 def test_foreign_class_forward_is_left_alone(calls_head, seed, monkeypatch):
     """A library that replaces the supported class's forward (Unsloth, Liger) computes its own loss, from
-    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would land
-    where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says why."""
+    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would
+    land where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says
+    why."""
     cls = transformers.Qwen3ForCausalLM
 
     def foreign_forward(self, input_ids=None, labels=None, **kwargs):  # what Unsloth's fast forward does
@@ -688,8 +691,8 @@ def test_class_patch_of_an_inherited_forward(seed, monkeypatch):
 
 @pytest.mark.parametrize("when", ["patch-then-peft", "patch-peft-model"])
 def test_direct_forward_call_as_old_peft_does(when, seed, monkeypatch):
-    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's forward
-    entry opens the frame itself."""
+    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's
+    forward entry opens the frame itself."""
     tuners = pytest.importorskip("peft.tuners.tuners_utils")
     monkeypatch.setattr(tuners.BaseTuner, "forward", lambda self, *a, **k: self.model.forward(*a, **k))
     stock, fused = _peft_pair(seed, patch_before=when == "patch-then-peft")

@@ -1,7 +1,7 @@
-"""fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA, bf16,
-label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the FUSED_LINEAR_CE=1
-switch for scripts that are not edited (autopatch through the start-up hook; more in ../test_startup.py). TRL:
-../test_trl.py."""
+"""fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA,
+bf16, label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the
+FUSED_LINEAR_CE=1 switch for scripts that are not edited (autopatch through the start-up hook; more in
+../test_startup.py). TRL: ../test_trl.py."""
 from __future__ import annotations
 
 import copy

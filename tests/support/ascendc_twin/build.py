@@ -1,6 +1,6 @@
 """JIT build of the twin extension: the kernels of csrc/ascend compiled with g++ against the AscendC API twin
-(kernel/), one variant per (operand dtype, label dtype) generated from ``KERNELS``, linked with the ops of ext/ that
-launch them. Built once per source change into build/twin-ext (ninja, cached by torch)."""
+(kernel/), one variant per (operand dtype, label dtype) generated from ``KERNELS``, linked with the ops of
+ext/ that launch them. Built once per source change into build/twin-ext (ninja, cached by torch)."""
 from __future__ import annotations
 
 import functools
@@ -15,9 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 ASCEND = os.path.join(ROOT, "csrc", "ascend")
 TWIN_INCLUDE = os.path.join(HERE, "kernel")
 
-# The kernels the OPP package builds: entry symbol -> (source under csrc/ascend, GM arguments of the entry, workspace
-# and tiling included). The CANN build compiles each once per dtype pair its OpDef declares (DTYPE_HIDDEN,
-# DTYPE_LABELS), each with its own entry symbol; the twin does the same with the pairs below.
+# The kernels the OPP package builds: entry symbol -> (source under csrc/ascend, GM arguments of the entry,
+# workspace and tiling included). The CANN build compiles each once per dtype pair its OpDef declares
+# (DTYPE_HIDDEN, DTYPE_LABELS), each with its own entry symbol; the twin does the same with the pairs below.
 KERNELS = {
     "fused_lce_stats_cube": ("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp", 13),
     "fused_lce_grad_cube": ("fused_lce_grad/op_kernel/fused_lce_grad_cube.cpp", 15),
@@ -35,9 +35,9 @@ def _write_if_changed(path: str, text: str) -> None:
 
 
 def generate_variants(out: str) -> list[str]:
-    """Writes one source per kernel variant into ``out`` (the kernel source included unchanged under the variant's
-    DTYPE_* macros, its entry renamed <entry>_<operand>_<label>) and ``twin_variants.h`` declaring every variant's
-    entry for ext/ops.cpp; returns the sources."""
+    """Writes one source per kernel variant into ``out`` (the kernel source included unchanged under the
+    variant's DTYPE_* macros, its entry renamed <entry>_<operand>_<label>) and ``twin_variants.h`` declaring
+    every variant's entry for ext/ops.cpp; returns the sources."""
     os.makedirs(out, exist_ok=True)
     sources, decls = [], []
     for entry, (src, n_args) in KERNELS.items():
@@ -58,10 +58,10 @@ def generate_variants(out: str) -> list[str]:
     return sources
 
 
-# The part of the twin tests ask for: Atlas A2 (910B) memories with 24 AI cores, UB and L1 as op_host sees them
-# (PlatformAscendC::GetCoreMemSize keeps 256 bytes of each for the Matmul client / server on a 910B:
-# asc-devkit impl/utils/tiling/platform/platform_ascendc.cpp LOCAL_RESERV_SIZE), so the twin's plans are op_host's;
-# and a tiny part whose small UB forces small tiles, many vocabulary blocks, segments and cores.
+# The part of the twin tests ask for: Atlas A2 (910B) memories with 24 AI cores, UB and L1 as op_host sees
+# them (PlatformAscendC::GetCoreMemSize keeps 256 bytes of each for the Matmul client / server on a 910B:
+# asc-devkit impl/utils/tiling/platform/platform_ascendc.cpp LOCAL_RESERV_SIZE), so the twin's plans are
+# op_host's; and a tiny part whose small UB forces small tiles, many vocabulary blocks, segments and cores.
 HW_910B = dict(cube_cores=24, vec_per_cube=2, ub=192 * 1024 - 256, l1=512 * 1024 - 256, l0a=64 * 1024,
                l0b=64 * 1024, l0c=128 * 1024)
 HW_TINY = dict(cube_cores=5, vec_per_cube=2, ub=32 * 1024, l1=64 * 1024, l0a=4 * 1024, l0b=4 * 1024, l0c=8 * 1024)
@@ -88,8 +88,8 @@ def load_twin():
 
 def configure(hw: dict = HW_910B, seed: int = 1, switch_prob: float = 0.3, hazards: bool = True,
               mm_variant: int = 0) -> None:
-    """Select the part, the scheduler seed and the Matmul tiling variant (0: the default tiling; 1..5: other legal
-    values of GetTiling's free fields, ext/ops.cpp vary_tiling) of the next _twin_* calls."""
+    """Select the part, the scheduler seed and the Matmul tiling variant (0: the default tiling; 1..5: other
+    legal values of GetTiling's free fields, ext/ops.cpp vary_tiling) of the next _twin_* calls."""
     ops = load_twin()
     ops._twin_config([hw["cube_cores"], hw["vec_per_cube"], hw["ub"], hw["l1"], hw["l0a"], hw["l0b"], hw["l0c"]],
                      int(seed), float(switch_prob), bool(hazards), int(mm_variant))
@@ -101,17 +101,17 @@ COUNTERS = ("aic", "v_instr", "v_bytes", "s_ops", "gm_rd", "gm_wr", "cube_flops"
 
 def counters() -> list[dict]:
     """Work counters of the last launch, one dict per core (AIVs first, then AICs), named by COUNTERS: vector
-    instructions and UB bytes they write, scalar ops, GM bytes read / written, cube FLOPs, cube operand bytes copied
-    GM -> L1."""
+    instructions and UB bytes they write, scalar ops, GM bytes read / written, cube FLOPs, cube operand bytes
+    copied GM -> L1."""
     c = load_twin()._twin_counters()
     k = len(COUNTERS)
     return [dict(zip(COUNTERS, c[i:i + k])) for i in range(0, len(c), k)]
 
 
 class TwinKernels(AdapterKernels):
-    """The kernels on the twin behind the interface the "npu" backend calls: ``fused_lce.backends.npu.kernels``
-    ``AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops' contracts), for plugging them into the npu
-    provider."""
+    """The kernels on the twin behind the interface the "npu" backend calls:
+    ``fused_lce.backends.npu.kernels`` ``AdapterKernels`` over the twin's ``_twin_*`` ops (the adapter ops'
+    contracts), for plugging them into the npu provider."""
 
     def __init__(self, hw: dict = HW_910B, seed: int = 1, variant=None):
         super().__init__(ops=load_twin(), prefix="_twin", variant=variant)

@@ -31,7 +31,8 @@ def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_star
 
 
 def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):
-    """Hidden (scaled), a weight whose logits spread over a few units, an optional bias: the statistics tests'."""
+    """Hidden (scaled), a weight whose logits spread over a few units, an optional bias: the statistics
+    tests'."""
     h = (torch.randn(n, d) * scale).to(dtype)
     w = (torch.randn(v, d) / d**0.5 * 3).to(dtype)
     b = torch.randn(v).to(dtype) if bias else None
@@ -39,7 +40,8 @@ def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):
 
 
 # ---------------------------------------------------------------------------------------------- tolerances
-# relative L2 error of the gradients against float64: bf16 / fp16 round dz to the operand dtype before the GEMMs
+# relative L2 error of the gradients against float64: bf16 / fp16 round dz to the operand dtype before the
+# GEMMs
 GRAD_RTOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 

@@ -1,19 +1,23 @@
-"""A fake ``torch_npu`` for tests: the simulated "npu" device (tests/support/npu_sim.py) plus the CANN fused trio
-implemented in torch from its documentation (torch_npu API docs and the aclnn docs in hicann/ops-nn), including the
-argument checks those documents list, so the "npu_cann" wrapper is exercised against the documented contract.
+"""A fake ``torch_npu`` for tests: the simulated "npu" device (tests/support/npu_sim.py) plus the CANN fused
+trio implemented in torch from its documentation (torch_npu API docs and the aclnn docs in hicann/ops-nn),
+including the argument checks those documents list, so the "npu_cann" wrapper is exercised against the
+documented contract.
 
 Documented semantics implemented here:
-* ``npu_fused_linear_online_max_sum``: logits ``input @ weight.T`` (float32 accumulate, then rounded to the input
-  dtype as the kernel's bf16/fp16 workspace does), per-row local max, sum of ``exp(z - max)``, ``z[t] - max`` for
-  targets in ``[vocab_start, vocab_end)`` (end exclusive, as the kernel and its golden test compare with >=),
-  the out-of-range bit mask (token 8k+j in bit j of byte k, padding bits 1), the shard-local target (0 when out).
-* ``npu_fused_cross_entropy_loss_with_max_sum``: ``log(sum_exp_logits) - predicted_logits`` (label_smoothing 0 only).
+* ``npu_fused_linear_online_max_sum``: logits ``input @ weight.T`` (float32 accumulate, then rounded to the
+  input dtype as the kernel's bf16/fp16 workspace does), per-row local max, sum of ``exp(z - max)``, ``z[t] -
+  max`` for targets in ``[vocab_start, vocab_end)`` (end exclusive, as the kernel and its golden test compare
+  with >=), the out-of-range bit mask (token 8k+j in bit j of byte k, padding bits 1), the shard-local target
+  (0 when out).
+* ``npu_fused_cross_entropy_loss_with_max_sum``: ``log(sum_exp_logits) - predicted_logits`` (label_smoothing 0
+  only).
 * ``npu_fused_linear_cross_entropy_loss_with_max_sum_backward`` (memory-saving branch):
-  ``dz = grad * (exp(z - logits_max) / sum_exp_logits - onehot)``, ``dX = dz @ W``, ``dW = dz.T @ X`` in the input
-  dtype (dz rounded to it before the matmuls).
+  ``dz = grad * (exp(z - logits_max) / sum_exp_logits - onehot)``, ``dX = dz @ W``, ``dW = dz.T @ X`` in the
+  input dtype (dz rounded to it before the matmuls).
 
 Knobs for scenarios (read at call time): FAKE_CANN_VERSION (default "9.0.0"), FAKE_NPU_DEVICES (default 1),
-FAKE_NO_TRIO=1 (hide the trio, as an older torch_npu), FAKE_TRIO_FAIL=1 (the functions raise). ``calls`` counts calls.
+FAKE_NO_TRIO=1 (hide the trio, as an older torch_npu), FAKE_TRIO_FAIL=1 (the functions raise). ``calls``
+counts calls.
 """
 from __future__ import annotations
 
