@@ -14,9 +14,9 @@ Environment:
   FUSED_LCE_REQUIRE_EXT=1  a build that cannot produce _C, or (with ASCEND_HOME_PATH set) any NPU part, is an
                            error; CI sets it: the extension must be there
   FUSED_LCE_NO_EXT=1       do not build any extension
-  ASCEND_HOME_PATH         (set by CANN's set_env.sh) builds the NPU parts with cmake/npu_build.py (imported by
-                           path): ``build_ext`` first runs the ``build_npu_opp`` command (CANN >= 9.0; skipped
-                           when the installed package is newer than its sources; log in
+  ASCEND_HOME_PATH         (set by CANN's set_env.sh) builds the NPU parts with cmake/npu_build.py (imported
+                           by path): ``build_ext`` first runs the ``build_npu_opp`` command (CANN >= 9.0;
+                           skipped when the installed package is newer than its sources; log in
                            build/ascend_opp/build.log), then compiles ``_npu_C`` whether or not the package
                            built
   FUSED_LCE_SKIP_OPP_BUILD=1  build the adapter but not the OPP package (one installed by other means)
@@ -71,7 +71,8 @@ def write_status(build_lib: str | None = None, parts: dict | None = None) -> Non
 def skip(reason: str) -> None:
     """No extension is built (decided before build_ext): every part records why."""
     if REQUIRE:
-        raise SystemExit(f"fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 but the C++ extension cannot be built: {reason}")
+        raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 but the C++ extension cannot "
+                         f"be built: {reason}")
     note(f"building the pure-Python package only: {reason}")
     PARTS.update(cpp=part(False, reason, attempted=False), npu_opp=part(False, reason, attempted=False),
                  npu_adapter=part(False, reason, attempted=False))
@@ -81,7 +82,8 @@ def skip(reason: str) -> None:
 def npu_build():
     """cmake/npu_build.py (owned by the NPU build), imported by path: it must not need torch_npu imported
     here."""
-    spec = importlib.util.spec_from_file_location("fused_lce_npu_build", os.path.join(ROOT, "cmake", "npu_build.py"))
+    spec = importlib.util.spec_from_file_location("fused_lce_npu_build",
+                                                  os.path.join(ROOT, "cmake", "npu_build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -96,7 +98,8 @@ def npu_extensions() -> list:
     try:
         return list(npu_build().npu_extensions(ROOT))
     except Exception as e:  # an install error in build_ext under FUSED_LCE_REQUIRE_EXT=1
-        reason = getattr(e, "first_line", None) or f"not built: cmake/npu_build.py failed ({type(e).__name__}: {e})"
+        reason = (getattr(e, "first_line", None) or
+                  f"not built: cmake/npu_build.py failed ({type(e).__name__}: {e})")
         note(reason)
         PARTS["npu_adapter"] = part(False, reason)
         return []
@@ -170,8 +173,8 @@ def build_config() -> dict:
                           and not PARTS[k]["ok"]]
             if REQUIRE and NPU_REQUESTED and npu_failed:
                 write_status(build_lib)
-                raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 and ASCEND_HOME_PATH is set, but an NPU "
-                                 f"part failed: {describe(npu_failed[0])}")
+                raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 and ASCEND_HOME_PATH is set, but "
+                                 f"an NPU part failed: {describe(npu_failed[0])}")
             try:
                 super().run()
             finally:
@@ -182,7 +185,8 @@ def build_config() -> dict:
             try:
                 super().build_extension(ext)
             except Exception as e:
-                reason = f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); see the pip -v log"
+                reason = (f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); "
+                          "see the pip -v log")
                 PARTS[key] = part(False, reason)
                 if REQUIRE:
                     raise
@@ -192,7 +196,8 @@ def build_config() -> dict:
 
     exts = [cpu_extension(cpp_extension)] + npu_extensions()
     return {"ext_modules": exts,
-            "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
+            "cmdclass": {"build_ext":
+                         OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
                          "build_npu_opp": BuildNpuOpp}}
 
 

@@ -27,7 +27,7 @@ their first fwd+bwd to the kill), so "x eager" is then an upper bound; `--extrap
 eager on the first V / 16 vocabulary rows of those cases (labels folded into them) and "x eager" uses 16 x
 that time, marked "est." (every GEMM and the cross-entropy are linear in V).
 
-    python benchmarks/cpu.py                                      # the full run, results in benchmarks/results
+    python benchmarks/cpu.py                                     # the full run, results in benchmarks/results
     python benchmarks/cpu.py --shapes 128x2048x151936 --dtypes float32 --methods eager fused_cpp --out /tmp/b
     python benchmarks/cpu.py --extrapolate benchmarks/results/cpu.json  # eager estimates where it timed out
     python benchmarks/cpu.py --render benchmarks/results/cpu.json  # rewrite cpu.md from a JSON
@@ -246,7 +246,8 @@ def targets(result):
                 if dt == "float16":  # reported, not a target
                     rows.append((shape, "fp16 time vs eager fp16 (report)", meas, None))
                 elif bw is True and rw > 1.0:  # only a lower bound on eager's time: no verdict
-                    rows.append((shape, f"{label} time <= 1.0x eager {label}", meas + " (inconclusive)", None))
+                    rows.append((shape, f"{label} time <= 1.0x eager {label}",
+                                 meas + " (inconclusive)", None))
                 else:
                     miss = "" if rw <= 1.0 else f" (missed by {100 * (rw - 1):.0f}%)"
                     rows.append((shape, f"{label} time <= 1.0x eager {label}", meas + miss, rw <= 1.0))
@@ -258,7 +259,8 @@ def targets(result):
                 rows.append((shape, f"{label} peak RSS <= inputs + grads + 0.5 GiB",
                              f"extra {extra:.2f} GiB, allowed {allowed:.2f}{miss}", extra <= allowed))
             if "rel_err" in cpp and dt != "float32":
-                rows.append((shape, f"{label} loss within 1e-4 of fp64" + (" (report)" if dt == "float16" else ""),
+                rows.append((shape, f"{label} loss within 1e-4 of fp64"
+                             + (" (report)" if dt == "float16" else ""),
                              f"{cpp['rel_err']:.1e}", cpp["rel_err"] <= 1e-4 if dt == "bfloat16" else None))
     return rows
 
@@ -270,25 +272,27 @@ def write_outputs(result, out):
         json.dump(result, f, indent=1)
     m = result["machine"]
     lines = ["# CPU benchmark: fused linear + cross-entropy, fwd+bwd of the mean loss", "",
-             f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')} ({m.get('threads')} threads, "
-             f"ATen CPU capability {m.get('cpu_capability')}, oneDNN bf16 matmul: {m.get('mkldnn_bf16')}, fp16: "
-             f"{m.get('mkldnn_fp16')}; F.linear_cross_entropy present: {m.get('has_F_linear_cross_entropy')}), "
-             f"fused_lce {m.get('fused_lce')}, python {m.get('python')}, {m.get('date')}, commit "
-             f"{m.get('commit', '?')}. 15% of labels ignored. Load average (1, 5, 15 min) when the run started: "
-             f"{m.get('loadavg')}; the machine is shared with other jobs. Whole run: "
-             f"{result.get('elapsed_s', 0) / 60:.1f} min.", "",
+             f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')} ({m.get('threads')} "
+             f"threads, ATen CPU capability {m.get('cpu_capability')}, oneDNN bf16 matmul: "
+             f"{m.get('mkldnn_bf16')}, fp16: {m.get('mkldnn_fp16')}; F.linear_cross_entropy present: "
+             f"{m.get('has_F_linear_cross_entropy')}), fused_lce {m.get('fused_lce')}, python "
+             f"{m.get('python')}, {m.get('date')}, commit {m.get('commit', '?')}. 15% of labels ignored. "
+             f"Load average (1, 5, 15 min) when the run started: {m.get('loadavg')}; the machine is shared "
+             f"with other jobs. Whole run: {result.get('elapsed_s', 0) / 60:.1f} min.", "",
              f"cpp plans ({list(SHAPES)[2]}): {m.get('cpp_plans')}", "",
-             "Time: min wall seconds over all fwd+bwd runs of a method (cpu = process CPU seconds of that run; min "
-             "cpu = the least CPU seconds of any run; 2 threads, so cpu ~ 2 x wall on an idle machine); x eager "
-             "compares min wall with min wall and min cpu with min cpu. Runs: children x runs each, methods "
-             "interleaved. Peak extra: max RSS minus RSS after loading the inputs (gradients and temporaries). "
-             "Error: |loss - fp64| / |fp64| of the same (rounded) inputs. Load: 1-minute load average before and "
-             "after each child (2 cores: above 2 the machine was shared during the row and times are inflated). "
-             f"Slow methods (16-bit ATen matmuls without oneDNN on this CPU: {result.get('slow_dtypes')}) ran "
-             f"once with a {result.get('slow_timeout')} s limit per child, torch_lce in float32 with "
-             f"{result.get('lce_timeout')} s; '> x' is the time from their first fwd+bwd's start to the kill.", ""]
+             "Time: min wall seconds over all fwd+bwd runs of a method (cpu = process CPU seconds of that "
+             "run; min cpu = the least CPU seconds of any run; 2 threads, so cpu ~ 2 x wall on an idle "
+             "machine); x eager compares min wall with min wall and min cpu with min cpu. Runs: children x "
+             "runs each, methods interleaved. Peak extra: max RSS minus RSS after loading the inputs "
+             "(gradients and temporaries). Error: |loss - fp64| / |fp64| of the same (rounded) inputs. Load: "
+             "1-minute load average before and after each child (2 cores: above 2 the machine was shared "
+             "during the row and times are inflated). Slow methods (16-bit ATen matmuls without oneDNN on "
+             f"this CPU: {result.get('slow_dtypes')}) ran once with a {result.get('slow_timeout')} s limit "
+             f"per child, torch_lce in float32 with {result.get('lce_timeout')} s; '> x' is the time from "
+             "their first fwd+bwd's start to the kill.", ""]
     lines += case_tables(result["cases"])
-    lines += ["## Targets (2 cores)", "", "| shape | target | measured (fused_cpp) | met |", "|---|---|---|---|"]
+    lines += ["## Targets (2 cores)", "", "| shape | target | measured (fused_cpp) | met |",
+              "|---|---|---|---|"]
     lines += [f"| {s} | {t} | {v} | {'-' if ok is None else 'yes' if ok else 'NO'} |"
               for s, t, v, ok in targets(result)]
     if result.get("reruns"):
@@ -309,8 +313,8 @@ def case_tables(cases):
         shape = key.split()[0]
         lines += [f"## {key} -- {SHAPES.get(shape, '')} (inputs {c['inputs_gib']:.2f} GiB, grads "
                   f"{c['grads_gib']:.2f} GiB, fp64 loss {c.get('ref_loss', float('nan')):.6f})", "",
-                  "| method | wall s | cpu s | min cpu s | x eager wall | x eager cpu | GFLOP/s | peak extra GiB "
-                  "| loss | rel error | runs | load |",
+                  "| method | wall s | cpu s | min cpu s | x eager wall | x eager cpu | GFLOP/s | peak extra "
+                  "GiB | loss | rel error | runs | load |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         n, d, v = (int(x) for x in shape.split("x"))
         eager = c["methods"].get("eager", {})
@@ -320,8 +324,8 @@ def case_tables(cases):
             if "timeout_s" in r:
                 lb = r.get("lower_bound_s")
                 lines.append(f"| {name} | > {lb:.0f} (killed) | | | | | | | | | 1 | {load} |" if lb else
-                             f"| {name} | killed at {r['timeout_s']} s before its first run | | | | | | | | | 1 | "
-                             f"{load} |")
+                             f"| {name} | killed at {r['timeout_s']} s before its first run | | | | | | | | "
+                             f"| 1 | {load} |")
                 continue
             if "wall_s" not in r:
                 lines.append(f"| {name} | error: {r.get('error', '?')[-160:]!r} | | | | | | | | | | {load} |")
@@ -333,8 +337,8 @@ def case_tables(cases):
             xc = "-" if sliced else fmt_ratio(*ratio({"x": c}, "x", name, key="min_cpu_s"))
             rate = 6 * n * d * (v // SLICE if sliced else v) / r["wall_s"] / 1e9
             runs = f"{r['children']}x{len(r['walls']) // max(r['children'], 1)}"
-            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['min_cpu_s']:.2f} | {xw} | {xc} | "
-                         f"{rate:.0f} | {r['peak_extra_gib']:.2f} | {r['loss']:.6f} | "
+            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['min_cpu_s']:.2f} | {xw} | "
+                         f"{xc} | {rate:.0f} | {r['peak_extra_gib']:.2f} | {r['loss']:.6f} | "
                          f"{r.get('rel_err', float('nan')):.1e} | {runs} | {load} |")
         lines.append("")
     return lines
@@ -370,23 +374,26 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="NxDxV")
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
-    ap.add_argument("--methods", nargs="+", choices=METHODS, help="default: all four in float32, no fused_torch "
-                                                                   "in 16-bit")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, help="default: all four in float32, no "
+                                                                   "fused_torch in 16-bit")
     ap.add_argument("--repeat-methods", nargs="+", default=["eager", "fused_cpp"], choices=METHODS,
                     help="the methods that run in rounds after the first (eager and ours, interleaved)")
     ap.add_argument("--reps", type=int, default=1, help="fwd+bwd runs per child")
     ap.add_argument("--rounds", type=int, default=2, help="children per method, interleaved with the others")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per child")
-    ap.add_argument("--slow-timeout", type=int, default=20, help="seconds per child of a slow (16-bit ATen) method")
+    ap.add_argument("--slow-timeout", type=int, default=20,
+                    help="seconds per child of a slow (16-bit ATen) method")
     ap.add_argument("--lce-timeout", type=int, default=30,
-                    help="seconds per child of torch_lce in float32 (it measured ~12x eager here: 91 s at D 2048)")
+                    help="seconds per child of torch_lce in float32 (it measured ~12x eager "
+                         "here: 91 s at D 2048)")
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/tmp"), help="where the inputs are saved")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--render", metavar="JSON", help="only rewrite the markdown next to an existing cpu.json")
-    ap.add_argument("--extrapolate", metavar="JSON", help="add eager on V / SLICE rows to the cases of a cpu.json "
-                                                          "where eager timed out, and rewrite it")
+    ap.add_argument("--extrapolate", metavar="JSON", help="add eager on V / SLICE rows to the cases of a "
+                                                          "cpu.json where eager timed out, and rewrite it")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "INPUTS", "REPS"), help=argparse.SUPPRESS)
-    ap.add_argument("--reference", nargs=5, metavar=("N", "D", "V", "DTYPE", "INPUTS"), help=argparse.SUPPRESS)
+    ap.add_argument("--reference", nargs=5, metavar=("N", "D", "V", "DTYPE", "INPUTS"),
+                    help=argparse.SUPPRESS)
     # --reference: only save the inputs
     ap.add_argument("--no-loss", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -409,8 +416,9 @@ def main(argv=None):
 
     t_start = time.time()
     slow = slow_dtypes()
-    result = {"machine": machine(), "shapes": a.shapes, "dtypes": a.dtypes, "reps": a.reps, "rounds": a.rounds,
-              "slow_dtypes": slow, "slow_timeout": a.slow_timeout, "lce_timeout": a.lce_timeout, "cases": {}}
+    result = {"machine": machine(), "shapes": a.shapes, "dtypes": a.dtypes, "reps": a.reps,
+              "rounds": a.rounds, "slow_dtypes": slow, "slow_timeout": a.slow_timeout,
+              "lce_timeout": a.lce_timeout, "cases": {}}
     print(json.dumps(result["machine"]), flush=True)
     for shape in a.shapes:
         n, d, v = (int(x) for x in shape.split("x"))
@@ -431,7 +439,8 @@ def main(argv=None):
                         if rnd > 0 and (is_slow or m not in a.repeat_methods):
                             continue
                         load = loadavg()
-                        limit = a.slow_timeout if is_slow else a.lce_timeout if m == "torch_lce" else a.timeout
+                        limit = (a.slow_timeout if is_slow else a.lce_timeout if m == "torch_lce"
+                                 else a.timeout)
                         r = run_child(["--child", m, inputs, "1" if is_slow else str(a.reps)], limit)
                         r.setdefault("load", load)
                         runs[m].append(r)
@@ -442,7 +451,8 @@ def main(argv=None):
             for m in methods:
                 s = summarize(runs[m])
                 if "loss" in s and "loss" in ref:
-                    s["rel_err"] = rel_err(torch.tensor(s["loss"]), torch.tensor(ref["loss"], dtype=torch.float64))
+                    s["rel_err"] = rel_err(torch.tensor(s["loss"]),
+                                           torch.tensor(ref["loss"], dtype=torch.float64))
                 case["methods"][m] = s
             result["elapsed_s"] = time.time() - t_start
             write_outputs(result, a.out)  # partial results survive a later failure

@@ -79,7 +79,8 @@ from fused_lce.tools.bench import environment  # noqa: E402
 CUBE_CORES = 24
 VEC_PER_CUBE = 2
 CLOCK_HZ = 1.8e9  # dav-2201 (asc-devkit tests/perf/mmad_perf/generate_roofline.py)
-CUBE_PEAK = {"bfloat16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ, "float16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ,
+CUBE_PEAK = {"bfloat16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ,
+             "float16": CUBE_CORES * 16 * 16 * 16 * 2 * CLOCK_HZ,
              "float32": CUBE_CORES * 16 * 16 * 4 * 2 * CLOCK_HZ}  # MACs per cycle: b16 16x16x16, b32 16x16x4
 HBM_BPS = 1.6e12
 L2_BPS = 7e12
@@ -124,7 +125,8 @@ def _counters():
     """(v_instr, v_bytes, s_ops) of the busiest vector core, cube FLOPs and cube GM -> L1 operand bytes of
     every core, from the twin's counters of the last launch."""
     rows = twin_build.counters()
-    worst = max((r for r in rows if not r["aic"]), key=lambda r: _vec_cycles((r["v_instr"], r["v_bytes"], r["s_ops"])))
+    worst = max((r for r in rows if not r["aic"]),
+                key=lambda r: _vec_cycles((r["v_instr"], r["v_bytes"], r["s_ops"])))
     return ((worst["v_instr"], worst["v_bytes"], worst["s_ops"]), sum(r["cube_flops"] for r in rows),
             sum(r["l1_in"] for r in rows))
 
@@ -338,7 +340,8 @@ def model_rows(ops, a: Assumptions, counted: dict):
             bm, bn, mb, nbk, tc, tv = tile_costs("cube_bwd", 3, per_tile)
             hbm = 2 * inputs(math.ceil(mb / CUBE_CORES), 1) + (n + v) * d * 4
             res[("trio", "bwd")] = _time(math.ceil(mb / CUBE_CORES) * nbk, tc, tv, True, hbm,
-                                         mb * nbk * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2 + per_tile),
+                                         mb * nbk
+                                         * (bm * bn * (2 + elt) * 2 + (bm + bn) * d * 4 * 2 + per_tile),
                                          mb * nbk * per_tile, a) + (tc, tv, mb * nbk * per_tile)
             # cube: phase X (token blocks over cores) and phase W (vocabulary blocks over cores), each tile
             # two GEMMs overlapping the vector dz; one owner per output block, fixpipe accumulation read +
@@ -374,13 +377,15 @@ def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Writes benchmarks/results/npu_model.json and .md (modelled, not measured).")
+                                 epilog="Writes benchmarks/results/npu_model.json and .md "
+                                        "(modelled, not measured).")
     ap.add_argument("--cube-eff", nargs=2, type=float, metavar=("HIGH", "LOW"),
                     default=[HIGH.cube_eff, LOW.cube_eff], help="cube efficiency of the range's two ends, as "
                     "fractions of peak (default %(default)s)")
     ap.add_argument("--mte2-gbps", nargs=2, type=float, metavar=("HIGH", "LOW"),
                     default=[HIGH.mte2_core_bps / 1e9, LOW.mte2_core_bps / 1e9],
-                    help="GM -> L1 bandwidth of one cube core at the range's two ends, GB/s (default %(default)s)")
+                    help="GM -> L1 bandwidth of one cube core at the range's two ends, GB/s "
+                         "(default %(default)s)")
     args = ap.parse_args(argv)
     for x in args.cube_eff:
         if not 0 < x <= 1:
@@ -406,10 +411,12 @@ def main(argv=None) -> int:
                              "mte2_core_bps": None if math.isinf(a.mte2_core_bps) else a.mte2_core_bps}
                             for a in settings],
             "figures": {"tile_budget_bytes": NPU_TILE_BUDGET, "cube_peak": CUBE_PEAK, "clock_hz": CLOCK_HZ,
-                        "hbm_bps": HBM_BPS, "l2_bps": L2_BPS, "cube_cores": CUBE_CORES, "vec_per_cube": VEC_PER_CUBE,
-                        "vec_issue_cycles": VEC_ISSUE, "scalar_cycles": SCALAR_CYCLES},
+                        "hbm_bps": HBM_BPS, "l2_bps": L2_BPS, "cube_cores": CUBE_CORES,
+                        "vec_per_cube": VEC_PER_CUBE, "vec_issue_cycles": VEC_ISSUE,
+                        "scalar_cycles": SCALAR_CYCLES},
             "counted_per_tile": {f"{k[0]} {k[1]}x{k[2]} D={k[3]}": {"per_tile": v[0], "per_task": v[1],
-                                                                  "cube_in_per_tile": v[2], "cube_in_per_task": v[3]}
+                                                                  "cube_in_per_tile": v[2],
+                                                                  "cube_in_per_task": v[3]}
                                  for k, v in counted.items()},
             "environment": environment("cpu")}
     with open(os.path.join(out, "npu_model.json"), "w") as f:
@@ -429,10 +436,10 @@ def main(argv=None) -> int:
     for r in summary:
         lines.append(f"| {r['N']} x {r['D']} x {r['V']} | {r['kernels']} | {r['ratio_peak']} | "
                      f"{r['ratio_high']} .. {r['ratio_low']} | {r['ms_high']} .. {r['ms_low']} |")
-    lines += ["", "kernels: cube = FusedLceStatsCube / FusedLceGradCube recomputing z in both backward phases; trio = "
-              "CANN's schedule; dz_kept = the cube-driven forward + the 3-GEMM backward (dz kept in GM between phase "
-              "X and the dX / dW GEMMs); onepass = gradients in the forward pass (z kept from the forward, 3 GEMMs "
-              "in all; the driver's route for reduced losses).", "",
+    lines += ["", "kernels: cube = FusedLceStatsCube / FusedLceGradCube recomputing z in both backward "
+              "phases; trio = CANN's schedule; dz_kept = the cube-driven forward + the 3-GEMM backward (dz "
+              "kept in GM between phase X and the dX / dW GEMMs); onepass = gradients in the forward pass (z "
+              "kept from the forward, 3 GEMMs in all; the driver's route for reduced losses).", "",
               "## Every setting", "",
               "| N | D | V | dtype | kernels | setting | fwd ms | bwd ms | modeled ms | floor ms | ratio | "
               "bound (fwd/bwd; cube bwd: X/W; 3-GEMM bwd: X+GEMMs) | cube operand TB/s (fwd/bwd) | "
@@ -440,23 +447,24 @@ def main(argv=None) -> int:
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         kept = "-" if r["workspace_bytes"] is None else round(r["workspace_bytes"] / 2**30, 2)
-        lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['assumptions']} | "
-                     f"{r['fwd_ms']} | {r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} | "
-                     f"{r['fwd_bound']}/{r['bwd_bound']} | {r['cube_in_tbps'][0]}/{r['cube_in_tbps'][1]} | "
+        lines.append(f"| {r['N']} | {r['D']} | {r['V']} | {r['dtype']} | {r['kernels']} | {r['assumptions']} "
+                     f"| {r['fwd_ms']} | {r['bwd_ms']} | {r['modeled_ms']} | {r['floor_ms']} | {r['ratio']} "
+                     f"| {r['fwd_bound']}/{r['bwd_bound']} | {r['cube_in_tbps'][0]}/{r['cube_in_tbps'][1]} | "
                      f"{r['rows_per_launch']} | {kept} |")
-    lines += ["", f"kept GiB: the z / dz bytes kept per launch (the tile budget, {NPU_TILE_BUDGET / 2**30:g} GiB); "
-              "'-': rings only, independent of N. Bounds: cube (the cube / vector pipeline, the cube's tile time "
-              "being the larger of its MMADs and its operand copies), vector, hbm, l2 (L2 at about "
+    lines += ["", f"kept GiB: the z / dz bytes kept per launch (the tile budget, {NPU_TILE_BUDGET / 2**30:g} "
+              "GiB); '-': rings only, independent of N. Bounds: cube (the cube / vector pipeline, the cube's "
+              "tile time being the larger of its MMADs and its operand copies), vector, hbm, l2 (L2 at about "
               f"{L2_BPS / 1e12:g} TB/s), mte2 (the cube's operand bytes over 24 cores' MTE2: "
-              f"{CUBE_CORES * hi.mte2_core_bps / 1e12:.2f} TB/s high, {CUBE_CORES * lo.mte2_core_bps / 1e12:.2f} "
-              "low).", "",
-              "cube operand TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the Matmul "
-              "library's buffers allow) over the pass time.", "",
-              "Per-tile work counted on the twin (busiest vector core: instructions, UB bytes written, scalar ops; "
-              "cube operand bytes GM -> L1 of all cores, per problem tile and per task):", ""]
+              f"{CUBE_CORES * hi.mte2_core_bps / 1e12:.2f} TB/s high, "
+              f"{CUBE_CORES * lo.mte2_core_bps / 1e12:.2f} low).", "",
+              "cube operand TB/s: the cube's GM -> L1 operand bytes (counted on the twin, L1 reuse as the "
+              "Matmul library's buffers allow) over the pass time.", "",
+              "Per-tile work counted on the twin (busiest vector core: instructions, UB bytes written, "
+              "scalar ops; cube operand bytes GM -> L1 of all cores, per problem tile and per task):", ""]
     for k, v in counted.items():
         lines.append(f"* {k[0]} tile {k[1]}x{k[2]}, D={k[3]}: per tile {[round(x) for x in v[0]]}, per task "
-                     f"{[round(x) for x in v[1]]}; cube operand bytes per tile {round(v[2])}, per task {round(v[3])}")
+                     f"{[round(x) for x in v[1]]}; cube operand bytes per tile {round(v[2])}, per "
+                     f"task {round(v[3])}")
     with open(os.path.join(out, "npu_model.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

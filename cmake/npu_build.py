@@ -18,8 +18,9 @@ runtime and an NPU; torch_npu is located with importlib.util.find_spec):
 The OPP step alone, recorded like an install's: ``python setup.py build_npu_opp [--force]``.
 
 Command line (no CANN needed):
-  python cmake/npu_build.py fetch-wheel DEST           download the torch-npu wheel matching the installed torch
-                                                       and unpack its include/ and libtorch_npu.so into DEST
+  python cmake/npu_build.py fetch-wheel DEST           download the torch-npu wheel matching the installed
+                                                       torch and unpack its include/ and libtorch_npu.so
+                                                       into DEST
   python cmake/npu_build.py check-adapter TORCH_NPU_DIR OUT_DIR
                                                        compile csrc/npu/fused_lce_npu.cpp with the extension's
                                                        flags and link it (--no-undefined) against that
@@ -64,8 +65,8 @@ ERROR_LINE = re.compile(r"CMake Error|\berror\b\s*:|^FAILED:|\[ERROR\]|\*\*\*.*\
 
 def _load_toolkit():
     """fused_lce/backends/npu/toolkit.py, by path (the package is not importable while it is being built)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fused_lce", "backends", "npu",
-                        "toolkit.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fused_lce",
+                        "backends", "npu", "toolkit.py")
     spec = importlib.util.spec_from_file_location("fused_lce_npu_toolkit", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -139,8 +140,8 @@ def find_asc_config(home: str) -> tuple[Optional[str], list[str]]:
     """(path of the ASC CMake package's asc-config.cmake, or None; where it was looked for): asc-devkit's
     cmake/CMakeLists.txt installs it to <arch>-linux/lib64/cmake; cmake/FindCANN.cmake looks in the same
     places."""
-    dirs = [os.path.join(home, f"{platform.machine()}-linux", "lib64", "cmake"), os.path.join(home, "lib64", "cmake"),
-            os.path.join(home, "compiler", "lib64", "cmake")]
+    dirs = [os.path.join(home, f"{platform.machine()}-linux", "lib64", "cmake"),
+            os.path.join(home, "lib64", "cmake"), os.path.join(home, "compiler", "lib64", "cmake")]
     for d in dirs:
         if os.path.isfile(os.path.join(d, "asc-config.cmake")):
             return os.path.join(d, "asc-config.cmake"), dirs
@@ -158,15 +159,16 @@ def check_toolkit(home: str) -> dict:
     version, files = toolkit_version(home)
     parsed = parse_version(version) if version else None
     if version is not None and (parsed is None or parsed < MIN_CANN):
-        raise NpuBuildError(f"CANN {version} found ({files[0]}), the OPP build needs CANN >= {need} (asc-devkit's "
-                            "CMake package: find_package(ASC), npu_op_package)")
+        raise NpuBuildError(f"CANN {version} found ({files[0]}), the OPP build needs CANN >= {need} "
+                            "(asc-devkit's CMake package: find_package(ASC), npu_op_package)")
     asc, looked = find_asc_config(home)
     if asc is None:
-        raise NpuBuildError(f"no asc-config.cmake (asc-devkit's ASC CMake package, CANN >= {need}) under {home}: "
-                            f"looked in {', '.join(looked)}; CANN version found: {version or 'unknown'}")
+        raise NpuBuildError(f"no asc-config.cmake (asc-devkit's ASC CMake package, CANN >= {need}) under "
+                            f"{home}: looked in {', '.join(looked)}; CANN version found: "
+                            f"{version or 'unknown'}")
     if version is None:
-        log(f"the CANN version at {home} is unknown (none of {', '.join(files)}); building since asc-config.cmake "
-            f"is there (needs CANN >= {need})")
+        log(f"the CANN version at {home} is unknown (none of {', '.join(files)}); building since "
+            f"asc-config.cmake is there (needs CANN >= {need})")
     return {"home": os.path.realpath(home), "version": version, "version_file": files[0] if version else None,
             "asc_config": asc}
 
@@ -174,7 +176,8 @@ def check_toolkit(home: str) -> dict:
 # -------------------------------------------------------------------------------------------- the OPP package
 def opp_sources(repo_root: str) -> list[str]:
     """Every file the OPP package is built from: csrc/ascend/** and the CMake modules it includes."""
-    out = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(repo_root, "csrc", "ascend")) for f in files]
+    out = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(repo_root, "csrc", "ascend"))
+           for f in files]
     return sorted(out) + [os.path.join(repo_root, p) for p in OPP_CMAKE_FILES]
 
 
@@ -211,7 +214,8 @@ def opp_up_to_date(repo_root: str, install_dir: str, stamp_path: str, toolkit: d
     newest = max((os.path.getmtime(p) for p in opp_sources(repo_root) if os.path.exists(p)), default=0.0)
     if newest >= built:
         return None
-    return f"up to date: {lib} is newer than csrc/ascend and the OPP CMake files (built with CANN {toolkit['version']})"
+    return (f"up to date: {lib} is newer than csrc/ascend and the OPP CMake files (built with CANN "
+            f"{toolkit['version']})")
 
 
 def first_error_line(text: str) -> Optional[str]:
@@ -237,7 +241,8 @@ def _run_logged(cmd: list[str], logf, log_path: str) -> None:
         first = first_error_line(text)
         if first is None:
             lines = [x.strip() for x in text.splitlines() if x.strip()]
-            first = f"{os.path.basename(cmd[0])} exited with status {rc}" + (f": {lines[-1][:500]}" if lines else "")
+            first = f"{os.path.basename(cmd[0])} exited with status {rc}" + (f": {lines[-1][:500]}"
+                                                                             if lines else "")
         raise NpuBuildError(first, log_path)
 
 
@@ -255,10 +260,12 @@ def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Opti
     if cmake is None:
         raise NpuBuildError("cmake not found: the custom OPP package needs CMake >= 3.16")
     if not os.environ.get("ASCEND_HOME_PATH"):  # the ASC CMake package stops without it (asc-config.cmake)
-        raise NpuBuildError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before building the OPP package")
+        raise NpuBuildError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before "
+                            "building the OPP package")
     os.makedirs(build_dir, exist_ok=True)
     with open(log_path, "ab") as logf:
-        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir, str(os.cpu_count() or 2)):
+        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir,
+                             str(os.cpu_count() or 2)):
             _run_logged(cmd, logf, log_path)
         runs = sorted(glob.glob(os.path.join(build_dir, "custom_opp_*.run")))
         if not runs:
@@ -288,8 +295,8 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
     """The OPP part of a setup.py build, once: its build status {"ok", "attempted", "error", "log", "vendor",
     "cann_version", "note"} ("error": the first error line). Never raises."""
     home = os.environ.get("ASCEND_HOME_PATH", "")
-    status = {"ok": False, "attempted": False, "error": None, "log": None, "vendor": None, "cann_version": None,
-              "note": None}
+    status = {"ok": False, "attempted": False, "error": None, "log": None, "vendor": None,
+              "cann_version": None, "note": None}
     if not home:
         return {**status, "error": "not built: ASCEND_HOME_PATH was not set at install time"}
     if os.environ.get(SKIP_ENV, "") not in ("", "0"):
@@ -306,9 +313,10 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
         vendor = os.path.join(install_dir, "vendors", OPP_VENDOR)
         fresh = None if force else opp_up_to_date(repo_root, install_dir, stamp_path, toolkit)
         if fresh is not None:
-            log(f"custom OPP package {fresh}; not rebuilt (force with `python setup.py build_npu_opp --force`)")
-            return {**status, "ok": True, "vendor": vendor, "log": log_path if os.path.exists(log_path) else None,
-                    "note": fresh}
+            log(f"custom OPP package {fresh}; not rebuilt (force with `python setup.py "
+                "build_npu_opp --force`)")
+            return {**status, "ok": True, "vendor": vendor,
+                    "log": log_path if os.path.exists(log_path) else None, "note": fresh}
         os.makedirs(build_dir, exist_ok=True)
         with open(log_path, "w") as f:
             f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
@@ -325,7 +333,8 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
         if e.log is None:  # refused before building: the log says why (over an older build's log)
             os.makedirs(build_dir, exist_ok=True)
             with open(log_path, "w") as f:
-                f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\nerror: {e.first_line}\n")
+                f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\nerror: "
+                        f"{e.first_line}\n")
             e.log = log_path
         log(f"the custom OPP package was not built: {e.first_line} (full log: {e.log})")
         return {**status, "error": e.first_line, "log": e.log}
@@ -344,8 +353,8 @@ def npu_extensions(repo_root: str) -> list:
         return []
     tn = torch_npu_dir()
     if tn is None:
-        raise NpuBuildError("not built: ASCEND_HOME_PATH is set but torch_npu is not installed (the host adapter "
-                            "is compiled against its headers)")
+        raise NpuBuildError("not built: ASCEND_HOME_PATH is set but torch_npu is not installed (the host "
+                            "adapter is compiled against its headers)")
     return [adapter_extension(repo_root, tn)]
 
 

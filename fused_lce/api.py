@@ -99,8 +99,8 @@ def linear_cross_entropy(
     grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
                  grad_on and call.bias is not None and call.bias.requires_grad]
     args = ops.loss.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
-                                 num_items=check.num_items(num_items, call.hidden.device), reduction=reduction,
-                                 grad_mask=grad_mask, **opts)
+                                 num_items=check.num_items(num_items, call.hidden.device),
+                                 reduction=reduction, grad_mask=grad_mask, **opts)
     if _functorch_active(ops.loss.DOUBLE_BACKWARD):  # torch.func: a functorch-compatible autograd.Function
         loss, lse, correct, _, _, _ = ops.loss.FuncForward.apply(*args)
     else:
@@ -149,14 +149,14 @@ def linear_logprobs(
     """
     _reject_unsupported_transforms(hidden, weight, labels, bias, plain="torch.log_softmax(F.linear(...), -1)")
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
-                    process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
-                    tile_budget_mb=tile_budget_mb)
+                    process_group=process_group, sequence_parallel=False, backend=backend,
+                    validate_labels=validate, tile_budget_mb=tile_budget_mb)
     extras = _extras(extra_outputs)
     opts = dict(call.opts, temperature=check.number("temperature", temperature),
                 entropy=check.flag("return_entropy", return_entropy), mean_logit="mean_logit" in extras,
                 sum_sq="log_sum_sq_probs" in extras)
-    args = ops.logprobs.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
-                                     **opts)
+    args = ops.logprobs.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels,
+                                     bias=call.bias, **opts)
     # torch.func: a functorch-compatible autograd.Function
     if _functorch_active(ops.logprobs.DOUBLE_BACKWARD):
         lp, ent, _lse, _zmean, mean, top1, sq = ops.logprobs.FuncLogprobs.apply(*args)
@@ -216,7 +216,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
         if group is None:
             raise ValueError("sequence_parallel=True: expected a process_group, got None")
         if hidden.dim() < 2:
-            raise ValueError(f"hidden: sequence_parallel needs shape (T_local, ..., D), got {tuple(hidden.shape)}")
+            raise ValueError("hidden: sequence_parallel needs shape (T_local, ..., D), got "
+                             f"{tuple(hidden.shape)}")
         sp_world = torch.distributed.get_world_size(group)  # the op gathers the rows and reduce-scatters dX
     if hidden.dim() < 1:
         raise ValueError("hidden: expected shape (..., D) with at least one dimension, got a 0-dim tensor")
@@ -386,16 +387,16 @@ def _reject_unsupported_transforms(*tensors, plain: str) -> None:
         for t in tensors:
             if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
                 raise NotImplementedError(
-                    "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
-                    f"gradients come from fused kernels; use {plain} for forward-mode AD")
+                    "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not "
+                    f"supported: the gradients come from fused kernels; use {plain} for forward-mode AD")
     if not _transforms():
         return
     for t in tensors:
         # vmap over an empty dimension: the batched tensor's storage has one more dimension of size 0 than the
         # tensor the function sees
         if isinstance(t, torch.Tensor) and torch.func.debug_unwrap(t).shape.count(0) > t.shape.count(0):
-            raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there is no "
-                             "problem to run); skip the call for an empty batch")
+            raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there "
+                             "is no problem to run); skip the call for an empty batch")
 
 
 def _autocast(hidden, weight, bias):

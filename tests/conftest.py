@@ -13,8 +13,8 @@ from hypothesis import settings
 from fused_lce.core import Options, Problem, registry
 
 from .support.reference import (GRAD_TOL, LOGIT_TOL, LOSS_ATOL, LOSS_TOL, LSE_TOL, SUMMAND_TOL,  # noqa: F401
-                                Reference, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference,
-                                grad_close, rel_err)
+                                Reference, assert_grads_close, assert_loss_close, assert_lse_close,
+                                fp64_reference, grad_close, rel_err)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # first-use self-check verdicts (fused_lce.core.selfcheck) of this run, not the user's cache
@@ -34,7 +34,8 @@ def _devices():
     return devs
 
 
-TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of the AscendC API (tests/support)"
+TWIN_STATUS = ("AscendC kernel sources compiled with g++ against the CPU twin of the AscendC "
+               "API (tests/support)")
 
 
 def _register_twin():
@@ -114,8 +115,9 @@ def run_provider_backward(provider, upstream, h, w, y, b, lse, opts, mask=(True,
     from fused_lce.core import Tensors, driver, formulas
 
     g = formulas.token_weights(*formulas.label_classes(y, opts, w.shape[0]), upstream)
-    return driver.run_backward(provider, Tensors(h, w, y, b), lse, formulas.loss_coefs(lse, g, opts, w.shape[0]),
-                               opts, mask, fp32_dh=bool(opts.group_name))
+    return driver.run_backward(provider, Tensors(h, w, y, b), lse,
+                               formulas.loss_coefs(lse, g, opts, w.shape[0]), opts, mask,
+                               fp32_dh=bool(opts.group_name))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -32,8 +32,8 @@ def run_batch(kind: str, backend: str, seed: int, count: int) -> list[dict]:
     lines = proc.stdout.splitlines()
     if proc.returncode != 0:
         started = [ln for ln in lines if ln.startswith("START")]
-        pytest.fail(f"the {kind} batch (backend={backend}, seed={seed}) died with rc {proc.returncode} in case "
-                    f"{started[-1] if started else '?'}; stderr: {proc.stderr[-3000:]}")
+        pytest.fail(f"the {kind} batch (backend={backend}, seed={seed}) died with rc {proc.returncode} in "
+                    f"case {started[-1] if started else '?'}; stderr: {proc.stderr[-3000:]}")
     results = [json.loads(ln) for ln in lines if ln.startswith("{")]
     assert len(results) == count, proc.stdout[-2000:] + proc.stderr[-2000:]
     return results

@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 
 from . import build_status
-from ..core import Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, TokenWeights, WholeRowsProvider
+from ..core import (Coefs, EntropyStats, Grads, LossTerms, Options, Stats, Tensors, TokenWeights,
+                    WholeRowsProvider)
 
 _C = None
 _IMPORT_ERROR: Optional[str] = None
@@ -62,9 +63,9 @@ class CppProvider(WholeRowsProvider):
     supports_logprobs = True
 
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
-        *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start,
-                                                opts.softcap, opts.temperature, opts.wants_zsum,
-                                                opts.entropy, opts.tile_bytes)
+        *r, ez = torch.ops.fused_lce._cpu_stats(t.hidden[rows], t.weight, t.bias, t.labels[rows],
+                                                opts.vocab_start, opts.softcap, opts.temperature,
+                                                opts.wants_zsum, opts.entropy, opts.tile_bytes)
         return (EntropyStats(*r, ez) if opts.entropy else Stats(*r)), None
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,

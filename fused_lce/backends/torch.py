@@ -84,7 +84,8 @@ def _tile_logits(z, bias, softcap: float):
     return z
 
 
-def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool, out_dtype: torch.dtype):
+def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool,
+               out_dtype: torch.dtype):
     """The gradient tile ``dz`` (in ``out_dtype``, the GEMM operand dtype) of a (bias- and softcap-applied)
     logits tile, and its column sums in float32 when ``want_db``."""
     dz = torch.exp((z - lse[:, None]).clamp(max=0.0)) * a[:, None]  # p <= 1 (see TorchProvider.grads)
@@ -135,12 +136,13 @@ def _run(fn, z, *args):
                 raise
             except Exception as e:  # pragma: no cover - Inductor failing on this host
                 _COMPILED["broken"] = True
-                warnings.warn(f"fused_lce torch backend: compiled tile function failed ({type(e).__name__}: {e}); "
-                              "running eagerly")
+                warnings.warn(f"fused_lce torch backend: compiled tile function failed ({type(e).__name__}: "
+                              f"{e}); running eagerly")
     return None
 
 
-def plan_tiles(n: int, v: int, d: int, budget: int, keep_wanted: bool, upcast_w: bool) -> tuple[int, int, bool]:
+def plan_tiles(n: int, v: int, d: int, budget: int, keep_wanted: bool,
+               upcast_w: bool) -> tuple[int, int, bool]:
     """(token block, vocab tile, keep logits between passes) so that the live tiles stay within ``budget``
     bytes.
 
@@ -213,10 +215,12 @@ class _Tiles:
             lp = self.t.hidden.dtype
             torch.addmm(acc, a.to(lp), b.to(lp), out_dtype=torch.float32, out=acc)
         else:
-            acc.addmm_(a if a.dtype == torch.float32 else a.float(), b if b.dtype == torch.float32 else b.float())
+            acc.addmm_(a if a.dtype == torch.float32 else a.float(),
+                       b if b.dtype == torch.float32 else b.float())
 
     def logits(self, h, v0, v1, w=None):
-        return self.finish_logits(self.mm(h, (self.operand(self.t.weight[v0:v1]) if w is None else w).t()), v0, v1)
+        return self.finish_logits(self.mm(h, (self.operand(self.t.weight[v0:v1]) if w is None else w).t()),
+                                  v0, v1)
 
     def finish_logits(self, z, v0, v1):
         """Bias and softcap, in place on a raw float32 logits tile."""
@@ -257,8 +261,9 @@ class TorchProvider(Provider):
             got = None
             # the loss statistics, which the compiled function computes
             if ez is None and opts.temperature == 1.0:
-                got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
-                           m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, opts.wants_zsum)
+                got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1],
+                           float(opts.softcap or 0.0), m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start,
+                           opts.wants_zsum)
             if got is not None:
                 z, m, s, zt, zs, amax = got
                 if keep and tl.keep:
@@ -314,7 +319,8 @@ class TorchProvider(Provider):
                 raw = tl.mm(h, wt.t())
                 z = None
                 if plain and (t.bias is not None or opts.softcap) and _use_compiled(raw):
-                    z = _run(_tile_logits, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap))
+                    z = _run(_tile_logits, raw, None if t.bias is None else t.bias[v0:v1],
+                             float(opts.softcap))
                 if z is None:
                     z = tl.finish_logits(raw, v0, v1)
             got = None

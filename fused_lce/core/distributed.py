@@ -100,7 +100,8 @@ def agree_token_blocks(block: int, n_tokens: int, group) -> int:
     if group is None:
         return block
     dist = _dist()
-    t = torch.tensor([int(block), int(n_tokens), -int(n_tokens)], dtype=torch.int64, device=comm_device(group))
+    t = torch.tensor([int(block), int(n_tokens), -int(n_tokens)], dtype=torch.int64,
+                     device=comm_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     lo, hi = int(t[1]), -int(t[2])
     if lo != hi:  # every rank sees the same reduced values, so every rank raises

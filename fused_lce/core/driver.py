@@ -28,8 +28,9 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .formulas import (count_scale, label_classes, label_valid, logprob_coefs, logprobs_from_stats, loss_coefs,
-                       loss_from_stats, loss_terms, lse_of, mean_divisor, safe_inverse, token_weights)
+from .formulas import (count_scale, label_classes, label_valid, logprob_coefs,
+                       logprobs_from_stats, loss_coefs, loss_from_stats, loss_terms, lse_of, mean_divisor,
+                       safe_inverse, token_weights)
 from .provider import Provider
 from .types import LOGPROBS, Coefs, EntropyStats, Options, Problem, Stats, Tensors, TokenWeights
 
@@ -65,12 +66,14 @@ def _zero_grads(t: Tensors, mask, fp32_dh: bool):
     """Gradients of a problem without tokens (N == 0): zeros of the inputs' shapes, whatever the provider's
     buffer layout (a provider that allocates its outputs in ``grads`` never gets called)."""
     h, w, b = t.hidden, t.weight, t.bias
-    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype) if mask[0] else None,
-            torch.zeros_like(w) if mask[1] else None, torch.zeros_like(b) if mask[2] and b is not None else None)
+    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype)
+            if mask[0] else None,
+            torch.zeros_like(w) if mask[1] else None,
+            torch.zeros_like(b) if mask[2] and b is not None else None)
 
 
-def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optional[torch.Tensor], mask, group=None,
-                op: str = "loss") -> tuple[Stats, Optional[tuple]]:
+def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optional[torch.Tensor],
+                mask, group=None, op: str = "loss") -> tuple[Stats, Optional[tuple]]:
     """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``
     (``g``: per-token weights, or ``TokenWeights`` that form (g, scale) on first use)."""
     n = t.hidden.shape[0]
@@ -86,13 +89,15 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optiona
     fp32_dh = group is not None
     out = provider.new_grads(t, mask, fp32_dh=fp32_dh, scaled=scale is not None) if want else None
     if n == 0:  # no token block runs
-        return _stat_buffers(n, t.hidden.device, opts.entropy), (_zero_grads(t, mask, fp32_dh) if want else None)
+        return (_stat_buffers(n, t.hidden.device, opts.entropy),
+                (_zero_grads(t, mask, fp32_dh) if want else None))
     blocks = _blocks(provider, p, keep=want, group=group)
     st_all = None
     for rows in blocks:
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = combine(st, group)
-        if len(blocks) == 1 and all(x.dtype == (torch.int64 if i == 4 else torch.float32) for i, x in enumerate(st)):
+        if len(blocks) == 1 and all(x.dtype == (torch.int64 if i == 4 else torch.float32)
+                                    for i, x in enumerate(st)):
             st_all = st  # one block of every token: its statistics are the result (no copy: host time per op)
         else:
             st_all = _stat_buffers(n, t.hidden.device, opts.entropy) if st_all is None else st_all
@@ -150,10 +155,10 @@ def _oom_message(what: str, hidden, weight, opts: Options, text: str) -> str:
     budget = (f"{mib(opts.tile_bytes)} (tile_budget_mb / FUSED_LCE_TILE_MB)" if opts.tile_bytes
               else "the provider's default (set tile_budget_mb= or env FUSED_LCE_TILE_MB to lower it)")
     return (f"fused_lce: out of memory in {what} (backend={opts.backend!r}, N={n} tokens, D={d}, V={v}, "
-            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; the "
-            f"float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
-            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles kept "
-            f"live), or process fewer tokens per call. Allocator: {text}")
+            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; "
+            f"the float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
+            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles "
+            f"kept live), or process fewer tokens per call. Allocator: {text}")
 
 
 def _tensors(hidden, weight, labels, bias, ignore_index: int) -> Tensors:
@@ -166,8 +171,8 @@ def _tensors(hidden, weight, labels, bias, ignore_index: int) -> Tensors:
     return Tensors(c(hidden), c(weight), c(labels), c(bias))
 
 
-def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None, classes=None,
-                  weights: bool = True):
+def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None,
+                  classes=None, weights: bool = True):
     """Per-token weights of the gradient of the reduced loss (times ``grad_loss``, the upstream gradient of
     the loss output: (N,) for "none", 0-dim otherwise; None when not ``weights``) and the reduction's ``1 /
     divisor`` (0-dim; None for "none"). ``classes``: the ``label_classes`` of ``labels`` when the caller has
@@ -202,13 +207,16 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
 
     def weights():
         classes.extend(label_classes(labels, opts, weight.shape[0], valid))
-        return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
+        return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes,
+                             weights=want)
 
     # the scale from the live count alone, for a provider that reads it on the host (a tensor num_items is
     # not)
-    by_count = functools.partial(count_scale, reduction) if num_items is None and reduction != "none" else None
+    by_count = (functools.partial(count_scale, reduction) if num_items is None and reduction != "none"
+                else None)
     tw = TokenWeights(valid, weights, by_count)
-    st, grads = run_forward(provider, t, opts, tw if want else None, None, mask if want else (False,) * 3, group)
+    st, grads = run_forward(provider, t, opts, tw if want else None, None,
+                            mask if want else (False,) * 3, group)
     _, inv = tw.get()
     per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0], classes)
     loss = per if reduction == "none" else per.sum() * inv
@@ -258,8 +266,8 @@ def logprobs_forward(hidden, weight, labels, bias, opts: Options, group):
     return logprobs_from_stats(st, labels, opts, weight.shape[0], lse_half)
 
 
-def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean, opts: Options, group,
-                      grad_mask):
+def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean,
+                      opts: Options, group, grad_mask):
     """Kernel of ``fused_lce::logprobs_backward``: (dh | None, dw | None, db | None) of
     ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (either may be None), recomputing the
     logits from the saved ``lse`` and ``zmean = E_p[z]``."""

@@ -59,7 +59,8 @@ def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.
     return torch.where(bad, math.nan, torch.where(valid, x, 0.0))
 
 
-def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
+def token_weights(valid: torch.Tensor, bad: torch.Tensor,
+                  upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where
     the label is out of range (a bad label must poison the gradients it would have produced, never index)."""
     if upstream is None:
@@ -237,8 +238,8 @@ def reference_coef_grads(hidden, weight, labels, lse, coefs: Coefs, bias=None, *
 
 
 def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, reduction="mean",
-                   label_smoothing=0.0, z_loss=0.0, softcap: Optional[float] = None, shift=False, num_items=None,
-                   dtype=torch.float64):
+                   label_smoothing=0.0, z_loss=0.0, softcap: Optional[float] = None, shift=False,
+                   num_items=None, dtype=torch.float64):
     """The SPEC loss computed densely in ``dtype`` (float64 by default), differentiable w.r.t. its float
     inputs. Returns (loss, per_token_lse, token_accuracy, n_valid)."""
     y = labels.long()
@@ -289,8 +290,8 @@ def reference_logprobs(hidden, weight, labels, bias=None, *, temperature=1.0, so
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
 
-def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
-                             dtype=torch.float64):
+def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None,
+                             ignore_index=-100, dtype=torch.float64):
     """Per-token (mean logit, is_top1, log sum p^2) in ``dtype`` (0 / False at ignored positions)."""
     z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
     y = labels.long()

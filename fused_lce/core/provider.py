@@ -51,13 +51,14 @@ class Provider:
     def supports(self, p: Problem) -> Optional[str]:
         """None when this provider can run ``p``, else why not. Subclasses extend it (call super first)."""
         if self.device_types is not None and p.device.type not in self.device_types:
-            return f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, got device {p.device.type!r}"
+            return (f"backend {self.name!r} runs on {'/'.join(self.device_types)} tensors, got device "
+                    f"{p.device.type!r}")
         if p.dtype not in self.dtypes:
             names = "/".join(str(d).replace("torch.", "") for d in self.dtypes)
             return f"backend {self.name!r} takes {names} inputs, got {p.dtype}"
         if p.op == LOGPROBS and not self.supports_logprobs:
-            return (f"backend {self.name!r} does not implement linear_logprobs yet (per-token log-probs, entropy, "
-                    f"temperature: the contract is in docs/providers.md)")
+            return (f"backend {self.name!r} does not implement linear_logprobs yet (per-token log-probs, "
+                    "entropy, temperature: the contract is in docs/providers.md)")
         return None
 
     # -- first use on a device (fused_lce.core.selfcheck) ----------------------------------------------------
@@ -103,14 +104,16 @@ class Provider:
         raise NotImplementedError
 
     # -- gradient buffers ------------------------------------------------------------------------------------
-    def new_grads(self, t: Tensors, mask: tuple[bool, bool, bool], fp32_dh: bool, scaled: bool = False) -> Grads:
+    def new_grads(self, t: Tensors, mask: tuple[bool, bool, bool], fp32_dh: bool,
+                  scaled: bool = False) -> Grads:
         """float32 zero accumulators for the wanted gradients. ``scaled``: a uniform ``scale`` will be
         passed."""
         h, w, b = t.hidden, t.weight, t.bias
         f32 = torch.float32
         return Grads(torch.zeros(h.shape, device=h.device, dtype=f32) if mask[0] else None,
                      torch.zeros(w.shape, device=w.device, dtype=f32) if mask[1] else None,
-                     torch.zeros(w.shape[0], device=w.device, dtype=f32) if mask[2] and b is not None else None,
+                     torch.zeros(w.shape[0], device=w.device, dtype=f32)
+                     if mask[2] and b is not None else None,
                      fp32_dh)
 
     def finish(self, t: Tensors, out: Grads, scale: Optional[torch.Tensor]):
@@ -178,7 +181,8 @@ class WholeRowsProvider(Provider):
             if like is None or not wanted:
                 return None
             if x is None:  # no block ran (no tokens): zero gradients
-                return torch.zeros(like.shape, device=like.device, dtype=torch.float32 if keep32 else like.dtype)
+                return torch.zeros(like.shape, device=like.device,
+                                   dtype=torch.float32 if keep32 else like.dtype)
             return x if keep32 or x.dtype == like.dtype else x.to(like.dtype)
 
         m = out.extra

@@ -32,8 +32,8 @@ from .types import LOGPROBS, LOSS, Options, Problem
 
 ENV = "FUSED_LCE_SELFCHECK"
 CACHE_ENV = "FUSED_LCE_CACHE_DIR"
-REPORT = ("run `fused-lce doctor` and attach its output to a bug report; FUSED_LCE_SELFCHECK=0 uses the backend "
-          "without the check")
+REPORT = ("run `fused-lce doctor` and attach its output to a bug report; FUSED_LCE_SELFCHECK=0 uses the "
+          "backend without the check")
 
 # relative L2 error against the torch provider, per operand dtype: (per-token values, gradients); bf16 / fp16
 # providers may round the logits or dz to the operand dtype, a wrong kernel misses by far more
@@ -119,8 +119,8 @@ def failure(provider, device: torch.device) -> Optional[str]:
     if v is None:
         capturing = getattr(getattr(torch, device.type, None), "is_current_stream_capturing", None)
         if capturing is not None and capturing():
-            return (f"its first-use self-check cannot run while a graph is captured on {device}: run one step "
-                    f"with backend={provider.name!r} before capturing")
+            return (f"its first-use self-check cannot run while a graph is captured on {device}: run one "
+                    f"step with backend={provider.name!r} before capturing")
         v = verdict(provider, device)
     return None if v.ok else f"failed its first-use self-check on {device}: {v.reason}; {REPORT}"
 
@@ -135,8 +135,8 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
         cache_key = _cache_key(provider, device)
         v = None if force or mode() == "force" else _load(cache_key)
         if v is None:
-            print(f"fused_lce: first use of backend {provider.name!r} on {device}: checking it against the torch "
-                  f"backend ({ENV}=0 skips this)", file=sys.stderr, flush=True)
+            print(f"fused_lce: first use of backend {provider.name!r} on {device}: checking it against the "
+                  f"torch backend ({ENV}=0 skips this)", file=sys.stderr, flush=True)
             v = run_battery(provider, device)
             if v.kind != "error":
                 _store(cache_key, v)
@@ -144,8 +144,9 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
         if not v.ok and key not in _warned:
             _warned.add(key)
             warnings.warn(f"fused_lce: backend {provider.name!r} failed its first-use self-check on {device} "
-                          f"({v.reason}); it is not used on this device in this process (backend='auto' takes the "
-                          f"next backend of its order). Please {REPORT}.", RuntimeWarning, stacklevel=3)
+                          f"({v.reason}); it is not used on this device in this process (backend='auto' "
+                          f"takes the next backend of its order). Please {REPORT}.", RuntimeWarning,
+                          stacklevel=3)
         return v
 
 
@@ -215,7 +216,8 @@ def _battery(provider, device, cases, reference) -> Verdict:
             got, bad = _attempt(case, provider.name, inputs, opts, device)
             if bad is None:
                 want, bad = _attempt(case, reference.name, inputs, opts, device)
-                bad = None if bad is None else f"the torch backend's reference failed ({bad}): nothing to check against"
+                bad = (None if bad is None
+                       else f"the torch backend's reference failed ({bad}): nothing to check against")
             if bad is not None:  # a launch error is a verdict, not a crash
                 v.ok, v.kind, v.reason = False, "error", f"case {case.name!r}: {bad}"
                 break

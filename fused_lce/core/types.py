@@ -41,7 +41,8 @@ class Options:
     "Adding a scalar loss option"."""
 
     ignore_index: int = _option(-100)  # any 64-bit integer (the schema's int)
-    label_smoothing: float = _option(0.0, ops=(LOSS,), ok=lambda x: 0.0 <= x <= 1.0, expect="a value in [0, 1]")
+    label_smoothing: float = _option(0.0, ops=(LOSS,), ok=lambda x: 0.0 <= x <= 1.0,
+                                     expect="a value in [0, 1]")
     z_loss: float = _option(0.0, ops=(LOSS,), ok=_finite_ge0, expect="a finite value >= 0")
     softcap: float = _option(0.0, ok=lambda x: x == 0.0 or _f32_scale(x),
                              expect="0 (off) or a value in [2**-126, 3.4e38] (a normal float32)")
@@ -53,8 +54,8 @@ class Options:
     tile_bytes: int = _option(0, ok=lambda x: x >= 0, expect="a value >= 0")  # 0: the provider's default
     # linear_logprobs only: z = softcap(logits) / temperature
     temperature: float = _option(1.0, ops=(LOGPROBS,), ok=_f32_scale,
-                                 expect="a value in [2**-126, 3.4e38] (a normal float32, so 1 / temperature is "
-                                        "finite in float32)")
+                                 expect="a value in [2**-126, 3.4e38] (a normal float32, so 1 / temperature "
+                                        "is finite in float32)")
     entropy: bool = _option(False, ops=(LOGPROBS,))  # stats returns EntropyStats
     mean_logit: bool = _option(False, ops=(LOGPROBS,))  # the op also returns sum_j z_j / V (stats need zsum)
     # the op also returns log sum_j p_j^2 (a second pass at T / 2)
@@ -101,8 +102,8 @@ class Problem:
 
     @staticmethod
     def of(t: Tensors, opts: Options, mask=(False, False, False), op: str = LOSS) -> "Problem":
-        return Problem(t.hidden.shape[0], t.hidden.shape[1], t.weight.shape[0], t.hidden.dtype, t.hidden.device,
-                       t.bias is not None, opts, tuple(bool(x) for x in mask), op)
+        return Problem(t.hidden.shape[0], t.hidden.shape[1], t.weight.shape[0], t.hidden.dtype,
+                       t.hidden.device, t.bias is not None, opts, tuple(bool(x) for x in mask), op)
 
 
 class Stats(NamedTuple):

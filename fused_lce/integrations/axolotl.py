@@ -45,8 +45,8 @@ class FusedLCEPlugin(BasePlugin):
     def pre_model_load(self, cfg):
         on = [k for k in _OWN_FUSED_LOSSES if _get(cfg, k)]
         if on:
-            LOG.warning("fused_lce: %s replace the model's forward with their own fused loss; fused_lce stays out "
-                        "(turn them off to use fused_lce)", " and ".join(on))
+            LOG.warning("fused_lce: %s replace the model's forward with their own fused loss; fused_lce "
+                        "stays out (turn them off to use fused_lce)", " and ".join(on))
 
     def post_trainer_create(self, cfg, trainer):
         import fused_lce

@@ -64,20 +64,23 @@ class _FusedLossMixin:
         super().__init__(*args, **kwargs)
         self.fused_lce_options = dict(fused_lce_options or {})
 
-    def forward(self, input_, labels=None, weight=None, runtime_gather_output=None, *, loss_mask=None, **options):
+    def forward(self, input_, labels=None, weight=None, runtime_gather_output=None, *,
+                loss_mask=None, **options):
         route = _ROUTE.get()
         if labels is None and not options and loss_mask is None and route is not None and route.wants(self):
             # GPTModel's forward with labels (see the module docstring): the per-token loss, where it expects
             # (logits, bias)
-            route.loss = self.fused_loss(input_, route.labels, weight=weight, reduction="none", return_stats=False)
+            route.loss = self.fused_loss(input_, route.labels, weight=weight, reduction="none",
+                                         return_stats=False)
             return route.loss, None
         if labels is None:
             if torch.is_grad_enabled() and self.training and route is None:
-                _warn_once(self, "the fused output layer was called without labels in a training step, outside "
-                           "GPTModel.forward(labels=...): it returns the logits and the loss is not fused; pass "
-                           "labels= to the layer")
+                _warn_once(self, "the fused output layer was called without labels in a training step, "
+                           "outside GPTModel.forward(labels=...): it returns the logits and the loss is not "
+                           "fused; pass labels= to the layer")
             if options or loss_mask is not None:
-                raise TypeError(f"loss options {sorted(options) + (['loss_mask'] if loss_mask is not None else [])} "
+                raise TypeError("loss options "
+                                f"{sorted(options) + (['loss_mask'] if loss_mask is not None else [])} "
                                 "given without labels")
             kwargs = {}
             if weight is not None:
@@ -131,7 +134,8 @@ class _FusedLossMixin:
 
     def _fused_lce_bias(self):
         bias = getattr(self, "bias", None)
-        if not isinstance(bias, torch.Tensor) or bias.numel() == 0 or getattr(self, "use_bias", True) is False:
+        if not isinstance(bias, torch.Tensor) or bias.numel() == 0 or getattr(self, "use_bias",
+                                                                              True) is False:
             return None  # TE keeps an empty tensor when bias=False
         return bias
 
@@ -199,8 +203,9 @@ def _route_gpt_model():
             return forward(self, *args, **kwargs)
         route = _Route(self, layer, labels)
         if getattr(self.config, "mtp_num_layers", None):
-            _warn_once(self, "GPTModel with multi-token prediction (config.mtp_num_layers) calls its output layer "
-                       "once per depth with rolled labels: the stock loss (full logits) runs, not fused_lce")
+            _warn_once(self, "GPTModel with multi-token prediction (config.mtp_num_layers) calls its output "
+                       "layer once per depth with rolled labels: the stock loss (full logits) "
+                       "runs, not fused_lce")
             route = _Route(self, None, labels)  # declined: the layer's own warning would only repeat this one
         token = _ROUTE.set(route)
         try:
@@ -208,8 +213,8 @@ def _route_gpt_model():
         finally:
             _ROUTE.reset(token)
         if not route.taken and route.layer is not None:
-            _warn_once(self, "GPTModel.forward(labels=...) did not pass its fused output layer's loss on (a changed "
-                       "forward?): the loss it returned is not fused_lce's")
+            _warn_once(self, "GPTModel.forward(labels=...) did not pass its fused output layer's loss on (a "
+                       "changed forward?): the loss it returned is not fused_lce's")
         return out
 
     @functools.wraps(compute_loss)
@@ -238,8 +243,8 @@ def fused_output_layer_class(base=None):
     cls = _CLASSES.get(base)
     if cls is None:
         cls = type(f"FusedLCE{base.__name__}", (_FusedLossMixin, base),
-                   {"__module__": __name__, "__doc__": f"{base.__name__} whose forward(hidden, labels=...) returns "
-                                                       "the fused linear cross-entropy (fused_lce)."})
+                   {"__module__": __name__, "__doc__": f"{base.__name__} whose forward(hidden, labels=...) "
+                                                       "returns the fused linear cross-entropy (fused_lce)."})
         _CLASSES[base] = cls
     return cls
 
@@ -258,4 +263,5 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FusedLCEColumnParallelLinear", "fused_output_layer_class", "convert_output_layer", "DEFAULT_OPTIONS"]
+__all__ = ["FusedLCEColumnParallelLinear", "fused_output_layer_class", "convert_output_layer",
+           "DEFAULT_OPTIONS"]

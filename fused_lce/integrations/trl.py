@@ -114,7 +114,8 @@ def compute(head: Head, hidden, weight, bias, labels, *, log_entropy: bool, opti
         logprobs, entropy = out.logprobs, out.entropy
         metrics = {k: getattr(out, v) for k, v in _EXTRAS.items() if k in head.outputs}
     carrier = torch.stack([logprobs, entropy], -1) if want_entropy else logprobs.unsqueeze(-1)
-    fields = {"label_mask": labels != -100, "entropy_nan": "entropy" in head.outputs and not want_entropy, **metrics}
+    fields = {"label_mask": labels != -100,
+              "entropy_nan": "entropy" in head.outputs and not want_entropy, **metrics}
     return carrier, fields
 
 

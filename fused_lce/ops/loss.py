@@ -21,8 +21,8 @@ from ..core import LOSS, driver, validate
 from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "DEF")
-FORWARD = OpSchema(_lib, "forward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items, "
-                   "str reduction", LOSS, "bool[3] grad_mask",
+FORWARD = OpSchema(_lib, "forward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? "
+                   "num_items, str reduction", LOSS, "bool[3] grad_mask",
                    "(Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, Tensor grad_weight, "
                    "Tensor grad_bias)")
 BACKWARD = OpSchema(_lib, "backward", "Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, "
@@ -85,8 +85,8 @@ def _or_empty(grads, hidden, weight):
 @no_autocast
 def _forward_kernel(*args):
     a, opts, group = _check(FORWARD, args)
-    loss, lse, correct, *grads = driver.forward(a["hidden"], a["weight"], a["labels"], a["bias"], a["num_items"],
-                                                a["reduction"], opts, group, a["grad_mask"])
+    loss, lse, correct, *grads = driver.forward(a["hidden"], a["weight"], a["labels"], a["bias"],
+                                                a["num_items"], a["reduction"], opts, group, a["grad_mask"])
     return (loss, lse, correct) + _or_empty(grads, a["hidden"], a["weight"])
 
 
@@ -146,11 +146,11 @@ def _setup_context(ctx, inputs, output):
     ctx.pre_mask = driver.normalise_mask(a["grad_mask"], a["bias"])
 
 
-DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are not "
-                   "supported (double backward with create_graph=True, torch.func.hessian / jacfwd / jvp, grad of "
-                   "grad, torch.autograd.forward_ad dual tensors): its gradients come from fused kernels, not from "
-                   "differentiable ops. For those use the plain path F.cross_entropy(F.linear(hidden, weight, "
-                   "bias), labels), which materialises the logits.")
+DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are "
+                   "not supported (double backward with create_graph=True, torch.func.hessian / jacfwd / "
+                   "jvp, grad of grad, torch.autograd.forward_ad dual tensors): its gradients come from "
+                   "fused kernels, not from differentiable ops. For those use the plain path "
+                   "F.cross_entropy(F.linear(hidden, weight, bias), labels), which materialises the logits.")
 
 
 def _backward(ctx, g_loss, *_unused):
@@ -228,7 +228,8 @@ def vmap_rule(op, n_out: int):
 
     def rule(info, in_dims, *args):
         if info.batch_size == 0:
-            raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported (no problem to run)")
+            raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported "
+                             "(no problem to run)")
         outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
                      for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
         return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out

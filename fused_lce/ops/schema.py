@@ -20,7 +20,8 @@ _SCHEMA_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
 def options_block(family: str) -> str:
     """``"int ignore_index, float label_smoothing, ..."``: the options block of the ``family`` schemas."""
     names = op_fields(family)
-    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options) if f.name in names)
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options)
+                     if f.name in names)
 
 
 def _py_any_requires_grad(*args) -> bool:
@@ -35,7 +36,8 @@ _any_requires_grad = getattr(torch._C, "_any_requires_grad", _py_any_requires_gr
 class OpSchema:
     """One op of the ``fused_lce`` library: its schema (defined on ``lib``) and its arguments by name."""
 
-    def __init__(self, lib: torch.library.Library, name: str, head: str, family: str, tail: str, returns: str):
+    def __init__(self, lib: torch.library.Library, name: str, head: str, family: str, tail: str,
+                 returns: str):
         self.name = name
         self.schema = f"{name}({', '.join(x for x in (head, options_block(family), tail) if x)}) -> {returns}"
         lib.define(self.schema)
@@ -76,8 +78,9 @@ class OpSchema:
         for a in self.op._schema.arguments:
             if (a.has_default_value() or a.kwarg_only or a.alias_info is not None
                     or ("List" in str(a.type) and "Tensor" in str(a.type))):
-                raise TypeError(f"{self.name}: argument {a.name} ({a.type}) needs torch.library.register_autograd "
-                                "(a default, keyword-only, tensor-list or aliasing argument)")
+                raise TypeError(f"{self.name}: argument {a.name} ({a.type}) needs "
+                                "torch.library.register_autograd (a default, keyword-only, tensor-list or "
+                                "aliasing argument)")
         op = self.op
         below = torch._C._after_autograd_keyset
 

@@ -28,8 +28,8 @@ def test_tiling_headers_compile_as_cplusplus11(tmp_path):
                    "static_assert(sizeof(FusedLceStatsCubeTilingData) <= 2048, \"tiling data too large\");\n"
                    "static_assert(sizeof(FusedLceGradCubeTilingData) <= 2048, \"tiling data too large\");\n"
                    "int main() { FusedLceGradCubeTilingData t{}; return static_cast<int>(t.plan.status); }\n")
-    cmd = [cxx, "-std=c++11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=0",
-           "-I", os.path.join(root, "csrc", "ascend", "common"),
+    cmd = [cxx, "-std=c++11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fPIC",
+           "-D_GLIBCXX_USE_CXX11_ABI=0", "-I", os.path.join(root, "csrc", "ascend", "common"),
            "-I", os.path.join(root, "tests", "support", "ascendc_twin", "kernel"), str(src),
            "-o", str(tmp_path / "c11")]
     r = subprocess.run(cmd, capture_output=True, text=True)

@@ -91,8 +91,10 @@ def test_bad_label_gives_nan_loss_only_for_that_token(ops, part, seed):
     assert float(zt[4]) == 0.0 and torch.isfinite(m).all() and torch.isfinite(s).all()
     g = torch.ones(n)
     g[4] = float("nan")
-    dx, dw, _ = twin_loss_grads(ops, g, h, w, None, y, (m + s.log()), 0, v, 0.0, 0.0, 0.0, [True, True, False])
-    assert torch.isnan(dx[4]).all() and torch.isfinite(dx[torch.arange(n) != 4]).all() and torch.isnan(dw).any()
+    dx, dw, _ = twin_loss_grads(ops, g, h, w, None, y, (m + s.log()), 0, v, 0.0, 0.0, 0.0,
+                                [True, True, False])
+    assert torch.isnan(dx[4]).all() and torch.isfinite(dx[torch.arange(n) != 4]).all() and \
+        torch.isnan(dw).any()
 
 
 def test_more_than_2_pow_31_logits(ops, part):
@@ -108,7 +110,8 @@ def test_more_than_2_pow_31_logits(ops, part):
     y = torch.randint(0, v, (n,), generator=gen)
     m, s, zt, _, am = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)[:5]
     # float64 reference on tokens spread over the whole range (the full logits would be 17 GB)
-    idx = torch.cat([torch.arange(0, 64), torch.randint(0, n, (1024,), generator=gen), torch.arange(n - 64, n)])
+    idx = torch.cat([torch.arange(0, 64), torch.randint(0, n, (1024,), generator=gen),
+                     torch.arange(n - 64, n)])
     z = h[idx].double() @ w.double().t()
     rm = z.max(dim=1).values
     assert torch.allclose(m[idx].double(), rm, rtol=1e-5, atol=1e-4)

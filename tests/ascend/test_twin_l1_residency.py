@@ -41,7 +41,8 @@ def stats_cube_l1_bytes(plan, n, d, v, elt, l1):
     keep_a_resident sets it) all on the first tile, then those beyond the cached ones on every other tile."""
     bm, bn, bk, m_blocks, n_blocks, segments, seg_blocks = (plan[i] for i in (1, 2, 3, 5, 6, 7, 13))
     kiter = math.ceil(d / bk)
-    depth = min((l1 - 2 * block_bytes(False, True, bn, bk, elt)) // block_bytes(True, False, bm, bk, elt), kiter)
+    depth = min((l1 - 2 * block_bytes(False, True, bn, bk, elt)) // block_bytes(True, False, bm, bk, elt),
+                kiter)
     assert 3 <= depth < kiter, f"depthA1 {depth}, kIter {kiter}: not a partial residency"
     cached_k = min((depth - 2) * bk, d)
     total = 0

@@ -38,7 +38,9 @@ def ignore_rows(y, c):
     """Every fourth token ignored as the driver sends it: label -100 (outside the shard), coefficients 0."""
     y = y.clone()
     y[::4] = -100
-    return y, tuple(None if x is None else x.clone().index_fill_(0, torch.arange(0, len(y), 4), 0.0) for x in c)
+    return (y,
+            tuple(None if x is None else x.clone().index_fill_(0, torch.arange(0, len(y), 4), 0.0)
+                  for x in c))
 
 
 def cube_flops(ops) -> int:
@@ -171,7 +173,8 @@ def test_onepass_workspace_formula(ops, part):
     al = lambda x: -(-x // 512) * 512  # noqa: E731
     for n, d, v, elt in [(8192, 4096, 151936, 2), (1000, 256, 5003, 4), (37, 45, 301, 2)]:
         for flags in (0, 1):
-            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad_cube(n, d, v, elt, flags)
+            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = \
+                ops._twin_plan_grad_cube(n, d, v, elt, flags)
             assert st == 0
             assert mb == -(-n // bm) and nb == -(-v // bn)
             assert ws_keep == ws + al(n * v * elt) + (al(2 * mb * v * 4) if flags else 0)

@@ -82,6 +82,6 @@ def test_cube_backward_modes_at_a_wide_vocabulary(ops, part, seed, keep_dz):
     a, t = torch.rand(n, generator=g), torch.rand(n, generator=g)
     dz = torch.softmax(z, 1) * a.double()[:, None]
     dz[torch.arange(n), y] -= t.double()
-    dx, dw, _ = ops._twin_grads_cube(h, w, None, y, lse.float(), a, t, None, None, 0, 0.0, 1.0, [True, True, False],
-                                     None, keep_dz, None)
+    dx, dw, _ = ops._twin_grads_cube(h, w, None, y, lse.float(), a, t, None, None, 0, 0.0, 1.0,
+                                     [True, True, False], None, keep_dz, None)
     assert rel_l2(dx, dz @ w.double()) < RTOL and rel_l2(dw, dz.t() @ h.double()) < RTOL

@@ -35,7 +35,8 @@ def check(got, h, w, b, y, vs, softcap, temperature, with_zsum, with_ez, msg):
     assert_stats(got[:5], ref, scale, vs, msg)
     if with_ez:
         tol = 3e-5 * (ez.abs() + ref[1] * (1.0 + scale))
-        assert torch.all((got[5].double() - ez).abs() <= tol), f"ez {msg}: {(got[5].double() - ez).abs().max()}"
+        assert torch.all((got[5].double() - ez).abs() <= tol), \
+            f"ez {msg}: {(got[5].double() - ez).abs().max()}"
     else:
         assert torch.all(got[5] == 0), f"ez not requested {msg}"
 
@@ -81,7 +82,8 @@ def test_cube_segments_merge(ops, part, seed):
     part(HW_TINY, sched_seed=seed)
     h, w, _ = make(5, 16, 300, torch.float32, False)
     y = torch.randint(0, 300, (5,))
-    check(run(ops, h, w, None, y, 0, 2.0, 0.5, True, True), h, w, None, y, 0, 2.0, 0.5, True, True, f"seed={seed}")
+    check(run(ops, h, w, None, y, 0, 2.0, 0.5, True, True), h, w, None, y, 0, 2.0, 0.5, True, True,
+          f"seed={seed}")
 
 
 def test_cube_first_argmax_on_ties(ops, part, seed):
@@ -116,12 +118,14 @@ def test_cube_non_finite_logits(ops, part, seed):
     y = torch.full((n,), 70)
     got = run(ops, h, w, b, y, 0, 0.0, 1.0, False, True)
     ref, ez = ref64(h, w, b, y, 0, 0.0, 1.0, False)
-    assert torch.allclose(got[0].double(), ref[0], rtol=1e-5) and torch.allclose(got[1].double(), ref[1], rtol=1e-5)
+    assert torch.allclose(got[0].double(), ref[0], rtol=1e-5) and \
+        torch.allclose(got[1].double(), ref[1], rtol=1e-5)
     assert torch.allclose(got[5].double(), ez, rtol=1e-4, atol=1e-5)
     h2 = h.clone()
     h2[1, 3] = float("nan")
     got = run(ops, h2, w, None, torch.zeros(n, dtype=torch.long), 0, 0.0, 1.0, True, True)
-    assert torch.isnan(got[1][1]) and torch.isnan(got[3][1]) and torch.isnan(got[5][1]) and not torch.isnan(got[1][0])
+    assert torch.isnan(got[1][1]) and torch.isnan(got[3][1]) and torch.isnan(got[5][1]) and \
+        not torch.isnan(got[1][0])
 
 
 def test_cube_empty_batch_and_single_token(ops, part):

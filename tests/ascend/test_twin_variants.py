@@ -22,7 +22,8 @@ def run_all(ops, h, w, b, y, lse, c, variant):
     out = list(fwd)
     out += ops._twin_stats_cube(h, w, b, y, 0, 3.0, 0.8, False, False, False, variant)[:6]
     for cache, keep in ((None, False), (fwd[6], True), (None, True)):
-        out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 3.0, 0.8, [True, True, True], cache, keep, None, variant)
+        out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 3.0, 0.8, [True, True, True], cache, keep,
+                                    None, variant)
     return out
 
 

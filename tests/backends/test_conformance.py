@@ -32,7 +32,8 @@ OPTION_SETS = {
     "softcap": {"softcap": 3.0},
     "bias": {"bias": True},
     "num_items": {"num_items": 37, "ignore_frac": 0.2},
-    "everything": {"label_smoothing": 0.25, "z_loss": 0.02, "softcap": 4.0, "bias": True, "ignore_frac": 0.25},
+    "everything": {"label_smoothing": 0.25, "z_loss": 0.02, "softcap": 4.0, "bias": True,
+                   "ignore_frac": 0.25},
 }
 
 
@@ -54,8 +55,8 @@ def check(backend, device, shape, v, dtype, reduction="mean", shift=False, tile=
     use_bias = opts.pop("bias", False)
     scale = opts.pop("scale", 1.0)
     ii = opts.get("ignore_index", -100)
-    h, w, y, b = make_problem(shape, v, dtype, device, bias=use_bias, ignore_frac=ignore_frac, ignore_index=ii,
-                              scale=scale)
+    h, w, y, b = make_problem(shape, v, dtype, device, bias=use_bias, ignore_frac=ignore_frac,
+                              ignore_index=ii, scale=scale)
     out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, shift=shift, backend=backend,
                                          tile_budget_mb=tile, return_stats=True, **opts)
     assert out.loss.dtype == torch.float32
@@ -125,8 +126,8 @@ def test_chunk_size_invariance(bd, seed):
     results = []
     for tile in (TINY, 0.01, 0.1, None):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend=backend, tile_budget_mb=tile, z_loss=0.01,
-                                              label_smoothing=0.1, softcap=5.0)
+        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend=backend, tile_budget_mb=tile,
+                                              z_loss=0.01, label_smoothing=0.1, softcap=5.0)
         loss.backward()
         results.append([loss.detach()] + [t.grad for t in (hh, ww, bb)])
     for other in results[1:]:
@@ -143,7 +144,8 @@ def test_all_ignored_and_empty(bd, n, seed):
     y = torch.full_like(y, -100)
     for reduction in ("mean", "sum"):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        out = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction=reduction, backend=backend, return_stats=True)
+        out = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction=reduction, backend=backend,
+                                             return_stats=True)
         assert out.loss.item() == 0.0
         out.loss.backward()
         for t in (hh, ww, bb):
@@ -230,7 +232,8 @@ def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
     for tile in (None, TINY):
         h, w, y, b = make_problem((19, 8), 41, dtype, device, bias=True, ignore_frac=0.3, scale=300.0)
         y[[2, 7]] = -100
-        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend, tile_budget_mb=tile)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend,
+                                             tile_budget_mb=tile)
         g = torch.rand_like(out) if reduction == "none" else torch.ones_like(out)
         grads = torch.autograd.grad(out, (h, w, b), g)
         ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction)
@@ -275,8 +278,9 @@ def test_random_problems(bd, n, d, v, reduction, smoothing, z, cap, bias, ignore
     reproduction blob, and kept in the local .hypothesis database) replays exactly; derandomized in CI."""
     backend, device = bd
     torch.manual_seed(data_seed)
-    check(backend, device, (n, d), v, torch.float32, reduction, tile=tile, label_smoothing=smoothing, z_loss=z,
-          softcap=cap, bias=bias, ignore_frac=ignore, num_items=num_items)
+    check(backend, device, (n, d), v, torch.float32, reduction, tile=tile,
+          label_smoothing=smoothing, z_loss=z, softcap=cap, bias=bias, ignore_frac=ignore,
+          num_items=num_items)
 
 
 LAYOUTS = {  # name: (what it does to a contiguous (rows, cols) tensor); every one must be read as its values
@@ -301,7 +305,8 @@ def test_input_layouts(bd, layout, seed):
     b = make(torch.randn(v, 1) * 0.5)[:, 0].to(device).requires_grad_()
     y = torch.randint(0, v, (n,), device=device)
     for reduction in ("mean", "none"):
-        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction, label_smoothing=0.1)
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction,
+                                              label_smoothing=0.1)
         g = torch.rand_like(loss)
         grads = torch.autograd.grad(loss, (h, w, b), g)
         ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction, label_smoothing=0.1)
@@ -341,7 +346,8 @@ def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
     y = torch.randint(200, 301, (13,))
     y[::4] = -100
     y = y.to(device)
-    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, tile_budget_mb=tile, reduction=reduction)
+    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, tile_budget_mb=tile,
+                                          reduction=reduction)
     assert torch.isfinite(loss).all()
     g = torch.rand_like(loss)
     grads = torch.autograd.grad(loss, (h, w, b), g)
@@ -518,5 +524,6 @@ def test_num_items_tensor(bd, seed):
         fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, num_items=torch.ones(2, device=device))
     with pytest.raises(TypeError, match="num_items"):
         torch.ops.fused_lce.forward(*args(torch.tensor(True, device=device)))
-    zero = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, num_items=torch.tensor(0.0, device=device))
+    zero = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend,
+                                          num_items=torch.tensor(0.0, device=device))
     assert zero.item() == 0.0 and all((g == 0).all() for g in torch.autograd.grad(zero, (h, w, b)))

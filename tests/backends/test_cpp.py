@@ -37,7 +37,8 @@ def test_compiled_library_is_loaded(monkeypatch, seed):
 
     assert os.path.basename(_C.__file__).startswith("_C.") and _C.__file__.endswith((".so", ".pyd"))
     for kernel in ("_cpu_stats", "_cpu_grads", "_cpu_fused"):
-        assert "csrc/ops.cpp" in torch._C._dispatch_dump(f"fused_lce::{kernel}").split("CPU: registered at ")[1]
+        assert "csrc/ops.cpp" in \
+            torch._C._dispatch_dump(f"fused_lce::{kernel}").split("CPU: registered at ")[1]
     # the public ops have one implementation for every device: the Python driver
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("fused_lce::forward", "CPU")
     assert fused_lce.backend_info()["auto"]["cpu"] == "cpp"
@@ -88,8 +89,8 @@ def _check(dtype, n=37, d=19, v=301, *, seed, reduction="mean", tile=None, bias=
     for t, on in zip((h, w, b), want):
         if t is not None and not on:
             t.requires_grad_(False)
-    out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend, tile_budget_mb=tile,
-                                         return_stats=True, **opts)
+    out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend,
+                                         tile_budget_mb=tile, return_stats=True, **opts)
     assert out.loss.dtype == torch.float32
     g = torch.rand_like(out.loss) if reduction == "none" else torch.ones_like(out.loss)
     ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction, **opts)
@@ -148,7 +149,8 @@ def _forced_path_available(monkeypatch, dtype_key, path):
 
 @pytest.mark.parametrize("gemm", ["auto", "mkl", "brgemm", "convert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517), (70, 40, 2049)], ids=["even", "odd", "tiles"])
+@pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517), (70, 40, 2049)],
+                         ids=["even", "odd", "tiles"])
 def test_16bit_gemm_paths(monkeypatch, gemm, dtype, shape, seed):
     """Each way of multiplying 16-bit operands (gemm.h), forced through FUSED_LCE_CPP_LOW_GEMM: MKL's 16-bit x
     16-bit -> fp32 GEMMs, ATen's brgemm (bf16 only), float32 tiles; a forced path this machine lacks falls
@@ -180,7 +182,8 @@ def test_16bit_gemm_defaults_follow_the_cpu(monkeypatch):
     cpu = next(f for f in cpp_cpu.describe(8, 8, 8).split() if f.startswith("cpu="))[4:].split(",")
     if flags:
         for ours, theirs in (("avx2", "avx2"), ("f16c", "f16c"), ("avx512_bf16", "avx512_bf16"),
-                             ("avx512_fp16", "avx512_fp16"), ("amx_bf16", "amx_bf16"), ("amx_fp16", "amx_fp16")):
+                             ("avx512_fp16", "avx512_fp16"), ("amx_bf16", "amx_bf16"),
+                             ("amx_fp16", "amx_fp16")):
             assert (ours in cpu) == (theirs in flags), (ours, cpu, sorted(flags))
     mkl = {k: _forced_path_available(monkeypatch, k, "mkl") for k in ("bf16", "fp16")}
     brgemm = _forced_path_available(monkeypatch, "bf16", "brgemm")
@@ -233,8 +236,9 @@ def test_zero_hidden_size(dtype, seed):
     b = torch.randn(v, generator=torch.Generator().manual_seed(seed)).to(dtype)
     y = torch.tensor([0, 3, -100, 8, 1, 2])
     opts = options_block(backend="cpp")
-    out = torch.ops.fused_lce.forward(torch.empty(n, 0, dtype=dtype), torch.empty(v, 0, dtype=dtype), y, b, None,
-                                      "none", *opts, [True, True, True])
+    out = torch.ops.fused_lce.forward(torch.empty(n, 0, dtype=dtype),
+                                      torch.empty(v, 0, dtype=dtype), y, b, None, "none", *opts,
+                                      [True, True, True])
     z = b.double().expand(n, v)
     want = torch.logsumexp(z, 1) - z.gather(1, y.clamp(min=0)[:, None])[:, 0]
     torch.testing.assert_close(out[0].double(), torch.where(y != -100, want, 0.0), rtol=1e-5, atol=1e-5)
@@ -247,7 +251,8 @@ def test_zero_hidden_size(dtype, seed):
     torch.testing.assert_close(db.double(), (p * (y != -100)[:, None]).sum(0), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("want", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1)], ids=["dX", "dW", "db", "dX+db"])
+@pytest.mark.parametrize("want", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1)],
+                         ids=["dX", "dW", "db", "dX+db"])
 def test_partial_gradients(want, seed):
     for i, reduction in enumerate(("mean", "none")):
         _check(torch.float32, seed=seed + i, reduction=reduction, bias=True, want=want, label_smoothing=0.1)
@@ -345,7 +350,8 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
     inv = torch.tensor(1.0) / valid
     g = formulas.token_weights(*formulas.label_classes(y, opts, v))
     t = Tensors(hd, wd, y, bd)
-    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True), group="emulated")
+    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True),
+                                          group="emulated")
     per, lse, _ = formulas.loss_from_stats(st, y, opts, v)
     ref = fp64_reference(h, w, y, b, label_smoothing=0.1, z_loss=0.01, softcap=3.0)
     assert_loss_close(per.sum() / valid, ref, torch.float32)
@@ -361,7 +367,8 @@ def test_deterministic_for_a_thread_count(dtype, seed):
     runs = []
     for _ in range(2):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend="cpp", label_smoothing=0.1, tile_budget_mb=2)
+        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend="cpp", label_smoothing=0.1,
+                                              tile_budget_mb=2)
         loss.backward()
         runs.append([loss.detach(), hh.grad, ww.grad, bb.grad])
     for a, b_ in zip(*runs):
@@ -370,7 +377,8 @@ def test_deterministic_for_a_thread_count(dtype, seed):
 
 # ---------------------------------------------------------------------------------------- 64-bit indexing
 @pytest.mark.parametrize("dtype,gemm,tol", [(torch.float32, "auto", 1e-4), (torch.bfloat16, "auto", 1e-2),
-                                            (torch.float16, "mkl", 2e-3)], ids=["float32", "bfloat16", "float16"])
+                                            (torch.float16, "mkl", 2e-3)],
+                         ids=["float32", "bfloat16", "float16"])
 def test_more_than_2_31_logits(monkeypatch, dtype, gemm, tol, seed):
     """N * V > 2^31 (D = 1 keeps it cheap): sampled rows of the loss, lse and dX, and sampled rows of dW,
     against float64 computed row by row from the (rounded) inputs; 16-bit inputs on their GEMM paths
@@ -419,8 +427,9 @@ def test_opcheck(dtype, reduction, seed):
     # the private kernel's schema against what it does (no fake kernel: it only runs inside the public op)
     g = torch.rand(11, generator=torch.Generator().manual_seed(seed))
     terms = (1.0, 0.02, 0.9, 0.1 / 37)  # LossTerms of label_smoothing 0.1, z_loss 0.01, V 37
-    torch.library.opcheck(torch.ops.fused_lce._cpu_fused, (h.detach(), w.detach(), b.detach(), y, g, *terms, 3.0,
-                                                           True, [True, True, True], 0.5, 0), test_utils="test_schema")
+    torch.library.opcheck(torch.ops.fused_lce._cpu_fused,
+                          (h.detach(), w.detach(), b.detach(), y, g, *terms, 3.0,
+                           True, [True, True, True], 0.5, 0), test_utils="test_schema")
     torch.library.opcheck(torch.ops.fused_lce.forward, fwd)
     lse = torch.ops.fused_lce.forward(*fwd)[1]
     up = g if reduction == "none" else g[0]

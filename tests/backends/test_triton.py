@@ -19,7 +19,8 @@ import torch
 
 import fused_lce
 
-from ..conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
+from ..conftest import (GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference,
+                        rel_err)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TRITON = True
@@ -135,10 +136,13 @@ def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype, by_co
 
     monkeypatch.setattr(P.kgemm, "lce_gemm", gemm)
     n, d, v = 40, 16, 64
-    t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype), torch.randint(0, v, (n,)), None)
+    t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype),
+                torch.randint(0, v, (n,)), None)
     t.labels[::3] = -100
-    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or ((t.labels != -100).float(), torch.tensor(0.5)),
-                      (lambda count: 0.5 if count == int((t.labels != -100).sum()) else None) if by_count else None)
+    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or
+                                                ((t.labels != -100).float(), torch.tensor(0.5)),
+                      (lambda count: 0.5 if count == int((t.labels != -100).sum()) else None)
+                      if by_count else None)
     out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
     with pytest.raises(Stop):
         P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), v), Options(), out)
@@ -173,7 +177,8 @@ torch.manual_seed(int(sys.argv[2]))
 out = []
 cases = [
     # (path, dtype, mode, n, d, v, options, tile bytes, GEMM tile configuration)
-    ("cublas", "float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0), 9 * 2100 * 4, ""),
+    ("cublas", "float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0),
+     9 * 2100 * 4, ""),
     ("cublas", "bfloat16", "default", 23, 12, 2100, dict(label_smoothing=0.1), 0, ""),
     ("cublas", "float16", "default", 23, 12, 2100, dict(z_loss=0.02), 0, ""),
     ("cublas", "bfloat16", "split", 19, 8, 2100, dict(softcap=3.0, label_smoothing=0.1), 7 * 2100 * 4, ""),
@@ -182,13 +187,15 @@ cases = [
     ("cublas", "float16", "compact", 17, 8, 701, dict(), 0, ""),
     # the fused-GEMM path: EXP epilogue + dz from exp tiles (default), kept exp tiles (split), STATS + DZ
     # epilogues (compact, and the recompute backward of every case); odd V; one-tile and persistent grids
-    ("gemm", "bfloat16", "default", 23, 24, 701, dict(label_smoothing=0.1, z_loss=0.01), 0, "32,64,16,2,4,2,2,0"),
+    ("gemm", "bfloat16", "default", 23, 24, 701, dict(label_smoothing=0.1, z_loss=0.01), 0,
+     "32,64,16,2,4,2,2,0"),
     ("gemm", "float16", "default", 37, 16, 301, dict(), 9 * 310 * 2, "32,64,16,2,4,2,1,2"),
     ("gemm", "bfloat16", "split", 19, 16, 515, dict(label_smoothing=0.2), 7 * 520 * 2, "16,64,16,2,4,1,2,0"),
-    ("gemm", "float16", "compact", 21, 24, 333, dict(z_loss=0.02, label_smoothing=0.1), 21 * 2 * 128, "16,64,16,2,4,2,2,1"),
+    ("gemm", "float16", "compact", 21, 24, 333, dict(z_loss=0.02, label_smoothing=0.1), 21 * 2 * 128,
+     "16,64,16,2,4,2,2,1"),
     ("gemm", "bfloat16", "compact", 17, 8, 200, dict(), 0, "32,64,16,2,4,2,1,0"),
-    # ignored tokens with logits ~1e3 (their saved lse is 0): the row kernel's and the DZ epilogue's zero rows,
-    # the epilogue also with ignored rows computed (FUSED_LCE_SKIP_IGNORED=0)
+    # ignored tokens with logits ~1e3 (their saved lse is 0): the row kernel's and the DZ epilogue's zero
+    # rows, the epilogue also with ignored rows computed (FUSED_LCE_SKIP_IGNORED=0)
     ("cublas", "float32", "default", 17, 8, 301, dict(scale=300.0), 0, ""),
     ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0), 0, "32,64,16,2,4,2,2,0"),
     ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0, skip="0"), 0, "32,64,16,2,4,2,2,0"),
@@ -215,15 +222,18 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     # "split": the statistics -> combine -> gradients path a vocab-parallel group takes (kept logits tiles)
     tc.TritonProvider.has_fused = property(lambda self: False) if mode == "split" else fused
     t = Tensors(h, w, y, b)
-    assert (tc.TritonProvider.path_reason(t, o) is None) == (path == "gemm"), (path, tc.TritonProvider.path_reason(t, o))
+    assert (tc.TritonProvider.path_reason(t, o) is None) == (path == "gemm"), \
+        (path, tc.TritonProvider.path_reason(t, o))
     scale = torch.tensor(1.0 / n)
     g = formulas.token_weights(*formulas.label_classes(y, o, v))
     st, grads = driver.run_forward(tc.PROVIDER, t, o, g, scale, (True, True, True))
     per, lse_ours, correct_ours = formulas.loss_from_stats(st, y, o, v)
     gl = torch.rand(n)
     gw = formulas.token_weights(*formulas.label_classes(y, o, v), gl)
-    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, formulas.loss_coefs(lse_ours, gw, o, v), o, (True, True, True))
-    ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss, softcap=o.softcap or None)
+    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, formulas.loss_coefs(lse_ours, gw, o, v), o,
+                             (True, True, True))
+    ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss,
+                    softcap=o.softcap or None)
     r1 = C.fp64_reference(h, w, y, b, upstream=torch.full((n,), 1.0 / n), **ref_opts)
     r2 = C.fp64_reference(h, w, y, b, upstream=gl, **ref_opts)
     z = formulas.reference_logits(h, w, b, softcap=o.softcap)
@@ -237,8 +247,8 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
             return False
     out.append(dict(case=f"{path}-{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}",
                     loss=close(C.assert_loss_close, per, r1, dtype),
-                    lse=close(C.assert_lse_close, lse_ours, r1), correct=bool((correct_ours == correct).all()),
-                    dtypes=[t_.dtype == dtype for t_ in grads],
+                    lse=close(C.assert_lse_close, lse_ours, r1),
+                    correct=bool((correct_ours == correct).all()), dtypes=[t_.dtype == dtype for t_ in grads],
                     fwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(grads, r1.grads, r1.grad_scales,
                                                                        r1.grad_logit_scales)],
                     bwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(bk, r2.grads, r2.grad_scales,
@@ -255,14 +265,16 @@ for path in ("1", "0"):
         h = torch.randn(n, 16).bfloat16(); w = torch.randn(v, 16).bfloat16(); y = torch.full((n,), -100)
         o = Options(vocab_total=v, backend="triton")
         g = formulas.token_weights(*formulas.label_classes(y, o, v))
-        st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+        st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0),
+                                    (True, True, False))
         assert gr[0].shape == (n, 16) and gr[1].shape == (v, 16) and gr[2] is None, (path, n, v)
         assert float(gr[0].float().abs().sum()) == 0 and float(gr[1].float().abs().sum()) == 0, (path, n, v)
-# the fused-GEMM path with ignored tokens skipped (no logit of theirs computed) or kept: the same statistics of the
-# other tokens and the same gradients; every token ignored: gradients zero
+# the fused-GEMM path with ignored tokens skipped (no logit of theirs computed) or kept: the same statistics
+# of the other tokens and the same gradients; every token ignored: gradients zero
 os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
 for n, frac in ((29, 0.4), (9, 1.0)):
-    h = torch.randn(n, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (n,))
+    h = torch.randn(n, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16()
+    y = torch.randint(0, 333, (n,))
     y[torch.rand(n) < frac] = -100
     y[-1] = -100
     o = Options(vocab_total=333, backend="triton", tile_bytes=7 * 384 * 2 if n > 9 else 0)
@@ -270,7 +282,8 @@ for n, frac in ((29, 0.4), (9, 1.0)):
     res = {}
     for skip in ("1", "0"):
         os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
-        res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5), (True, True, False))
+        res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5),
+                                       (True, True, False))
     os.environ.pop("FUSED_LCE_SKIP_IGNORED")
     keep = y != -100  # skipped: an ignored token's logits are never computed, its statistics left unset
     for a, b in zip(res["1"][0], res["0"][0]):
@@ -282,20 +295,23 @@ for n, frac in ((29, 0.4), (9, 1.0)):
         assert torch.equal(a, b), (n, a, b)
     lse_skip = outs[0][1].double()
     assert bool((lse_skip[~keep] == 0).all()), (n, lse_skip)
-    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):  # token chunks of other rows: float32 sums in another order,
+    # token chunks of other rows: float32 sums in another order,
+    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):
         a, b = a.float(), b.float()                        # so up to one bf16 rounding step apart
         assert bool(((a - b).abs() <= 2**-7 * b.abs() + 1e-6 * (1 + float(b.abs().max()))).all()), n
     ref_lse = torch.logsumexp(h.double() @ w.double().t(), 1)
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
-        assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
-# the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token order,
-# neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is computed;
-# one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
+        assert float(res["1"][1][0].float().abs().sum()) == 0 and \
+            float(res["1"][1][1].float().abs().sum()) == 0
+# the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token
+# order, neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is
+# computed; one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
 for compact, tile, frac in (("0", 0, 0.4), ("1", 17 * 2 * 128, 0.4), ("0", 0, 1.0), ("1", 17 * 2 * 128, 0.0)):
     os.environ["FUSED_LCE_COMPACT"] = compact
     os.environ["FUSED_LCE_GEMM_CONFIG"] = "16,64,16,2,4,2,2,0"
-    h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (17,))
+    h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16()
+    y = torch.randint(0, 333, (17,))
     y[torch.rand(17) < frac] = -100
     if 0 < frac < 1:
         y[0], y[-1] = 5, -100
@@ -312,8 +328,8 @@ for compact, tile, frac in (("0", 0, 0.4), ("1", 17 * 2 * 128, 0.4), ("0", 0, 1.
         want = 1 if name == "s" else 0
         assert bool((a[~keep] == want).all()), (compact, name, a)
 os.environ["FUSED_LCE_COMPACT"] = "0"
-# fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at the
-# end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
+# fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at
+# the end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
 os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0"
 for path in ("1", "0"):
     os.environ["FUSED_LCE_TRITON_GEMM"] = path
@@ -321,32 +337,36 @@ for path in ("1", "0"):
     y[2], y[5] = -100, 300  # ignored, out of range
     o = Options(vocab_total=300, backend="triton")
     g = formulas.token_weights(*formulas.label_classes(y, o, 300))
-    st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+    st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0),
+                                (True, True, False))
     assert gr[0].dtype == torch.float16 and bool(gr[0][5].isnan().all()) and bool(gr[1].isnan().any()), path
     assert float(gr[0][[0, 1, 2, 3, 4, 6, 7, 8]].float().abs().sum()) == 0, path
-# fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same gradients, bit
-# for bit, as when the weights are formed first and the scale is read from the device; also with ignored tokens
-# kept in the products (FUSED_LCE_SKIP_IGNORED=0: the count is not taken then) and with every token ignored
+# fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same
+# gradients, bit for bit, as when the weights are formed first and the scale is read from the device; also
+# with ignored tokens kept in the products (FUSED_LCE_SKIP_IGNORED=0: the count is not taken then) and with
+# every token ignored
 import functools
 from fused_lce.core import TokenWeights
 os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
 h = torch.randn(23, 16).half(); w = (torch.randn(301, 16) / 4).half()
 o = Options(vocab_total=301, backend="triton")
-for y in (torch.where(torch.arange(23) % 4 == 0, -100, torch.randint(0, 301, (23,))), torch.full((23,), -100)):
+for y in (torch.where(torch.arange(23) % 4 == 0, -100, torch.randint(0, 301, (23,))),
+          torch.full((23,), -100)):
     valid, bad = formulas.label_classes(y, o, 301)
     for red in ("mean", "sum"):
         make = lambda: (formulas.token_weights(valid, bad),
                         formulas.safe_inverse(formulas.mean_divisor(red, None, y, -100, valid)))
         for skip in ("1", "0"):
             os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
-            got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, TokenWeights(valid, make, by), None,
-                                      (True, True, False))[1]
+            got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o,
+                                      TokenWeights(valid, make, by), None, (True, True, False))[1]
                    for by in (None, functools.partial(formulas.count_scale, red))]
-            assert all(a.dtype == torch.float16 and torch.equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), \
+            assert all(a.dtype == torch.float16 and torch.equal(a, b)
+                       for a, b in zip(got[0][:2], got[1][:2])), \
                 (red, skip, int(valid.sum()))
 os.environ.pop("FUSED_LCE_SKIP_IGNORED")
-# a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
-# the others never written; one program per tile and persistent
+# a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are
+# computed, the others never written; one program per tile and persistent
 from fused_lce.backends.triton.kernels import gemm as kg
 h = torch.randn(70, 16).bfloat16(); w = torch.randn(200, 16).bfloat16()
 z = h.double() @ w.double().t()
@@ -383,8 +403,8 @@ def test_kernel_under_triton_interpreter(tmp_path, seed):
     over vocabulary chunks), dz from exp tiles, the label-logit dot, fused scale+cast. Bias, softcap,
     smoothing, z-loss, odd V, several chunks. The cuBLAS products fall back to CPU matmuls."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env,
+                          capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
         pytest.skip("this Triton's interpreter cannot run the kernel: " + proc.stderr[-400:])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -429,25 +449,28 @@ cases = [
     ("compact-merge", "cublas", "compact", "float32", 23, 12, 2100, 0.8, 4.0, True, 700, True, 0.05),
     ("no-entropy-temp", "cublas", "default", "float32", 19, 8, 301, 0.5, 2.0, False, 0, False, None),
     ("gemm-t1-lp-only", "gemm", "default", "bfloat16", 21, 16, 333, 1.0, 0.0, True, 0, False, None),
-    # the fused-GEMM path's temperature, entropy tile sums (whole -inf tiles of a masked bias) and entropy DZ term
+    # the fused-GEMM path's temperature, entropy tile sums (whole -inf tiles of a masked bias) and entropy DZ
+    # term
     ("gemm-temp-entropy-masked", "gemm", "default", "bfloat16", 23, 16, 700, 0.7, 0.0, True, 300, True, None),
     ("gemm-entropy-fp16-blocks", "gemm", "default", "float16", 19, 16, 333, 1.0, 0.0, False, 0, True, 0.01),
     ("gemm-compact-entropy", "gemm", "compact", "bfloat16", 17, 16, 515, 1.3, 0.0, True, 0, True, 0.005),
-    # a low temperature: ignored tokens' tempered logits ~100s (their saved lse is 0); the DZ epilogue also with
-    # the ignored rows computed
+    # a low temperature: ignored tokens' tempered logits ~100s (their saved lse is 0); the DZ epilogue also
+    # with the ignored rows computed
     ("cold-ignored", "cublas", "default", "float32", 17, 8, 301, 0.02, 0.0, True, 0, True, None),
     ("gemm-cold-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, True, 0, True, None),
     ("gemm-cold-keep-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, False, 0, True, None,
      {"FUSED_LCE_SKIP_IGNORED": "0"}),
     # softcaps large and tiny, with a temperature
     ("softcap-1e4", "cublas", "default", "float32", 17, 8, 301, 0.7, 1e4, True, 0, True, None),
-    ("softcap-max", "cublas", "default", "float32", 17, 8, 301, 1.0, 3.4028234663852886e38, False, 0, True, None),
+    ("softcap-max", "cublas", "default", "float32", 17, 8, 301, 1.0, 3.4028234663852886e38, False, 0,
+     True, None),
 ]
 out = []
 for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *env in cases:
     os.environ.update(env[0] if env else {"FUSED_LCE_SKIP_IGNORED": "1"})
     os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
-    os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact" else "32,64,16,2,4,2,2,0") \
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact"
+                                           else "32,64,16,2,4,2,2,0") \
         if path == "gemm" else ""  # one program per tile / persistent
     os.environ["FUSED_LCE_COMPACT"] = "1" if sched == "compact" else "0"
     dtype = getattr(torch, dt)
@@ -480,13 +503,15 @@ for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *en
         ours = ours[:2] + (ours[2][masked:],)
         want = want[:2] + (want[2][masked:],)
     out.append(dict(case=name, dtype=dt, path=got_path, want_path=path,
-                    lp=float((lp.double() - rlp.detach()).abs().max()), lp_mag=float(rlp.detach().abs().max()),
+                    lp=float((lp.double() - rlp.detach()).abs().max()),
+                    lp_mag=float(rlp.detach().abs().max()),
                     ent=float((ent.double() - rent.detach()).abs().max()) if entropy else 0.0,
                     ent_mag=float(rent.detach().abs().max()) if entropy else 0.0,
                     finite=all(bool(torch.isfinite(g).all()) for g in ours),
                     dtypes=[g.dtype == x.dtype for g, x in zip(ours, leaves)],
                     grads=[rel(a, c) for a, c in zip(ours, want)],
-                    zero_ignored=bool((lp[y == -100] == 0).all()) and (not entropy or bool((ent[y == -100] == 0).all()))
+                    zero_ignored=bool((lp[y == -100] == 0).all()) and
+                    (not entropy or bool((ent[y == -100] == 0).all()))
                     and bool((ours[0][y == -100] == 0).all())))
 print("RESULT" + json.dumps(out))
 """
@@ -586,8 +611,8 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 
         o = Options(**{k: x for k, x in OPTS[opts].items()})
         assert (tc.TritonProvider.path_reason(Tensors(h, w, y, b), o) is None) == (path == "gemm")
-        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend="triton", return_stats=True,
-                                             tile_budget_mb=tile, **OPTS[opts])
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend="triton",
+                                             return_stats=True, tile_budget_mb=tile, **OPTS[opts])
         up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
         _compare(h, w, y, b, out, OPTS[opts], reduction, up, dtype)
 
@@ -655,8 +680,8 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
         gemm = path == "gemm" and dtype != torch.float32
         assert (tc.gemm_path_reason(dtype, 40, torch.device("cuda"), o) is None) == gemm
         for tile in (None, 0.3):
-            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True, ignore_frac=0.2,
-                  temperature=temp)
+            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True,
+                  ignore_frac=0.2, temperature=temp)
 
 
 @cuda
@@ -802,7 +827,8 @@ def _step(h, w, y, b, **opts):
 
 def _logprob_step(h, w, y, b, up, validate=False, **opts):
     """Log-probs and entropy at a temperature, and the gradients of ``up``-weighted sums of both."""
-    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=validate, return_entropy=True, **opts)
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=validate,
+                                        return_entropy=True, **opts)
     return (lp, ent) + torch.autograd.grad((lp * up[0]).sum() + (ent * up[1]).sum(), (h, w, b))
 
 
@@ -906,8 +932,8 @@ def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
     res = {}
     for skip in ("1", "0"):
         monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", skip)
-        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction, return_stats=True,
-                                             label_smoothing=0.1)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction,
+                                             return_stats=True, label_smoothing=0.1)
         up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
         _compare(h, w, y, b, out, {"label_smoothing": 0.1}, reduction, up, torch.bfloat16)
         res[skip] = out
@@ -987,7 +1013,8 @@ def test_allocator_bytes_match_torch_cuda_counters():
 
     idx = torch.cuda.current_device()
     keep = torch.empty(3 << 20, device="cuda")
-    assert planner._allocator_bytes(idx) == (torch.cuda.memory_allocated(idx), torch.cuda.memory_reserved(idx))
+    assert planner._allocator_bytes(idx) == (torch.cuda.memory_allocated(idx),
+                                             torch.cuda.memory_reserved(idx))
     before = planner._free_bytes(torch.device("cuda"))
     more = torch.empty(16 << 20, device="cuda")
     after = planner._free_bytes(torch.device("cuda"))

@@ -44,12 +44,14 @@ def test_settings_order_on_one_head(monkeypatch):
     ops = twin_build.load_twin()
     counted = {}
     res = {a.name: {r["kernels"]: r for r in npu_model.model_rows(ops, a, counted)}
-           for a in (npu_model.PEAK, npu_model.HIGH, npu_model.LOW, npu_model.Assumptions("same", 1.0, math.inf))}
+           for a in (npu_model.PEAK, npu_model.HIGH, npu_model.LOW,
+                     npu_model.Assumptions("same", 1.0, math.inf))}
     for k in npu_model.NAMES:
         assert res["peak"][k]["ratio"] <= res["high"][k]["ratio"] <= res["low"][k]["ratio"], k
         assert res["same"][k]["modeled_ms"] == res["peak"][k]["modeled_ms"], k
     assert res["peak"]["onepass"]["ratio"] < res["peak"]["dz_kept"]["ratio"] < res["peak"]["cube"]["ratio"]
-    assert res["high"]["onepass"]["fwd_ms"] == pytest.approx(res["peak"]["onepass"]["fwd_ms"] / 0.85, rel=0.02)
+    assert res["high"]["onepass"]["fwd_ms"] == pytest.approx(res["peak"]["onepass"]["fwd_ms"] / 0.85,
+                                                             rel=0.02)
 
 
 def _ranges():

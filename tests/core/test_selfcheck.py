@@ -97,8 +97,8 @@ def _reference(h, w, y):
 def test_a_wrong_kernel_fails_warns_and_auto_falls_back(cache, first_in_auto, seed):
     bad = first_in_auto(Unverified("npu_wrong", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
-    with pytest.warns(RuntimeWarning, match=r"backend 'npu_wrong' failed its first-use self-check on cpu .*dW "
-                                            r"differs .*fused-lce doctor"):
+    with pytest.warns(RuntimeWarning, match=r"backend 'npu_wrong' failed its first-use self-check on cpu "
+                                            r".*dW differs .*fused-lce doctor"):
         got = _loss_and_grads(h, w, y)
     for x, r in zip(got, _reference(h, w, y)):  # the next provider's answer: right
         assert float((x.double() - r).norm() / r.norm()) < 1e-5
@@ -108,7 +108,8 @@ def test_a_wrong_kernel_fails_warns_and_auto_falls_back(cache, first_in_auto, se
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per process: the second call is silent
         _loss_and_grads(h, w, y)
-    with pytest.raises(ValueError, match="backend='npu_wrong' is not available: failed its first-use self-check"):
+    with pytest.raises(ValueError,
+                       match="backend='npu_wrong' is not available: failed its first-use self-check"):
         _loss_and_grads(h, w, y, backend="npu_wrong")
     entry = json.loads(cache.read_text())
     assert len(entry) == 1 and not next(iter(entry.values()))["ok"]  # the failure is cached too
@@ -185,7 +186,8 @@ def test_every_case_runs_on_a_provider_that_supports_everything(cache, first_in_
     prov = first_in_auto(Unverified("npu_all", kernels=twin_build.TwinKernels(), device_types=("cpu",)))
     v = selfcheck.verdict(prov, torch.device("cpu"))
     assert v.ok and not v.declined and len(v.cases) == len(selfcheck.BATTERY), v
-    want = {"loss", "lse", "top1", "dX", "dW", "db", "logprob", "entropy", "zmean", "mean_logit", "log_sum_sq"}
+    want = {"loss", "lse", "top1", "dX", "dW", "db", "logprob", "entropy", "zmean", "mean_logit",
+            "log_sum_sq"}
     assert set(v.errors) == want
 
 
@@ -229,5 +231,6 @@ def test_a_failure_on_disk_is_reported_before_first_use(cache, first_in_auto, se
     finally:
         selfcheck.run_battery = real
     assert runs == []
-    assert not info["npu_stale"]["available"] and "dW differs" in info["npu_stale"]["reason"], info["npu_stale"]
+    assert not info["npu_stale"]["available"] and "dW differs" in info["npu_stale"]["reason"], \
+        info["npu_stale"]
     assert info["auto"]["cpu"] == "cpp"

@@ -44,7 +44,8 @@ def test_fresh_process_arms_the_hook_only_when_on(value, armed):
 
 def test_hook_autopatches_when_transformers_trainer_is_imported():
     pytest.importorskip("transformers")
-    code = "import transformers.trainer as t; print(getattr(t.Trainer.__init__, '_fused_lce_autopatch', False))"
+    code = ("import transformers.trainer as t; print(getattr(t.Trainer.__init__, "
+            "'_fused_lce_autopatch', False))")
     assert fresh(code, FUSED_LINEAR_CE="1").stdout.split() == ["True"]  # off: nothing armed (the test above)
     bad = fresh(code, FUSED_LINEAR_CE="maybe")  # never silently: an unreadable switch fails at the import
     assert bad.returncode != 0 and "FUSED_LINEAR_CE: expected 1/true/yes/on or 0/false/no/off" in bad.stderr

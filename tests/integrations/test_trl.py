@@ -25,8 +25,8 @@ import fused_lce  # noqa: E402
 from fused_lce.integrations import hf  # noqa: E402
 
 if not hasattr(trl_utils, "add_fused_lm_head"):
-    pytest.skip(f"trl {trl.__version__} has no fused LM head: its trainers call model(**inputs), which the patch "
-                "serves like any call with labels (hf/test_trainer.py)", allow_module_level=True)
+    pytest.skip(f"trl {trl.__version__} has no fused LM head: its trainers call model(**inputs), which the "
+                "patch serves like any call with labels (hf/test_trainer.py)", allow_module_level=True)
 
 V = 128
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -73,10 +73,12 @@ def preference_rows(seed, n=4):
 def tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
     vocab = ["<pad>", "<|im_end|>"] + [f"w{i}" for i in range(V - 2)]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="w0"))
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)},
+                                                           unk_token="w0"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.decoder = tokenizers.decoders.WordPiece()  # joins the words with spaces again
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                                eos_token="<|im_end|>")
 
 
 COMMON = dict(bf16=False, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0,
@@ -94,8 +96,8 @@ def sft_args(tmp_path, **kw):
 def lora(model, seed):
     peft = pytest.importorskip("peft")
     torch.manual_seed(seed)
-    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=PROJ,
-                                                       task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                       target_modules=PROJ, task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -137,7 +139,8 @@ def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=(), key_r
             if math.isnan(want):
                 assert math.isnan(out[key]), (key, seed)
             else:
-                assert out[key] == pytest.approx(want, rel=(key_rel or {}).get(key, rel), abs=1e-6), (key, seed)
+                assert out[key] == pytest.approx(want, rel=(key_rel or {}).get(key, rel),
+                                                 abs=1e-6), (key, seed)
     for name, p in params.items():
         torch.testing.assert_close(p, ref_params[name], atol=atol, rtol=10 * rel,
                                    msg=lambda m: f"seed={seed} {name}: {m}")
@@ -177,8 +180,10 @@ def stock_sft(tmp_path_factory):
 
 @pytest.mark.parametrize("kind,when,log_entropy", [("full", "before", True), ("full", "after", True),
                                                    ("full", "before", False), ("lora", "before", True)],
-                         ids=["patch-before-trainer", "patch-after-trainer", "no-entropy", "lora-bf16-seed-flow"])
-def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path, driver_calls, trl_kernel_calls):
+                         ids=["patch-before-trainer", "patch-after-trainer", "no-entropy",
+                              "lora-bf16-seed-flow"])
+def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path, driver_calls,
+                                    trl_kernel_calls):
     """fused_lce computes SFTTrainer's loss, token accuracy and entropy in one linear_logprobs call per
     micro-batch (the metrics come from the training pass: no second vocabulary pass); TRL's kernel never runs.
     log_entropy=False: no entropy work, logged as NaN."""
@@ -220,7 +225,8 @@ def test_sft_trainer_label_smoothing_warns(tmp_path, seed):
     """SFTTrainer computes a label-smoothed loss from full logits itself: patch(trainer) says so."""
     model = tiny_qwen3(seed)
     trainer = trl.SFTTrainer(model=model, args=sft_args(tmp_path, label_smoothing_factor=0.1),
-                             processing_class=tokenizer(), train_dataset=datasets.Dataset.from_list(rows(seed)))
+                             processing_class=tokenizer(),
+                             train_dataset=datasets.Dataset.from_list(rows(seed)))
     with pytest.warns(UserWarning, match="label_smoothing_factor=0.1.*SFTTrainer overrides compute_loss"):
         fused_lce.patch(trainer, log_entropy=False)
     assert trainer.label_smoother is not None and fused_lce.is_patched(model)
@@ -321,9 +327,11 @@ def run_online_rl(kind, seed, path, tmp_path, patch):
     """GRPOTrainer or RLOOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the
     policy), sampling temperature 0.7, 2 steps of 2 prompts x 2 completions; ``patch`` as for
     :func:`run_preference` ("model": the policy is loaded here and patched, then handed to the trainer)."""
-    config, trainer_cls = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
-    args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path), per_device_train_batch_size=4,
-                  num_generations=2, max_completion_length=4, max_steps=2, beta=0.1, temperature=0.7)
+    config, trainer_cls = ((trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo"
+                           else (trl.RLOOConfig, trl.RLOOTrainer))
+    args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path),
+                  per_device_train_batch_size=4, num_generations=2, max_completion_length=4, max_steps=2,
+                  beta=0.1, temperature=0.7)
     prompts = [{"prompt": r["prompt"]} for r in preference_rows(seed, n=4)]
     model = str(path)
     if patch == "model":
@@ -347,7 +355,8 @@ def test_online_rl_trainer_policy_and_reference_fused(kind, seed, tmp_path, driv
     trl_kernel_calls.clear()
     fused = run_online_rl(kind, seed, path, tmp_path / "fused", patch="trainer")
     assert trl_kernel_calls == []
-    assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), driver_calls
+    assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), \
+        driver_calls
     assert all(c.temperature == 0.7 for c in driver_calls if c.op == "logprobs")
     assert_same_training(stock, fused, seed, skip=("step_time",))
 
@@ -427,7 +436,8 @@ def test_every_output_equals_trl_kernel(shift, softcap, seed, driver_calls, trl_
     (ref.log_probs.sum() + 0.3 * ref.entropy.sum()).backward()
     (out.log_probs.sum() + 0.3 * out.entropy.sum()).backward()
     for (name, p), q in zip(stock.named_parameters(), fused.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {name}: {m}")
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"seed={seed} {name}: {m}")
 
 
 @pytest.mark.parametrize("head,why", [(dict(cast_lm_head_to_fp32=True), "cast_lm_head_to_fp32"),

@@ -67,7 +67,8 @@ def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=Fal
     h, w, y, b = make(shape, v, dtype, device, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
                       scale=scale, ignored=ignored)
     kw = dict(temperature=temperature, softcap=softcap, ignore_index=ignore_index)
-    out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend, tile_budget_mb=tile, **kw)
+    out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend,
+                                    tile_budget_mb=tile, **kw)
     lp, ent = out if entropy else (out, None)
     leaves = [t for t in (h, w, b) if t is not None]
     refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
@@ -114,7 +115,8 @@ def test_options_fp32(bd, opts, seed):
     backend, device = bd
     for tile in (None, TINY):
         for entropy in (True, False):
-            check(backend, device, (37, 24), 301, torch.float32, tile=tile, entropy=entropy, **OPTION_SETS[opts])
+            check(backend, device, (37, 24), 301, torch.float32, tile=tile, entropy=entropy,
+                  **OPTION_SETS[opts])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -322,7 +324,8 @@ def test_torch_func_transforms(bd, seed):
 
     backend, device = bd
     n, d, v = 6, 5, 13
-    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device), torch.randn(v, device=device))
+    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device),
+               torch.randn(v, device=device))
     y = torch.randint(0, v, (n,), device=device)
     y[2] = -100
     g = torch.randn(n, device=device)
@@ -345,7 +348,8 @@ def test_torch_func_transforms(bd, seed):
             got = tf.grad(total(ours, entropy), argnums=(0, 1, 2))(h, w, b, y)
             for a, c in zip(got, tf.grad(total(plain, entropy), argnums=(0, 1, 2))(h, w, b, y)):
                 close(a, c)
-        (ga, la), (gc, lc) = tf.grad_and_value(total(ours))(h, w, b, y), tf.grad_and_value(total(plain))(h, w, b, y)
+        (ga, la), (gc, lc) = (tf.grad_and_value(total(ours))(h, w, b, y),
+                              tf.grad_and_value(total(plain))(h, w, b, y))
         close(ga, gc)
         close(la, lc)
         up = torch.rand(n, device=device)
@@ -463,8 +467,8 @@ def test_providers_without_logprobs_decline(monkeypatch, seed):
         with pytest.raises(ValueError, match="backend='no_logprobs' is not available: .*does not implement "
                                              "linear_logprobs"):
             fused_lce.linear_logprobs(h, w, y, b, backend="no_logprobs")
-        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="no_logprobs", label_smoothing=0.1, z_loss=0.01,
-                                              reduction="none")
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="no_logprobs", label_smoothing=0.1,
+                                              z_loss=0.01, reduction="none")
         ref = fused_lce.linear_cross_entropy(h, w, y, b, backend="torch", label_smoothing=0.1, z_loss=0.01,
                                              reduction="none")
         g = torch.rand(9)
@@ -476,7 +480,8 @@ def test_providers_without_logprobs_decline(monkeypatch, seed):
         monkeypatch.setitem(registry.AUTO_ORDER, "cpu", ("no_logprobs", "torch"))
         calls = []
         orig = TorchProvider.stats
-        monkeypatch.setattr(TorchProvider, "stats", lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
+        monkeypatch.setattr(TorchProvider, "stats",
+                            lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
         fused_lce.linear_logprobs(h, w, y, b, backend="auto")
         assert calls == ["torch"]
     finally:
@@ -499,11 +504,13 @@ def test_grpo_example_runs():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "grpo_qwen.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples", "grpo_qwen.py")
     spec = importlib.util.spec_from_file_location("grpo_qwen", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    res = mod.compare(mod.parse_args(["--vocab-size", "512", "--hidden-size", "32", "--completion-len", "12"]))
+    res = \
+        mod.compare(mod.parse_args(["--vocab-size", "512", "--hidden-size", "32", "--completion-len", "12"]))
     assert res["ok"] and res["grad_rel_diff"] < 1e-4 and 0 < res["clipped_fraction"] < 1, res
     args = mod.parse_args(["--tokens", "64", "--head-hidden", "16", "--head-vocab", "700"])
     rows = mod.memory(args)
@@ -511,7 +518,8 @@ def test_grpo_example_runs():
     # once printed an entropy sum 1.4e-5 (relative) off inside the full suite, so it gets 1e-4
     from fused_lce.tools.bench import make_inputs
 
-    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu", seed=args.seed)
+    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu",
+                          seed=args.seed)
     lp = torch.log_softmax((h.double() @ w.double().t()) / args.temperature, -1)
     keep = y != -100
     ref_lp = float(torch.where(keep, lp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1), 0.0).sum())

@@ -35,7 +35,8 @@ if "-S" in args:
 build = args[args.index("--build") + 1]
 print("[1/48] cd op_kernel && bash compile fused_lce_stats_cube.cpp -Werror=return-type")
 if mode == "compile_error":
-    print("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named 'Foo' in 'AscendC'")
+    print("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named "
+          "'Foo' in 'AscendC'")
     print("1 error generated.")
     print("FAILED: op_kernel/fused_lce_stats_cube")
     sys.exit(1)

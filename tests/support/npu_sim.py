@@ -123,7 +123,8 @@ class NpuMode(TorchDispatchMode):
             # a real NPU tensor reaches the op's PrivateUse1 kernel; the mode is re-entered for the ops inside
             # it
             with NpuMode():
-                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1), *args, **kwargs)
+                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
+                                       *args, **kwargs)
         if OBSERVER is not None:
             return OBSERVER(func, args, kwargs, lambda: _run(func, args, kwargs))
         return _run(func, args, kwargs)

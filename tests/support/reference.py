@@ -26,11 +26,12 @@ def rel_err(a, b):
 #   logits z = h @ W.T + b carry an error ~ u * zmag with zmag = |h| @ |W|.T + |b| (u: float32 unit roundoff);
 #   loss / lse: |ours - ref| <= LOSS_TOL |ref| + LOSS_ATOL * (sum of the per-token terms' magnitudes, in zmag)
 #   gradients:  ||ours - ref|| <= GRAD_TOL ||ref|| + SUMMAND_TOL || B @ |W| || + LOGIT_TOL || P @ |W| ||
-#               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax term|
-#               times the logit magnitudes (the softmax inherits the logits' error); with a softcap the factor
-#               1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels to ~0), and a
-#               capped logit carries its own rounding on top of zmag: relative, so at most u * min(zmag, softcap)
-#               (an absolute error ~u in tanh, times softcap, would let a softcap of 1e4 cost 1e-4 per logit)
+#               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax
+#               term| times the logit magnitudes (the softmax inherits the logits' error); with a softcap
+#               the factor 1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels
+#               to ~0), and a capped logit carries its own rounding on top of zmag: relative, so at most
+#               u * min(zmag, softcap) (an absolute error ~u in tanh, times softcap, would let a softcap of
+#               1e4 cost 1e-4 per logit)
 # GRAD_TOL covers rounding the returned gradient to the input dtype; SUMMAND_TOL the gradient GEMMs (their
 # float32 accumulation, and dz rounded to bf16/fp16 by some kernels: about one unit of that precision).
 GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
@@ -163,7 +164,8 @@ def grad_close(ours, want, scale, logit_scale, dtype) -> tuple[bool, float, floa
 
 def assert_grads_close(grads, ref: Reference, dtype, names="hwb"):
     """``grads``: (dh, dw, db) as returned (None where not computed); each present one is compared."""
-    for name, ours, want, scale, lscale in zip(names, grads, ref.grads, ref.grad_scales, ref.grad_logit_scales):
+    for name, ours, want, scale, lscale in zip(names, grads, ref.grads, ref.grad_scales,
+                                               ref.grad_logit_scales):
         if ours is None or want is None:
             continue
         assert ours.shape == want.shape, (name, ours.shape, want.shape)

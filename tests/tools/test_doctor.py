@@ -29,7 +29,8 @@ def test_the_report_on_this_host(tmp_path):
     r = _cli("--json", "--shape", "32x32x500", "--reps", "1", env={"FUSED_LCE_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert set(rep) == {"versions", "backends", "build", "selfcheck", "variants", "timing", "backends_after_selfcheck"}
+    assert set(rep) == {"versions", "backends", "build", "selfcheck", "variants", "timing",
+                        "backends_after_selfcheck"}
     assert rep["versions"]["torch"] == torch.__version__ and "cann" in rep["versions"]
     assert rep["backends"]["cpp"]["available"] and "reason" in rep["backends"]["npu"]
     cpp = rep["selfcheck"]["cpp on cpu"]

@@ -79,7 +79,8 @@ def pack_out_of_shard(out_of_shard: torch.Tensor) -> torch.Tensor:
     set."""
     n = out_of_shard.shape[0]
     pad = (-n) % 8
-    bits = torch.cat([out_of_shard.to(torch.uint8), out_of_shard.new_ones(pad, dtype=torch.uint8)]).view(-1, 8)
+    bits = torch.cat([out_of_shard.to(torch.uint8),
+                      out_of_shard.new_ones(pad, dtype=torch.uint8)]).view(-1, 8)
     weights = 2 ** torch.arange(8, dtype=torch.int32, device=bits.device)
     return (bits.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
 
@@ -138,7 +139,8 @@ class CannTrioProvider(WholeRowsProvider):
         # int32 targets halve the traffic; out-of-range values only need to stay out of the shard
         target = y.clamp(-1, 2**31 - 1).to(torch.int32)
         m, s, pred, _mask, _masked, _ = tnpu.npu_fused_linear_online_max_sum(
-            t.hidden[rows], t.weight, target, opts.vocab_start, opts.vocab_start + v_local, return_logits=False)
+            t.hidden[rows], t.weight, target, opts.vocab_start, opts.vocab_start + v_local,
+            return_logits=False)
         m, s, pred = m.float(), s.float(), pred.float()
         zt = torch.where(in_shard, pred + m, torch.zeros_like(pred))  # z[target], shard-local
         # "is the target the maximum" as an argmax candidate: the label where it is, -1 elsewhere; the combine

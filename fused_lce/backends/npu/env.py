@@ -190,7 +190,8 @@ def start_environ() -> Optional[dict]:
     return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape") for k, v in pairs}
 
 
-def loader_views(start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[list[LoaderView], Optional[str]]:
+def loader_views(
+        start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[list[LoaderView], Optional[str]]:
     """The views op-plugin may have taken, and a note when there is more than one candidate or the view is
     assumed: exactly the snapshot when fused_lce was imported before torch_npu; otherwise the process's start
     environment and the current one (op-plugin read one of them, or another in between)."""
@@ -198,7 +199,8 @@ def loader_views(start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[
         return [_snapshot], None
     now = loader_view(os.environ)
     if "torch_npu" not in sys.modules:
-        return [now], "torch_npu is not imported yet: op-plugin will see the current environment if it stays so"
+        return ([now],
+                "torch_npu is not imported yet: op-plugin will see the current environment if it stays so")
     how = ("torch_npu was imported before fused_lce" if _torch_npu_first else
            "torch_npu was imported without fused_lce's import hook seeing it")
     env0 = (start or start_environ)()
@@ -209,9 +211,9 @@ def loader_views(start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[
     if first.env == now.env:
         return [now], None
     return [first, now], (f"{how} (e.g. by `import torch`, which imports an installed torch_npu), and "
-                          f"{', '.join(k for (k, a), (_, b) in zip(first.env, now.env) if a != b)} changed since "
-                          "the process started, so it is not known which value op-plugin read when libtorch_npu "
-                          "loaded")
+                          f"{', '.join(k for (k, a), (_, b) in zip(first.env, now.env) if a != b)} changed "
+                          "since the process started, so it is not known which value op-plugin read when "
+                          "libtorch_npu loaded")
 
 
 # --------------------------------------------------------------------------------------------- dlopen / dlsym
@@ -298,13 +300,15 @@ def _verdict(symbols, view: LoaderView, uid: Optional[int]) -> tuple[Optional[st
     missing = [s for s in symbols if found[s] is None]
     if missing:
         detail = f"; {'; '.join(seen[:4])}" if seen else ""
-        return None, (f"aclnn symbol(s) {', '.join(missing)} not found where op-plugin looks ({_where(view)}: "
-                      f"ASCEND_CUSTOM_OPP_PATH's <dir>/op_api/lib/{CUST_LIB}, then the vendors of config.ini)"
-                      f"{detail}")
+        return None, (f"aclnn symbol(s) {', '.join(missing)} not found where op-plugin looks "
+                      f"({_where(view)}: ASCEND_CUSTOM_OPP_PATH's <dir>/op_api/lib/{CUST_LIB}, then the "
+                      f"vendors of config.ini){detail}")
     libs = sorted(set(found.values()))
     if len(libs) > 1:
         split = ", ".join(f"{s} from {found[s]}" for s in symbols)
-        return None, f"op-plugin would take the aclnn symbols from different libraries ({split}): two builds mixed"
+        return (None,
+                f"op-plugin would take the aclnn symbols from different libraries ({split}): "
+                "two builds mixed")
     return libs[0], None
 
 
@@ -327,7 +331,8 @@ def interface_mismatch(lib: str) -> Optional[str]:
         except OSError:
             return f"{path} is missing: an incomplete kernel package"
         if argument not in text:
-            return f"{path} declares no '{argument}' argument: the package was built from older sources (rebuild it)"
+            return (f"{path} declares no '{argument}' argument: the package was built from older "
+                    "sources (rebuild it)")
     return None
 
 
@@ -355,6 +360,7 @@ def find_kernels(symbols, uid: Optional[int] = None,
     if verdicts[0] == verdicts[1] and verdicts[0][0]:
         return verdicts[0][0], None
     said = "; ".join(f"with {_where(v)}: " + (lib or reason) for v, (lib, reason) in zip(views, verdicts))
-    return None, (f"cannot tell which custom OPP library op-plugin will use: {note} ({said}); set the variables "
-                  "before Python starts (source <vendor>/bin/set_env.bash), or import fused_lce before torch")
+    return None, (f"cannot tell which custom OPP library op-plugin will use: {note} ({said}); set the "
+                  "variables before Python starts (source <vendor>/bin/set_env.bash), or import "
+                  "fused_lce before torch")
 

@@ -67,8 +67,9 @@ class AdapterKernels:
               keep_z: bool = False):
         """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h
         W^T) as a 7th item when ``keep_z``."""
-        r = self._op("stats_cube")(hidden, weight, bias, labels, int(vocab_start), float(softcap), float(temperature),
-                                   bool(with_zsum), bool(with_entropy), bool(keep_z), self.variant)
+        r = self._op("stats_cube")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                   float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z),
+                                   self.variant)
         return r if keep_z else r[:6]
 
     def grads(self, hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, temperature, grad_mask,
@@ -82,6 +83,6 @@ class AdapterKernels:
         c = coefs.float()
         b_, u_ = (c[2] if present[0] else None), (c[3] if present[1] else None)
         dx, dw, db = self._op("grads_cube")(hidden, weight, bias, labels, lse.float(), c[0], c[1], b_, u_,
-                                            int(vocab_start), float(softcap), float(temperature), mask, zcache,
-                                            bool(keep_dz), dw_out, self.variant)
+                                            int(vocab_start), float(softcap), float(temperature),
+                                            mask, zcache, bool(keep_dz), dw_out, self.variant)
         return dx, (dw_out if dw_out is not None and mask[1] else dw), db

@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider, file_digest
+from ...core import (Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider,
+                     file_digest)
 from ..build_status import failure
 from .env import (NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, interface_mismatch, kernel_files,
                   platform_id, usable_torch_npu)
@@ -37,7 +38,8 @@ class AscendCProvider(WholeRowsProvider):
     status = STATUS
     supports_logprobs = True  # stats honour temperature / entropy, grads take Coefs (docs/providers.md)
 
-    def __init__(self, name: str = "npu", kernels=None, device_types=("npu",), status: Optional[str] = STATUS):
+    def __init__(self, name: str = "npu", kernels=None, device_types=("npu",),
+                 status: Optional[str] = STATUS):
         self.name = name
         self.device_types = device_types
         self.status = status
@@ -71,8 +73,8 @@ class AscendCProvider(WholeRowsProvider):
         lib, reason = find_kernels(ACLNN_SYMBOLS)
         if lib is None:
             return (f"custom OPP kernels not found as op-plugin looks them up: {reason} (install with "
-                    f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash before "
-                    "Python starts)")
+                    f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash "
+                    "before Python starts)")
         mismatch = interface_mismatch(lib)
         if mismatch:
             return f"the custom OPP kernels op-plugin would load do not match this package: {mismatch}"
@@ -138,8 +140,9 @@ class AscendCProvider(WholeRowsProvider):
         if reason is None and p.d == 0:
             return "the AscendC tiling needs a hidden size D > 0 (the cube has nothing to multiply)"
         if reason is None and p.d > MAX_HIDDEN:
-            return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
-                    f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
+            return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at "
+                    "row stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 "
+                    "bits on Atlas A2")
         if reason is None and p.v >= MAX_IDS:
             return (f"the AscendC kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
                     f"floats), got {p.v}")
@@ -153,8 +156,8 @@ class AscendCProvider(WholeRowsProvider):
             st = (torch.full((n,), -math.inf, device=dev), zeros, zeros.clone(), zeros.clone(),
                   torch.zeros(n, device=dev, dtype=torch.int64))
             return (EntropyStats(*st, zeros.clone()) if opts.entropy else Stats(*st)), None
-        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap, opts.temperature,
-                opts.wants_zsum, opts.entropy)
+        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
+                opts.temperature, opts.wants_zsum, opts.entropy)
         cache = None
         if keep:
             r = self.kernels.stats(*args, keep_z=True)
@@ -163,12 +166,14 @@ class AscendCProvider(WholeRowsProvider):
             r = self.kernels.stats(*args)
         return (EntropyStats(*r[:6]) if opts.entropy else Stats(*r[:5])), cache
 
-    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads, cache=None) -> None:
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         if t.weight.shape[0] == 0:  # an empty vocabulary shard: it contributes nothing
             h, w = t.hidden[rows], t.weight
             f32 = torch.float32
             self.store(t, rows, out, torch.zeros(h.shape, device=h.device, dtype=f32),
-                       torch.zeros(w.shape, device=w.device, dtype=f32), torch.zeros(0, device=w.device, dtype=f32))
+                       torch.zeros(w.shape, device=w.device, dtype=f32),
+                       torch.zeros(0, device=w.device, dtype=f32))
             return
         # the kernel's (4, N) float32 coefficient planes a, t, b, u (None = 0), times the driver's scale
         zero = torch.zeros_like(coef.a, dtype=torch.float32)

@@ -53,5 +53,6 @@ the shapes and free memory, which rows are live), ``cublas.py`` (the cuBLAS prod
 tile-statistics merge, target logit, dz from exp), ``kernels/tile_rows.py`` (the row kernel of the cuBLAS
 path).
 """
-from .planner import BLOCK, MIN_ROWS, SLACK, _pad, gemm_path_reason, plan_token_chunk, plan_vocab_chunk  # noqa: F401
+from .planner import (BLOCK, MIN_ROWS, SLACK, _pad, gemm_path_reason, plan_token_chunk,  # noqa: F401
+                      plan_vocab_chunk)
 from .provider import PROVIDER, TritonProvider  # noqa: F401

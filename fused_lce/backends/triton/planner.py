@@ -34,7 +34,8 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Options, ptrs=()) -> Optional[str]:
+def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Options,
+                     ptrs=()) -> Optional[str]:
     """None when the fused-GEMM path runs this problem, else why the cuBLAS path does.
     ``FUSED_LCE_TRITON_GEMM``: 0 never, 1 whenever the kernel can (also CPU tensors under the interpreter)."""
     env = os.environ.get("FUSED_LCE_TRITON_GEMM", "auto").strip().lower()
@@ -108,7 +109,8 @@ def _allocator_bytes(idx: int) -> tuple[int, int]:
 
 
 def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always: bool, tile_bytes: int,
-                     free: Optional[int], row_bytes: Optional[int] = None, full_rate: int = 0) -> tuple[int, bool]:
+                     free: Optional[int], row_bytes: Optional[int] = None,
+                     full_rate: int = 0) -> tuple[int, bool]:
     """(tokens per chunk, use a float32 dW accumulator) for the default schedule.
 
     ``row_bytes``: buffer bytes per token (default: a float32 logits row, 4 * V). One chunk (no accumulator)
@@ -167,7 +169,8 @@ def skip_dead_rows() -> bool:
 
 
 def _may_gather(live: torch.Tensor) -> bool:
-    return live.shape[0] > 0 and skip_dead_rows() and not (live.is_cuda and torch.cuda.is_current_stream_capturing())
+    return (live.shape[0] > 0 and skip_dead_rows() and
+            not (live.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:

@@ -115,7 +115,8 @@ class TritonProvider(Provider):
         import triton
 
         here = os.path.dirname(os.path.abspath(__file__))
-        sources = sorted(glob.glob(os.path.join(here, "*.py")) + glob.glob(os.path.join(here, "kernels", "*.py")))
+        sources = sorted(glob.glob(os.path.join(here, "*.py"))
+                         + glob.glob(os.path.join(here, "kernels", "*.py")))
         cap = torch.cuda.get_device_capability(device)
         return (f"kernels {file_digest(sources)}|triton {triton.__version__}|torch {torch.__version__} cuda "
                 f"{torch.version.cuda}|sm_{cap[0]}{cap[1]}|{device_name(device)}")
@@ -190,9 +191,11 @@ class TritonProvider(Provider):
             if out.fp32_dh:
                 dh = dh.mul_(post) if post is not None else dh
             else:
-                dh = _cast(dh, h.dtype, post) if dh.dtype == torch.float32 else (dh if late is None else dh.mul_(late))
+                dh = (_cast(dh, h.dtype, post) if dh.dtype == torch.float32
+                      else (dh if late is None else dh.mul_(late)))
         if dw is not None:  # one pass: float32 accumulator (times the fp16 scale) -> weight dtype
-            dw = _cast(dw, w.dtype, post) if dw.dtype == torch.float32 else (dw if late is None else dw.mul_(late))
+            dw = (_cast(dw, w.dtype, post) if dw.dtype == torch.float32
+                  else (dw if late is None else dw.mul_(late)))
         if db is not None:
             db = (db.mul_(post) if post is not None else db).to(t.bias.dtype)
         return dh, dw, db
@@ -319,16 +322,17 @@ class TritonProvider(Provider):
         raw = _new_stats(n, h.device)
         if self.path_reason(t, opts) is None:
             if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
-                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), \
+                    raw.argmax.zero_()
                 return raw
             self._fused_gemm(t, weights, terms, opts, out, raw)
             return raw
         g, kscale = self._weights(weights, st)
         # read now, before anything is queued (this path has no live-row count to wait for)
         st.product_alpha()
-        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
-                                    _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
-                                                                          False))
+        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results,
+                                    opts.tile_bytes, _free_bytes(h.device),
+                                    self._row_bytes(v, h.shape[1], h.element_size(), opts, False))
         vp = _pad(v, 32)
         buf = torch.empty(min(nrows, n) * vp, device=h.device, dtype=torch.float32)
         z = dz = None  # no tokens: no chunk
@@ -422,12 +426,12 @@ class TritonProvider(Provider):
                 late.pop(0)()
             # statistics straight into token order (rows idx[r]), the lse in the gathered order for dz
             sr = (lambda x: x) if idx is not None else (lambda x: x[r])  # noqa: E731
-            krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax), col_off=opts.vocab_start,
-                          lse=lse[r], rows_out=None if idx is None else idx[r])
+            krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax),
+                          col_off=opts.vocab_start, lse=lse[r], rows_out=None if idx is None else idx[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
-            # the tile statistics, labels, weights and lse are read (stream order keeps them
+            # the tile statistics, labels, weights and lse are read (stream order keeps them until then);
+            # with one chunk, not alive at the products' peak
             if r.stop == count:
-                # until then); with one chunk, not alive at the products' peak
                 tiles = tl_ = y = g = lse = None
                 weights.release()
             if lazy:

@@ -6,13 +6,17 @@ Usage::
     model = AutoModelForCausalLM.from_pretrained(...)
     fused_lce.patch(model)                 # or fused_lce.patch_if_enabled(model): only when FUSED_LINEAR_CE=1
                                            # (a Trainer built from it patches its reference model too)
-    model = get_peft_model(model, lora)    # patching before or after PEFT both work; so does patch(peft_model)
-    fused_lce.patch(trainer)               # a transformers.Trainer: its model, reference model, label smoothing
-    fused_lce.is_patched(model)            # truthy iff the next training step runs fused_lce; .reason says why
+    model = get_peft_model(model, lora)    # patching before or after PEFT both work; so does
+                                           # patch(peft_model)
+    fused_lce.patch(trainer)               # a transformers.Trainer: its model, reference model, label
+                                           # smoothing
+    fused_lce.is_patched(model)            # truthy iff the next training step runs fused_lce; .reason
+                                           # says why
     fused_lce.unpatch(model)               # back to the stock behaviour
     fused_lce.patch_qwen3()                # class level: every Qwen3ForCausalLM, including ones loaded later
 
-    FUSED_LINEAR_CE=1 python train.py      # no edit at all: every Trainer patches its model (see trainer.autopatch)
+    FUSED_LINEAR_CE=1 python train.py      # no edit at all: every Trainer patches its model
+                                           # (see trainer.autopatch)
 
 Modules: :mod:`.api` (these functions), :mod:`.families` (the supported classes, as a table), :mod:`.runtime`
 (how a patched call runs), :mod:`.trainer` (Trainer hooks and the environment switch), :mod:`.options`.

@@ -79,7 +79,8 @@ def patch_model(model, options: dict):
     if previous is not None:
         entry.__wrapped__ = previous
     target.__dict__["forward"] = entry
-    target.__dict__["_fused_lce_patch"] = {"options": options, "handles": handles, "relay_previous": relay_previous}
+    target.__dict__["_fused_lce_patch"] = {"options": options, "handles": handles,
+                                           "relay_previous": relay_previous}
     return model
 
 
@@ -116,7 +117,8 @@ def status(model) -> PatchStatus:
     if options is None:
         return PatchStatus(False, "not patched: call fused_lce.patch(model)")
     if options.get("skip_logits") is False:
-        return PatchStatus(False, "patched with skip_logits=False: the stock forward (full logits) always runs")
+        return PatchStatus(False,
+                           "patched with skip_logits=False: the stock forward (full logits) always runs")
     why = _why_not(target, {})
     if why:
         return PatchStatus(False, why)
@@ -125,8 +127,8 @@ def status(model) -> PatchStatus:
         why = trl_support.unsupported(head)
         if why:
             return PatchStatus(False, f"TRL's fused LM head is installed and computes the loss itself: {why}")
-        return PatchStatus(True, "fused_lce computes the loss: TRL's fused-head calls (fused_lm_head=True) are "
-                                 "served by fused_lce, as are plain calls with labels")
+        return PatchStatus(True, "fused_lce computes the loss: TRL's fused-head calls (fused_lm_head=True) "
+                                 "are served by fused_lce, as are plain calls with labels")
     return PatchStatus(True, "fused_lce computes the loss on the next training-mode call with labels")
 
 
@@ -141,7 +143,8 @@ def resolve(model, check=True):
         else:
             break
     if not isinstance(target, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module or a transformers.Trainer, got {type(model).__name__}")
+        raise TypeError("model: expected a torch.nn.Module or a transformers.Trainer, got "
+                        f"{type(model).__name__}")
     if check and not isinstance(target, tuple(families.supported_classes().values())):
         raise ValueError(f"model: {type(target).__name__} is not supported by fused_lce.patch; supported: "
                          f"{', '.join(families.SUPPORTED)}")
@@ -167,7 +170,8 @@ def patch_family(family, options):
     if not classes:
         import transformers
 
-        raise ImportError(f"transformers {transformers.__version__} has none of {families.FAMILIES[family][1]}")
+        raise ImportError(f"transformers {transformers.__version__} has none of "
+                          f"{families.FAMILIES[family][1]}")
     for cls in classes:
         if cls in CLASS_PATCHES:
             CLASS_PATCHES[cls]["options"] = options
@@ -356,14 +360,15 @@ def _begin(model, options, args, kwargs, via):
     fused = skip if skip is not None else (model.training and labels is not None)
     if fused:
         if labels is None:
-            raise ValueError("skip_logits=True: expected labels (the fused path returns only the loss), got None")
+            raise ValueError("skip_logits=True: expected labels (the fused path returns only "
+                             "the loss), got None")
         mode = "fused"
     elif labels is not None and objective_changed(options):
         mode = "logits+loss"
     else:
         if labels is None and model.training and skip is None and torch.is_grad_enabled():
-            warn_once(model, "no-labels", "a training-mode forward without labels: the loss is computed outside "
-                      "the model from the full logits (e.g. Trainer's label_smoothing_factor or "
+            warn_once(model, "no-labels", "a training-mode forward without labels: the loss is computed "
+                      "outside the model from the full logits (e.g. Trainer's label_smoothing_factor or "
                       "compute_loss_func), so fused_lce does not run; for Trainer label smoothing use "
                       "fused_lce.patch(trainer)")
         return frame, kwargs
@@ -416,10 +421,11 @@ def _begin_trl(model, options, frame, labels, kwargs):
     if labels is None and kwargs.get("shift_labels") is None:
         return frame, kwargs  # TRL's own error message
     kwargs.pop("fused_lm_head")
-    ignored = sorted(k for k in OBJECTIVE_DEFAULTS if options.get(k, OBJECTIVE_DEFAULTS[k]) != OBJECTIVE_DEFAULTS[k])
+    ignored = sorted(k for k in OBJECTIVE_DEFAULTS
+                     if options.get(k, OBJECTIVE_DEFAULTS[k]) != OBJECTIVE_DEFAULTS[k])
     if ignored:
-        warn_once(model, "trl-options", f"options {ignored} do not apply to TRL's fused-head calls (TRL computes "
-                  "its loss from the per-token log-probabilities)")
+        warn_once(model, "trl-options", f"options {ignored} do not apply to TRL's fused-head calls (TRL "
+                  "computes its loss from the per-token log-probabilities)")
     loss_options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
     frame.ignore_index = -100  # TRL's label mask
     frame.trl = head
@@ -450,10 +456,10 @@ def _finish(model, frame, out):
         return out
     if frame.loss is None:  # the output layer never ran armed: the stock output, stock loss
         if frame.mode == "trl":
-            raise RuntimeError("fused_lce: TRL's fused-head call was taken over but the output layer's forward "
-                               "never ran armed; call fused_lce.unpatch(model) to leave it to TRL")
-        warn_once(model, "not-reached", "the output layer's forward did not run armed during the forward; the "
-                  "stock loss (full logits) was computed")
+            raise RuntimeError("fused_lce: TRL's fused-head call was taken over but the output layer's "
+                               "forward never ran armed; call fused_lce.unpatch(model) to leave it to TRL")
+        warn_once(model, "not-reached", "the output layer's forward did not run armed during the forward; "
+                  "the stock loss (full logits) was computed")
         return out.to_tuple() if frame.want_tuple else out
     if frame.mode == "logits+loss":
         return out
@@ -476,9 +482,10 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
         raise TypeError("fused_lce: the armed output layer expected a single hidden-states tensor")
     labels = frame.target.to(hidden.device)
     if labels.numel() != hidden[..., 0].numel():
-        raise ValueError(f"labels: {labels.numel()} (shifted) labels for the {hidden[..., 0].numel()} positions "
-                         f"reaching the output layer (hidden states of shape {tuple(hidden.shape)}); with "
-                         "logits_to_keep, pass labels or shift_labels for the kept positions only")
+        raise ValueError(f"labels: {labels.numel()} (shifted) labels for the {hidden[..., 0].numel()} "
+                         "positions reaching the output layer (hidden states of shape "
+                         f"{tuple(hidden.shape)}); with logits_to_keep, pass labels or shift_labels for the "
+                         "kept positions only")
     labels = labels.reshape(hidden.shape[:-1])
     if frame.mode == "trl":
         frame.loss, fields = trl_support.compute(frame.trl, hidden, leaf.weight, leaf.bias, labels,
@@ -573,9 +580,10 @@ def _leaf_reachable(leaf):
         f = getattr(f, "__wrapped__", None)
         if f is None:
             break
-    name = getattr(leaf.__dict__.get("forward"), "__module__", None) or type(leaf.__dict__.get("forward")).__name__
-    return (f"the output layer's forward was replaced (by {name}) before fused_lce.patch and does not reach the "
-            "fused path (e.g. accelerate device-map hooks: patch before dispatching the model)")
+    name = (getattr(leaf.__dict__.get("forward"), "__module__", None) or
+            type(leaf.__dict__.get("forward")).__name__)
+    return (f"the output layer's forward was replaced (by {name}) before fused_lce.patch and does not reach "
+            "the fused path (e.g. accelerate device-map hooks: patch before dispatching the model)")
 
 
 def _why_not(model, kwargs):
@@ -592,8 +600,8 @@ def _why_not(model, kwargs):
             if kwargs.get("adapter_names") is not None:
                 return "mixed-batch adapter_names with modules_to_save=['lm_head']"
         elif isinstance(head, BaseTunerLayer) or hasattr(head, "base_layer"):
-            return (f"the output layer carries a PEFT adapter ({kind.__name__}) that the fused path would leave "
-                    "untrained; use modules_to_save=['lm_head'] or no adapter on lm_head")
+            return (f"the output layer carries a PEFT adapter ({kind.__name__}) that the fused path would "
+                    "leave untrained; use modules_to_save=['lm_head'] or no adapter on lm_head")
         else:
             return f"the output layer is wrapped by PEFT ({kind.__name__})"
     elif not isinstance(head, torch.nn.Linear):
@@ -627,7 +635,8 @@ def _forward_replaced(model):
         if cls.__name__ in families.SUPPORTED and cls.__module__.startswith("transformers."):
             where = getattr(cls.forward, "__module__", None) or ""
             if not where.startswith("transformers."):
-                return (f"{cls.__name__}.forward was replaced by {where or 'a foreign function'} (e.g. Unsloth or "
-                        "Liger), which computes its own loss; fused_lce only runs under transformers' forward")
+                return (f"{cls.__name__}.forward was replaced by {where or 'a foreign function'} (e.g. "
+                        "Unsloth or Liger), which computes its own loss; fused_lce only runs under "
+                        "transformers' forward")
             return None
     return None

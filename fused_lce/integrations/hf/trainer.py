@@ -100,8 +100,8 @@ def _patch_reference_model(trainer):
     try:
         runtime.patch_model(ref, runtime.options_of(runtime.resolve(trainer.model, check=False)))
     except (TypeError, ValueError) as e:
-        warnings.warn(f"fused_lce: the reference model was not patched ({e}); its log-probabilities are computed "
-                      "without fused_lce", stacklevel=3)
+        warnings.warn(f"fused_lce: the reference model was not patched ({e}); its log-probabilities are "
+                      "computed without fused_lce", stacklevel=3)
         return
     if getattr(getattr(trainer, "args", None), "precompute_ref_log_probs", False):
         warnings.warn("fused_lce: precompute_ref_log_probs=True: the reference log-probabilities were "
@@ -149,8 +149,8 @@ def _feed_token_accuracy(trainer):
 def _log_token_accuracy(trainer, records):
     strategy = getattr(trainer.args, "acc_strategy", "token")
     if strategy != "token":
-        runtime.warn_once(trainer, "acc_strategy", f"acc_strategy={strategy!r}: its per-sequence accuracy needs the "
-                          "logits, which the fused path does not compute; it is not logged")
+        runtime.warn_once(trainer, "acc_strategy", f"acc_strategy={strategy!r}: its per-sequence accuracy "
+                          "needs the logits, which the fused path does not compute; it is not logged")
         return
     correct = int(sum(c for c, _ in records))
     valid = int(sum(n for _, n in records))
@@ -180,8 +180,9 @@ def _route_label_smoothing(trainer, loss_options):
         raise ValueError(f"label_smoothing: {loss_options['label_smoothing']} conflicts with the trainer's "
                          f"label_smoothing_factor {smoother.epsilon}")
     if why is not None:
-        warnings.warn(f"fused_lce: label_smoothing_factor={smoother.epsilon}: Trainer's LabelSmoother computes the "
-                      f"training loss from the full logits ({why}), so fused_lce does not run for it", stacklevel=4)
+        warnings.warn(f"fused_lce: label_smoothing_factor={smoother.epsilon}: Trainer's LabelSmoother "
+                      f"computes the training loss from the full logits ({why}), so fused_lce "
+                      "does not run for it", stacklevel=4)
         return loss_options
     trainer.__dict__["_fused_lce_label_smoother"] = smoother
     trainer.label_smoother = None  # Trainer now passes the labels to the model: the fused loss smooths

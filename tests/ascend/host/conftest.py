@@ -26,4 +26,5 @@ def cxx() -> str:
 def driver(cxx, tmp_path_factory) -> Driver:
     """The tiling driver with the op_host sources compiled as the TILING library (OP_TILING_LIB), as the
     runtime loads them."""
-    return Driver(build_driver(cxx, str(tmp_path_factory.mktemp("host_twin")), "OP_TILING_LIB", "tiling_driver"))
+    return Driver(build_driver(cxx, str(tmp_path_factory.mktemp("host_twin")), "OP_TILING_LIB",
+                               "tiling_driver"))

@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from ...support.ascendc_twin.host_build import (ASCEND, CMAKE_LIB_FLAGS, HERE as TWIN, OP_HOST_SOURCES, OPBUILD_FLAGS,
-                                                ROOT, STRICT, STUB_INCLUDE, build_driver, compile_cmd, run)
+from ...support.ascendc_twin.host_build import (ASCEND, CMAKE_LIB_FLAGS, HERE as TWIN, OP_HOST_SOURCES,
+                                                OPBUILD_FLAGS, ROOT, STRICT, STUB_INCLUDE, build_driver,
+                                                compile_cmd, run)
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 
@@ -27,13 +28,16 @@ MODELLED = {
     "register/op_impl_registry.h": "hicann/metadef inc/external/register/op_impl_registry.h",
     "exe_graph/runtime/tiling_context.h": "hicann/metadef inc/external/exe_graph/runtime/tiling_context.h",
     "exe_graph/runtime/tiling_data.h": "hicann/metadef inc/external/exe_graph/runtime/tiling_data.h",
-    "exe_graph/runtime/tiling_parse_context.h": "hicann/metadef inc/external/exe_graph/runtime/tiling_parse_context.h",
-    "exe_graph/runtime/infer_shape_context.h": "hicann/metadef inc/external/exe_graph/runtime/infer_shape_context.h",
+    "exe_graph/runtime/tiling_parse_context.h": "hicann/metadef "
+                                                "inc/external/exe_graph/runtime/tiling_parse_context.h",
+    "exe_graph/runtime/infer_shape_context.h": "hicann/metadef "
+                                               "inc/external/exe_graph/runtime/infer_shape_context.h",
     "exe_graph/runtime/infer_datatype_context.h":
         "hicann/metadef inc/external/exe_graph/runtime/infer_datatype_context.h",
     "exe_graph/runtime/extended_kernel_context.h":
         "hicann/metadef inc/external/exe_graph/runtime/extended_kernel_context.h",
-    "exe_graph/runtime/compute_node_info.h": "hicann/metadef inc/external/exe_graph/runtime/compute_node_info.h",
+    "exe_graph/runtime/compute_node_info.h": "hicann/metadef "
+                                             "inc/external/exe_graph/runtime/compute_node_info.h",
     "exe_graph/runtime/runtime_attrs.h": "hicann/metadef inc/external/exe_graph/runtime/runtime_attrs.h",
     "exe_graph/runtime/shape.h": "hicann/metadef inc/external/exe_graph/runtime/shape.h",
     "exe_graph/runtime/storage_shape.h": "hicann/metadef inc/external/exe_graph/runtime/storage_shape.h",
@@ -46,12 +50,14 @@ MODELLED = {
     "tiling/matmul/matmul_tiling.h": "asc-devkit include/adv_api/matmul/matmul_tiling.h",
     "tiling/matmul/matmul_tiling_base.h": "asc-devkit include/adv_api/matmul/matmul_tiling_base.h",
     "tiling/matmul/matmul_tilingdata.h": "asc-devkit include/adv_api/matmul/matmul_tilingdata.h",
-    "kernel_tiling/kernel_tiling.h": "asc-devkit impl/adv_api/cmake/scripts/gen_kernel_tiling_data_def.py output",
+    "kernel_tiling/kernel_tiling.h": "asc-devkit "
+                                     "impl/adv_api/cmake/scripts/gen_kernel_tiling_data_def.py output",
 }
 
 
 def test_the_two_op_host_sources_are_checked():
-    assert IDS == ["fused_lce_grad/op_host/fused_lce_grad_cube.cpp", "fused_lce_stats/op_host/fused_lce_stats_cube.cpp"]
+    assert IDS == ["fused_lce_grad/op_host/fused_lce_grad_cube.cpp",
+                   "fused_lce_stats/op_host/fused_lce_stats_cube.cpp"]
 
 
 def test_cmake_builds_every_op_host_source_and_kernel():
@@ -93,14 +99,16 @@ def test_every_stub_header_says_what_it_models():
     assert set(_stub_headers()) == set(MODELLED), "a stub header without a reference (or a stale entry)"
     for h in _stub_headers():
         text = open(os.path.join(STUB_INCLUDE, h)).read()
-        assert "Stub of" in text.split("\n", 3)[0] + text.split("\n", 3)[1], f"{h}: first lines must cite the original"
+        assert "Stub of" in text.split("\n", 3)[0] + text.split("\n", 3)[1], \
+            f"{h}: first lines must cite the original"
 
 
 @pytest.mark.parametrize("header", _stub_headers())
 def test_stub_header_compiles_alone(header, cxx, tmp_path):
     src = tmp_path / "h.cpp"
     src.write_text(f'#include "{header}"\n#include "{header}"\n')  # self-contained and include-guarded
-    cmd = compile_cmd(cxx, ["-std=c++11", "-pedantic", *STRICT, f"-I{STUB_INCLUDE}"], str(src), str(tmp_path / "o.o"))
+    cmd = compile_cmd(cxx, ["-std=c++11", "-pedantic", *STRICT, f"-I{STUB_INCLUDE}"], str(src),
+                      str(tmp_path / "o.o"))
     r = run(cmd)
     assert r.returncode == 0, r.stderr
 
@@ -115,7 +123,8 @@ def test_op_host_reaches_only_modelled_cann_headers_and_its_own(src, cxx):
     # the stubs reach the twin's own
     ours = [d for d in deps if not d.startswith(os.path.realpath(TWIN) + os.sep)]
     assert all(d.startswith(os.path.realpath(os.path.join(ROOT, "csrc")) + os.sep) for d in ours), ours
-    assert any(d.endswith("fused_lce_tiling.h") for d in ours) and any(d.endswith("fused_lce_host.h") for d in ours)
+    assert any(d.endswith("fused_lce_tiling.h") for d in ours) and any(d.endswith("fused_lce_host.h")
+                                                                       for d in ours)
     cann = {os.path.relpath(d, os.path.realpath(STUB_INCLUDE)) for d in deps} & set(MODELLED)
     assert {"register/op_def_registry.h", "tiling/platform/platform_ascendc.h", "tiling/tiling_api.h",
             "kernel_tiling/kernel_tiling.h"} <= cann
@@ -143,14 +152,17 @@ def _tcube_fields(path: str) -> list[str]:
     code = re.sub(r"//[^\n]*", "", open(path).read())
     body = code[code.index("struct TCubeTiling"):]
     body = body[:body.index("};")]
-    return [n for decl in re.findall(r"int32_t\s+([^;]+);", body) for n in re.split(r"\s*,\s*", decl.split("=")[0])]
+    return [n for decl in re.findall(r"int32_t\s+([^;]+);", body)
+            for n in re.split(r"\s*,\s*", decl.split("=")[0])]
 
 
 def test_host_tcube_tiling_is_the_kernel_twins():
     """Host and kernel see one AscendC::tiling::TCubeTiling, the real field list: the host stub includes the
     device twin's header."""
     host = open(os.path.join(STUB_INCLUDE, "kernel_tiling", "kernel_tiling.h")).read()
-    assert '#include "../../../kernel/kernel_tiling/kernel_tiling.h"' in host and "struct TCubeTiling" not in host
+    assert '#include "../../../kernel/kernel_tiling/kernel_tiling.h"' in host and \
+        "struct TCubeTiling" not in host
     fields = _tcube_fields(os.path.join(TWIN, "kernel", "kernel_tiling", "kernel_tiling.h"))
-    assert fields[:11] == ["usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN", "singleCoreK", "baseM",
-                           "baseN", "baseK"] and fields[-2:] == ["BatchNum", "mxTypePara"] and len(fields) == 50
+    assert fields[:11] == ["usedCoreNum", "M", "N", "Ka", "Kb", "singleCoreM", "singleCoreN",
+                           "singleCoreK", "baseM", "baseN",
+                           "baseK"] and fields[-2:] == ["BatchNum", "mxTypePara"] and len(fields) == 50

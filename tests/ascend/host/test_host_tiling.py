@@ -16,7 +16,8 @@ from ...support.ascendc_twin.host_build import ASCEND, ROOT
 
 pytestmark = pytest.mark.twin  # runs on the host twin (stub CANN headers + runtime)
 
-KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel", "fused_lce_stats_cube.cpp"),
+KERNELS = {"FusedLceStatsCube": os.path.join(ASCEND, "fused_lce_stats", "op_kernel",
+                                             "fused_lce_stats_cube.cpp"),
            "FusedLceGradCube": os.path.join(ASCEND, "fused_lce_grad", "op_kernel", "fused_lce_grad_cube.cpp")}
 ADAPTER = os.path.join(ROOT, "csrc", "npu", "fused_lce_npu.cpp")
 TILING_CAPACITY = 2048  # OpImplRegisterV2::Tiling's default max_tiling_data_size, which OP_ADD uses
@@ -33,11 +34,12 @@ def _seed() -> int:
 SEED = _seed()
 
 
-def case(op="stats_cube", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0, softcap=0.0,
-         temperature=1.0, with_zsum=0, entropy=0, mask=7, vocab_start=0, **extra) -> str:
+def case(op="stats_cube", part="Ascend910B2", n=37, d=45, v=301, dtype="bf16", label="i64", bias=0,
+         softcap=0.0, temperature=1.0, with_zsum=0, entropy=0, mask=7, vocab_start=0, **extra) -> str:
     words = [f"op={op}", f"part={part}", f"n={n}", f"d={d}", f"v={v}", f"dtype={dtype}", f"label={label}",
-             f"bias={int(bias)}", f"softcap={softcap}", f"temperature={temperature}", f"with_zsum={int(with_zsum)}",
-             f"entropy={int(entropy)}", f"mask={mask}", f"vocab_start={vocab_start}"]
+             f"bias={int(bias)}", f"softcap={softcap}", f"temperature={temperature}",
+             f"with_zsum={int(with_zsum)}", f"entropy={int(entropy)}", f"mask={mask}",
+             f"vocab_start={vocab_start}"]
     words += [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
     return " ".join(words)
 
@@ -101,7 +103,8 @@ def _adapter_calls() -> dict:
     for m in re.finditer(r"EXEC_NPU_CMD_EXT\(aclnn(\w+),([^;]*)\);", code):
         body = code[:m.start()][code[:m.start()].rfind("\n}"):]  # the enclosing function, up to the call
         types = {}
-        for t, name in re.findall(r"(c10::optional<Tensor>|Tensor|int64_t|double|bool)\s*&?\s+(\w+)\s*[=,)]", body):
+        for t, name in re.findall(r"(c10::optional<Tensor>|Tensor|int64_t|double|bool)\s*&?\s+(\w+)\s*[=,)]",
+                                  body):
             types[name] = t
         calls[m.group(1)] = [types.get(a.strip(), "?" + a.strip()) for a in m.group(2).split(",")]
     return calls
@@ -176,7 +179,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         if not cond:
             bad.append(f"{line}: {msg}")
 
-    want(r["sizeof_td"] <= TILING_CAPACITY == r["tiling_capacity"], f"tiling data {r['sizeof_td']} B > buffer")
+    want(r["sizeof_td"] <= TILING_CAPACITY == r["tiling_capacity"],
+         f"tiling data {r['sizeof_td']} B > buffer")
     if e["status"] != 0:
         want(r["status"] == "failed", f"plan status {e['status']} but the tiling succeeded")
         want(not r["block_dim_set"] and not r["workspace_set"], "a failed tiling set launch values")
@@ -189,8 +193,10 @@ def cube_problems(line: str, r: dict) -> list[str]:
     want(r["tiling_size"] == r["sizeof_td"], "tiling data size not declared")
     want(r["td_deterministic"], "some tiling data bytes depend on the buffer's previous content")
     used = e["base"]["used_cores"]
-    want(r["block_dim_set"] and r["block_dim"] == max(1, used), f"block dim {r['block_dim']} != used cores {used}")
-    want(r["block_dim"] <= r["aic"], "block dim exceeds the AI cores (a cube-driven kernel runs one block per AI core)")
+    want(r["block_dim_set"] and r["block_dim"] == max(1, used),
+         f"block dim {r['block_dim']} != used cores {used}")
+    want(r["block_dim"] <= r["aic"],
+         "block dim exceeds the AI cores (a cube-driven kernel runs one block per AI core)")
     want(r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, "no SetScheduleMode(1)")
     keep = grad and c.get("keep_dz") == "1"  # the one-pass modes' kept dz: the larger workspace
     ws = e["ws_total_keep"] if keep else e["ws_total"]
@@ -198,7 +204,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
          f"[{r['lib_ws']} + {ws}]")
     want(r["vocabStart"] == int(c["vocab_start"]), f"vocabStart {r['vocabStart']}")
     want(r["softcap"] == pytest.approx(float(c["softcap"])), f"softcap {r['softcap']}")
-    want(f32(r["invTemperature"]) == f32(1.0 / f32(float(c["temperature"]))), f"invTemperature {r['invTemperature']}")
+    want(f32(r["invTemperature"]) == f32(1.0 / f32(float(c["temperature"]))),
+         f"invTemperature {r['invTemperature']}")
     want(r["hasBias"] == int(c["bias"]), "hasBias")
     want(r["variant"] == int(c.get("variant", 0)), f"variant {r['variant']}")
     plain = int(c.get("variant", 0)) & 1  # kPlainTiling: GetTiling's Matmul tilings, no L1-residency override
@@ -214,11 +221,14 @@ def cube_problems(line: str, r: dict) -> list[str]:
             want(*a_resident(r["mmDw"], bm, dcols, b["elt_bytes"], r["l1_bytes"], "mmDw", True, False))
         # presence of the optional z_cache input by tiling, never by its GM address
         want(r["hasZCache"] == int(c.get("z_cache", 0)), f"hasZCache {r['hasZCache']}")
-        gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]), "mmDw": (bn, d, bm, bn, b["base_d"])}
+        gemms = {"mmZ": (bm, bn, d, bm, bn), "mmDx": (bm, d, bn, bm, b["base_d"]),
+                 "mmDw": (bn, d, bm, bn, b["base_d"])}
         # Dz kept in column chunks of keep_cols (< 65535: the GM -> L1 copy's 16-bit row stride), dX one GEMM
         # per chunk
-        want(e["keep_cols"] < 65535 and e["keep_cols"] % bn == 0 or e["keep_cols"] == b["v"], f"keep_cols {e}")
-        whole = {"mmDxAll": (bm, d, e["keep_cols"], bm, b["base_d"]), "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
+        want(e["keep_cols"] < 65535 and e["keep_cols"] % bn == 0 or e["keep_cols"] == b["v"],
+             f"keep_cols {e}")
+        whole = {"mmDxAll": (bm, d, e["keep_cols"], bm, b["base_d"]),
+                 "mmDwAll": (bn, d, b["n"], bn, b["base_d"])}
         if keep:  # the whole-K GEMMs from the kept Dz (N x V)
             gemms.update(whole)
         else:
@@ -230,8 +240,8 @@ def cube_problems(line: str, r: dict) -> list[str]:
         want(r["hasZCache"] == int(c.get("keep_z", 0)), f"hasZCache {r['hasZCache']} (attribute keep_z)")
         gemms = {"mmLogits": (bm, bn, d, bm, bn)}
         if b["n"] > 0 and not plain:  # the hidden rows kept in L1 over a task's segment
-            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"], "mmLogits", False,
-                             True))
+            want(*a_resident(r["mmLogits"], d, b["seg_blocks"], b["elt_bytes"], r["l1_bytes"],
+                             "mmLogits", False, True))
         if e["base"]["segments"] > 1:  # six partial planes per token and segment
             want(e["ws_stats"] >= e["base"]["segments"] * e["base"]["n"] * 24, "stats workspace too small")
     for name, (m_, n_, k_, tbm, tbn) in gemms.items():
@@ -239,8 +249,10 @@ def cube_problems(line: str, r: dict) -> list[str]:
         if b["n"] == 0:
             want(all(v == 0 for v in t.values()), f"{name} set although no tile runs")
             continue
-        got = (t["M"], t["N"], t["Ka"], t["singleCoreM"], t["singleCoreN"], t["singleCoreK"], t["baseM"], t["baseN"])
-        want(got == (m_, n_, k_, m_, n_, k_, tbm, tbn), f"{name} {got} != {(m_, n_, k_, m_, n_, k_, tbm, tbn)}")
+        got = (t["M"], t["N"], t["Ka"], t["singleCoreM"], t["singleCoreN"], t["singleCoreK"],
+               t["baseM"], t["baseN"])
+        want(got == (m_, n_, k_, m_, n_, k_, tbm, tbn),
+             f"{name} {got} != {(m_, n_, k_, m_, n_, k_, tbm, tbn)}")
         want(t["isBias"] == 0 and t["usedCoreNum"] == 1 and t["baseK"] > 0, f"{name} {t}")
     return bad
 
@@ -257,7 +269,8 @@ def test_cube_tiling_on_a_grid_of_problems(op, driver):
     assert not bad, f"seed {SEED}: {len(bad)} problems, first ones:\n" + "\n".join(bad[:12])
     ok = [r for r in outs if r["status"] == "ok"]
     assert len(ok) > 0.7 * len(outs)
-    assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1 for r in ok)
+    assert any(r["plan"]["base"]["n"] == 0 for r in ok) and any(r["plan"]["base"]["used_cores"] > 1
+                                                                for r in ok)
     if op == "stats_cube":
         assert any(r["plan"]["base"]["segments"] > 1 for r in ok)
     # the planner's own refusals (V_local >= 2^24, N >= 2^24 for the backward, D >= 65535: the operands' row
@@ -274,8 +287,9 @@ def test_cube_batch_mode_for_the_kernels_that_sync_all_cores(driver):
         code = re.sub(r"//[^\n]*", "", open(src).read())
         assert re.search(r"\bSyncAll\s*(<[^>]*>)?\s*\(", code), f"{op} no longer syncs: revisit this test"
         assert "KERNEL_TYPE_MIX_AIC_1_2" in code, f"{op}: the block dim set here assumes a 1:2 MIX kernel"
-    lines = [case(op, part, n, 128, 151936, bias=1) for part in PARTS for n in (1, 200) for op in ("stats_cube",
-                                                                                                   "grad_cube")]
+    lines = [case(op, part, n, 128, 151936, bias=1) for part in PARTS for n in (1, 200)
+             for op in ("stats_cube",
+                        "grad_cube")]
     for line, r in zip(lines, driver(lines)):
         assert r["status"] == "ok" and r["schedule_mode_set"] and r["schedule_mode"] == BATCH_MODE, line
 
@@ -299,17 +313,20 @@ def test_stats_cube_labels_after_the_optional_bias_are_read_by_ir_index(bias, la
     extended_kernel_context.h / compute_node_info.h): labels must be read by IR index."""
     r = driver.one(case("stats_cube", n=300, d=256, v=5000, bias=bias, label=label))
     assert r["status"] == "ok" and r["hasBias"] == bias
-    assert r["labelBytes"] == (8 if label == "i64" else 4), f"label dtype {label} read as {r['labelBytes']} bytes"
+    assert r["labelBytes"] == (8 if label == "i64" else 4), \
+        f"label dtype {label} read as {r['labelBytes']} bytes"
 
 
 def test_cube_attributes_are_read_at_their_opdef_index(driver):
     r = driver.one(case("grad_cube", n=64, d=64, v=1000, bias=1, softcap=12.5, temperature=0.625, mask=5,
                         vocab_start=3000))
-    assert (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["gradMask"]) == (3000, 12.5, f32(1.6), 5)
+    assert (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["gradMask"]) \
+        == (3000, 12.5, f32(1.6), 5)
     for zsum, ent in ((1, 0), (0, 1), (1, 1)):
         r = driver.one(case("stats_cube", n=64, d=64, v=1000, softcap=7.5, temperature=1.25, vocab_start=123,
                             with_zsum=zsum, entropy=ent, label="i32"))
-        got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"], r["labelBytes"])
+        got = (r["vocabStart"], r["softcap"], f32(r["invTemperature"]), r["withZsum"], r["withEz"],
+               r["labelBytes"])
         assert got == (123, 7.5, f32(0.8), zsum, ent, 4)
 
 
@@ -347,7 +364,8 @@ BAD_GRAD_CUBE = [
     ("z_cache dtype", dict(z_cache=1, dtype__z_cache="bf16")),
     ("grad_mask > 7", dict(mask=8)),
 ]
-ALL_BAD_CUBE = [("stats_cube: " + w, k) for w, k in BAD] + [("grad_cube: " + w, k) for w, k in BAD + BAD_GRAD_CUBE]
+ALL_BAD_CUBE = [("stats_cube: " + w, k) for w, k in BAD] + [("grad_cube: " + w, k)
+                                                            for w, k in BAD + BAD_GRAD_CUBE]
 
 
 @pytest.mark.parametrize("what,kw", ALL_BAD_CUBE, ids=[w for w, _ in ALL_BAD_CUBE])

@@ -61,7 +61,8 @@ class TwinKernelsOnSimulatedNpu:
         with _disable_current_modes():  # the twin ops have CPU kernels only
             out = getattr(self.twin, name)(*map(plain, args), **{k: plain(v) for k, v in kw.items()})
         # dW accumulated in place into dw_out's CPU data: hand back dw_out itself, as the adapter does
-        same = lambda o: dw_out is not None and o.numel() > 0 and o.data_ptr() == cpu(dw_out).data_ptr()  # noqa
+        same = lambda o: (dw_out is not None and o.numel() > 0  # noqa
+                          and o.data_ptr() == cpu(dw_out).data_ptr())
         return tuple(dw_out if same(o) else NpuTensor(o) for o in out)
 
     def stats(self, *args, **kw):
@@ -78,8 +79,10 @@ def fake_cann_home(symbols) -> str:
     os.makedirs(os.path.join(home, "lib64"))
     src = os.path.join(home, "opapi.c")
     with open(src, "w") as f:
-        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or "int unused_symbol(void) { return 0; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")], check=True)
+        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or
+                "int unused_symbol(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")],
+                   check=True)
     return home
 
 
@@ -127,8 +130,8 @@ def run_both(h, w, b, y, upstream=None, **opts):
     h64 = h.double().requires_grad_()
     w64 = w.double().requires_grad_()
     b64 = b.double().requires_grad_() if b is not None else None
-    ref_opts = {k: opts[k] for k in ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift",
-                                     "num_items") if k in opts}
+    ref_opts = {k: opts[k] for k in ("ignore_index", "reduction", "label_smoothing", "z_loss",
+                                     "softcap", "shift", "num_items") if k in opts}
     r = reference_loss(h64, w64, y, b64, **ref_opts)
     r[0].backward(torch.ones_like(r[0]) if upstream is None else upstream.double())
     return got, (r[0].detach(), h64.grad, w64.grad, b64.grad if b is not None else None, r)
@@ -155,7 +158,8 @@ def import_and_backend_info():
     info = fused_lce.backend_info()
     npu = info["npu"]
     assert not npu["available"], npu
-    assert "custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) " in npu["reason"], npu["reason"]
+    assert "custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) " in npu["reason"], \
+        npu["reason"]
     assert "ASCEND_CUSTOM_OPP_PATH unset" in npu["reason"], npu["reason"]
     assert npu["reason"].endswith(npu_provider.STATUS) and "not run on NPU hardware" in npu["reason"], npu
     assert info["npu_cann"]["available"], info["npu_cann"]
@@ -206,7 +210,8 @@ def fp32_and_unsupported_options_route_to_torch():
 def trio_shape_limits_route_to_torch():
     """Shapes the trio refuses are declined by npu_cann's supports(): auto takes torch, an explicit request
     says why."""
-    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"), ((20, 16, 100, False), "128 vocabulary rows")):
+    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"),
+                                 ((20, 16, 100, False), "128 vocabulary rows")):
         h, w, b, y = problem(n, d, v, torch.bfloat16, 4, bias=bias)
         n0 = calls()
         got, ref = run_both(h, w, b, y)
@@ -273,7 +278,8 @@ def first_failing_step_is_reported():
     os.environ["FAKE_NPU_DEVICES"] = "0"
     try:
         r_npu, r_cann = reasons()
-        assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
+        assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), \
+            (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
     # the custom OPP as op-plugin sees it when torch_npu loads (here: the view it would have taken, had
@@ -302,11 +308,13 @@ def first_failing_step_is_reported():
                     f.write("aclnnStatus aclnnX(..., int64_t variant, ...);\n")
         try:
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[0]})
-            assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) "
-                                           "aclnnFusedLceGradCubeGetWorkspaceSize, aclnnFusedLceGradCube "), reasons()
+            assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn "
+                                           "symbol(s) aclnnFusedLceGradCubeGetWorkspaceSize, "
+                                           "aclnnFusedLceGradCube "), reasons()
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[1]})
             r = reasons()[0]
-            assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when ASCEND_HOME_PATH "), r
+            assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when "
+                                "ASCEND_HOME_PATH "), r
             # a package built from older sources: the same symbols, a header without the variant argument
             header = os.path.join(vendors[1], "op_api", "include", "aclnn_fused_lce_grad_cube.h")
             with open(header, "w") as f:
@@ -320,19 +328,21 @@ def first_failing_step_is_reported():
                 f.write("aclnnStatus aclnnFusedLceGradCube(..., int64_t variant, ...);\n")
             # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes
             # first
-            adapter = {"ok": False, "attempted": True, "error": "not built: compiling fused_lce._npu_C failed (x)",
-                       "log": None}
+            adapter = {"ok": False, "attempted": True,
+                       "error": "not built: compiling fused_lce._npu_C failed (x)", "log": None}
             opp = {"ok": False, "attempted": True, "error": "k.cpp:1:2: error: boom", "log": "/b/build.log"}
             with open(status, "w") as f:
                 json.dump({"npu_adapter": adapter}, f)
             r = reasons()[0]
-            assert r.startswith("host adapter fused_lce._npu_C not built (not built: compiling fused_lce._npu_C "), r
+            assert r.startswith("host adapter fused_lce._npu_C not built (not built: compiling "
+                                "fused_lce._npu_C "), r
             with open(status, "w") as f:
                 json.dump({"npu_adapter": adapter, "npu_opp": opp}, f)
-            assert reasons()[0].startswith("the custom OPP kernel package failed to build at install: k.cpp:1:2: "
-                                           "error: boom (full log: /b/build.log)"), reasons()[0]
+            assert reasons()[0].startswith("the custom OPP kernel package failed to build at install: "
+                                           "k.cpp:1:2: error: boom (full log: /b/build.log)"), reasons()[0]
             with open(status, "w") as f:
-                json.dump({"npu_opp": {**opp, "attempted": False, "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
+                json.dump({"npu_opp": {**opp, "attempted": False,
+                                       "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
             # not tried
             assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]
             # the variable set inside the process after torch_npu was imported: op-plugin never sees it
@@ -368,7 +378,8 @@ def auto_falls_back_to_torch_without_npu_providers():
     try:
         npu_provider.PROVIDER.reset()
         info = fused_lce.backend_info()
-        assert not info["npu"]["available"] and "custom OPP kernels not found" in info["npu"]["reason"], info["npu"]
+        assert not info["npu"]["available"] and "custom OPP kernels not found" in info["npu"]["reason"], \
+            info["npu"]
         cann = info["npu_cann"]
         assert not cann["available"] and "has no npu_fused_linear_online_max_sum" in cann["reason"], cann
         assert info["auto"]["npu"] == "torch", info["auto"]

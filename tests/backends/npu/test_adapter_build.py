@@ -26,7 +26,8 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
         tn = nb.fetch_wheel(cache)
     except subprocess.CalledProcessError as e:
         release, _ = nb.torch_release()
-        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see docs/npu-status.md for the command")
+        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see "
+                    "docs/npu-status.md for the command")
     assert os.path.isfile(os.path.join(tn, "include", "third_party", "op-plugin", "op_plugin", "include",
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
@@ -36,7 +37,8 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
     assert "forward_npu" not in syms and "backward_npu" not in syms
     blob = open(so, "rb").read()  # the schema strings of kernel_ops.h, no routing glue
     assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
-    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t" in blob
+    assert (b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
+            b"Tensor a, Tensor t") in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP

@@ -15,8 +15,8 @@ import pytest
 from fused_lce.backends.npu import env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SYMS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube", "aclnnFusedLceGradCubeGetWorkspaceSize",
-        "aclnnFusedLceGradCube")
+SYMS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube",
+        "aclnnFusedLceGradCubeGetWorkspaceSize", "aclnnFusedLceGradCube")
 CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++ to build the stand-in libraries")
 
@@ -42,10 +42,12 @@ def test_custom_path_order_and_any_vendor_name(tmp_path):
     b = make_vendor(str(tmp_path / "b" / "vendors" / "fused_lce"))
     custom = f"{tmp_path / 'a' / 'vendors' / 'customize'}:{tmp_path / 'b' / 'vendors' / 'fused_lce'}"
     assert verdict({"ASCEND_CUSTOM_OPP_PATH": custom}) == (a, None)
-    assert verdict({"ASCEND_CUSTOM_OPP_PATH": f"{tmp_path / 'nowhere'}::{tmp_path / 'b/vendors/fused_lce'}"}) == (
-        b, None)  # a missing folder and an empty entry are passed over
+    # a missing folder and an empty entry are passed over
+    assert verdict({"ASCEND_CUSTOM_OPP_PATH":
+                    f"{tmp_path / 'nowhere'}::{tmp_path / 'b/vendors/fused_lce'}"}) == (b, None)
     lib, reason = verdict({})
-    assert lib is None and "aclnnFusedLceStatsCubeGetWorkspaceSize" in reason and "ASCEND_CUSTOM_OPP_PATH unset" in \
+    assert lib is None and "aclnnFusedLceStatsCubeGetWorkspaceSize" in reason and \
+        "ASCEND_CUSTOM_OPP_PATH unset" in \
         reason
 
 
@@ -122,7 +124,8 @@ PROBE = r"""
 import json, os, sys
 sys.path[:0] = [{fake!r}, {root!r}]
 order = sys.argv[1]
-os.environ["ASCEND_CUSTOM_OPP_PATH"] = sys.argv[2]  # set inside the process: /proc/self/environ has the start value
+# set inside the process: /proc/self/environ has the start value
+os.environ["ASCEND_CUSTOM_OPP_PATH"] = sys.argv[2]
 if order == "torch_npu_first":
     import torch_npu
 import fused_lce

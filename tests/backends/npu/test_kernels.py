@@ -52,7 +52,8 @@ def test_the_adapter_ops_get_their_contract(seed):
     # keep_z off
     assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False, 0)
     # (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes
-    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None,
+    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None,
+                                                              False, None,
                                                                 0)
     assert b_grads[4].dtype == torch.float32 and torch.equal(b_grads[4], lse.float())
     for i in range(4):
@@ -67,7 +68,8 @@ def test_the_conservative_variants_follow_the_environment(monkeypatch):
     coefs, lse = torch.zeros(4, 3), torch.zeros(3)
     rec = Recorder()
     k = npu_kernels.AdapterKernels(ops=rec)
-    for env, bits in (({}, 0), ({"FUSED_LCE_NPU_PLAIN_TILING": "1"}, 1), ({"FUSED_LCE_NPU_SERIAL_MATMUL": "1"}, 2),
+    for env, bits in (({}, 0), ({"FUSED_LCE_NPU_PLAIN_TILING": "1"}, 1),
+                      ({"FUSED_LCE_NPU_SERIAL_MATMUL": "1"}, 2),
                       ({"FUSED_LCE_NPU_PLAIN_TILING": "1", "FUSED_LCE_NPU_SERIAL_MATMUL": " 1 "}, 3),
                       ({"FUSED_LCE_NPU_PLAIN_TILING": "0"}, 0)):
         for name in npu_kernels.VARIANT_ENV:
@@ -124,7 +126,8 @@ def _run(backend, h, w, b, y, **opts):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
 def test_the_adapter_path_runs_end_to_end_on_the_twin(dtype, tol, twin_ops, seed):
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(ops=shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin",
+                                                   kernels=npu_kernels.AdapterKernels(ops=shim),
                                                    device_types=("cpu",)))
     try:
         g = torch.Generator().manual_seed(seed)
@@ -153,7 +156,8 @@ def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
     provider): results are bitwise equal (the cube-driven backward is deterministic), log-prob options
     included."""
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin",
+                                                   kernels=npu_kernels.AdapterKernels(shim),
                                                    device_types=("cpu",)))
     twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3)
     registry.register(npu_provider.AscendCProvider("npu_twin_direct", kernels=twin, device_types=("cpu",)))
@@ -170,7 +174,8 @@ def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
         outs = []
         for backend in ("npu_adapter_twin", "npu_twin_direct"):  # log-probs + entropy: b != 0 in the backward
             hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-            lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True, backend=backend)
+            lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True,
+                                                backend=backend)
             (lp.sum() + ent.sum()).backward()
             outs.append((lp.detach(), ent.detach(), hh.grad, ww.grad))
         for x, z in zip(*outs):
@@ -186,7 +191,8 @@ def test_vocabularies_past_the_exact_float_ids_are_declined():
     falls back instead of failing in the kernel."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
     big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())
     ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
@@ -199,7 +205,8 @@ def test_token_blocks_stay_below_the_exact_float_row_offsets():
     budget."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
     p = Problem(1 << 25, 8, 1, torch.bfloat16, torch.device("cpu"), False, Options(tile_bytes=1 << 40))
     rows = prov.token_block(p, keep=True)
     assert 0 < rows < 1 << 24 and rows % 128 == 0, rows
@@ -210,7 +217,9 @@ def test_a_hidden_size_past_the_copy_stride_field_is_declined():
     16 bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
-    assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False, Options())) is None
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
+    assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False,
+                                 Options())) is None
     reason = prov.supports(Problem(8, 65535, 100, torch.bfloat16, torch.device("cpu"), False, Options()))
     assert reason is not None and "srcDValue" in reason and "65535" in reason, reason

@@ -119,7 +119,8 @@ def _check(rank, seed, tie):
     finally:
         driver.forward, driver.logprobs_forward = real
     # the gathered head, in each plain step and in the TRL step
-    assert [(c.op, c.weight_shape) for c in calls] == [("loss", (V, 32))] * STEPS + [("logprobs", (V, 32))], calls
+    assert [(c.op, c.weight_shape) for c in calls] == [("loss", (V, 32))] * STEPS + [("logprobs", (V, 32))], \
+        calls
     ref_losses, ref_engine = _train(stock, seed, rank)
     torch.testing.assert_close(losses[0], first, atol=1e-5, rtol=1e-5)
     for step, (a, b) in enumerate(zip(losses, ref_losses)):

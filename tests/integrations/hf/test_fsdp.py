@@ -14,7 +14,8 @@ import torch.distributed as dist
 transformers = pytest.importorskip("transformers")
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_available():
-    pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard", allow_module_level=True)
+    pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard",
+                allow_module_level=True)
 
 from ...conftest import spawn_pair  # noqa: E402
 from ..conftest import tiny_qwen3  # noqa: E402

@@ -20,19 +20,22 @@ from fused_lce.integrations import hf  # noqa: E402
 
 V = 256
 TEXT = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-            pad_token_id=0)
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=128, bos_token_id=None,
+            eos_token_id=None, pad_token_id=0)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.05)
-LINEAR_ATTN = dict(linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                   linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"])
+LINEAR_ATTN = dict(linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                   linear_num_key_heads=2, linear_num_value_heads=4,
+                   layer_types=["linear_attention", "full_attention"])
 MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
-IMAGE_TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+IMAGE_TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252,
+                    vision_end_token_id=253)
 VISION2 = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
                temporal_patch_size=2)
 VISION25 = dict(depth=1, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_heads=2, patch_size=2,
                 spatial_merge_size=2, temporal_patch_size=2, window_size=8, fullatt_block_indexes=[0])
 VISION3 = dict(depth=1, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_heads=2, patch_size=2,
-               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+               deepstack_visual_indexes=[0])
 
 
 def _text(**extra):
@@ -60,11 +63,14 @@ CONFIGS = {
         text_config=_text(rope_parameters={**MROPE, "partial_rotary_factor": 1.0}, **MOE, **LINEAR_ATTN),
         vision_config=VISION3, tie_word_embeddings=tie, **IMAGE_TOKENS)),
     "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION2, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION2, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION25, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION25, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION3, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION3, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", lambda tie: dict(
         text_config=_text(rope_parameters=MROPE, **MOE), vision_config=VISION3, tie_word_embeddings=tie,
         **IMAGE_TOKENS)),
@@ -131,7 +137,8 @@ def assert_same(stock, fused, inputs, seed, fused_expected=True, atol=1e-5, rtol
     ref = stock(**inputs)
     out = fused(**inputs)
     assert (out.logits is None) == fused_expected, f"seed={seed}: fused path ran: {out.logits is None}"
-    torch.testing.assert_close(out.loss, ref.loss, atol=atol, rtol=rtol, msg=lambda m: f"seed={seed}: loss: {m}")
+    torch.testing.assert_close(out.loss, ref.loss, atol=atol, rtol=rtol,
+                               msg=lambda m: f"seed={seed}: loss: {m}")
     ref.loss.backward()
     out.loss.backward()
     g_ref, g_out = grads(stock), grads(fused)
@@ -142,7 +149,8 @@ def assert_same(stock, fused, inputs, seed, fused_expected=True, atol=1e-5, rtol
             assert g_out[name] is None, f"seed={seed}: {name}: gradient only in the fused model"
             continue
         assert g_out[name] is not None, f"seed={seed}: {name}: no gradient in the fused model"
-        torch.testing.assert_close(g_out[name], g, atol=atol, rtol=rtol, msg=lambda m: f"seed={seed}: {name}: {m}")
+        torch.testing.assert_close(g_out[name], g, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"seed={seed}: {name}: {m}")
         n_checked += 1
     assert n_checked > 0
     return ref, out
@@ -183,7 +191,8 @@ def test_vl_image_inputs_pass_through(name, seed):
     inputs = image_batch(seed)
     assert_same(stock, fused, inputs, seed)
     # the image changed the loss: the vision tower ran and its gradients were compared above
-    no_image = {k: v for k, v in inputs.items() if k not in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
+    no_image = {k: v for k, v in inputs.items()
+                if k not in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
     no_image["input_ids"] = torch.where(no_image["input_ids"] >= 250, 1, no_image["input_ids"])
     with torch.no_grad():
         assert not torch.allclose(fused(**inputs).loss, fused(**no_image).loss)
@@ -267,7 +276,8 @@ def test_eval_and_no_labels_return_logits(seed):
     torch.testing.assert_close(out.logits, ref.logits)
     torch.testing.assert_close(out.loss, ref.loss)
     gen = fused.generate(inputs["input_ids"][:, :4], max_new_tokens=3, do_sample=False)
-    torch.testing.assert_close(gen, stock.generate(inputs["input_ids"][:, :4], max_new_tokens=3, do_sample=False))
+    torch.testing.assert_close(gen, stock.generate(inputs["input_ids"][:, :4], max_new_tokens=3,
+                                                   do_sample=False))
 
 
 def test_skip_logits_override(seed):
@@ -510,8 +520,8 @@ def test_peft_modules_to_save_lm_head(seed):
 def test_user_loss_function_is_respected(when, seed):
     """A user-set model.loss_function (here: twice the stock loss) is what the model computes, patched or not;
     the patch falls back to the stock forward and warns once."""
-    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" else (build("Qwen3ForCausalLM", seed=seed),
-                                                                              None)
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" \
+        else (build("Qwen3ForCausalLM", seed=seed), None)
     stock_fn = stock.loss_function
 
     def doubled(*args, **kwargs):
@@ -574,7 +584,8 @@ def test_torch_compile_fullgraph(seed):
     ref.loss.backward()
     out.loss.backward()
     for n, g in grads(stock).items():
-        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {n}: {m}")
+        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"seed={seed} {n}: {m}")
     assert hf.runtime._TRACED_FRAMES == [] and hf.runtime._FRAMES.get() == ()
 
 

@@ -12,6 +12,7 @@ try:
     import triton  # noqa: F401
 
     from . import gemm, rows, tile_rows  # noqa: F811  (tile_rows and rows use gemm's statistics layout)
-except Exception as e:  # pragma: no cover - depends on the host (no Triton, or one without tensor descriptors)
+# depends on the host (no Triton, or one without tensor descriptors)
+except Exception as e:  # pragma: no cover
     gemm = rows = tile_rows = None
     ERROR = f"{type(e).__name__}: {e}"

@@ -100,12 +100,12 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _one_tile(
-    tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr,
-    label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr,
+    stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr,
+    OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    SUBTILE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     num_n = tl.cdiv(V, BN)
     pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
@@ -132,7 +132,8 @@ def _one_tile(
     # DZ: the gradient of this tile, the row lse known: dz = p (a + b z) - t onehot - u (driver's rows)
     if MODE == 2:
         lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-        a, tc, uc, cb = row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U, HAS_B, HAS_SCALE, BM)
+        a, tc, uc, cb = row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U, HAS_B,
+                                  HAS_SCALE, BM)
         yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
         p = tl.exp2((z - lse[:, None]) * 1.4426950408889634)
         if HAS_B:  # the entropy term; z floored where p underflows, so p = 0 gives 0 also where z = -inf
@@ -185,10 +186,11 @@ def _lce_gemm_kernel(
     # DZ: row lse, coefficients a, t (, b: HAS_B, u: HAS_U), scale
     lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,
     inv_temp,  # 1 / temperature (TEMP)
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr, LIVE: tl.constexpr,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr,
+    OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    SUBTILE: tl.constexpr, NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr,
+    UPCAST: tl.constexpr, LIVE: tl.constexpr,
 ):
     m_live = M
     if LIVE:  # read on the device: the host never waits for the count
@@ -197,16 +199,16 @@ def _lce_gemm_kernel(
     num_tiles = num_m * tl.cdiv(V, BN)
     if NUM_PROGS == 0:  # one tile per program
         if tl.program_id(0) < num_tiles:
-            _one_tile(tl.program_id(0), num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr,
-                      tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,
-                      inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
-                      GROUP_M, SUBTILE, UPCAST)
+            _one_tile(tl.program_id(0), num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr,
+                      ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr,
+                      b_ptr, u_ptr, scale_ptr, inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U,
+                      HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
     else:  # persistent: a fixed grid walks the tiles
         for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WS):
-            _one_tile(tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr,
-                      stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
-                      MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
-                      GROUP_M, SUBTILE, UPCAST)
+            _one_tile(tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr,
+                      tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr,
+                      scale_ptr, inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE,
+                      OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
 
 
 def num_tiles_n(v: int, cfg: GemmConfig) -> int:
@@ -250,8 +252,8 @@ class TileStats:
 
 def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
              bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
-             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, b=None, u=None,
-             scale=None, inv_temp: float = 1.0, live: Optional[torch.Tensor] = None) -> None:
+             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None,
+             b=None, u=None, scale=None, inv_temp: float = 1.0, live: Optional[torch.Tensor] = None) -> None:
     """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T`` (divided by the temperature when
     ``inv_temp`` is not 1). ``out``: an ``[M, V]`` view with unit column stride and a 16-byte aligned row
     stride (EXP / DZ), in the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez``

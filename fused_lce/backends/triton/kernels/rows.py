@@ -41,7 +41,8 @@ def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.con
     f0 = tl.exp(d0)
     f1 = tl.exp(d1)
     if ENTROPY:
-        ez = f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0) + f1 * (ez + tl.maximum(d1, -104.0) * s)
+        ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
+              + f1 * (ez + tl.maximum(d1, -104.0) * s))
     am = tl.where(m > m0, am, tl.load(am_ptr + row))
     return new_m, s0 * f0 + s * f1, am, ez
 
@@ -174,8 +175,8 @@ def target_logit(h, w, bias, labels, label_off: int, out, inv_temp: float = 1.0)
 def _dz_from_exp_kernel(
     e_ptr, ld, tm_ptr, stride_t, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr, y_ptr, label_off, M,
     a0, a1, t0, u0,
-    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, HAS_A1: tl.constexpr, TILE_N: tl.constexpr,
-    BR: tl.constexpr,
+    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, HAS_A1: tl.constexpr,
+    TILE_N: tl.constexpr, BR: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     t = tl.program_id(1)
@@ -197,7 +198,8 @@ def _dz_from_exp_kernel(
         u = g * u0
         keep = g != 0.0
     else:  # the driver's per-row coefficients
-        coef, tgt, u, _ = row_coefs(a_ptr, t_ptr, u_ptr, a_ptr, scale_ptr, rows, rmask, HAS_U, False, HAS_SCALE, BR)
+        coef, tgt, u, _ = row_coefs(a_ptr, t_ptr, u_ptr, a_ptr, scale_ptr, rows, rmask, HAS_U, False,
+                                    HAS_SCALE, BR)
         keep = (coef != 0.0) | (tgt != 0.0) | (u != 0.0)  # a NaN is not 0: it poisons its row
     ref = tl.where(m_t == float("-inf"), 0.0, m_t)
     c = coef * tl.exp(ref - lse)  # the tile's exp values were taken relative to its max
@@ -214,8 +216,8 @@ def _dz_from_exp_kernel(
     tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
 
 
-def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels, label_off: int, *,
-                terms=(1.0, 0.0, 1.0, 0.0)) -> None:
+def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels,
+                label_off: int, *, terms=(1.0, 0.0, 1.0, 0.0)) -> None:
     """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of
     64 elements; the padding columns are overwritten): ``dz = a exp(m_t - lse) e - t [col == label] - u``, 0
     on rows whose coefficients are all 0; ``scale`` (0-dim) multiplies them. ``coef``: the driver's per-row
@@ -276,8 +278,8 @@ def _scale_part(x_ptr, n, g, BLOCK: tl.constexpr, NPROG: tl.constexpr):
 
 
 @triton.jit
-def _scale_unless_one_kernel(x0_ptr, n0, x1_ptr, n1, x2_ptr, n2, g_ptr, COUNT: tl.constexpr, BLOCK: tl.constexpr,
-                             NPROG: tl.constexpr):
+def _scale_unless_one_kernel(x0_ptr, n0, x1_ptr, n1, x2_ptr, n2, g_ptr, COUNT: tl.constexpr,
+                             BLOCK: tl.constexpr, NPROG: tl.constexpr):
     g = tl.load(g_ptr).to(tl.float32)
     if g != 1.0:  # the usual upstream gradient is exactly 1: then no byte of x is read or written
         _scale_part(x0_ptr, n0, g, BLOCK, NPROG)

@@ -193,8 +193,8 @@ def _rows_kernel(
 
 
 def launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False, grad=False, dz=None, g=None,
-            terms: LossTerms = LossTerms(1.0, 0.0, 1.0, 0.0), coef: Optional[Coefs] = None, scale=None, lse=None,
-            v0=0, v1=None):
+            terms: LossTerms = LossTerms(1.0, 0.0, 1.0, 0.0), coef: Optional[Coefs] = None,
+            scale=None, lse=None, v0=0, v1=None):
     """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard). ``stats``: a
     ``Stats`` / ``EntropyStats`` to write (and merge into). Gradients: from the driver's per-row ``coef`` or,
     for the one-pass loss only (``stats`` and ``grad``), from the token weight ``g`` (the loss formula in the
@@ -221,8 +221,8 @@ def launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False
         arg(dz), dz.stride(0) if dz is not None else 0,
         arg(bias), t.labels[rows], arg(a), arg(tc), arg(cb), arg(u), arg(scale), arg(lse), *raw, arg(ez),
         v1 - v0, int(opts.vocab_start + v0), k.a0, k.a1, k.t0, k.u0, float(opts.softcap or 1.0), 1.0 / temp,
-        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss), HAS_SCALE=scale is not None,
-        HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
+        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss),
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
         SMOOTH=opts.wants_zsum, HAS_A1=bool(k.a1), ENTROPY=ez is not None,
         HAS_B=cb is not None, HAS_U=bool(k.u0) if loss else u is not None,
         COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),
