@@ -1,12 +1,13 @@
-"""fused_lce's start-up hook: makes ``FUSED_LINEAR_CE=1`` alone enable fused_lce in an unedited training script.
+"""fused_lce's start-up hook: makes ``FUSED_LINEAR_CE=1`` alone enable fused_lce in an unedited training
+script.
 
-``pip install`` puts ``fused_lce-autopatch.pth`` in site-packages; Python runs it at every start-up, and it imports
-this module only when ``FUSED_LINEAR_CE`` is set to something other than off (so a process without the variable
-pays one environment lookup). :func:`install` then waits, importing nothing heavy (no torch, no fused_lce), until
-``transformers.trainer`` is imported, and calls :func:`fused_lce.integrations.hf.autopatch` right after it, so every
-``transformers.Trainer`` (TRL's and ms-swift's trainers are subclasses) patches its model when it is built. Child
-processes (torchrun workers) inherit the variable and run the same hook. A top-level module (not part of the
-``fused_lce`` package) because importing the package imports torch.
+``pip install`` puts ``fused_lce-autopatch.pth`` in site-packages; Python runs it at every start-up, and it
+imports this module only when ``FUSED_LINEAR_CE`` is set to something other than off (so a process without the
+variable pays one environment lookup). :func:`install` then waits, importing nothing heavy (no torch, no
+fused_lce), until ``transformers.trainer`` is imported, and calls :func:`fused_lce.integrations.hf.autopatch`
+right after it, so every ``transformers.Trainer`` (TRL's and ms-swift's trainers are subclasses) patches its
+model when it is built. Child processes (torchrun workers) inherit the variable and run the same hook. A
+top-level module (not part of the ``fused_lce`` package) because importing the package imports torch.
 """
 import sys
 import threading

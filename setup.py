@@ -1,26 +1,28 @@
-"""Build script: the pure-Python package plus, when possible, the C++ extension ``fused_lce._C`` and, on an Ascend
-host, the NPU parts (the custom OPP kernel package and the host adapter ``fused_lce._npu_C``).
+"""Build script: the pure-Python package plus, when possible, the C++ extension ``fused_lce._C`` and, on an
+Ascend host, the NPU parts (the custom OPP kernel package and the host adapter ``fused_lce._npu_C``).
 
     pip install --no-build-isolation .     # builds _C against the torch installed here (C++ compiler needed)
     pip install --no-build-isolation -e .  # the same, in place
     pip install .                          # isolated build: torch is not importable there, so no _C
 
-Metadata lives in pyproject.toml. A missing torch, a missing compiler or a failed compile never fails the install:
-the package then runs on its torch backend. Each part's outcome is recorded in ``fused_lce/_build_status.json``
-({"cpp" | "npu_opp" | "npu_adapter": {"ok", "error", "log", ...}}), which ``fused_lce.backend_info()`` reads for its
-reasons. Every extension and the OPP package are built by ``build_ext`` only (pip runs this script three times per
-install; the metadata runs build nothing). Environment:
+Metadata lives in pyproject.toml. A missing torch, a missing compiler or a failed compile never fails the
+install: the package then runs on its torch backend. Each part's outcome is recorded in
+``fused_lce/_build_status.json`` ({"cpp" | "npu_opp" | "npu_adapter": {"ok", "error", "log", ...}}), which
+``fused_lce.backend_info()`` reads for its reasons. Every extension and the OPP package are built by
+``build_ext`` only (pip runs this script three times per install; the metadata runs build nothing).
+Environment:
   FUSED_LCE_REQUIRE_EXT=1  a build that cannot produce _C, or (with ASCEND_HOME_PATH set) any NPU part, is an
                            error; CI sets it: the extension must be there
   FUSED_LCE_NO_EXT=1       do not build any extension
-  ASCEND_HOME_PATH         (set by CANN's set_env.sh) builds the NPU parts with cmake/npu_build.py (imported by
-                           path): ``build_ext`` first runs the ``build_npu_opp`` command (CANN >= 9.0; skipped when
-                           the installed package is newer than its sources; log in build/ascend_opp/build.log), then
-                           compiles ``_npu_C`` whether or not the package built
+  ASCEND_HOME_PATH         (set by CANN's set_env.sh) builds the NPU parts with cmake/npu_build.py (imported
+                           by path): ``build_ext`` first runs the ``build_npu_opp`` command (CANN >= 9.0;
+                           skipped when the installed package is newer than its sources; log in
+                           build/ascend_opp/build.log), then compiles ``_npu_C`` whether or not the package
+                           built
   FUSED_LCE_SKIP_OPP_BUILD=1  build the adapter but not the OPP package (one installed by other means)
 
-Every install (wheel or editable) also puts the start-up hook ``fused_lce-autopatch.pth`` in site-packages, so that
-``FUSED_LINEAR_CE=1`` alone enables fused_lce (see fused_lce_autopatch.py).
+Every install (wheel or editable) also puts the start-up hook ``fused_lce-autopatch.pth`` in site-packages, so
+that ``FUSED_LINEAR_CE=1`` alone enables fused_lce (see fused_lce_autopatch.py).
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ def part(ok: bool, error: str | None = None, log: str | None = None, attempted: 
 
 def write_status(build_lib: str | None = None, parts: dict | None = None) -> None:
     """Record ``parts`` (default: every part known so far) over the recorded ones, in the source tree and (for
-    wheels) in the build directory: a build_ext run records every part; ``setup.py build_npu_opp`` alone, the OPP
-    package only."""
+    wheels) in the build directory: a build_ext run records every part; ``setup.py build_npu_opp`` alone, the
+    OPP package only."""
     parts = PARTS if parts is None else parts
     for base in filter(None, (ROOT, build_lib)):
         path = os.path.join(base, STATUS)
@@ -69,7 +71,8 @@ def write_status(build_lib: str | None = None, parts: dict | None = None) -> Non
 def skip(reason: str) -> None:
     """No extension is built (decided before build_ext): every part records why."""
     if REQUIRE:
-        raise SystemExit(f"fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 but the C++ extension cannot be built: {reason}")
+        raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 but the C++ extension cannot "
+                         f"be built: {reason}")
     note(f"building the pure-Python package only: {reason}")
     PARTS.update(cpp=part(False, reason, attempted=False), npu_opp=part(False, reason, attempted=False),
                  npu_adapter=part(False, reason, attempted=False))
@@ -77,8 +80,10 @@ def skip(reason: str) -> None:
 
 
 def npu_build():
-    """cmake/npu_build.py (owned by the NPU build), imported by path: it must not need torch_npu imported here."""
-    spec = importlib.util.spec_from_file_location("fused_lce_npu_build", os.path.join(ROOT, "cmake", "npu_build.py"))
+    """cmake/npu_build.py (owned by the NPU build), imported by path: it must not need torch_npu imported
+    here."""
+    spec = importlib.util.spec_from_file_location("fused_lce_npu_build",
+                                                  os.path.join(ROOT, "cmake", "npu_build.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -93,15 +98,16 @@ def npu_extensions() -> list:
     try:
         return list(npu_build().npu_extensions(ROOT))
     except Exception as e:  # an install error in build_ext under FUSED_LCE_REQUIRE_EXT=1
-        reason = getattr(e, "first_line", None) or f"not built: cmake/npu_build.py failed ({type(e).__name__}: {e})"
+        reason = (getattr(e, "first_line", None) or
+                  f"not built: cmake/npu_build.py failed ({type(e).__name__}: {e})")
         note(reason)
         PARTS["npu_adapter"] = part(False, reason)
         return []
 
 
 def cpu_extension(cpp_extension):
-    """fused_lce._C: csrc/ops.cpp + csrc/cpu/*.cpp, -O3, OpenMP the way torch uses it (at::parallel_for is inline
-    OpenMP code, so without -fopenmp the kernel would run on one thread)."""
+    """fused_lce._C: csrc/ops.cpp + csrc/cpu/*.cpp, -O3, OpenMP the way torch uses it (at::parallel_for is
+    inline OpenMP code, so without -fopenmp the kernel would run on one thread)."""
     import torch
 
     cflags, ldflags = ["-O3"], []
@@ -120,8 +126,8 @@ def cpu_extension(cpp_extension):
 
 
 class BuildNpuOpp(Command):
-    """Build and install the custom OPP kernel package (cmake/npu_build.py ``opp_step``): once per build, before the
-    extensions (``build_ext`` runs it); a no-op without ASCEND_HOME_PATH."""
+    """Build and install the custom OPP kernel package (cmake/npu_build.py ``opp_step``): once per build,
+    before the extensions (``build_ext`` runs it); a no-op without ASCEND_HOME_PATH."""
 
     description = "build the Ascend custom OPP kernel package (csrc/ascend) with CMake against CANN"
     user_options = [("force", "f", "rebuild even when the installed package is newer than its sources")]
@@ -167,8 +173,8 @@ def build_config() -> dict:
                           and not PARTS[k]["ok"]]
             if REQUIRE and NPU_REQUESTED and npu_failed:
                 write_status(build_lib)
-                raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 and ASCEND_HOME_PATH is set, but an NPU "
-                                 f"part failed: {describe(npu_failed[0])}")
+                raise SystemExit("fused_lce setup: FUSED_LCE_REQUIRE_EXT=1 and ASCEND_HOME_PATH is set, but "
+                                 f"an NPU part failed: {describe(npu_failed[0])}")
             try:
                 super().run()
             finally:
@@ -179,7 +185,8 @@ def build_config() -> dict:
             try:
                 super().build_extension(ext)
             except Exception as e:
-                reason = f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); see the pip -v log"
+                reason = (f"not built: compiling {ext.name} failed ({type(e).__name__}: {e}); "
+                          "see the pip -v log")
                 PARTS[key] = part(False, reason)
                 if REQUIRE:
                     raise
@@ -189,7 +196,8 @@ def build_config() -> dict:
 
     exts = [cpu_extension(cpp_extension)] + npu_extensions()
     return {"ext_modules": exts,
-            "cmdclass": {"build_ext": OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
+            "cmdclass": {"build_ext":
+                         OptionalBuildExt.with_options(use_ninja=shutil.which("ninja") is not None),
                          "build_npu_opp": BuildNpuOpp}}
 
 
@@ -198,9 +206,9 @@ def describe(p: dict) -> str:
 
 
 def startup_hook_commands() -> dict:
-    """Commands that put PTH at the root of what is installed: build_py copies it beside the packages (wheels);
-    editable wheels install the packages through a finder and copy only data files, so it is added to the editable
-    wheel's root there (setuptools >= 64)."""
+    """Commands that put PTH at the root of what is installed: build_py copies it beside the packages
+    (wheels); editable wheels install the packages through a finder and copy only data files, so it is added
+    to the editable wheel's root there (setuptools >= 64)."""
     from setuptools.command.build_py import build_py
 
     class BuildPyWithHook(build_py):

@@ -2,29 +2,32 @@
 F.linear_cross_entropy on wide LM heads, in float32, bfloat16 and float16.
 
 Shapes (N x D x V): D = 2048, 3584, 4096 at V = 151936 (Qwen heads) and D = 2304 at V = 256000 (Gemma-2-2B's
-vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape, dtype):
-  - one child makes the inputs (fused_lce.tools.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of labels
-    -100), saves them for the method children (which load them instead of regenerating: most of a child's time
-    otherwise) and computes the float64 mean loss of those (rounded) inputs over vocabulary chunks (no float64 copy
-    of W; fused_lce.core.formulas.reference_mean_loss_grads would also build a float64 dW, 10 GiB at the widest head);
-  - every method runs in its own fresh subprocess (so its peak RSS is its own), --rounds children per method with
-    the methods interleaved (round 1: eager, fused_cpp, torch_lce, fused_torch; round 2: fused_cpp, eager, i.e.
-    --repeat-methods in reverse; eager runs next to ours under the same load), each child --reps fwd+bwd of the mean loss w.r.t. hidden and weight. Recorded per child: wall and process CPU
-    seconds of every run, the 1-minute load average before and after, peak RSS (getrusage max RSS minus the RSS
-    after loading the inputs: gradients and temporaries), the loss (relative error vs float64: fused_lce.tools.bench's
-    rel_err of the scalars).
+vocabulary); N = 128 tokens, so that the whole run stays near 20 minutes on 2 shared cores. For every (shape,
+dtype):
+  - one child makes the inputs (fused_lce.tools.bench.make_inputs: N(0, 1) hidden, N(0, 1/D) weight, 15% of
+    labels -100), saves them for the method children (which load them instead of regenerating: most of a
+    child's time otherwise) and computes the float64 mean loss of those (rounded) inputs over vocabulary
+    chunks (no float64 copy of W; fused_lce.core.formulas.reference_mean_loss_grads would also build a float64
+    dW, 10 GiB at the widest head);
+  - every method runs in its own fresh subprocess (so its peak RSS is its own), --rounds children per method
+    with the methods interleaved (round 1: eager, fused_cpp, torch_lce, fused_torch; round 2: fused_cpp,
+    eager, i.e. --repeat-methods in reverse; eager runs next to ours under the same load), each child --reps
+    fwd+bwd of the mean loss w.r.t. hidden and weight. Recorded per child: wall and process CPU seconds of
+    every run, the 1-minute load average before and after, peak RSS (getrusage max RSS minus the RSS after
+    loading the inputs: gradients and temporaries), the loss (relative error vs float64:
+    fused_lce.tools.bench's rel_err of the scalars).
 Methods: eager (F.linear + F.cross_entropy in the input dtype, logits upcast to float32 as HF does), torch_lce
 (torch 2.13's F.linear_cross_entropy(options=torch.nn.LinearCrossEntropyOptions()): chunked), fused_torch (our
 "torch" provider), fused_cpp (our "cpp" provider). Where oneDNN has no bf16 / fp16 matmul on this CPU
-(torch.ops.mkldnn._is_mkldnn_bf16_supported() false), ATen multiplies 16-bit matrices with its fallback kernels
-(measured here: ~0.5 GFLOP/s for dZ @ W): the methods running on those ("slow": eager, torch_lce and, when asked
-for, fused_torch in bf16 / fp16) get one child with --slow-timeout seconds, torch_lce in float32 one with
---lce-timeout; a timeout is recorded as a lower bound on their time (the seconds from the start of their first
-fwd+bwd to the kill), so "x eager" is then an upper bound; `--extrapolate cpu.json` then times
-eager on the first V / 16 vocabulary rows of those cases (labels folded into them) and "x eager" uses 16 x that
-time, marked "est." (every GEMM and the cross-entropy are linear in V).
+(torch.ops.mkldnn._is_mkldnn_bf16_supported() false), ATen multiplies 16-bit matrices with its fallback
+kernels (measured here: ~0.5 GFLOP/s for dZ @ W): the methods running on those ("slow": eager, torch_lce and,
+when asked for, fused_torch in bf16 / fp16) get one child with --slow-timeout seconds, torch_lce in float32
+one with --lce-timeout; a timeout is recorded as a lower bound on their time (the seconds from the start of
+their first fwd+bwd to the kill), so "x eager" is then an upper bound; `--extrapolate cpu.json` then times
+eager on the first V / 16 vocabulary rows of those cases (labels folded into them) and "x eager" uses 16 x
+that time, marked "est." (every GEMM and the cross-entropy are linear in V).
 
-    python benchmarks/cpu.py                                      # the full run, results in benchmarks/results
+    python benchmarks/cpu.py                                     # the full run, results in benchmarks/results
     python benchmarks/cpu.py --shapes 128x2048x151936 --dtypes float32 --methods eager fused_cpp --out /tmp/b
     python benchmarks/cpu.py --extrapolate benchmarks/results/cpu.json  # eager estimates where it timed out
     python benchmarks/cpu.py --render benchmarks/results/cpu.json  # rewrite cpu.md from a JSON
@@ -49,8 +52,8 @@ SHAPES = {  # N x D x V: the model whose LM head it is
 }
 DTYPES = ["float32", "bfloat16", "float16"]
 METHODS = ["eager", "fused_cpp", "torch_lce", "fused_torch"]
-# 16-bit: fused_torch multiplies with the same ATen kernels as eager (slow without oneDNN bf16 / fp16): not run by
-# default there, to keep the run short; --methods adds it
+# 16-bit: fused_torch multiplies with the same ATen kernels as eager (slow without oneDNN bf16 / fp16): not
+# run by default there, to keep the run short; --methods adds it
 DEFAULT_METHODS = {"float32": METHODS, "bfloat16": METHODS[:3], "float16": METHODS[:3]}
 GIB = 2**30
 SLICE = 16  # eager in slow 16-bit cases is also timed on V / SLICE vocabulary rows, its times scaled by SLICE
@@ -116,8 +119,8 @@ def child_case(method, inputs, reps):
 
 
 def child_reference(n, d, v, dtype_name, inputs, chunk=8192, loss=True):
-    """Makes the inputs (saved to `inputs` for the method children) and prints their float64 mean loss, computed
-    over vocabulary chunks with an online logsumexp (no float64 copy of the whole weight)."""
+    """Makes the inputs (saved to `inputs` for the method children) and prints their float64 mean loss,
+    computed over vocabulary chunks with an online logsumexp (no float64 copy of the whole weight)."""
     import torch
 
     from fused_lce.tools.bench import make_inputs
@@ -208,7 +211,8 @@ def summarize(runs):
 
 
 def ratio(case, dt, m, ref="eager", key="wall_s"):
-    """(ours / theirs, is_upper_bound): theirs timed out -> its lower bound, so the ratio is an upper bound."""
+    """(ours / theirs, is_upper_bound): theirs timed out -> its lower bound, so the ratio is an upper
+    bound."""
     a = case.get(dt, {}).get("methods", {}).get(m, {})
     b = case.get(dt, {}).get("methods", {}).get(ref, {})
     if key in a and key in b:
@@ -242,7 +246,8 @@ def targets(result):
                 if dt == "float16":  # reported, not a target
                     rows.append((shape, "fp16 time vs eager fp16 (report)", meas, None))
                 elif bw is True and rw > 1.0:  # only a lower bound on eager's time: no verdict
-                    rows.append((shape, f"{label} time <= 1.0x eager {label}", meas + " (inconclusive)", None))
+                    rows.append((shape, f"{label} time <= 1.0x eager {label}",
+                                 meas + " (inconclusive)", None))
                 else:
                     miss = "" if rw <= 1.0 else f" (missed by {100 * (rw - 1):.0f}%)"
                     rows.append((shape, f"{label} time <= 1.0x eager {label}", meas + miss, rw <= 1.0))
@@ -254,7 +259,8 @@ def targets(result):
                 rows.append((shape, f"{label} peak RSS <= inputs + grads + 0.5 GiB",
                              f"extra {extra:.2f} GiB, allowed {allowed:.2f}{miss}", extra <= allowed))
             if "rel_err" in cpp and dt != "float32":
-                rows.append((shape, f"{label} loss within 1e-4 of fp64" + (" (report)" if dt == "float16" else ""),
+                rows.append((shape, f"{label} loss within 1e-4 of fp64"
+                             + (" (report)" if dt == "float16" else ""),
                              f"{cpp['rel_err']:.1e}", cpp["rel_err"] <= 1e-4 if dt == "bfloat16" else None))
     return rows
 
@@ -266,25 +272,27 @@ def write_outputs(result, out):
         json.dump(result, f, indent=1)
     m = result["machine"]
     lines = ["# CPU benchmark: fused linear + cross-entropy, fwd+bwd of the mean loss", "",
-             f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')} ({m.get('threads')} threads, "
-             f"ATen CPU capability {m.get('cpu_capability')}, oneDNN bf16 matmul: {m.get('mkldnn_bf16')}, fp16: "
-             f"{m.get('mkldnn_fp16')}; F.linear_cross_entropy present: {m.get('has_F_linear_cross_entropy')}), "
-             f"fused_lce {m.get('fused_lce')}, python {m.get('python')}, {m.get('date')}, commit "
-             f"{m.get('commit', '?')}. 15% of labels ignored. Load average (1, 5, 15 min) when the run started: "
-             f"{m.get('loadavg')}; the machine is shared with other jobs. Whole run: "
-             f"{result.get('elapsed_s', 0) / 60:.1f} min.", "",
+             f"{m.get('cpu')}, {m.get('cpu_count')} cores, torch {m.get('torch')} ({m.get('threads')} "
+             f"threads, ATen CPU capability {m.get('cpu_capability')}, oneDNN bf16 matmul: "
+             f"{m.get('mkldnn_bf16')}, fp16: {m.get('mkldnn_fp16')}; F.linear_cross_entropy present: "
+             f"{m.get('has_F_linear_cross_entropy')}), fused_lce {m.get('fused_lce')}, python "
+             f"{m.get('python')}, {m.get('date')}, commit {m.get('commit', '?')}. 15% of labels ignored. "
+             f"Load average (1, 5, 15 min) when the run started: {m.get('loadavg')}; the machine is shared "
+             f"with other jobs. Whole run: {result.get('elapsed_s', 0) / 60:.1f} min.", "",
              f"cpp plans ({list(SHAPES)[2]}): {m.get('cpp_plans')}", "",
-             "Time: min wall seconds over all fwd+bwd runs of a method (cpu = process CPU seconds of that run; min "
-             "cpu = the least CPU seconds of any run; 2 threads, so cpu ~ 2 x wall on an idle machine); x eager "
-             "compares min wall with min wall and min cpu with min cpu. Runs: children x runs each, methods "
-             "interleaved. Peak extra: max RSS minus RSS after loading the inputs (gradients and temporaries). "
-             "Error: |loss - fp64| / |fp64| of the same (rounded) inputs. Load: 1-minute load average before and "
-             "after each child (2 cores: above 2 the machine was shared during the row and times are inflated). "
-             f"Slow methods (16-bit ATen matmuls without oneDNN on this CPU: {result.get('slow_dtypes')}) ran "
-             f"once with a {result.get('slow_timeout')} s limit per child, torch_lce in float32 with "
-             f"{result.get('lce_timeout')} s; '> x' is the time from their first fwd+bwd's start to the kill.", ""]
+             "Time: min wall seconds over all fwd+bwd runs of a method (cpu = process CPU seconds of that "
+             "run; min cpu = the least CPU seconds of any run; 2 threads, so cpu ~ 2 x wall on an idle "
+             "machine); x eager compares min wall with min wall and min cpu with min cpu. Runs: children x "
+             "runs each, methods interleaved. Peak extra: max RSS minus RSS after loading the inputs "
+             "(gradients and temporaries). Error: |loss - fp64| / |fp64| of the same (rounded) inputs. Load: "
+             "1-minute load average before and after each child (2 cores: above 2 the machine was shared "
+             "during the row and times are inflated). Slow methods (16-bit ATen matmuls without oneDNN on "
+             f"this CPU: {result.get('slow_dtypes')}) ran once with a {result.get('slow_timeout')} s limit "
+             f"per child, torch_lce in float32 with {result.get('lce_timeout')} s; '> x' is the time from "
+             "their first fwd+bwd's start to the kill.", ""]
     lines += case_tables(result["cases"])
-    lines += ["## Targets (2 cores)", "", "| shape | target | measured (fused_cpp) | met |", "|---|---|---|---|"]
+    lines += ["## Targets (2 cores)", "", "| shape | target | measured (fused_cpp) | met |",
+              "|---|---|---|---|"]
     lines += [f"| {s} | {t} | {v} | {'-' if ok is None else 'yes' if ok else 'NO'} |"
               for s, t, v, ok in targets(result)]
     if result.get("reruns"):
@@ -305,8 +313,8 @@ def case_tables(cases):
         shape = key.split()[0]
         lines += [f"## {key} -- {SHAPES.get(shape, '')} (inputs {c['inputs_gib']:.2f} GiB, grads "
                   f"{c['grads_gib']:.2f} GiB, fp64 loss {c.get('ref_loss', float('nan')):.6f})", "",
-                  "| method | wall s | cpu s | min cpu s | x eager wall | x eager cpu | GFLOP/s | peak extra GiB "
-                  "| loss | rel error | runs | load |",
+                  "| method | wall s | cpu s | min cpu s | x eager wall | x eager cpu | GFLOP/s | peak extra "
+                  "GiB | loss | rel error | runs | load |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         n, d, v = (int(x) for x in shape.split("x"))
         eager = c["methods"].get("eager", {})
@@ -316,8 +324,8 @@ def case_tables(cases):
             if "timeout_s" in r:
                 lb = r.get("lower_bound_s")
                 lines.append(f"| {name} | > {lb:.0f} (killed) | | | | | | | | | 1 | {load} |" if lb else
-                             f"| {name} | killed at {r['timeout_s']} s before its first run | | | | | | | | | 1 | "
-                             f"{load} |")
+                             f"| {name} | killed at {r['timeout_s']} s before its first run | | | | | | | | "
+                             f"| 1 | {load} |")
                 continue
             if "wall_s" not in r:
                 lines.append(f"| {name} | error: {r.get('error', '?')[-160:]!r} | | | | | | | | | | {load} |")
@@ -329,16 +337,17 @@ def case_tables(cases):
             xc = "-" if sliced else fmt_ratio(*ratio({"x": c}, "x", name, key="min_cpu_s"))
             rate = 6 * n * d * (v // SLICE if sliced else v) / r["wall_s"] / 1e9
             runs = f"{r['children']}x{len(r['walls']) // max(r['children'], 1)}"
-            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['min_cpu_s']:.2f} | {xw} | {xc} | "
-                         f"{rate:.0f} | {r['peak_extra_gib']:.2f} | {r['loss']:.6f} | "
+            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['min_cpu_s']:.2f} | {xw} | "
+                         f"{xc} | {rate:.0f} | {r['peak_extra_gib']:.2f} | {r['loss']:.6f} | "
                          f"{r.get('rel_err', float('nan')):.1e} | {runs} | {load} |")
         lines.append("")
     return lines
 
 
 def extrapolate(a):
-    """Eager on V / SLICE vocabulary rows for the cases of a.extrapolate where eager only has a lower bound (every
-    GEMM and the cross-entropy are linear in V, so SLICE x its time estimates eager's); rewrites the JSON and md."""
+    """Eager on V / SLICE vocabulary rows for the cases of a.extrapolate where eager only has a lower bound
+    (every GEMM and the cross-entropy are linear in V, so SLICE x its time estimates eager's); rewrites the
+    JSON and md."""
     with open(a.extrapolate) as f:
         result = json.load(f)
     result["slice"] = SLICE
@@ -365,24 +374,28 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="NxDxV")
     ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
-    ap.add_argument("--methods", nargs="+", choices=METHODS, help="default: all four in float32, no fused_torch "
-                                                                   "in 16-bit")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, help="default: all four in float32, no "
+                                                                   "fused_torch in 16-bit")
     ap.add_argument("--repeat-methods", nargs="+", default=["eager", "fused_cpp"], choices=METHODS,
                     help="the methods that run in rounds after the first (eager and ours, interleaved)")
     ap.add_argument("--reps", type=int, default=1, help="fwd+bwd runs per child")
     ap.add_argument("--rounds", type=int, default=2, help="children per method, interleaved with the others")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per child")
-    ap.add_argument("--slow-timeout", type=int, default=20, help="seconds per child of a slow (16-bit ATen) method")
+    ap.add_argument("--slow-timeout", type=int, default=20,
+                    help="seconds per child of a slow (16-bit ATen) method")
     ap.add_argument("--lce-timeout", type=int, default=30,
-                    help="seconds per child of torch_lce in float32 (it measured ~12x eager here: 91 s at D 2048)")
+                    help="seconds per child of torch_lce in float32 (it measured ~12x eager "
+                         "here: 91 s at D 2048)")
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/tmp"), help="where the inputs are saved")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--render", metavar="JSON", help="only rewrite the markdown next to an existing cpu.json")
-    ap.add_argument("--extrapolate", metavar="JSON", help="add eager on V / SLICE rows to the cases of a cpu.json "
-                                                          "where eager timed out, and rewrite it")
+    ap.add_argument("--extrapolate", metavar="JSON", help="add eager on V / SLICE rows to the cases of a "
+                                                          "cpu.json where eager timed out, and rewrite it")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "INPUTS", "REPS"), help=argparse.SUPPRESS)
-    ap.add_argument("--reference", nargs=5, metavar=("N", "D", "V", "DTYPE", "INPUTS"), help=argparse.SUPPRESS)
-    ap.add_argument("--no-loss", action="store_true", help=argparse.SUPPRESS)  # --reference: only save the inputs
+    ap.add_argument("--reference", nargs=5, metavar=("N", "D", "V", "DTYPE", "INPUTS"),
+                    help=argparse.SUPPRESS)
+    # --reference: only save the inputs
+    ap.add_argument("--no-loss", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         method, inputs, reps = a.child
@@ -403,8 +416,9 @@ def main(argv=None):
 
     t_start = time.time()
     slow = slow_dtypes()
-    result = {"machine": machine(), "shapes": a.shapes, "dtypes": a.dtypes, "reps": a.reps, "rounds": a.rounds,
-              "slow_dtypes": slow, "slow_timeout": a.slow_timeout, "lce_timeout": a.lce_timeout, "cases": {}}
+    result = {"machine": machine(), "shapes": a.shapes, "dtypes": a.dtypes, "reps": a.reps,
+              "rounds": a.rounds, "slow_dtypes": slow, "slow_timeout": a.slow_timeout,
+              "lce_timeout": a.lce_timeout, "cases": {}}
     print(json.dumps(result["machine"]), flush=True)
     for shape in a.shapes:
         n, d, v = (int(x) for x in shape.split("x"))
@@ -425,7 +439,8 @@ def main(argv=None):
                         if rnd > 0 and (is_slow or m not in a.repeat_methods):
                             continue
                         load = loadavg()
-                        limit = a.slow_timeout if is_slow else a.lce_timeout if m == "torch_lce" else a.timeout
+                        limit = (a.slow_timeout if is_slow else a.lce_timeout if m == "torch_lce"
+                                 else a.timeout)
                         r = run_child(["--child", m, inputs, "1" if is_slow else str(a.reps)], limit)
                         r.setdefault("load", load)
                         runs[m].append(r)
@@ -436,7 +451,8 @@ def main(argv=None):
             for m in methods:
                 s = summarize(runs[m])
                 if "loss" in s and "loss" in ref:
-                    s["rel_err"] = rel_err(torch.tensor(s["loss"]), torch.tensor(ref["loss"], dtype=torch.float64))
+                    s["rel_err"] = rel_err(torch.tensor(s["loss"]),
+                                           torch.tensor(ref["loss"], dtype=torch.float64))
                 case["methods"][m] = s
             result["elapsed_s"] = time.time() - t_start
             write_outputs(result, a.out)  # partial results survive a later failure

@@ -1,29 +1,31 @@
 """CUDA benchmark of fused_lce against the alternatives, side by side in one process.
 
-For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss w.r.t.
-hidden and weight) and each method it records
+For each shape (N tokens x D hidden x V vocabulary, dtype; 15% of labels = -100; fwd+bwd of the mean loss
+w.r.t. hidden and weight) and each method it records
   - time: median over --reps rounds of timed fwd+bwd runs (CUDA events; one run of every method per round, in
-    an order shuffled each round) after --warmup runs; with --steady K also the median of K runs of each method
-    back to back after two more (each method at its own sustained load: the GPU's clock then differs from the rounds'),
-  - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs excluded,
-    gradients included),
+    an order shuffled each round) after --warmup runs; with --steady K also the median of K runs of each
+    method back to back after two more (each method at its own sustained load: the GPU's clock then differs
+    from the rounds'),
+  - peak extra memory: max_memory_allocated during one fwd+bwd minus what was allocated before (inputs
+    excluded, gradients included),
   - errors against a float32 reference from the same low-precision inputs
-    (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32 off): loss absolute error, dX and dW relative L2
-    errors,
+    (``fused_lce.core.formulas.reference_mean_loss_grads``, TF32 off): loss absolute error, dX and dW relative
+    L2 errors,
 and the floor: 6*N*D*V FLOPs at the bf16 GEMM rate measured in the same run on 8192^3.
 
 Methods (each when importable; the reason is recorded when not): fused_lce "triton" (default = the fused-GEMM
-path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same provider
-on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager (F.linear +
-fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole fwd+bwd step
-captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes), Liger-Kernel (default
-and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack. Writes gpu.json, gpu.md and
-gpu.png (device and versions in each) into --out (default benchmarks/results, where the next run overwrites them).
-``--probe`` times the building blocks first (GEMM tile configurations of the fused kernel against cuBLAS, the small
-kernels, the padded-row cuBLAS products of an odd vocabulary). ``--profile`` breaks one step of ours and of CCE
-torch_compile down kernel by kernel (busy, span and idle ms); ``--queued-ms X`` profiles each step a second time
-behind X ms of device work, as a training step runs the head: the device is then busy through the host's work
-before the step's first wait, so its idle is what the step itself makes it wait for.
+path; ``_all_rows``: with FUSED_LCE_SKIP_IGNORED=0, ignored tokens kept in the gradient products), the same
+provider on its cuBLAS path (FUSED_LCE_TRITON_GEMM=0), its compact schedule, the "torch" provider, torch eager
+(F.linear + fp32 F.cross_entropy), torch.compile of that, ``_graph``: fused_lce and torch eager with the whole
+fwd+bwd step captured as one CUDA graph and replayed (not in the default set; for host-bound small shapes),
+Liger-Kernel (default and accum_dtype=float32), cut-cross-entropy (impl "cce" and "torch_compile") and quack.
+Writes gpu.json, gpu.md and gpu.png (device and versions in each) into --out (default benchmarks/results,
+where the next run overwrites them). ``--probe`` times the building blocks first (GEMM tile configurations of
+the fused kernel against cuBLAS, the small kernels, the padded-row cuBLAS products of an odd vocabulary).
+``--profile`` breaks one step of ours and of CCE torch_compile down kernel by kernel (busy, span and idle ms);
+``--queued-ms X`` profiles each step a second time behind X ms of device work, as a training step runs the
+head: the device is then busy through the host's work before the step's first wait, so its idle is what the
+step itself makes it wait for.
 
     PYTHONPATH=. python benchmarks/gpu.py [--out DIR] [--probe] [--profile [--queued-ms 3]]
 """
@@ -66,7 +68,8 @@ OURS = ("fused_lce", "fused_lce_all_rows", "fused_lce_cublas", "fused_lce_compac
 DEFAULT_METHODS = ("fused_lce", "fused_lce_all_rows", "cce_torch_compile", "cce", "liger", "torch_eager")
 GiB = 2**30
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-PROFILED = ("fused_lce", "cce_torch_compile")  # --profile: ours and the fastest peer, kernel by kernel (fp16 too)
+# --profile: ours and the fastest peer, kernel by kernel (fp16 too)
+PROFILED = ("fused_lce", "cce_torch_compile")
 
 
 def gemm_rate(dtype=torch.bfloat16, n=8192, reps=10):
@@ -124,7 +127,8 @@ def method_table():
 
         versions["liger_kernel"] = _dist_version("liger-kernel")
         methods["liger"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100), {})
-        methods["liger_fp32acc"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100, accum_dtype=torch.float32), {})
+        methods["liger_fp32acc"] = (lambda h, w, y: lflce(h, w, y, ignore_index=-100,
+                                                          accum_dtype=torch.float32), {})
     except Exception as e:  # noqa: BLE001
         versions["liger_kernel"] = f"not importable: {type(e).__name__}: {e}"[:300]
     try:
@@ -132,7 +136,8 @@ def method_table():
 
         versions["cut_cross_entropy"] = _dist_version("cut-cross-entropy")
         methods["cce"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100, impl="cce"), {})
-        methods["cce_torch_compile"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100, impl="torch_compile"), {})
+        methods["cce_torch_compile"] = (lambda h, w, y: cce(h, w, y, ignore_index=-100, impl="torch_compile"),
+                                        {})
     except Exception as e:  # noqa: BLE001
         versions["cut_cross_entropy"] = f"not importable: {type(e).__name__}: {e}"[:300]
     try:
@@ -141,8 +146,9 @@ def method_table():
         versions["quack"] = _dist_version("quack-kernels")
         methods["quack"] = (lambda h, w, y: qlce(h, w, None, y, ignore_index=-100, reduction="mean"), {})
     except Exception as e:  # noqa: BLE001
-        versions["quack"] = (f"not importable: {type(e).__name__}: {e}"[:200] + "; quack needs nvidia-cutlass-dsl, "
-                             "whose CUDA 13 library wheel (92 MB) exceeds the 64 MiB a device call carries")
+        versions["quack"] = (f"not importable: {type(e).__name__}: {e}"[:200] + "; quack needs "
+                             "nvidia-cutlass-dsl, whose CUDA 13 library wheel (92 MB) exceeds the 64 MiB a "
+                             "device call carries")
     return methods, versions
 
 
@@ -174,9 +180,9 @@ class _Env:
 
 class Graphed:
     """``fwd_bwd(fn, ...)`` captured as one CUDA graph per input tensors (after two warm-up steps on a side
-    stream), then replayed: the step without the host's launch latency, as when a trainer captures its whole step.
-    Under capture nothing reads a device value on the host, so fused_lce computes every row (no live-row gather)
-    and does not plan from free memory."""
+    stream), then replayed: the step without the host's launch latency, as when a trainer captures its whole
+    step. Under capture nothing reads a device value on the host, so fused_lce computes every row (no live-row
+    gather) and does not plan from free memory."""
 
     def __init__(self, fn):
         self.fn, self.key, self.graph, self.out = fn, None, None, None
@@ -213,7 +219,8 @@ def fwd_bwd(fn, h, w, y):
 
 
 def run_method(fn, env, h, w, y, ref, warmup):
-    """Warm-up, then one measured step: peak extra memory and errors against ``ref`` (timing: ``time_round``)."""
+    """Warm-up, then one measured step: peak extra memory and errors against ``ref`` (timing:
+    ``time_round``)."""
     with _Env(env):
         out = {}
         for _ in range(max(1, warmup)):  # compile / autotune outside the measured peak
@@ -259,11 +266,11 @@ def time_round(fn, env, h, w, y) -> float:
 
 
 def time_rounds(steps, reps, seed=0):
-    """CUDA-event ms of every step in ``steps`` (name -> callable), ``reps`` rounds of one call each, in an order
-    shuffled afresh each round (seeded), so that clock and temperature drift over the run is shared by every
-    method alike and no method always runs right after the same other one (a step runs slower after a
-    power-hungry step). Returns (times: name -> list of ms, errors: name -> message of a method that failed, which
-    then leaves the rounds)."""
+    """CUDA-event ms of every step in ``steps`` (name -> callable), ``reps`` rounds of one call each, in an
+    order shuffled afresh each round (seeded), so that clock and temperature drift over the run is shared by
+    every method alike and no method always runs right after the same other one (a step runs slower after a
+    power-hungry step). Returns (times: name -> list of ms, errors: name -> message of a method that failed,
+    which then leaves the rounds)."""
     rng, times, errors = random.Random(seed), {k: [] for k in steps}, {}
     for _ in range(reps):
         for name in rng.sample(list(steps), len(steps)):
@@ -279,7 +286,8 @@ def time_rounds(steps, reps, seed=0):
 def time_methods(methods, results, h, w, y, reps, seed=0):
     """Median step time per method (``ms``, every time in ``ms_all``), measured by ``time_rounds``."""
     names = [k for k in methods if "error" not in results[k]]
-    times, failed = time_rounds({k: (lambda k=k: _method_step(*methods[k], h, w, y)) for k in names}, reps, seed)
+    times, failed = time_rounds({k: (lambda k=k: _method_step(*methods[k], h, w, y)) for k in names}, reps,
+                                seed)
     for name in names:
         if name in failed:
             results[name] = {"error": failed[name]}
@@ -297,7 +305,8 @@ def time_steady(methods, results, h, w, y, reps, warm=2):
 
 
 # ---------------------------------------------------------------------------------------------- probe
-# bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS: ";"-list)
+# bm, bn, bk, stages, warps, group_m, subtile, persistent, warp specialisation (env FUSED_LCE_PROBE_CONFIGS:
+# ";"-list)
 PROBE_CONFIGS = [c for c in os.environ.get("FUSED_LCE_PROBE_CONFIGS", "").split(";") if c] or [
     "128,256,64,3,8,8,2,1,0", "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1", "128,128,64,4,8,8,1,1,1",
     "128,256,64,3,8,8,1,1,1", "128,128,64,4,4,8,1,2,0",
@@ -309,7 +318,8 @@ PROBE_SHAPES = tuple(tuple(int(x) for x in sh.split("x")) for sh in os.environ.g
 
 
 def _warm_config(text):
-    """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the cache."""
+    """Compile one tile configuration (both epilogues) on the probe's shapes, so the timing loop hits the
+    cache."""
     from fused_lce.backends import triton as tb
     from fused_lce.backends.triton.kernels import gemm as kg
 
@@ -322,8 +332,8 @@ def _warm_config(text):
         try:
             kg.lce_gemm(kg.MODE_EXP, h, w, e, cfg, tiles=tiles)
             kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=tiles)
-            kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg, tiles=kg.TileStats.new(n, tiles.m.shape[1], "cuda", False,
-                                                                                  entropy=True))
+            kg.lce_gemm(kg.MODE_STATS, h, w, None, cfg,
+                        tiles=kg.TileStats.new(n, tiles.m.shape[1], "cuda", False, entropy=True))
             kg.lce_gemm(kg.MODE_DZ, h, w, e, cfg, labels=y, lse=one, a=one, t=one)
             torch.cuda.synchronize()
         except Exception as ex:  # noqa: BLE001
@@ -342,21 +352,25 @@ def probe(rate, bw):
     import subprocess
 
     t0 = time.time()  # compile every configuration at once, one process each (16 CPU cores there)
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm-config", c]) for c in PROBE_CONFIGS]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm-config", c])
+             for c in PROBE_CONFIGS]
     for p in procs:
         p.wait()
     out["parallel_compile_s"] = time.time() - t0
-    print(f"PROBE compiled {len(PROBE_CONFIGS)} configurations in {out['parallel_compile_s']:.0f} s", flush=True)
+    print(f"PROBE compiled {len(PROBE_CONFIGS)} configurations in {out['parallel_compile_s']:.0f} s",
+          flush=True)
     for n, d, v in PROBE_SHAPES:
         h, w, y = make_inputs(n, d, v, torch.bfloat16, "cuda", seed=1)
         floor = 2 * n * d * v / (rate * 1e12) * 1e3
         z32 = torch.empty(n, tb._pad(v, 32), device="cuda")[:, :v]
         row = {"shape": f"{n}x{d}x{v}", "floor_ms": floor,
                "cublas_bf16_ms": _time(lambda: torch.mm(h, w.t())),
-               "cublas_fp32out_padded_ms": _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32, out=z32))}
+               "cublas_fp32out_padded_ms": _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32,
+                                                                  out=z32))}
         if v % 8:
             zu = torch.empty(n, v, device="cuda")
-            row["cublas_fp32out_unpadded_ms"] = _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32, out=zu))
+            row["cublas_fp32out_unpadded_ms"] = _time(lambda: torch.mm(h, w.t(), out_dtype=torch.float32,
+                                                                       out=zu))
             del zu
         del z32
         e = torch.empty(n, tb._pad(v, 64), device="cuda", dtype=torch.bfloat16)[:, :v]
@@ -385,11 +399,12 @@ def probe(rate, bw):
                                                       "stats_entropy_ms": ms_stats_ent, "dz_ms": ms_dz,
                                                       "exp_x_cublas": ms_exp / row["cublas_bf16_ms"],
                                                       "err_tile_max": err_m, "err_exp": err_e})
-                print(f"PROBE {row['shape']} {text}: exp {ms_exp:.3f} ms stats {ms_stats:.3f} ms stats+entropy "
-                      f"{ms_stats_ent:.3f} ms dz {ms_dz:.3f} "
+                print(f"PROBE {row['shape']} {text}: exp {ms_exp:.3f} ms stats {ms_stats:.3f} ms "
+                      f"stats+entropy {ms_stats_ent:.3f} ms dz {ms_dz:.3f} "
                       f"(cuBLAS bf16 {row['cublas_bf16_ms']:.3f}) err {err_m:.1e} {err_e:.1e}", flush=True)
             except Exception as ex:  # noqa: BLE001
-                row.setdefault("configs", []).append({"cfg": text, "error": f"{type(ex).__name__}: {ex}"[:300]})
+                row.setdefault("configs", []).append({"cfg": text,
+                                                      "error": f"{type(ex).__name__}: {ex}"[:300]})
                 print(f"PROBE {row['shape']} {text}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
         if n == 8192:
             cfg = kg.default_config(d)
@@ -401,7 +416,8 @@ def probe(rate, bw):
             g = torch.ones(n, device="cuda")
             sc = torch.tensor(1.0 / n, device="cuda")
             nt = kg.num_tiles_n(v, cfg)
-            row["combine_ms"] = _time(lambda: kr.combine(tiles, nt, st[0], st[1], st[2], st[3], col_off=0, lse=lse))
+            row["combine_ms"] = _time(lambda: kr.combine(tiles, nt, st[0], st[1], st[2], st[3],
+                                                         col_off=0, lse=lse))
             row["target_ms"] = _time(lambda: kr.target_logit(h, w, None, y, 0, st[2]))
             row["dz_from_exp_ms"] = _time(lambda: kr.dz_from_exp(e, tiles.m, cfg.bn, lse, g, sc, y, 0))
             row["dz_from_exp_TB_s"] = 4 * n * v / (row["dz_from_exp_ms"] * 1e-3) / 1e12
@@ -412,7 +428,8 @@ def probe(rate, bw):
             row["dw_mm_bf16_ms"] = _time(lambda: torch.mm(dz.t(), h, out=dw))
             acc = torch.zeros(v, d, device="cuda")
             row["dw_mm_fp32out_ms"] = _time(lambda: torch.mm(dz.t(), h, out_dtype=torch.float32, out=acc))
-            row["dw_addmm_fp32acc_ms"] = _time(lambda: torch.addmm(acc, dz.t(), h, out_dtype=torch.float32, out=acc))
+            row["dw_addmm_fp32acc_ms"] = _time(lambda: torch.addmm(acc, dz.t(), h, out_dtype=torch.float32,
+                                                                   out=acc))
             row["dw_cast_ms"] = _time(lambda: kr.scale_cast(acc, torch.bfloat16, None))
             one = torch.ones((), device="cuda")
             row["scale_unless_one_g1_ms"] = _time(lambda: kr.scale_unless_one_([dw], one))
@@ -441,9 +458,9 @@ def sleep_cycles_per_ms() -> float:
 def profile_method(fn, h, w, y, env, top=12, queued_cycles=0):
     """Device time per kernel family (ms, the ``top`` largest, then launches per family) for one fwd+bwd of
     ``fn`` (torch.profiler), the three largest idle gaps, busy / span / idle ms and the kernel count. With
-    ``queued_cycles`` the step first queues that much device sleep, as when the head runs right after the model's
-    forward: the host's work before the step's first wait then runs while the device is busy, and the idle counts
-    what the device waits for inside the step only."""
+    ``queued_cycles`` the step first queues that much device sleep, as when the head runs right after the
+    model's forward: the host's work before the step's first wait then runs while the device is busy, and the
+    idle counts what the device waits for inside the step only."""
     def step():
         if queued_cycles:
             torch.cuda._sleep(queued_cycles)
@@ -486,7 +503,8 @@ def kernel_breakdown(step, top=12):
         out[f"_gap{k} before {name}"] = g / 1e3
     out["_busy_ms"] = busy / 1e3
     out["_span_ms"] = (end - kern[0][0]) / 1e3 if kern else 0.0
-    out["_idle_ms"] = out["_span_ms"] - out["_busy_ms"]  # device idle between the step's first and last kernel
+    # device idle between the step's first and last kernel
+    out["_idle_ms"] = out["_span_ms"] - out["_busy_ms"]
     out["_kernels"] = float(len(kern))
     return out
 
@@ -505,8 +523,8 @@ ALIGNED = 64  # a vocabulary that is a multiple of this is "aligned" (cuBLAS's f
 
 def targets(result):
     """The CUDA targets, read off this run: fwd+bwd <= 1.08x the floor on every aligned shape with N >= 4096
-    (<= 1.25x at 2048 tokens), faster than CCE torch_compile at no more peak memory, loss error <= 1e-4, dX / dW
-    errors <= eager's."""
+    (<= 1.25x at 2048 tokens), faster than CCE torch_compile at no more peak memory, loss error <= 1e-4, dX /
+    dW errors <= eager's."""
     rows = []
     by_key = {(s["n"], s["d"], s["v"], s["dtype"]): s for s in result["shapes"]}
     for s in result["shapes"]:
@@ -525,7 +543,8 @@ def targets(result):
                   and ours["dw_rel_err"] <= eager["dw_rel_err"])
         row = {"shape": f"{s['n']}x{s['d']}x{s['v']} {s['dtype']}", "x_floor": x, "limit": limit,
                "aligned": s["v"] % ALIGNED == 0, "le_limit": x <= limit,
-               "cce_compile_ms": cce.get("ms"), "faster_than_cce_compile": "ms" in cce and ours["ms"] < cce["ms"],
+               "cce_compile_ms": cce.get("ms"),
+               "faster_than_cce_compile": "ms" in cce and ours["ms"] < cce["ms"],
                "cce_compile_gib": cce.get("peak_extra_gib"),
                "mem_le_cce_compile": "ms" in cce and ours["peak_extra_gib"] <= cce["peak_extra_gib"],
                "fastest_peer": best[0], "peer_ms": best[1], "faster_than_peers": ours["ms"] < best[1],
@@ -556,19 +575,21 @@ def write_outputs(result, out_dir, show=True):
               f"commit {env.get('commit')})")
     lines = [f"# {header}", "",
              f"bf16 GEMM rate in this run (8192^3): {meta['gemm_tflops']:.0f} TFLOP/s; device copy "
-             f"{meta.get('copy_tb_s', float('nan')):.2f} TB/s. Floor = 6*N*D*V FLOPs at that rate. 15% of labels "
-             "ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
-             "Cells: median ms (x floor) / peak extra GiB. `fused_lce` = the triton provider's default (fused-GEMM "
-             "path), `_cublas` = its cuBLAS path, `_compact` = FUSED_LCE_COMPACT=1, `_torch` = the pure-PyTorch "
-             "provider; `_graph` = the fwd+bwd step captured as one CUDA graph and replayed (every row computed; "
-             "its peak is the capture's: the warm-up steps and the graph's pool, which stays reserved).", "",
+             f"{meta.get('copy_tb_s', float('nan')):.2f} TB/s. Floor = 6*N*D*V FLOPs at that rate. 15% of "
+             "labels ignored; fwd+bwd of the mean loss w.r.t. hidden and weight.",
+             "Cells: median ms (x floor) / peak extra GiB. `fused_lce` = the triton provider's default "
+             "(fused-GEMM path), `_cublas` = its cuBLAS path, `_compact` = FUSED_LCE_COMPACT=1, `_torch` = "
+             "the pure-PyTorch provider; `_graph` = the fwd+bwd step captured as one CUDA graph and replayed "
+             "(every row computed; its peak is the capture's: the warm-up steps and the graph's pool, which "
+             "stays reserved).", "",
              "Versions / not measured: " + "; ".join(f"{k}: {v}" for k, v in meta["versions"].items()),
              f"Knobs: {meta.get('knobs')}", ""]
     lines.append("| N x D x V dtype | floor ms | min GiB (dX+dW) | " + " | ".join(methods) + " |")
     lines.append("|---" * (3 + len(methods)) + "|")
     for s in result["shapes"]:
         cells = [_cell(s["results"].get(m), s["floor_ms"]) for m in methods]
-        lines.append(f"| {s['n']}x{s['d']}x{s['v']} {s['dtype']} | {s['floor_ms']:.1f} | {s['min_gib']:.2f} | "
+        lines.append(f"| {s['n']}x{s['d']}x{s['v']} {s['dtype']} | {s['floor_ms']:.1f} | "
+                     f"{s['min_gib']:.2f} | "
                      + " | ".join(cells) + " |")
     lines += ["", "Errors vs the fp32 reference (loss abs / dX rel L2 / dW rel L2):", "",
               "| shape | " + " | ".join(methods) + " |", "|---" * (1 + len(methods)) + "|"]
@@ -582,10 +603,12 @@ def write_outputs(result, out_dir, show=True):
                 cells.append(f"{r['loss_abs_err']:.1e} / {r['dx_rel_err']:.1e} / {r['dw_rel_err']:.1e}")
         lines.append(f"| {s['n']}x{s['d']}x{s['v']} {s['dtype']} | " + " | ".join(cells) + " |")
     if result["targets"]:
-        lines += ["", "Targets in this run (fused_lce default; `all rows` = FUSED_LCE_SKIP_IGNORED=0, ignored tokens "
-                  "kept in the gradient products; CCE torch_compile drops them before its logits product):", "",
-                  "| shape | x floor (limit) | all rows x floor | CCE compile ms (GiB) | faster than CCE compile | "
-                  "peak GiB <= CCE's | fastest peer (ms) | loss err <= 1e-4 | dX, dW err <= eager | odd V / padded |",
+        lines += ["", "Targets in this run (fused_lce default; `all rows` = FUSED_LCE_SKIP_IGNORED=0, "
+                  "ignored tokens kept in the gradient products; CCE torch_compile drops them before its "
+                  "logits product):", "",
+                  "| shape | x floor (limit) | all rows x floor | CCE compile ms (GiB) | faster than CCE "
+                  "compile | peak GiB <= CCE's | fastest peer (ms) | loss err <= 1e-4 | dX, dW err <= eager "
+                  "| odd V / padded |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for t in result["targets"]:
             odd = f"{t['odd_v_vs_padded']:.3f}" if "odd_v_vs_padded" in t else ""
@@ -593,15 +616,17 @@ def write_outputs(result, out_dir, show=True):
             yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
             lim = f"{t['x_floor']:.2f} ({t['limit']:.2f}{'' if t['aligned'] else ', odd V'}) " + (
                 yes(t["le_limit"]) if t["aligned"] else "")
-            cce = (f"{t['cce_compile_ms']:.1f} ({t['cce_compile_gib']:.2f})" if t["cce_compile_ms"] is not None
+            cce = (f"{t['cce_compile_ms']:.1f} ({t['cce_compile_gib']:.2f})"
+                   if t["cce_compile_ms"] is not None
                    else "n/a")
             lines.append(f"| {t['shape']} | {lim} | {allr} | {cce} | {yes(t['faster_than_cce_compile'])} | "
                          f"{t['peak_gib']:.2f} {yes(t['mem_le_cce_compile'])} | {t['fastest_peer']} "
-                         f"({t['peer_ms']:.1f}) | {yes(t['loss_err_ok'])} | {yes(t['grad_err_le_eager'])} | {odd} |")
+                         f"({t['peer_ms']:.1f}) | {yes(t['loss_err_ok'])} | "
+                         f"{yes(t['grad_err_le_eager'])} | {odd} |")
         steady = [t for t in result["targets"] if "steady_ms" in t]
         if steady:
-            lines += ["", "Back to back (`--steady`: each method's steps in a row, after the rounds; ms):", "",
-                      "| shape | fused_lce | CCE torch_compile | ratio |", "|---|---|---|---|"]
+            lines += ["", "Back to back (`--steady`: each method's steps in a row, after the rounds; ms):",
+                      "", "| shape | fused_lce | CCE torch_compile | ratio |", "|---|---|---|---|"]
             lines += [f"| {t['shape']} | {t['steady_ms']:.2f} | {t['cce_compile_steady_ms']:.2f} | "
                       f"{t['steady_ms'] / t['cce_compile_steady_ms']:.3f} |" for t in steady]
     if result.get("probe"):
@@ -616,8 +641,10 @@ def write_outputs(result, out_dir, show=True):
     if result.get("profile"):
         lines += ["", "Device time per kernel, one fwd+bwd (ms):", ""]
         for key, prof in result["profile"].items():
-            lines.append(f"- {key}: " + "; ".join(f"{k}: {v:.2f}" for k, v in prof.items() if k != "_launches"))
-            lines.append("  - launches: " + "; ".join(f"{k}: {v}" for k, v in prof.get("_launches", {}).items()))
+            lines.append(f"- {key}: " + "; ".join(f"{k}: {v:.2f}" for k, v in prof.items()
+                                                  if k != "_launches"))
+            lines.append("  - launches: "
+                         + "; ".join(f"{k}: {v}" for k, v in prof.get("_launches", {}).items()))
     with open(os.path.join(out_dir, "gpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:
@@ -632,7 +659,8 @@ def write_outputs(result, out_dir, show=True):
         for k, m in enumerate(methods):
             xs = [i + k * width for i in range(len(labels))]
             t = [s["results"].get(m, {}).get("ms", float("nan")) / s["floor_ms"] for s in result["shapes"]]
-            g = [s["results"].get(m, {}).get("peak_extra_gib", float("nan")) / s["min_gib"] for s in result["shapes"]]
+            g = [s["results"].get(m, {}).get("peak_extra_gib", float("nan")) / s["min_gib"]
+                 for s in result["shapes"]]
             axes[0].bar(xs, t, width, label=m)
             axes[1].bar(xs, g, width, label=m)
         for ax, title in ((axes[0], "fwd+bwd time / GEMM floor"), (axes[1], "peak extra memory / (dX + dW)")):
@@ -656,20 +684,24 @@ def write_outputs(result, out_dir, show=True):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=RESULTS, help="directory of gpu.json / .md / .png (default: benchmarks/results)")
+    ap.add_argument("--out", default=RESULTS,
+                    help="directory of gpu.json / .md / .png (default: benchmarks/results)")
     ap.add_argument("--shapes", default="all", help="'all', or indices into SHAPES, e.g. 0,4")
-    ap.add_argument("--methods", default="", help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
+    ap.add_argument("--methods", default="",
+                    help="comma-separated subset, or 'all' (default: DEFAULT_METHODS)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=9, help="timing rounds (one step of every method per round)")
-    ap.add_argument("--steady", type=int, default=0, help="also time this many steps of each method back to back")
+    ap.add_argument("--steady", type=int, default=0,
+                    help="also time this many steps of each method back to back")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler breakdown per shape of " + " and ".join(PROFILED))
     ap.add_argument("--queued-ms", type=float, default=0.0,
                     help="with --profile, also profile each step after this many ms of queued device work")
     ap.add_argument("--probe", action="store_true", help="time the building blocks first")
-    ap.add_argument("--time-budget", type=float, default=480.0, help="stop starting new shapes after this (s)")
-    ap.add_argument("--tile-mb", default="", help="comma-separated tile budgets (MiB): a fused_lce_tile<MB> method "
-                    "each (FUSED_LCE_TILE_MB), to measure the token-chunk plan against the default")
+    ap.add_argument("--time-budget", type=float, default=480.0,
+                    help="stop starting new shapes after this (s)")
+    ap.add_argument("--tile-mb", default="", help="comma-separated tile budgets (MiB): a fused_lce_tile<MB> "
+                    "method each (FUSED_LCE_TILE_MB), to measure the token-chunk plan against the default")
     ap.add_argument("--warm-config", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.warm_config:

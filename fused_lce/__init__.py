@@ -1,6 +1,6 @@
 """fused_lce: LM-head projection and cross-entropy computed together, tile by tile, never materialising the
-``[tokens x vocab]`` logits. See ``linear_cross_entropy`` (the loss) and ``linear_logprobs`` (per-token log-probs
-and entropy, for policy-gradient losses)."""
+``[tokens x vocab]`` logits. See ``linear_cross_entropy`` (the loss) and ``linear_logprobs`` (per-token
+log-probs and entropy, for policy-gradient losses)."""
 # first, before torch (which imports an installed torch_npu): record what op-plugin reads when torch_npu loads
 from .backends.npu import env as _npu_env
 

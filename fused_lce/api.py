@@ -3,8 +3,8 @@
 
 These functions check what only they can see (the unflattened shapes, ``shift``, Python-side arguments such as
 ``process_group`` or a ``num_items`` number), flatten the problem and call the registered ops
-(``torch.ops.fused_lce.forward`` / ``logprobs``), which check the rest (``fused_lce.core.validate``) and run the
-driver.
+(``torch.ops.fused_lce.forward`` / ``logprobs``), which check the rest (``fused_lce.core.validate``) and run
+the driver.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from .core.formulas import classify_labels
 
 
 class LogprobsOutput(NamedTuple):
-    """What ``linear_logprobs(..., extra_outputs=...)`` returns: per token, of ``labels``' shape; ``entropy`` and each
-    extra are None unless asked. The extras are metrics (not differentiable): ``mean_logit = sum_j z_j / V``,
-    ``is_top1`` (bool: the label is the first argmax) and ``log_sum_sq_probs = log sum_j p_j^2`` (WPO's weights;
-    a second statistics pass). 0 / False where the label is ignored."""
+    """What ``linear_logprobs(..., extra_outputs=...)`` returns: per token, of ``labels``' shape; ``entropy``
+    and each extra are None unless asked. The extras are metrics (not differentiable): ``mean_logit = sum_j
+    z_j / V``, ``is_top1`` (bool: the label is the first argmax) and ``log_sum_sq_probs = log sum_j p_j^2``
+    (WPO's weights; a second statistics pass). 0 / False where the label is ignored."""
 
     logprobs: torch.Tensor
     entropy: Optional[torch.Tensor] = None
@@ -99,8 +99,8 @@ def linear_cross_entropy(
     grad_mask = [grad_on and call.hidden.requires_grad, grad_on and call.weight.requires_grad,
                  grad_on and call.bias is not None and call.bias.requires_grad]
     args = ops.loss.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
-                                 num_items=check.num_items(num_items, call.hidden.device), reduction=reduction,
-                                 grad_mask=grad_mask, **opts)
+                                 num_items=check.num_items(num_items, call.hidden.device),
+                                 reduction=reduction, grad_mask=grad_mask, **opts)
     if _functorch_active(ops.loss.DOUBLE_BACKWARD):  # torch.func: a functorch-compatible autograd.Function
         loss, lse, correct, _, _, _ = ops.loss.FuncForward.apply(*args)
     else:
@@ -149,15 +149,16 @@ def linear_logprobs(
     """
     _reject_unsupported_transforms(hidden, weight, labels, bias, plain="torch.log_softmax(F.linear(...), -1)")
     call = _flatten(hidden, weight, labels, bias, ignore_index=ignore_index, softcap=softcap, shift=False,
-                    process_group=process_group, sequence_parallel=False, backend=backend, validate_labels=validate,
-                    tile_budget_mb=tile_budget_mb)
+                    process_group=process_group, sequence_parallel=False, backend=backend,
+                    validate_labels=validate, tile_budget_mb=tile_budget_mb)
     extras = _extras(extra_outputs)
     opts = dict(call.opts, temperature=check.number("temperature", temperature),
                 entropy=check.flag("return_entropy", return_entropy), mean_logit="mean_logit" in extras,
                 sum_sq="log_sum_sq_probs" in extras)
-    args = ops.logprobs.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels, bias=call.bias,
-                                     **opts)
-    if _functorch_active(ops.logprobs.DOUBLE_BACKWARD):  # torch.func: a functorch-compatible autograd.Function
+    args = ops.logprobs.FORWARD.args(hidden=call.hidden, weight=call.weight, labels=call.labels,
+                                     bias=call.bias, **opts)
+    # torch.func: a functorch-compatible autograd.Function
+    if _functorch_active(ops.logprobs.DOUBLE_BACKWARD):
         lp, ent, _lse, _zmean, mean, top1, sq = ops.logprobs.FuncLogprobs.apply(*args)
     else:
         lp, ent, _lse, _zmean, mean, top1, sq = torch.ops.fused_lce.logprobs(*args)
@@ -193,9 +194,9 @@ class _Call(NamedTuple):
 
 def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, process_group, sequence_parallel,
              backend, validate_labels, tile_budget_mb) -> _Call:
-    """What only the public functions can check (unflattened shapes, ``shift``, Python-side arguments), then the
-    flattened op inputs. Dtypes, devices, the weight's and bias's shapes and every option's range are checked by
-    the op (``fused_lce.core.validate``)."""
+    """What only the public functions can check (unflattened shapes, ``shift``, Python-side arguments), then
+    the flattened op inputs. Dtypes, devices, the weight's and bias's shapes and every option's range are
+    checked by the op (``fused_lce.core.validate``)."""
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         check.tensor(name, t)
     if bias is not None:
@@ -215,7 +216,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
         if group is None:
             raise ValueError("sequence_parallel=True: expected a process_group, got None")
         if hidden.dim() < 2:
-            raise ValueError(f"hidden: sequence_parallel needs shape (T_local, ..., D), got {tuple(hidden.shape)}")
+            raise ValueError("hidden: sequence_parallel needs shape (T_local, ..., D), got "
+                             f"{tuple(hidden.shape)}")
         sp_world = torch.distributed.get_world_size(group)  # the op gathers the rows and reduce-scatters dX
     if hidden.dim() < 1:
         raise ValueError("hidden: expected shape (..., D) with at least one dimension, got a 0-dim tensor")
@@ -231,7 +233,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
 
     out_shape = tuple(labels.shape)
     if labels.dtype == torch.int32 and not -2**31 <= ignore_index < 2**31:
-        labels = labels.long()  # compared with ignore_index (and padded with it): an int32 tensor would wrap it
+        # compared with ignore_index (and padded with it): an int32 tensor would wrap it
+        labels = labels.long()
     if shift:
         if hidden.dim() < 2:
             raise ValueError("shift=True: hidden needs a sequence dimension, expected shape (..., T, D), "
@@ -250,7 +253,8 @@ def _flatten(hidden, weight, labels, bias, *, ignore_index, softcap, shift, proc
         vocab_start, vocab_total = distributed.shard_layout(group, v)
         group_name = group.group_name
     y = labels.reshape(-1)
-    # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds 1/world
+    # explicit row count (reshape(-1, 0) is ambiguous when D == 0); under sequence parallelism hidden holds
+    # 1/world
     h2 = hidden.reshape(y.numel() // sp_world, hidden.shape[-1])
     check_labels = _no_check
     if validate_labels and y.numel() > 0 and not torch.compiler.is_compiling() and not check.values_hidden(y):
@@ -266,18 +270,20 @@ def _no_check() -> None:
 
 
 def _queue_label_check(y: torch.Tensor, ignore_index: int, total: int) -> Callable[[], None]:
-    """The label-range check of ``validate``: queued before the op, read after it has returned. On CUDA the flag
-    goes to pinned host memory behind an event, and the read waits for that event: for the work queued before the
-    call (a model's forward) and the check, never for the op's own kernels, which are queued by then. A read before
-    the op would drain the device, which then idles while the host prepares the op's first launch. Not while a
-    CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with ``validate=False``)."""
+    """The label-range check of ``validate``: queued before the op, read after it has returned. On CUDA the
+    flag goes to pinned host memory behind an event, and the read waits for that event: for the work queued
+    before the call (a model's forward) and the check, never for the op's own kernels, which are queued by
+    then. A read before the op would drain the device, which then idles while the host prepares the op's first
+    launch. Not while a CUDA graph is captured (nothing can be read then: a bad label gives NaN, as with
+    ``validate=False``)."""
     if y.is_cuda and torch.cuda.is_current_stream_capturing():
         return _no_check
     bad = classify_labels(y, ignore_index, total)[1]
     if not bad.is_cuda:
         flag, done = bad.any(), None
     else:
-        flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()  # pinned: copied behind the event
+        # pinned: copied behind the event
+        flag, done = bad.any().to("cpu", non_blocking=True), torch.cuda.Event()
         done.record(torch.cuda.current_stream(bad.device))
 
     def check_labels() -> None:
@@ -341,7 +347,8 @@ def label_errors(labels: torch.Tensor, vocab_size: int, *, ignore_index: int = -
 def backend_info() -> dict:
     """Which backends exist on this host: ``{name: {"available": bool, "reason": str | None, "devices": [...],
     "status": str | None}}``, plus ``"auto"``: the backend ``backend="auto"`` picks for a float32 problem on
-    each device type present (a provider may still decline a particular shape: ``resolve`` then takes the next)."""
+    each device type present (a provider may still decline a particular shape: ``resolve`` then takes the
+    next)."""
     info = registry.info()
     info["auto"] = {dev: registry.auto_choice(dev) for dev in registry.present_device_types()}
     return info
@@ -371,30 +378,30 @@ def _functorch_active(higher_order_message: str) -> bool:
 
 
 def _reject_unsupported_transforms(*tensors, plain: str) -> None:
-    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here (``plain``: the path to
-    use instead), and a ``torch.func.vmap`` over an empty dimension has no problem to run: say so instead of
-    returning a result without a tangent or failing inside a reshape."""
+    """Forward-mode AD (``torch.autograd.forward_ad`` dual tensors) has no formula here (``plain``: the path
+    to use instead), and a ``torch.func.vmap`` over an empty dimension has no problem to run: say so instead
+    of returning a result without a tangent or failing inside a reshape."""
     from torch.autograd import forward_ad
 
     if getattr(forward_ad, "_current_level", -1) >= 0:
         for t in tensors:
             if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
                 raise NotImplementedError(
-                    "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not supported: the "
-                    f"gradients come from fused kernels; use {plain} for forward-mode AD")
+                    "fused_lce: forward-mode AD (torch.autograd.forward_ad dual tensors, jvp) is not "
+                    f"supported: the gradients come from fused kernels; use {plain} for forward-mode AD")
     if not _transforms():
         return
     for t in tensors:
         # vmap over an empty dimension: the batched tensor's storage has one more dimension of size 0 than the
         # tensor the function sees
         if isinstance(t, torch.Tensor) and torch.func.debug_unwrap(t).shape.count(0) > t.shape.count(0):
-            raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there is no "
-                             "problem to run); skip the call for an empty batch")
+            raise ValueError("fused_lce: torch.func.vmap over a dimension of size 0 is not supported (there "
+                             "is no problem to run); skip the call for an empty batch")
 
 
 def _autocast(hidden, weight, bias):
-    """Under autocast, every operand in the autocast dtype, as F.linear would use (else unchanged: the op checks
-    that the dtypes agree)."""
+    """Under autocast, every operand in the autocast dtype, as F.linear would use (else unchanged: the op
+    checks that the dtypes agree)."""
     dev = hidden.device.type
     if dev in registry.AUTO_ORDER and torch.is_autocast_enabled(dev):
         dt = torch.get_autocast_dtype(dev)

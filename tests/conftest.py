@@ -13,15 +13,15 @@ from hypothesis import settings
 from fused_lce.core import Options, Problem, registry
 
 from .support.reference import (GRAD_TOL, LOGIT_TOL, LOSS_ATOL, LOSS_TOL, LSE_TOL, SUMMAND_TOL,  # noqa: F401
-                                Reference, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference,
-                                grad_close, rel_err)
+                                Reference, assert_grads_close, assert_loss_close, assert_lse_close,
+                                fp64_reference, grad_close, rel_err)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # first-use self-check verdicts (fused_lce.core.selfcheck) of this run, not the user's cache
 os.environ.setdefault("FUSED_LCE_CACHE_DIR", tempfile.mkdtemp(prefix="fused_lce_test_cache_"))
 
-# Property tests: a fresh random search locally; in CI (env CI set) the same derandomized examples every run, so a
-# landing is never blocked at random (failing examples are printed with their reproduction blob).
+# Property tests: a fresh random search locally; in CI (env CI set) the same derandomized examples every run,
+# so a landing is never blocked at random (failing examples are printed with their reproduction blob).
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -34,14 +34,15 @@ def _devices():
     return devs
 
 
-TWIN_STATUS = "AscendC kernel sources compiled with g++ against the CPU twin of the AscendC API (tests/support)"
+TWIN_STATUS = ("AscendC kernel sources compiled with g++ against the CPU twin of the AscendC "
+               "API (tests/support)")
 
 
 def _register_twin():
-    """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind the
-    "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the providers
-    runs it like any other (marked `twin`). The extension is built once (cached in build/twin-ext). In CI a
-    build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
+    """The AscendC kernels of csrc/ascend, compiled unchanged against the CPU twin of the AscendC API, behind
+    the "npu" provider's Python side, as provider "npu_twin" on CPU tensors: every suite parametrised over the
+    providers runs it like any other (marked `twin`). The extension is built once (cached in build/twin-ext).
+    In CI a build failure is an error; elsewhere (no g++ / ninja) the twin is left out with a warning."""
     if os.environ.get("FUSED_LCE_TEST_TWIN", "1") == "0":
         return
     import warnings
@@ -84,9 +85,10 @@ BACKEND_DEVICE = backend_device_params()
 
 @pytest.fixture
 def seed(request):
-    """The seed of a test's random inputs (shown on failure as the fixture value). Locally a fresh one per run, so
-    every run draws new inputs; in CI (env CI set) one derived from the test's id, so CI is reproducible and a
-    landing is never blocked at random. FUSED_LCE_TEST_SEED=<int> replays a local failure."""
+    """The seed of a test's random inputs (shown on failure as the fixture value). Locally a fresh one per
+    run, so every run draws new inputs; in CI (env CI set) one derived from the test's id, so CI is
+    reproducible and a landing is never blocked at random. FUSED_LCE_TEST_SEED=<int> replays a local
+    failure."""
     if os.environ.get("FUSED_LCE_TEST_SEED"):
         s = int(os.environ["FUSED_LCE_TEST_SEED"])
     elif os.environ.get("CI"):
@@ -113,8 +115,9 @@ def run_provider_backward(provider, upstream, h, w, y, b, lse, opts, mask=(True,
     from fused_lce.core import Tensors, driver, formulas
 
     g = formulas.token_weights(*formulas.label_classes(y, opts, w.shape[0]), upstream)
-    return driver.run_backward(provider, Tensors(h, w, y, b), lse, formulas.loss_coefs(lse, g, opts, w.shape[0]),
-                               opts, mask, fp32_dh=bool(opts.group_name))
+    return driver.run_backward(provider, Tensors(h, w, y, b), lse,
+                               formulas.loss_coefs(lse, g, opts, w.shape[0]), opts, mask,
+                               fp32_dh=bool(opts.group_name))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -129,18 +132,18 @@ def pytest_collection_modifyitems(config, items):
 def _marked(rank, fn, marker_dir, args):
     fn(rank, *args)
     open(os.path.join(marker_dir, f"done{rank}"), "w").close()  # every check of this rank passed
-    # leave without the interpreter's teardown, where gloo's threads have aborted a rank under load ("terminate
-    # called without an active exception") after every check had passed
+    # leave without the interpreter's teardown, where gloo's threads have aborted a rank under load
+    # ("terminate called without an active exception") after every check had passed
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 def spawn_pair(fn, make_args, nprocs: int = 2) -> None:
-    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more only when a process died of a signal after every
-    rank had returned from ``fn`` (all its checks passed): gloo's teardown under load has aborted a rank that way
-    ("terminate called without an active exception"). A failed check, or a signal before every rank finished, is
-    never retried."""
+    """``mp.spawn(fn, make_args(attempt), nprocs)``, run once more only when a process died of a signal after
+    every rank had returned from ``fn`` (all its checks passed): gloo's teardown under load has aborted a rank
+    that way ("terminate called without an active exception"). A failed check, or a signal before every rank
+    finished, is never retried."""
     import tempfile
 
     import torch.multiprocessing as mp

@@ -1,14 +1,15 @@
-"""Random cases for tests/test_fuzz.py, run in batches in subprocesses (a crash takes down one batch, not pytest).
+"""Random cases for tests/test_fuzz.py, run in batches in subprocesses (a crash takes down one batch, not
+pytest).
 
     python -m tests.fuzz_cases <api|ops|numeric> <backend> <seed> <count>      (from the repository root)
 
 prints one JSON line per case, ``{"i", "case", "ok", "why"}``, after a ``START i`` line (so a crash names its
 case). A case is random shapes (zero-size dimensions included), dtypes, layouts (transposed, strided, expanded
-inputs), options, and at most one bad value. A case with a bad value must raise ValueError/TypeError whose message
-names the argument; every other case must give the float64 reference's answer (loss, lse, gradients, with the
-tolerances of tests/conftest.py), or NaN exactly where a label is out of range and ``validate=False``. The
-``numeric`` kind: valid inputs at the edges of float32 (ignored tokens with huge logits, softcaps across their
-whole range), through the loss and the log-probs, against float64.
+inputs), options, and at most one bad value. A case with a bad value must raise ValueError/TypeError whose
+message names the argument; every other case must give the float64 reference's answer (loss, lse, gradients,
+with the tolerances of tests/conftest.py), or NaN exactly where a label is out of range and
+``validate=False``. The ``numeric`` kind: valid inputs at the edges of float32 (ignored tokens with huge
+logits, softcaps across their whole range), through the loss and the log-probs, against float64.
 """
 from __future__ import annotations
 
@@ -59,16 +60,16 @@ def _ints(gen, dtype, high):
 
 # ------------------------------------------------------------------------------------------------ API cases
 API_CORRUPTIONS = [  # (name, the argument the error must name)
-    ("hidden_float64", "hidden"), ("hidden_int", "hidden"), ("hidden_list", "hidden"), ("hidden_0d", "hidden"),
-    ("weight_dim", "weight"), ("weight_1d", "weight"), ("weight_dtype", "weight"), ("weight_list", "weight"),
-    ("labels_shape", "labels"), ("labels_float", "labels"), ("labels_bool", "labels"), ("labels_uint8", "labels"),
-    ("labels_range", "labels"), ("labels_device", "labels"),
-    ("bias_shape", "bias"), ("bias_dtype", "bias"), ("bias_2d", "bias"),
+    ("hidden_float64", "hidden"), ("hidden_int", "hidden"), ("hidden_list", "hidden"),
+    ("hidden_0d", "hidden"), ("weight_dim", "weight"), ("weight_1d", "weight"), ("weight_dtype", "weight"),
+    ("weight_list", "weight"), ("labels_shape", "labels"), ("labels_float", "labels"),
+    ("labels_bool", "labels"), ("labels_uint8", "labels"), ("labels_range", "labels"),
+    ("labels_device", "labels"), ("bias_shape", "bias"), ("bias_dtype", "bias"), ("bias_2d", "bias"),
     ("reduction", "reduction"), ("label_smoothing", "label_smoothing"), ("z_loss", "z_loss"),
     ("softcap", "softcap"), ("ignore_index", "ignore_index"), ("num_items", "num_items"),
     ("tile_budget_mb", "tile_budget_mb"), ("env_tile", "FUSED_LCE_TILE_MB"), ("shift_int", "shift"),
-    ("shift_1d", "shift"), ("validate", "validate"), ("backend", "backend"), ("sequence_parallel", "process_group"),
-    ("process_group", "process_group"),
+    ("shift_1d", "shift"), ("validate", "validate"), ("backend", "backend"),
+    ("sequence_parallel", "process_group"), ("process_group", "process_group"),
 ]
 BAD_VALUES = {
     "reduction": ["avg", None, "MEAN"],
@@ -76,8 +77,9 @@ BAD_VALUES = {
     "z_loss": [-1.0, math.inf, math.nan],
     "softcap": [0.0, -1.0, math.inf, math.nan, "2", 1e-50, 1e39],
     "ignore_index": [1.5, True, 2**64, -2**63 - 1, "x"],
-    "num_items": [-1, math.nan, math.inf, "8", True, ("tensor", -2.0), ("tensor", math.nan), ("tensor", math.inf),
-                  ("ones", 2), ("bool",), 1e-300, 10**400, ("tensor", 1e-300), ("meta", 3.0)],
+    "num_items": [-1, math.nan, math.inf, "8", True, ("tensor", -2.0), ("tensor", math.nan),
+                  ("tensor", math.inf), ("ones", 2), ("bool",), 1e-300, 10**400, ("tensor", 1e-300),
+                  ("meta", 3.0)],
     "tile_budget_mb": [0, -1, math.nan, math.inf, "1"],
     "env_tile": ["abc", "-1", "0", "nan", "1e999"],
     "shift_int": [2, 1, 0, "yes"],
@@ -91,7 +93,8 @@ def api_case(rng: random.Random) -> dict:
     lead = rng.choice([(), (0,), (1,), (5,), (9,), (3, 4), (2, 0), (2, 3), (1, 7), (0, 3)])
     c = dict(
         lead=lead, d=rng.choice([0, 1, 3, 8]), v=rng.choice([0, 1, 2, 5, 17, 33]),
-        dtype=rng.choice(["float32", "float32", "bfloat16", "float16"]), label_dtype=rng.choice(list(LABEL_DTYPES)),
+        dtype=rng.choice(["float32", "float32", "bfloat16", "float16"]),
+        label_dtype=rng.choice(list(LABEL_DTYPES)),
         layout_h=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
         layout_w=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
         layout_y=rng.choice(["contiguous", "strided", "expanded"]),
@@ -105,7 +108,8 @@ def api_case(rng: random.Random) -> dict:
         corruption=None, bad=None, data_seed=rng.randrange(2**31),
     )
     if c["bias"] == "masked":
-        c["label_smoothing"] = 0.0  # the mean logit of a masked vocabulary is -inf: an infinite loss by definition
+        # the mean logit of a masked vocabulary is -inf: an infinite loss by definition
+        c["label_smoothing"] = 0.0
     if not c["validate"] and rng.random() < 0.6:
         c["bad_labels"] = rng.choice([1, 3])
     if rng.random() < 0.5:
@@ -161,9 +165,10 @@ def build_api(c: dict, backend: str):
                 value = v + 7
             y.view(-1)[pos] = value
             bad_mask.view(-1)[pos] = True
-    kw = dict(ignore_index=ii, reduction=c["reduction"], label_smoothing=c["label_smoothing"], z_loss=c["z_loss"],
-              softcap=c["softcap"], shift=c["shift"], num_items=c["num_items"], return_stats=c["return_stats"],
-              backend=backend, validate=c["validate"], tile_budget_mb=c["tile_budget_mb"])
+    kw = dict(ignore_index=ii, reduction=c["reduction"], label_smoothing=c["label_smoothing"],
+              z_loss=c["z_loss"], softcap=c["softcap"], shift=c["shift"], num_items=c["num_items"],
+              return_stats=c["return_stats"], backend=backend, validate=c["validate"],
+              tile_budget_mb=c["tile_budget_mb"])
     if isinstance(kw["num_items"], tuple):
         kw["num_items"] = torch.tensor(kw["num_items"][1])
     args = dict(hidden=h, weight=w, labels=y, bias=b)
@@ -177,7 +182,8 @@ def build_api(c: dict, backend: str):
     elif name == "hidden_list":
         args["hidden"] = h.tolist()
     elif name == "hidden_0d":
-        args["hidden"], args["labels"] = torch.randn((), generator=gen).to(dtype), torch.zeros((), dtype=torch.long)
+        args["hidden"], args["labels"] = (torch.randn((), generator=gen).to(dtype),
+                                          torch.zeros((), dtype=torch.long))
     elif name == "weight_dim":
         args["weight"] = torch.randn(v, d + 1, generator=gen).to(dtype)
     elif name == "weight_1d":
@@ -204,8 +210,9 @@ def build_api(c: dict, backend: str):
         args["bias"] = b[None]
     elif name == "num_items":
         if isinstance(bad, tuple):
-            bad = {"tensor": lambda: torch.tensor(bad[1], dtype=torch.float64), "ones": lambda: torch.ones(bad[1]),
-                   "bool": lambda: torch.tensor(True), "meta": lambda: torch.tensor(bad[1], device="meta")}[bad[0]]()
+            bad = {"tensor": lambda: torch.tensor(bad[1], dtype=torch.float64),
+                   "ones": lambda: torch.ones(bad[1]), "bool": lambda: torch.tensor(True),
+                   "meta": lambda: torch.tensor(bad[1], device="meta")}[bad[0]]()
         kw["num_items"] = bad
     elif name == "process_group":
         kw["process_group"] = object() if isinstance(bad, tuple) else bad
@@ -264,7 +271,8 @@ def check_api_answer(c, args, kw, out, bad_mask, inputs):
     num = float(num) if isinstance(num, torch.Tensor) else num
     scored = (y[..., 1:] if shift else y).reshape(-1)
     if num is None and kw["reduction"] == "mean" and bool(scored_bad.any()):
-        num = float((scored != ii).sum())  # our divisor counts the out-of-range labels: so must the reference's
+        # our divisor counts the out-of-range labels: so must the reference's
+        num = float((scored != ii).sum())
     g = torch.rand(loss.shape) if c["reduction"] == "none" else torch.ones(())
     ref = fp64_reference(h, w, y_ref, b, upstream=g, reduction=kw["reduction"], shift=shift, ignore_index=ii,
                          label_smoothing=kw["label_smoothing"], z_loss=kw["z_loss"], softcap=kw["softcap"],
@@ -281,7 +289,8 @@ def check_api_answer(c, args, kw, out, bad_mask, inputs):
             raise Bad(f"loss {float(loss)} with out-of-range labels and validate=False (NaN expected)")
     else:
         assert_loss_close(loss, ref, dtype)
-    if kw["return_stats"]:  # the reference scores an out-of-range label as ignored (lse 0): compare the others
+    # the reference scores an out-of-range label as ignored (lse 0): compare the others
+    if kw["return_stats"]:
         assert_lse_close(torch.where(scored_bad, 0.0, out.lse), ref)
         if int(out.n_valid) != int(ref.n_valid) + int(scored_bad.sum()):
             raise Bad(f"n_valid {int(out.n_valid)}")
@@ -313,14 +322,14 @@ def check_api_answer(c, args, kw, out, bad_mask, inputs):
 
 # ------------------------------------------------------------------------------------------------ op cases
 OP_CORRUPTIONS = [  # (name, the argument the error must name)
-    ("labels_short", "labels"), ("labels_long", "labels"), ("labels_float", "labels"), ("labels_2d", "labels"),
-    ("bias_short", "bias"), ("bias_dtype", "bias"), ("hidden_3d", "hidden"), ("hidden_float64", "hidden"),
-    ("weight_dim", "weight"), ("weight_dtype", "weight"), ("lse_short", "lse"), ("lse_int", "lse"),
-    ("grad_loss_short", "grad_loss"), ("grad_loss_2d", "grad_loss"), ("grad_mask", "grad_mask"),
-    ("label_smoothing", "label_smoothing"), ("z_loss", "z_loss"), ("softcap", "softcap"),
-    ("tile_bytes", "tile_bytes"), ("vocab_start", "vocab_start"), ("vocab_total", "vocab_total"),
-    ("shard", "group_name"), ("group_name", "group_name"), ("backend", "backend"), ("reduction", "reduction"),
-    ("num_items", "num_items"), ("device", "labels"),
+    ("labels_short", "labels"), ("labels_long", "labels"), ("labels_float", "labels"),
+    ("labels_2d", "labels"), ("bias_short", "bias"), ("bias_dtype", "bias"), ("hidden_3d", "hidden"),
+    ("hidden_float64", "hidden"), ("weight_dim", "weight"), ("weight_dtype", "weight"), ("lse_short", "lse"),
+    ("lse_int", "lse"), ("grad_loss_short", "grad_loss"), ("grad_loss_2d", "grad_loss"),
+    ("grad_mask", "grad_mask"), ("label_smoothing", "label_smoothing"), ("z_loss", "z_loss"),
+    ("softcap", "softcap"), ("tile_bytes", "tile_bytes"), ("vocab_start", "vocab_start"),
+    ("vocab_total", "vocab_total"), ("shard", "group_name"), ("group_name", "group_name"),
+    ("backend", "backend"), ("reduction", "reduction"), ("num_items", "num_items"), ("device", "labels"),
 ]
 OP_BAD = {
     "label_smoothing": [-0.5, 2.0, math.nan], "z_loss": [-1e-3, math.inf, math.nan],
@@ -333,12 +342,14 @@ OP_BAD = {
 def op_case(rng: random.Random) -> dict:
     c = dict(
         n=rng.choice([0, 1, 4, 13]), d=rng.choice([0, 1, 6]), v=rng.choice([0, 1, 3, 19]),
-        dtype=rng.choice(["float32", "float32", "bfloat16", "float16"]), label_dtype=rng.choice(list(LABEL_DTYPES)),
+        dtype=rng.choice(["float32", "float32", "bfloat16", "float16"]),
+        label_dtype=rng.choice(list(LABEL_DTYPES)),
         layout_h=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
         layout_w=rng.choice(["contiguous", "transposed", "strided", "expanded"]),
-        layout_y=rng.choice(["contiguous", "strided", "expanded"]), bias=rng.choice([None, "contiguous", "strided"]),
-        reduction=rng.choice(["mean", "sum", "none"]), label_smoothing=rng.choice([0.0, 0.2]),
-        z_loss=rng.choice([0.0, 1e-3]), softcap=rng.choice([0.0, 0.0, 4.0]), ignore_index=rng.choice([-100, 1]),
+        layout_y=rng.choice(["contiguous", "strided", "expanded"]),
+        bias=rng.choice([None, "contiguous", "strided"]), reduction=rng.choice(["mean", "sum", "none"]),
+        label_smoothing=rng.choice([0.0, 0.2]), z_loss=rng.choice([0.0, 1e-3]),
+        softcap=rng.choice([0.0, 0.0, 4.0]), ignore_index=rng.choice([-100, 1]),
         num_items=rng.choice([None, None, 5.0, 0.0]), tile_bytes=rng.choice([0, 0, 64, 4096]),
         grad_mask=[rng.random() < 0.7 for _ in range(3)], bad_labels=rng.choice([0, 0, 0, 1]),
         op=rng.choice(["forward", "backward"]), corruption=None, bad=None, data_seed=rng.randrange(2**31),
@@ -377,8 +388,9 @@ def run_op_case(c: dict, backend: str) -> None:
     if c["bad_labels"] and n:
         k = int(torch.randint(0, n, (), generator=gen))
         y[k], bad[k] = v + 3, True
-    opts = dict(ignore_index=ii, label_smoothing=c["label_smoothing"], z_loss=c["z_loss"], softcap=c["softcap"],
-                backend=backend, group_name="", vocab_start=0, vocab_total=0, tile_bytes=c["tile_bytes"])
+    opts = dict(ignore_index=ii, label_smoothing=c["label_smoothing"], z_loss=c["z_loss"],
+                softcap=c["softcap"], backend=backend, group_name="", vocab_start=0, vocab_total=0,
+                tile_bytes=c["tile_bytes"])
     num = None if c["num_items"] is None else torch.tensor(c["num_items"])
     red, mask = c["reduction"], list(c["grad_mask"])
     g_tok = torch.rand(n, generator=gen)
@@ -427,12 +439,13 @@ def run_op_case(c: dict, backend: str) -> None:
         elif name == "reduction":
             red = badv
         elif name == "num_items":
-            num = {"tensor": lambda: torch.tensor(badv[1], dtype=torch.float64), "ones": lambda: torch.ones(badv[1]),
-                   "bool": lambda: torch.tensor(True)}[badv[0]]()
+            num = {"tensor": lambda: torch.tensor(badv[1], dtype=torch.float64),
+                   "ones": lambda: torch.ones(badv[1]), "bool": lambda: torch.tensor(True)}[badv[0]]()
         else:
             opts[name] = badv
     block = options_block(**opts)
-    call = (lambda: torch.ops.fused_lce.forward(h, w, y, b, num, red, *block, mask)) if c["op"] == "forward" else \
+    call = (lambda: torch.ops.fused_lce.forward(h, w, y, b, num, red, *block, mask)) \
+        if c["op"] == "forward" else \
         (lambda: torch.ops.fused_lce.backward(g_tok, h, w, y, b, lse, None, "none", *block, mask))
     if name:
         try:
@@ -472,7 +485,8 @@ def run_op_case(c: dict, backend: str) -> None:
         return
     dh, dw, db = call()
     ref = fp64_reference(h, w, y_ref, b, reduction="none", upstream=g_tok, **ref_kw)
-    # the recompute path takes the saved lse: give it the true one (a random lse is a valid input, not a check)
+    # the recompute path takes the saved lse: give it the true one (a random lse is a valid input, not a
+    # check)
     got = torch.ops.fused_lce.backward(g_tok, h, w, y, b, ref.lse.float(), None, "none", *block, mask)
     for k, (t, like) in enumerate(zip(got, (h, w, b))):
         want = mask[k] and like is not None
@@ -487,7 +501,7 @@ def run_op_case(c: dict, backend: str) -> None:
         raise Bad("dX row of the out-of-range label is not NaN")
 
 
-# ------------------------------------------------------------------------------------------------ numeric cases
+# ---------------------------------------------------------------------------------------------- numeric cases
 # Valid inputs at the edges of float32, no bad value: every case must give the float64 answer, and exact zeros
 # for ignored tokens. Two classes:
 #   ignored_large: ignored tokens whose (tempered) logits are far beyond exp's float32 range (~88): logits of

@@ -1,4 +1,5 @@
-"""Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and backend_info."""
+"""Every error of SPEC.md raises ValueError/TypeError naming the argument; the module form and
+backend_info."""
 from __future__ import annotations
 
 import inspect
@@ -22,43 +23,54 @@ def _p(n=6, d=4, v=9, dtype=torch.float32):
 
 ERROR_CASES = [
     # (description, kwargs-transform, exception type, text that must appear)
-    ("mismatched D", lambda h, w, y: dict(hidden=h, weight=torch.randn(9, 5), labels=y), ValueError, "weight"),
+    ("mismatched D", lambda h, w, y: dict(hidden=h, weight=torch.randn(9, 5), labels=y),
+     ValueError, "weight"),
     ("weight not 2-D", lambda h, w, y: dict(hidden=h, weight=torch.randn(9), labels=y), ValueError, "weight"),
     ("labels shape", lambda h, w, y: dict(hidden=h, weight=w, labels=y[:-1]), ValueError, "labels"),
     ("float labels", lambda h, w, y: dict(hidden=h, weight=w, labels=y.float()), TypeError, "labels"),
     ("bool labels", lambda h, w, y: dict(hidden=h, weight=w, labels=y > 0), TypeError, "labels"),
-    ("label too large", lambda h, w, y: dict(hidden=h, weight=w, labels=torch.full_like(y, 9)), ValueError, "labels"),
-    ("negative label", lambda h, w, y: dict(hidden=h, weight=w, labels=torch.full_like(y, -3)), ValueError, "labels"),
-    ("reduction", lambda h, w, y: dict(hidden=h, weight=w, labels=y, reduction="avg"), ValueError, "reduction"),
+    ("label too large", lambda h, w, y: dict(hidden=h, weight=w, labels=torch.full_like(y, 9)),
+     ValueError, "labels"),
+    ("negative label", lambda h, w, y: dict(hidden=h, weight=w, labels=torch.full_like(y, -3)),
+     ValueError, "labels"),
+    ("reduction", lambda h, w, y: dict(hidden=h, weight=w, labels=y, reduction="avg"), ValueError,
+     "reduction"),
     ("backend", lambda h, w, y: dict(hidden=h, weight=w, labels=y, backend="cudnn"), ValueError, "backend"),
     ("smoothing < 0", lambda h, w, y: dict(hidden=h, weight=w, labels=y, label_smoothing=-0.1), ValueError,
      "label_smoothing"),
     ("smoothing > 1", lambda h, w, y: dict(hidden=h, weight=w, labels=y, label_smoothing=1.5), ValueError,
      "label_smoothing"),
-    ("smoothing nan", lambda h, w, y: dict(hidden=h, weight=w, labels=y, label_smoothing=float("nan")), ValueError,
-     "label_smoothing"),
-    ("negative z_loss", lambda h, w, y: dict(hidden=h, weight=w, labels=y, z_loss=-1e-4), ValueError, "z_loss"),
+    ("smoothing nan", lambda h, w, y: dict(hidden=h, weight=w, labels=y, label_smoothing=float("nan")),
+     ValueError, "label_smoothing"),
+    ("negative z_loss", lambda h, w, y: dict(hidden=h, weight=w, labels=y, z_loss=-1e-4),
+     ValueError, "z_loss"),
     ("zero softcap", lambda h, w, y: dict(hidden=h, weight=w, labels=y, softcap=0.0), ValueError, "softcap"),
-    ("negative softcap", lambda h, w, y: dict(hidden=h, weight=w, labels=y, softcap=-2.0), ValueError, "softcap"),
-    ("bias shape", lambda h, w, y: dict(hidden=h, weight=w, labels=y, bias=torch.randn(8)), ValueError, "bias"),
-    ("bias dtype", lambda h, w, y: dict(hidden=h, weight=w, labels=y, bias=torch.randn(9, dtype=torch.float64)),
+    ("negative softcap", lambda h, w, y: dict(hidden=h, weight=w, labels=y, softcap=-2.0),
+     ValueError, "softcap"),
+    ("bias shape", lambda h, w, y: dict(hidden=h, weight=w, labels=y, bias=torch.randn(8)),
+     ValueError, "bias"),
+    ("bias dtype", lambda h, w, y: dict(hidden=h, weight=w, labels=y,
+                                        bias=torch.randn(9, dtype=torch.float64)),
      TypeError, "bias"),
-    ("shift without sequence", lambda h, w, y: dict(hidden=h[0], weight=w, labels=y[0], shift=True), ValueError,
-     "shift"),
+    ("shift without sequence",
+     lambda h, w, y: dict(hidden=h[0], weight=w, labels=y[0], shift=True), ValueError, "shift"),
     ("int hidden", lambda h, w, y: dict(hidden=h.long(), weight=w, labels=y), TypeError, "hidden"),
-    ("float64 hidden", lambda h, w, y: dict(hidden=h.double(), weight=w.double(), labels=y), TypeError, "hidden"),
+    ("float64 hidden", lambda h, w, y: dict(hidden=h.double(), weight=w.double(), labels=y),
+     TypeError, "hidden"),
     ("weight dtype", lambda h, w, y: dict(hidden=h, weight=w.half(), labels=y), TypeError, "weight"),
     ("hidden not a tensor", lambda h, w, y: dict(hidden=h.tolist(), weight=w, labels=y), TypeError, "hidden"),
-    ("num_items shape", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items=torch.ones(2)), ValueError,
+    ("num_items shape", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items=torch.ones(2)),
+     ValueError, "num_items"),
+    ("num_items negative", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items=-1), ValueError,
      "num_items"),
-    ("num_items negative", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items=-1), ValueError, "num_items"),
-    ("num_items type", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items="8"), TypeError, "num_items"),
+    ("num_items type", lambda h, w, y: dict(hidden=h, weight=w, labels=y, num_items="8"), TypeError,
+     "num_items"),
     ("ignore_index type", lambda h, w, y: dict(hidden=h, weight=w, labels=y, ignore_index=1.5), TypeError,
      "ignore_index"),
     ("tile budget", lambda h, w, y: dict(hidden=h, weight=w, labels=y, tile_budget_mb=0), ValueError,
      "tile_budget_mb"),
-    ("sequence_parallel without group", lambda h, w, y: dict(hidden=h, weight=w, labels=y, sequence_parallel=True),
-     ValueError, "process_group"),
+    ("sequence_parallel without group",
+     lambda h, w, y: dict(hidden=h, weight=w, labels=y, sequence_parallel=True), ValueError, "process_group"),
 ]
 
 
@@ -190,7 +202,8 @@ def test_more_errors_name_the_argument():
         lce(h, w, y.to("meta"))
 
 
-EDGE_CASES = [  # (kwargs, exception, the name the message must contain): values that used to give wrong numbers
+# (kwargs, exception, the name the message must contain): values that used to give wrong numbers
+EDGE_CASES = [
     (dict(softcap=1e-50), ValueError, "softcap"),  # 0 in float32: the kernels read it as "off"
     (dict(softcap=1e39), ValueError, "softcap"),  # inf in float32
     (dict(num_items=1e-300), ValueError, "num_items"),  # 0 in float32: the loss became 0
@@ -210,7 +223,8 @@ LOGPROB_EDGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: next(iter(c[0])) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: next(iter(c[0])) if isinstance(c, tuple)
+                                                 else str(c))
 def test_extreme_scalars_and_wrong_types_are_rejected(case):
     kw, exc, name = case
     h, w, y = _p()
@@ -229,18 +243,21 @@ def test_logprob_extreme_scalars_are_rejected(case):
 
 def test_smallest_accepted_scalars_give_the_reference():
     """The edges of the accepted ranges still compute the right numbers: a normal-float32 softcap (every logit
-    saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny num_items."""
+    saturates to +-softcap), a tiny temperature (log-probs of the sharpened distribution), a tiny
+    num_items."""
     h, w, y = _p()
     z = reference_logits(h, w)
     cap = 2.0**-126
     zc = reference_logits(h, w, softcap=cap)
     want = torch.nn.functional.cross_entropy(zc, y, reduction="none")
-    torch.testing.assert_close(lce(h, w, y, softcap=cap, reduction="none").double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lce(h, w, y, softcap=cap, reduction="none").double(), want,
+                               rtol=1e-6, atol=1e-6)
     t = 1e-3
     lp = fused_lce.linear_logprobs(h, w, y, temperature=t)
     want_lp = torch.log_softmax(z / t, -1).gather(1, y[:, None])[:, 0]
     torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-2)  # |z / T| ~ 1e3: float32 logits
-    # a tiny divisor scales the float32 loss up (beyond float32's range it is inf, as in the plain float32 path)
+    # a tiny divisor scales the float32 loss up (beyond float32's range it is inf, as in the plain float32
+    # path)
     want = torch.nn.functional.cross_entropy(z, y, reduction="sum") / 1e-30
     torch.testing.assert_close(lce(h, w, y, num_items=1e-30).double(), want, rtol=1e-6, atol=0.0)
 
@@ -341,13 +358,16 @@ print("SMALL", loss.item(), bool(torch.isfinite(h.grad).all() and torch.isfinite
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc for the address-space limit")
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="needs Linux /proc for the address-space limit")
 @pytest.mark.parametrize("backend", [n for n in ("torch", "cpp") if fused_lce.backend_info()[n]["available"]])
 def test_out_of_memory_names_the_tile_budget(backend):
-    """Under a small address-space limit (RLIMIT_AS, fresh process), a tile budget too large for the memory left
-    raises the allocator's error type (RuntimeError on CPU, torch.OutOfMemoryError on CUDA) with a message
-    naming fused_lce, the sizes and the tile budget to lower; the same problem with a small budget then runs."""
-    out = subprocess.run([sys.executable, "-c", OOM_SCRIPT, backend], capture_output=True, text=True, timeout=600)
+    """Under a small address-space limit (RLIMIT_AS, fresh process), a tile budget too large for the memory
+    left raises the allocator's error type (RuntimeError on CPU, torch.OutOfMemoryError on CUDA) with a
+    message naming fused_lce, the sizes and the tile budget to lower; the same problem with a small budget
+    then runs."""
+    out = subprocess.run([sys.executable, "-c", OOM_SCRIPT, backend], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
     lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     assert lines.get("TYPE") == "RuntimeError", out.stdout
@@ -357,7 +377,8 @@ def test_out_of_memory_names_the_tile_budget(backend):
                  "can't allocate memory"):
         assert text in msg, (text, msg)
     loss, finite = lines["SMALL"].split()
-    assert 12.0 < float(loss) < 15.5 and finite == "True", lines["SMALL"]  # ~log(500k) = 13.1 for random logits
+    # ~log(500k) = 13.1 for random logits
+    assert 12.0 < float(loss) < 15.5 and finite == "True", lines["SMALL"]
 
 
 @pytest.mark.cuda

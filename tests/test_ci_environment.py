@@ -1,5 +1,5 @@
-"""In CI (env CI=true) every optional dependency that a test module would otherwise importorskip must be present,
-so a missing install step fails loudly instead of turning tests into skips."""
+"""In CI (env CI=true) every optional dependency that a test module would otherwise importorskip must be
+present, so a missing install step fails loudly instead of turning tests into skips."""
 from __future__ import annotations
 
 import importlib
@@ -30,6 +30,7 @@ def test_native_cpu_backend_built_in_ci():
 @pytest.mark.skipif(not IN_CI or os.environ.get("FUSED_LCE_CI_SWIFT", "1") != "1",
                     reason="only enforced in CI (CI=true) unless FUSED_LCE_CI_SWIFT=0")
 def test_swift_environment_built_in_ci():
-    # .ci/run builds ms-swift's own environment and points FUSED_LCE_SWIFT_PYTHON at it; without it test_swift skips
+    # .ci/run builds ms-swift's own environment and points FUSED_LCE_SWIFT_PYTHON at it; without it test_swift
+    # skips
     path = os.environ.get("FUSED_LCE_SWIFT_PYTHON", "")
     assert path and os.access(path, os.X_OK), f"FUSED_LCE_SWIFT_PYTHON={path!r}"

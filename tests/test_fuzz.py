@@ -1,11 +1,12 @@
-"""Fuzz: random shapes (zero-size dimensions included), dtypes, layouts (transposed, strided, expanded inputs),
-options and bad values thrown at the public API and at the direct ops. Every case must end in a ValueError /
-TypeError naming the bad argument, or in the float64 reference's answer (NaN exactly where a label is out of range
-with validate=False) -- never a crash, another exception or a silently wrong number. The "numeric" kind throws valid
-inputs at float32's edges instead (ignored tokens with huge logits or a low temperature, softcaps across their whole
-range) at the loss and the log-probs, also on the AscendC kernels' CPU twin. The cases
-(tests/fuzz_cases.py) run in a few subprocess batches, so a crash fails one batch and names its case.
-Deterministic in CI (the seed fixture); a fresh draw locally (FUSED_LCE_TEST_SEED=<seed> replays one).
+"""Fuzz: random shapes (zero-size dimensions included), dtypes, layouts (transposed, strided, expanded
+inputs), options and bad values thrown at the public API and at the direct ops. Every case must end in a
+ValueError / TypeError naming the bad argument, or in the float64 reference's answer (NaN exactly where a
+label is out of range with validate=False) -- never a crash, another exception or a silently wrong number. The
+"numeric" kind throws valid inputs at float32's edges instead (ignored tokens with huge logits or a low
+temperature, softcaps across their whole range) at the loss and the log-probs, also on the AscendC kernels'
+CPU twin. The cases (tests/fuzz_cases.py) run in a few subprocess batches, so a crash fails one batch and
+names its case. Deterministic in CI (the seed fixture); a fresh draw locally (FUSED_LCE_TEST_SEED=<seed>
+replays one).
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def run_batch(kind: str, backend: str, seed: int, count: int) -> list[dict]:
     lines = proc.stdout.splitlines()
     if proc.returncode != 0:
         started = [ln for ln in lines if ln.startswith("START")]
-        pytest.fail(f"the {kind} batch (backend={backend}, seed={seed}) died with rc {proc.returncode} in case "
-                    f"{started[-1] if started else '?'}; stderr: {proc.stderr[-3000:]}")
+        pytest.fail(f"the {kind} batch (backend={backend}, seed={seed}) died with rc {proc.returncode} in "
+                    f"case {started[-1] if started else '?'}; stderr: {proc.stderr[-3000:]}")
     results = [json.loads(ln) for ln in lines if ln.startswith("{")]
     assert len(results) == count, proc.stdout[-2000:] + proc.stderr[-2000:]
     return results

@@ -1,8 +1,9 @@
-"""What setup.py recorded about building each compiled part, read from ``fused_lce/_build_status.json`` (written by
-setup.py's ``build_ext``, or at install time when no extension could be built):
-``{"cpp" | "npu_opp" | "npu_adapter": {"ok": bool, "attempted": bool, "error": str | None, "log": str | None, ...}}``
-("error": why the part is missing, the first error line for a failed build; "log": the file with the whole build
-output, kept for the OPP kernel package; "attempted": False when the install did not try, e.g. no ASCEND_HOME_PATH).
+"""What setup.py recorded about building each compiled part, read from ``fused_lce/_build_status.json``
+(written by setup.py's ``build_ext``, or at install time when no extension could be built): ``{"cpp" |
+"npu_opp" | "npu_adapter": {"ok": bool, "attempted": bool, "error": str | None, "log": str | None, ...}}``
+("error": why the part is missing, the first error line for a failed build; "log": the file with the whole
+build output, kept for the OPP kernel package; "attempted": False when the install did not try, e.g. no
+ASCEND_HOME_PATH).
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def read(path: Optional[str] = None) -> dict[str, Optional[dict]]:
 
 
 def failure(part: Optional[dict]) -> Optional[str]:
-    """The recorded reason a part is missing, with its log ("... (full log: PATH)"), or None if it built / has no
-    record."""
+    """The recorded reason a part is missing, with its log ("... (full log: PATH)"), or None if it built / has
+    no record."""
     if not part or part.get("ok") or not part.get("error"):
         return None
     return part["error"] + (f" (full log: {part['log']})" if part.get("log") else "")

@@ -1,19 +1,19 @@
 """The "torch" provider: the reference tiling in plain PyTorch, and the fallback on every device.
 
-Token blocks (planned here, run by the driver) are walked over vocabulary tiles. ``stats`` does an online softmax
-(running max / sum-exp, float32) over the tiles; ``grads`` turns each logits tile into its gradient and adds
-``dX_blk += dz @ W_tile`` and ``dW_tile += dz.T @ h_blk`` into float32 accumulators. When the whole logits row
-block of a token block fits the tile budget and gradients follow, ``stats`` keeps its tiles for ``grads``
-(3 GEMM-equivalents in total); otherwise ``grads`` recomputes them (4). Extra memory: the tile budget
-(``Options.tile_bytes``; default 256 MiB on CPU, on CUDA a quarter of free memory between 1 and 8 GiB, 512 MiB
-elsewhere) plus the float32 accumulators.
-Only standard tensor ops, so it runs on CPU, CUDA and NPU (torch_npu) unchanged; the ops it runs on an NPU are
-checked against what torch_npu implements by tests/backends/npu/test_torch_route_ops.py.
+Token blocks (planned here, run by the driver) are walked over vocabulary tiles. ``stats`` does an online
+softmax (running max / sum-exp, float32) over the tiles; ``grads`` turns each logits tile into its gradient
+and adds ``dX_blk += dz @ W_tile`` and ``dW_tile += dz.T @ h_blk`` into float32 accumulators. When the whole
+logits row block of a token block fits the tile budget and gradients follow, ``stats`` keeps its tiles for
+``grads`` (3 GEMM-equivalents in total); otherwise ``grads`` recomputes them (4). Extra memory: the tile
+budget (``Options.tile_bytes``; default 256 MiB on CPU, on CUDA a quarter of free memory between 1 and 8 GiB,
+512 MiB elsewhere) plus the float32 accumulators. Only standard tensor ops, so it runs on CPU, CUDA and NPU
+(torch_npu) unchanged; the ops it runs on an NPU are checked against what torch_npu implements by
+tests/backends/npu/test_torch_route_ops.py.
 
 On CUDA, tiles of at least ``COMPILE_MIN_LOGITS`` logits run the same per-tile arithmetic through
-``torch.compile``d functions (``FUSED_LCE_TORCH_COMPILE``: ``0`` never, ``1`` for every tile): one fused kernel
-per pass instead of one per elementwise op, the same float32 formulas, the same tiling and memory. The GEMMs stay
-``torch.mm`` either way; CPU (the reference) always runs eagerly.
+``torch.compile``d functions (``FUSED_LCE_TORCH_COMPILE``: ``0`` never, ``1`` for every tile): one fused
+kernel per pass instead of one per elementwise op, the same float32 formulas, the same tiling and memory. The
+GEMMs stay ``torch.mm`` either way; CPU (the reference) always runs eagerly.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ COMPILE_MIN_LOGITS = 1 << 24  # CUDA tiles this large run the compiled per-tile 
 
 def default_tile_bytes(device: torch.device) -> int:
     budget = DEFAULT_TILE_MB.get(device.type, 512) * 2**20
-    if device.type == "cuda":  # large token blocks keep the float32 dW accumulator passes few; a quarter of free
+    # large token blocks keep the float32 dW accumulator passes few; a quarter of free
+    if device.type == "cuda":
         try:
             free, _ = torch.cuda.mem_get_info(device)
             budget = max(1024 * 2**20, min(budget, free // 4))
@@ -41,7 +42,7 @@ def default_tile_bytes(device: torch.device) -> int:
     return budget
 
 
-# ------------------------------------------------------------------------------------------------ per-tile math
+# ---------------------------------------------------------------------------------------------- per-tile math
 SOFTCAP_LINEAR = 2.0**-12  # |z / c| below this, c tanh(z / c) rounds to z in float32 (cubic term < 2**-25 z)
 
 
@@ -55,7 +56,8 @@ def capped(z: torch.Tensor, c: float, out=None) -> torch.Tensor:
 
 def _tile_stats(z, bias, softcap: float, m, s, zt, zs, amax, yl, v0: int, id0: int, smooth: bool):
     """Bias / softcap on a raw logits tile, then its statistics folded into the running (m, s, zt, zs, amax).
-    ``id0``: the global id of column 0 of the tile. Returns the tile (as kept for the gradients) and the stats."""
+    ``id0``: the global id of column 0 of the tile. Returns the tile (as kept for the gradients) and the
+    stats."""
     if bias is not None:
         z = z + bias.float()
     if softcap:
@@ -82,9 +84,10 @@ def _tile_logits(z, bias, softcap: float):
     return z
 
 
-def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool, out_dtype: torch.dtype):
-    """The gradient tile ``dz`` (in ``out_dtype``, the GEMM operand dtype) of a (bias- and softcap-applied) logits
-    tile, and its column sums in float32 when ``want_db``."""
+def _tile_grad(z, lse, a, u, tgt, yl, v0: int, softcap: float, eps: bool, want_db: bool,
+               out_dtype: torch.dtype):
+    """The gradient tile ``dz`` (in ``out_dtype``, the GEMM operand dtype) of a (bias- and softcap-applied)
+    logits tile, and its column sums in float32 when ``want_db``."""
     dz = torch.exp((z - lse[:, None]).clamp(max=0.0)) * a[:, None]  # p <= 1 (see TorchProvider.grads)
     if eps:
         dz = dz - u[:, None]
@@ -122,7 +125,8 @@ def _use_compiled(z: torch.Tensor) -> bool:
 
 
 def _run(fn, z, *args):
-    """``fn(z, *args)`` compiled where ``_use_compiled``; a compile failure falls back to eager (once, warned)."""
+    """``fn(z, *args)`` compiled where ``_use_compiled``; a compile failure falls back to eager (once,
+    warned)."""
     if _use_compiled(z):
         cfn = _compiled(fn)
         if cfn is not None:
@@ -132,16 +136,19 @@ def _run(fn, z, *args):
                 raise
             except Exception as e:  # pragma: no cover - Inductor failing on this host
                 _COMPILED["broken"] = True
-                warnings.warn(f"fused_lce torch backend: compiled tile function failed ({type(e).__name__}: {e}); "
-                              "running eagerly")
+                warnings.warn(f"fused_lce torch backend: compiled tile function failed ({type(e).__name__}: "
+                              f"{e}); running eagerly")
     return None
 
 
-def plan_tiles(n: int, v: int, d: int, budget: int, keep_wanted: bool, upcast_w: bool) -> tuple[int, int, bool]:
-    """(token block, vocab tile, keep logits between passes) so that the live tiles stay within ``budget`` bytes.
+def plan_tiles(n: int, v: int, d: int, budget: int, keep_wanted: bool,
+               upcast_w: bool) -> tuple[int, int, bool]:
+    """(token block, vocab tile, keep logits between passes) so that the live tiles stay within ``budget``
+    bytes.
 
-    Per logits element a tile costs ~8 bytes of temporaries (fp32 logits + fp32 probabilities/dz); a kept row block
-    costs 4 more bytes per element of the whole row; a bf16/fp16 weight tile upcast on CPU costs 4*D per vocab row.
+    Per logits element a tile costs ~8 bytes of temporaries (fp32 logits + fp32 probabilities/dz); a kept row
+    block costs 4 more bytes per element of the whole row; a bf16/fp16 weight tile upcast on CPU costs 4*D per
+    vocab row.
     """
     n, v = max(n, 1), max(v, 1)
     wrow = 4 * d if upcast_w else 0
@@ -176,9 +183,10 @@ class _Tiles:
             self.vb -= self.vb % _ALIGN
 
     def bounds(self, vb: int):
-        """Vocabulary tiles [v0, v1) of width ``vb``. On CUDA a tile whose width is not a multiple of 64 is split
-        into its first multiple of 64 and a small remainder: an odd width (an odd vocabulary) sends cuBLAS to
-        kernels several times slower (measured on the H200: 256 ms against 53 ms at 8192x4096x151931)."""
+        """Vocabulary tiles [v0, v1) of width ``vb``. On CUDA a tile whose width is not a multiple of 64 is
+        split into its first multiple of 64 and a small remainder: an odd width (an odd vocabulary) sends
+        cuBLAS to kernels several times slower (measured on the H200: 256 ms against 53 ms at
+        8192x4096x151931)."""
         out = []
         for v0 in range(0, self.v, vb):
             v1 = min(v0 + vb, self.v)
@@ -207,10 +215,12 @@ class _Tiles:
             lp = self.t.hidden.dtype
             torch.addmm(acc, a.to(lp), b.to(lp), out_dtype=torch.float32, out=acc)
         else:
-            acc.addmm_(a if a.dtype == torch.float32 else a.float(), b if b.dtype == torch.float32 else b.float())
+            acc.addmm_(a if a.dtype == torch.float32 else a.float(),
+                       b if b.dtype == torch.float32 else b.float())
 
     def logits(self, h, v0, v1, w=None):
-        return self.finish_logits(self.mm(h, (self.operand(self.t.weight[v0:v1]) if w is None else w).t()), v0, v1)
+        return self.finish_logits(self.mm(h, (self.operand(self.t.weight[v0:v1]) if w is None else w).t()),
+                                  v0, v1)
 
     def finish_logits(self, z, v0, v1):
         """Bias and softcap, in place on a raw float32 logits tile."""
@@ -249,9 +259,11 @@ class TorchProvider(Provider):
         for v0, v1 in tl.bounds(tl.vb):
             raw = tl.mm(h, tl.operand(t.weight[v0:v1]).t())
             got = None
-            if ez is None and opts.temperature == 1.0:  # the loss statistics, which the compiled function computes
-                got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap or 0.0),
-                           m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start, opts.wants_zsum)
+            # the loss statistics, which the compiled function computes
+            if ez is None and opts.temperature == 1.0:
+                got = _run(_tile_stats, raw, None if t.bias is None else t.bias[v0:v1],
+                           float(opts.softcap or 0.0), m, s, zt, zs, amax, yl, v0, v0 + opts.vocab_start,
+                           opts.wants_zsum)
             if got is not None:
                 z, m, s, zt, zs, amax = got
                 if keep and tl.keep:
@@ -260,8 +272,8 @@ class TorchProvider(Provider):
             z = tl.finish_logits(raw, v0, v1)
             tmax, targ = z.max(dim=1)
             new_m = torch.maximum(m, tmax)
-            # rows whose max is still -inf (every logit so far -inf, e.g. a masked bias) add nothing: subtracting
-            # -inf would give exp(nan)
+            # rows whose max is still -inf (every logit so far -inf, e.g. a masked bias) add nothing:
+            # subtracting -inf would give exp(nan)
             ref = torch.where(new_m == -math.inf, torch.zeros_like(new_m), new_m)
             if ez is not None:  # sum e (z - ref), moved from the old max to ref like s
                 # not clamp_, which torch_npu documents may fall back to the CPU; same peak (z - ref is freed)
@@ -274,7 +286,8 @@ class TorchProvider(Provider):
                 del zr, e
             else:
                 s = s * torch.exp(m - ref) + torch.exp(z - ref[:, None]).sum(dim=1)
-            amax = torch.where(tmax > m, targ + (v0 + opts.vocab_start), amax)  # strict: the first argmax wins
+            # strict: the first argmax wins
+            amax = torch.where(tmax > m, targ + (v0 + opts.vocab_start), amax)
             m = new_m
             hit = (yl >= v0) & (yl < v1)
             idx = (yl - v0).clamp(0, v1 - v0 - 1)
@@ -306,7 +319,8 @@ class TorchProvider(Provider):
                 raw = tl.mm(h, wt.t())
                 z = None
                 if plain and (t.bias is not None or opts.softcap) and _use_compiled(raw):
-                    z = _run(_tile_logits, raw, None if t.bias is None else t.bias[v0:v1], float(opts.softcap))
+                    z = _run(_tile_logits, raw, None if t.bias is None else t.bias[v0:v1],
+                             float(opts.softcap))
                 if z is None:
                     z = tl.finish_logits(raw, v0, v1)
             got = None
@@ -329,12 +343,13 @@ class TorchProvider(Provider):
             if opts.softcap:  # d softcap(x) / dx expressed in the capped value (z * temperature)
                 cap = 1.0 - ((z / opts.softcap) if temp == 1.0 else z * (temp / opts.softcap)) ** 2
             w = None
-            if b is not None:  # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
+            # a + b z (entropy), z floored where p underflows to 0 so that -inf logits give 0 * finite
+            if b is not None:
                 w = torch.maximum(z, (lse - 200.0)[:, None]).mul_(b[:, None]).add_(a[:, None])
             # p = exp(z - lse), its exponent clamped at 0 (p <= 1): the saved lse of a token with no gradient
             # (ignored: 0 by contract) bounds none of its logits, whose exp would overflow to inf, and its
-            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed); clamp with out=,
-            # not clamp_, which torch_npu documents may fall back to the CPU.
+            # coefficient 0 times inf is NaN. z is this function's own tile (kept or recomputed); clamp with
+            # out=, not clamp_, which torch_npu documents may fall back to the CPU.
             dz = torch.clamp(z.sub_(lse[:, None]), max=0.0, out=z).exp_()
             dz.mul_(a[:, None] if w is None else w)
             del w

@@ -5,5 +5,6 @@ from .provider import Provider, WholeRowsProvider, device_name, file_digest
 from .types import (LOGPROBS, LOSS, Coefs, EntropyStats, Grads, LossTerms, Options, Problem, Stats, Tensors,
                     TokenWeights, op_fields)
 
-__all__ = ["Provider", "WholeRowsProvider", "device_name", "file_digest", "LOSS", "LOGPROBS", "Coefs", "EntropyStats", "Grads", "LossTerms",
-           "Options", "Problem", "Stats", "Tensors", "TokenWeights", "op_fields"]
+__all__ = ["Provider", "WholeRowsProvider", "device_name", "file_digest", "LOSS", "LOGPROBS", "Coefs",
+           "EntropyStats", "Grads", "LossTerms", "Options", "Problem", "Stats", "Tensors", "TokenWeights",
+           "op_fields"]

@@ -1,22 +1,23 @@
 """The one driver: statistics -> combine -> loss -> gradients, for every provider.
 
-``forward`` / ``backward`` are the kernels of the registered ops ``torch.ops.fused_lce.forward`` / ``backward``,
-``logprobs_forward`` / ``logprobs_backward`` those of ``fused_lce::logprobs`` / ``logprobs_backward``
-(``fused_lce.ops`` checks their inputs and wires them to autograd). For a flattened problem they
+``forward`` / ``backward`` are the kernels of the registered ops ``torch.ops.fused_lce.forward`` /
+``backward``, ``logprobs_forward`` / ``logprobs_backward`` those of ``fused_lce::logprobs`` /
+``logprobs_backward`` (``fused_lce.ops`` checks their inputs and wires them to autograd). For a flattened
+problem they
 
 1. pick the provider (``registry.resolve``: explicit name, ``FUSED_LCE_BACKEND`` or the ``auto`` order, each
    provider's ``supports`` seeing shapes, dtype, device and options);
 2. plan token blocks (``provider.token_block``; the smallest proposal of a vocab-parallel group, so every rank
    runs the same collectives);
-3. per block: ``provider.stats`` -> ``distributed.combine_stats`` (nothing on one device) -> ``lse`` -> (forward
-   with gradients) ``provider.grads`` into float32 accumulators;
-4. turn the statistics into per-token losses or log-probs (``fused_lce.core.formulas``), reduce, and sum dX over
-   the group.
+3. per block: ``provider.stats`` -> ``distributed.combine_stats`` (nothing on one device) -> ``lse`` ->
+   (forward with gradients) ``provider.grads`` into float32 accumulators;
+4. turn the statistics into per-token losses or log-probs (``fused_lce.core.formulas``), reduce, and sum dX
+   over the group.
 
-On one device a provider with a one-pass kernel (``has_fused``) does step 3 for all rows in one call. Per-token
-weights (0 ignored, NaN bad label), the reduction's divisor and the gradient coefficients are formed here from
-``formulas``, so no kernel needs ``ignore_index``, a reduction or a loss formula. The process group is resolved
-once per op call (by ``fused_lce.core.validate``) and passed down as an object.
+On one device a provider with a one-pass kernel (``has_fused``) does step 3 for all rows in one call.
+Per-token weights (0 ignored, NaN bad label), the reduction's divisor and the gradient coefficients are formed
+here from ``formulas``, so no kernel needs ``ignore_index``, a reduction or a loss formula. The process group
+is resolved once per op call (by ``fused_lce.core.validate``) and passed down as an object.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from typing import Optional
 import torch
 
 from . import distributed, registry
-from .formulas import (count_scale, label_classes, label_valid, logprob_coefs, logprobs_from_stats, loss_coefs,
-                       loss_from_stats, loss_terms, lse_of, mean_divisor, safe_inverse, token_weights)
+from .formulas import (count_scale, label_classes, label_valid, logprob_coefs,
+                       logprobs_from_stats, loss_coefs, loss_from_stats, loss_terms, lse_of, mean_divisor,
+                       safe_inverse, token_weights)
 from .provider import Provider
 from .types import LOGPROBS, Coefs, EntropyStats, Options, Problem, Stats, Tensors, TokenWeights
 
@@ -61,15 +63,17 @@ def _blocks(provider: Provider, p: Problem, keep: bool, group=None):
 
 
 def _zero_grads(t: Tensors, mask, fp32_dh: bool):
-    """Gradients of a problem without tokens (N == 0): zeros of the inputs' shapes, whatever the provider's buffer
-    layout (a provider that allocates its outputs in ``grads`` never gets called)."""
+    """Gradients of a problem without tokens (N == 0): zeros of the inputs' shapes, whatever the provider's
+    buffer layout (a provider that allocates its outputs in ``grads`` never gets called)."""
     h, w, b = t.hidden, t.weight, t.bias
-    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype) if mask[0] else None,
-            torch.zeros_like(w) if mask[1] else None, torch.zeros_like(b) if mask[2] and b is not None else None)
+    return (torch.zeros(h.shape, device=h.device, dtype=torch.float32 if fp32_dh else h.dtype)
+            if mask[0] else None,
+            torch.zeros_like(w) if mask[1] else None,
+            torch.zeros_like(b) if mask[2] and b is not None else None)
 
 
-def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optional[torch.Tensor], mask, group=None,
-                op: str = "loss") -> tuple[Stats, Optional[tuple]]:
+def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optional[torch.Tensor],
+                mask, group=None, op: str = "loss") -> tuple[Stats, Optional[tuple]]:
     """Global statistics of every token and, when ``g`` is given, the gradients of ``scale * sum g_i loss_i``
     (``g``: per-token weights, or ``TokenWeights`` that form (g, scale) on first use)."""
     n = t.hidden.shape[0]
@@ -85,13 +89,15 @@ def run_forward(provider: Provider, t: Tensors, opts: Options, g, scale: Optiona
     fp32_dh = group is not None
     out = provider.new_grads(t, mask, fp32_dh=fp32_dh, scaled=scale is not None) if want else None
     if n == 0:  # no token block runs
-        return _stat_buffers(n, t.hidden.device, opts.entropy), (_zero_grads(t, mask, fp32_dh) if want else None)
+        return (_stat_buffers(n, t.hidden.device, opts.entropy),
+                (_zero_grads(t, mask, fp32_dh) if want else None))
     blocks = _blocks(provider, p, keep=want, group=group)
     st_all = None
     for rows in blocks:
         st, cache = provider.stats(t, rows, opts, keep=want)
         st = combine(st, group)
-        if len(blocks) == 1 and all(x.dtype == (torch.int64 if i == 4 else torch.float32) for i, x in enumerate(st)):
+        if len(blocks) == 1 and all(x.dtype == (torch.int64 if i == 4 else torch.float32)
+                                    for i, x in enumerate(st)):
             st_all = st  # one block of every token: its statistics are the result (no copy: host time per op)
         else:
             st_all = _stat_buffers(n, t.hidden.device, opts.entropy) if st_all is None else st_all
@@ -122,9 +128,10 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "not enough memory", "
 
 
 def explains_oom(fn):
-    """Re-raise an allocation failure of the wrapped kernel (torch.OutOfMemoryError, or the RuntimeError of the CPU
-    allocator) as the same type, with the problem's sizes and the tile budget to lower; other errors pass as is.
-    The kernel's ``hidden`` and ``weight`` are its first two tensor arguments after any per-token gradient."""
+    """Re-raise an allocation failure of the wrapped kernel (torch.OutOfMemoryError, or the RuntimeError of
+    the CPU allocator) as the same type, with the problem's sizes and the tile budget to lower; other errors
+    pass as is. The kernel's ``hidden`` and ``weight`` are its first two tensor arguments after any per-token
+    gradient."""
 
     @functools.wraps(fn)
     def run(*args):
@@ -148,27 +155,28 @@ def _oom_message(what: str, hidden, weight, opts: Options, text: str) -> str:
     budget = (f"{mib(opts.tile_bytes)} (tile_budget_mb / FUSED_LCE_TILE_MB)" if opts.tile_bytes
               else "the provider's default (set tile_budget_mb= or env FUSED_LCE_TILE_MB to lower it)")
     return (f"fused_lce: out of memory in {what} (backend={opts.backend!r}, N={n} tokens, D={d}, V={v}, "
-            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; the "
-            f"float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
-            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles kept "
-            f"live), or process fewer tokens per call. Allocator: {text}")
+            f"{str(hidden.dtype).replace('torch.', '')} on {hidden.device}; logits tile budget: {budget}; "
+            f"the float32 gradient accumulators take up to {mib(4 * (v * d + n * d + v))} and the inputs "
+            f"{mib(hidden.element_size() * (n * d + v * d))}). Lower tile_budget_mb (MiB of logits tiles "
+            f"kept live), or process fewer tokens per call. Allocator: {text}")
 
 
 def _tensors(hidden, weight, labels, bias, ignore_index: int) -> Tensors:
     """The provider's view of a problem: contiguous, non-overlapping inputs (an expanded or strided tensor is
-    copied here, so no kernel ever sees a stride it does not expect), and int64 labels when ``ignore_index`` does
-    not fit in int32 (a kernel comparing int32 labels with it would wrap it)."""
+    copied here, so no kernel ever sees a stride it does not expect), and int64 labels when ``ignore_index``
+    does not fit in int32 (a kernel comparing int32 labels with it would wrap it)."""
     c = lambda x: None if x is None else x.contiguous()  # noqa: E731
     if labels.dtype != torch.int64 and not -2**31 <= ignore_index < 2**31:
         labels = labels.long()
     return Tensors(c(hidden), c(weight), c(labels), c(bias))
 
 
-def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None, classes=None,
-                  weights: bool = True):
-    """Per-token weights of the gradient of the reduced loss (times ``grad_loss``, the upstream gradient of the
-    loss output: (N,) for "none", 0-dim otherwise; None when not ``weights``) and the reduction's ``1 / divisor``
-    (0-dim; None for "none"). ``classes``: the ``label_classes`` of ``labels`` when the caller has them."""
+def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int, grad_loss=None,
+                  classes=None, weights: bool = True):
+    """Per-token weights of the gradient of the reduced loss (times ``grad_loss``, the upstream gradient of
+    the loss output: (N,) for "none", 0-dim otherwise; None when not ``weights``) and the reduction's ``1 /
+    divisor`` (0-dim; None for "none"). ``classes``: the ``label_classes`` of ``labels`` when the caller has
+    them."""
     valid, bad = classes if classes is not None else label_classes(labels, opts, v_local)
     inv = None
     if reduction != "none":
@@ -185,8 +193,8 @@ def _token_weight(reduction: str, num_items, labels, opts: Options, v_local: int
 @explains_oom
 def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Options, group, grad_mask):
     """Kernel of ``fused_lce::forward`` (inputs checked by ``fused_lce.ops``; ``group`` the resolved process
-    group or None). Returns (loss, lse, correct, dh | None, dw | None, db | None); gradients of the returned loss
-    when ``reduction != "none"`` and asked."""
+    group or None). Returns (loss, lse, correct, dh | None, dw | None, db | None); gradients of the returned
+    loss when ``reduction != "none"`` and asked."""
     mask = normalise_mask(grad_mask, bias)
     local_rows = hidden.shape[0]
     # sequence parallel: hidden holds this rank's N/world rows, labels all N (one all-gather)
@@ -199,12 +207,16 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
 
     def weights():
         classes.extend(label_classes(labels, opts, weight.shape[0], valid))
-        return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes, weights=want)
+        return _token_weight(reduction, num_items, labels, opts, weight.shape[0], classes=classes,
+                             weights=want)
 
-    # the scale from the live count alone, for a provider that reads it on the host (a tensor num_items is not)
-    by_count = functools.partial(count_scale, reduction) if num_items is None and reduction != "none" else None
+    # the scale from the live count alone, for a provider that reads it on the host (a tensor num_items is
+    # not)
+    by_count = (functools.partial(count_scale, reduction) if num_items is None and reduction != "none"
+                else None)
     tw = TokenWeights(valid, weights, by_count)
-    st, grads = run_forward(provider, t, opts, tw if want else None, None, mask if want else (False,) * 3, group)
+    st, grads = run_forward(provider, t, opts, tw if want else None, None,
+                            mask if want else (False,) * 3, group)
     _, inv = tw.get()
     per, lse, correct = loss_from_stats(st, labels, opts, weight.shape[0], classes)
     loss = per if reduction == "none" else per.sum() * inv
@@ -218,8 +230,8 @@ def forward(hidden, weight, labels, bias, num_items, reduction: str, opts: Optio
 def backward(grad_loss, hidden, weight, labels, bias, lse, num_items, reduction: str, opts: Options, group,
              grad_mask):
     """Kernel of ``fused_lce::backward``: (dh | None, dw | None, db | None), the gradients of
-    ``sum(grad_loss * loss)`` for the ``loss`` that ``forward`` returns with the same arguments, recomputing the
-    logits from the saved ``lse``."""
+    ``sum(grad_loss * loss)`` for the ``loss`` that ``forward`` returns with the same arguments, recomputing
+    the logits from the saved ``lse``."""
     mask = normalise_mask(grad_mask, bias)
     if not any(mask):
         return None, None, None
@@ -239,8 +251,9 @@ def backward(grad_loss, hidden, weight, labels, bias, lse, num_items, reduction:
 # ------------------------------------------------------------------------------------------- log-prob kernels
 def logprobs_forward(hidden, weight, labels, bias, opts: Options, group):
     """Kernel of ``fused_lce::logprobs``: the per-token outputs of ``formulas.logprobs_from_stats`` for
-    ``p = softmax(z)``, ``z = softcap(hidden @ weight.T + bias) / T``. ``opts.sum_sq`` costs a second statistics
-    pass at temperature ``T / 2`` (whose lse is ``lse(2 z)``); every provider with temperature support serves it."""
+    ``p = softmax(z)``, ``z = softcap(hidden @ weight.T + bias) / T``. ``opts.sum_sq`` costs a second
+    statistics pass at temperature ``T / 2`` (whose lse is ``lse(2 z)``); every provider with temperature
+    support serves it."""
     t = _tensors(hidden, weight, labels, bias, opts.ignore_index)
     provider = registry.resolve(opts.backend, Problem.of(t, opts, op=LOGPROBS))
     st, _ = run_forward(provider, t, opts, None, None, (False, False, False), group, LOGPROBS)
@@ -253,11 +266,11 @@ def logprobs_forward(hidden, weight, labels, bias, opts: Options, group):
     return logprobs_from_stats(st, labels, opts, weight.shape[0], lse_half)
 
 
-def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean, opts: Options, group,
-                      grad_mask):
+def logprobs_backward(grad_logprob, grad_entropy, hidden, weight, labels, bias, lse, zmean,
+                      opts: Options, group, grad_mask):
     """Kernel of ``fused_lce::logprobs_backward``: (dh | None, dw | None, db | None) of
-    ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (either may be None), recomputing the logits
-    from the saved ``lse`` and ``zmean = E_p[z]``."""
+    ``sum_i grad_logprob[i] logprob_i + grad_entropy[i] entropy_i`` (either may be None), recomputing the
+    logits from the saved ``lse`` and ``zmean = E_p[z]``."""
     mask = normalise_mask(grad_mask, bias)
     if not any(mask):
         return None, None, None

@@ -1,10 +1,10 @@
-"""The maths, once: per-token loss, log-prob and gradient-coefficient formulas (what the driver evaluates on the
-statistics the kernels return), and beside them the dense float64 reference of the same semantics (docs/spec.md),
-which the tests and benchmarks compare every provider with.
+"""The maths, once: per-token loss, log-prob and gradient-coefficient formulas (what the driver evaluates on
+the statistics the kernels return), and beside them the dense float64 reference of the same semantics
+(docs/spec.md), which the tests and benchmarks compare every provider with.
 
 No kernel holds a loss formula: the driver turns statistics into losses here, and gives providers either
-per-token ``Coefs`` (``loss_coefs``, ``logprob_coefs``) or, for one-pass kernels that learn ``lse`` inside, the
-four numbers of ``LossTerms`` (``loss_terms``).
+per-token ``Coefs`` (``loss_coefs``, ``logprob_coefs``) or, for one-pass kernels that learn ``lse`` inside,
+the four numbers of ``LossTerms`` (``loss_terms``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from .types import Coefs, EntropyStats, LossTerms, Options, Stats
 
 
-# ------------------------------------------------------------------------------------------ per-token formulas
+# ----------------------------------------------------------------------------------------- per-token formulas
 def lse_of(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """log-sum-exp from (max, sum exp(z - max)); -inf when every logit is -inf."""
     return m + torch.log(s)
@@ -52,16 +52,17 @@ def _comparable(labels: torch.Tensor, ignore_index: int, vocab: int) -> torch.Te
     return labels.long()
 
 
-# Few, scalar-operand ops below: each costs a launch and tens of microseconds of host time per step on the GPU,
-# which at small token counts is the step's critical path.
+# Few, scalar-operand ops below: each costs a launch and tens of microseconds of host time per step on the
+# GPU, which at small token counts is the step's critical path.
 def per_token(x: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """``x`` where the label is valid, 0 where it is ignored, NaN where it is out of range."""
     return torch.where(bad, math.nan, torch.where(valid, x, 0.0))
 
 
-def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where the
-    label is out of range (a bad label must poison the gradients it would have produced, never index)."""
+def token_weights(valid: torch.Tensor, bad: torch.Tensor,
+                  upstream: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-token weight of the gradient: ``upstream`` (1 when None) where valid, 0 where ignored, NaN where
+    the label is out of range (a bad label must poison the gradients it would have produced, never index)."""
     if upstream is None:
         return valid.to(torch.float32).masked_fill_(bad, math.nan)
     return per_token(upstream.to(torch.float32).expand(valid.shape), valid, bad)
@@ -70,8 +71,8 @@ def token_weights(valid: torch.Tensor, bad: torch.Tensor, upstream: Optional[tor
 def loss_from_stats(st: Stats, labels: torch.Tensor, opts: Options, v_local: int, classes=None):
     """Per-token (loss, lse, correct) from global statistics: the SPEC loss
     ``(1 - eps) (lse - z_y) + eps (lse - mean z) + z_loss lse^2``, 0 where ignored, NaN for a bad label. The
-    statistics of an ignored token are not read (a provider may skip its logits): its lse is 0. ``classes``: the
-    ``label_classes`` of ``labels`` when the caller has them."""
+    statistics of an ignored token are not read (a provider may skip its logits): its lse is 0. ``classes``:
+    the ``label_classes`` of ``labels`` when the caller has them."""
     vt = opts.vocab(v_local)
     valid, bad = classes if classes is not None else label_classes(labels, opts, v_local)
     lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
@@ -103,12 +104,12 @@ def loss_coefs(lse: torch.Tensor, g: torch.Tensor, opts: Options, v_local: int) 
 
 
 def logprobs_from_stats(st, labels: torch.Tensor, opts: Options, v_local: int, lse_half=None):
-    """Per-token outputs of ``p = softmax(z)`` from the statistics: (logprob, entropy | None, lse, E_p[z] | None,
-    mean_logit | None, is_top1, log_sum_sq | None) with ``logprob = z_y - lse``, ``entropy = log s - ez / s =
-    lse - E_p[z]``, ``mean_logit = sum z / V``, ``is_top1``: the label is the first argmax, and ``log sum p^2 =
-    lse(2 z) - 2 lse(z)`` (``lse_half``: the lse of the logits at half the temperature, i.e. of ``2 z``). 0 (False)
-    where ignored, NaN for a bad label; the statistics of an ignored token are not read (its lse and E_p[z], saved
-    for the backward, are 0)."""
+    """Per-token outputs of ``p = softmax(z)`` from the statistics: (logprob, entropy | None, lse, E_p[z] |
+    None, mean_logit | None, is_top1, log_sum_sq | None) with ``logprob = z_y - lse``, ``entropy = log s - ez
+    / s = lse - E_p[z]``, ``mean_logit = sum z / V``, ``is_top1``: the label is the first argmax, and ``log
+    sum p^2 = lse(2 z) - 2 lse(z)`` (``lse_half``: the lse of the logits at half the temperature, i.e. of ``2
+    z``). 0 (False) where ignored, NaN for a bad label; the statistics of an ignored token are not read (its
+    lse and E_p[z], saved for the backward, are 0)."""
     valid, bad = label_classes(labels, opts, v_local)
     lse = torch.where(valid, lse_of(st.m, st.s), 0.0)
     logprob = per_token(st.target - lse, valid, bad)
@@ -130,10 +131,10 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
         d logprob / dz = onehot - p,      d entropy / dz = -p (z - E_p[z])
         => dz = p (a + b z) - t onehot    with a = -w_lp + w_ent E_p[z], b = -w_ent, t = -w_lp,
 
-    divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label is
-    out of range, as the token weights of the loss."""
-    # few ops (each costs host time the device waits through before the backward's GEMM): without entropy a and t
-    # hold the same numbers (one row of the block); with it the three are masked as one block
+    divided by the temperature (the chain rule to the softcapped logits). 0 where ignored, NaN where the label
+    is out of range, as the token weights of the loss."""
+    # few ops (each costs host time the device waits through before the backward's GEMM): without entropy a
+    # and t hold the same numbers (one row of the block); with it the three are masked as one block
     t = torch.zeros(valid.shape, device=valid.device) if w_lp is None else w_lp.to(torch.float32).neg()
     if w_ent is None:
         blk = t.unsqueeze(0)
@@ -148,8 +149,8 @@ def logprob_coefs(w_lp: Optional[torch.Tensor], w_ent: Optional[torch.Tensor], z
 
 def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int,
                  valid: Optional[torch.Tensor] = None):
-    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for "mean"
-    (``valid``: the mask of those tokens when the caller has it)."""
+    """0-dim float32 divisor of the summed loss: 1 for "sum", num_items or the count of valid tokens for
+    "mean" (``valid``: the mask of those tokens when the caller has it)."""
     if reduction != "mean":
         return torch.ones((), device=labels.device)
     if num_items is not None:
@@ -159,9 +160,9 @@ def mean_divisor(reduction: str, num_items: Optional[torch.Tensor], labels: torc
 
 def count_scale(reduction: str, count: int) -> Optional[float]:
     """``safe_inverse(mean_divisor(reduction, None, ...))`` on the host when ``count`` tokens are valid: 1 for
-    "sum", float32 ``1 / count`` for "mean" (0 for no token), equal to the device's value: the count is exact in
-    float32 up to 2**24 (None above), and 1 / count rounded to double and then to float32 is the correctly rounded
-    float32 quotient (the double has more than 2 * 24 + 2 bits). None for "none"."""
+    "sum", float32 ``1 / count`` for "mean" (0 for no token), equal to the device's value: the count is exact
+    in float32 up to 2**24 (None above), and 1 / count rounded to double and then to float32 is the correctly
+    rounded float32 quotient (the double has more than 2 * 24 + 2 bits). None for "none"."""
     if reduction == "sum":
         return 1.0
     if reduction != "mean" or not 0 <= count <= 2**24:
@@ -183,7 +184,8 @@ def softcapped(z: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
 
 def reference_logits(hidden, weight, bias=None, *, softcap: Optional[float] = None, temperature: float = 1.0,
                      dtype=torch.float64):
-    """``softcap(hidden @ weight.T + bias) / temperature`` in ``dtype``, materialised (small problems only)."""
+    """``softcap(hidden @ weight.T + bias) / temperature`` in ``dtype``, materialised (small problems
+    only)."""
     z = hidden.to(dtype) @ weight.to(dtype).t()
     if bias is not None:
         z = z + bias.to(dtype)
@@ -236,16 +238,17 @@ def reference_coef_grads(hidden, weight, labels, lse, coefs: Coefs, bias=None, *
 
 
 def reference_loss(hidden, weight, labels, bias=None, *, ignore_index=-100, reduction="mean",
-                   label_smoothing=0.0, z_loss=0.0, softcap: Optional[float] = None, shift=False, num_items=None,
-                   dtype=torch.float64):
-    """The SPEC loss computed densely in ``dtype`` (float64 by default), differentiable w.r.t. its float inputs.
-    Returns (loss, per_token_lse, token_accuracy, n_valid)."""
+                   label_smoothing=0.0, z_loss=0.0, softcap: Optional[float] = None, shift=False,
+                   num_items=None, dtype=torch.float64):
+    """The SPEC loss computed densely in ``dtype`` (float64 by default), differentiable w.r.t. its float
+    inputs. Returns (loss, per_token_lse, token_accuracy, n_valid)."""
     y = labels.long()
     if shift:
         hidden, y = hidden[..., :-1, :], y[..., 1:]
     z = reference_logits(hidden, weight, bias, softcap=softcap, dtype=dtype)
     valid = y != ignore_index
-    with torch.no_grad():  # of every valid token (-inf where every logit is), 0 where ignored; not differentiated
+    # of every valid token (-inf where every logit is), 0 where ignored; not differentiated
+    with torch.no_grad():
         lse = torch.where(valid, torch.logsumexp(z, dim=-1), 0.0)
     # an ignored token contributes nothing, also no 0 * NaN where all its logits are -inf
     z = torch.where(valid[..., None], z, torch.zeros_like(z))
@@ -287,8 +290,8 @@ def reference_logprobs(hidden, weight, labels, bias=None, *, temperature=1.0, so
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
 
-def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
-                             dtype=torch.float64):
+def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1.0, softcap=None,
+                             ignore_index=-100, dtype=torch.float64):
     """Per-token (mean logit, is_top1, log sum p^2) in ``dtype`` (0 / False at ignored positions)."""
     z = reference_logits(hidden, weight, bias, softcap=softcap, temperature=temperature, dtype=dtype)
     y = labels.long()
@@ -302,8 +305,8 @@ def reference_logprob_extras(hidden, weight, labels, bias=None, *, temperature=1
 
 def reference_mean_loss_grads(h, w, y, dtype=torch.float64, chunk_elems: int = 2**26, ignore_index=-100):
     """(loss as a float, dX, dW) of the mean cross-entropy of ``h @ w.T`` in ``dtype``, through
-    ``reference_loss`` on token chunks of at most ``chunk_elems`` logits, so large benchmark shapes stay within
-    memory (float32 without TF32 is the GPU benchmarks' cheaper choice)."""
+    ``reference_loss`` on token chunks of at most ``chunk_elems`` logits, so large benchmark shapes stay
+    within memory (float32 without TF32 is the GPU benchmarks' cheaper choice)."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:

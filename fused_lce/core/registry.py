@@ -1,9 +1,9 @@
 """The provider registry: which providers exist, which one runs a problem, and why the others do not.
 
 Provider modules live in ``fused_lce/backends/<name>`` (the name is the ``backend=`` string; each module has a
-``PROVIDER``) and are imported lazily, so ``import fused_lce`` never needs CUDA, Triton, torch_npu or a compiler.
-``auto`` takes, per device type, the first provider in ``AUTO_ORDER`` that is available and ``supports`` the
-problem. ``AUTO_ORDER`` is also the one list of the device types the project knows.
+``PROVIDER``) and are imported lazily, so ``import fused_lce`` never needs CUDA, Triton, torch_npu or a
+compiler. ``auto`` takes, per device type, the first provider in ``AUTO_ORDER`` that is available and
+``supports`` the problem. ``AUTO_ORDER`` is also the one list of the device types the project knows.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ AUTO_ORDER = {
 
 
 def present_device_types() -> list[str]:
-    """The device types of ``AUTO_ORDER`` that this process can use now (CPU always; an accelerator when its torch
-    module says a device is there; "npu" only once torch_npu has been imported by someone)."""
+    """The device types of ``AUTO_ORDER`` that this process can use now (CPU always; an accelerator when its
+    torch module says a device is there; "npu" only once torch_npu has been imported by someone)."""
     out = []
     for dev in AUTO_ORDER:
         mod = getattr(torch, dev, None)
@@ -98,7 +98,8 @@ def info() -> dict[str, dict]:
             "available": reason is None,
             "reason": reason,
             "devices": list(provider.device_types) if provider and provider.device_types else ["any"],
-            # what has been verified of this provider, where that differs from "tested here" (e.g. NPU kernels)
+            # what has been verified of this provider, where that differs from "tested here" (e.g. NPU
+            # kernels)
             "status": getattr(provider, "status", None),
             # first-use self-checks this process ran or read (fused_lce.core.selfcheck): {device: verdict}
             "selfcheck": verdicts,
@@ -120,8 +121,8 @@ def _checked_devices(provider: Provider) -> list:
 
 
 def _failed_check(name: str, device_type: str) -> bool:
-    """Whether provider ``name`` holds a failed self-check verdict for device 0 of ``device_type`` (this process's
-    or the disk cache's; none is run)."""
+    """Whether provider ``name`` holds a failed self-check verdict for device 0 of ``device_type`` (this
+    process's or the disk cache's; none is run)."""
     from . import selfcheck
 
     provider = load(name)
@@ -131,8 +132,8 @@ def _failed_check(name: str, device_type: str) -> bool:
 
 
 def why_not(name: str, p: Problem) -> Optional[str]:
-    """None when provider ``name`` can run ``p`` here, else why not (unavailable, declines the problem, or failed
-    its first-use self-check on the problem's device)."""
+    """None when provider ``name`` can run ``p`` here, else why not (unavailable, declines the problem, or
+    failed its first-use self-check on the problem's device)."""
     from . import selfcheck
 
     return unavailable_reason(name) or load(name).supports(p) or selfcheck.failure(load(name), p.device)

@@ -1,16 +1,17 @@
 """First contact with an accelerator the project has not run a provider on: a self-check before first use.
 
 The first time a process would use a provider on a device where it has never been verified
-(``Provider.needs_check``: every NPU today; a GPU architecture the CUDA suite has not run on), a small fixed battery
-runs it against the ``torch`` provider on the same device: bf16 and fp32, ignored labels, a vocabulary wider than
-65536, each route (the loss with its gradients in the forward, the recomputing backward, log-probs with entropy),
-every output and gradient, with tolerances relative to the reference's norm. On a mismatch, a non-finite value or an
-error, the provider is marked failed for that device (``backend_info()`` says why, with a warning once per process)
-and the registry does not use it there: ``auto`` takes the next provider of its order, an explicit request is
-refused. A suspect result is never returned. The verdict is cached on disk (``FUSED_LCE_CACHE_DIR``, default
-``~/.cache/fused_lce``) under the package version and ``Provider.check_id`` (kernel build, toolkit / driver, device),
-so a host pays for it once. ``FUSED_LCE_SELFCHECK=0`` turns the check off; ``=1`` runs it for every accelerator
-provider once per process, ignoring the cache and the verified list. ``fused-lce doctor`` prints the same evidence.
+(``Provider.needs_check``: every NPU today; a GPU architecture the CUDA suite has not run on), a small fixed
+battery runs it against the ``torch`` provider on the same device: bf16 and fp32, ignored labels, a vocabulary
+wider than 65536, each route (the loss with its gradients in the forward, the recomputing backward, log-probs
+with entropy), every output and gradient, with tolerances relative to the reference's norm. On a mismatch, a
+non-finite value or an error, the provider is marked failed for that device (``backend_info()`` says why, with
+a warning once per process) and the registry does not use it there: ``auto`` takes the next provider of its
+order, an explicit request is refused. A suspect result is never returned. The verdict is cached on disk
+(``FUSED_LCE_CACHE_DIR``, default ``~/.cache/fused_lce``) under the package version and ``Provider.check_id``
+(kernel build, toolkit / driver, device), so a host pays for it once. ``FUSED_LCE_SELFCHECK=0`` turns the
+check off; ``=1`` runs it for every accelerator provider once per process, ignoring the cache and the verified
+list. ``fused-lce doctor`` prints the same evidence.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from .types import LOGPROBS, LOSS, Options, Problem
 
 ENV = "FUSED_LCE_SELFCHECK"
 CACHE_ENV = "FUSED_LCE_CACHE_DIR"
-REPORT = ("run `fused-lce doctor` and attach its output to a bug report; FUSED_LCE_SELFCHECK=0 uses the backend "
-          "without the check")
+REPORT = ("run `fused-lce doctor` and attach its output to a bug report; FUSED_LCE_SELFCHECK=0 uses the "
+          "backend without the check")
 
 # relative L2 error against the torch provider, per operand dtype: (per-token values, gradients); bf16 / fp16
 # providers may round the logits or dz to the operand dtype, a wrong kernel misses by far more
@@ -42,7 +43,8 @@ VALUE_KEYS = ("loss", "lse", "logprob", "entropy", "zmean", "mean_logit", "log_s
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One check of the battery: the op, its options, the operands' dtype and shape, and whether to try a bias."""
+    """One check of the battery: the op, its options, the operands' dtype and shape, and whether to try a
+    bias."""
 
     name: str
     op: str
@@ -52,7 +54,8 @@ class Case:
     v: int
     opts: tuple = ()
     bias: bool = False
-    reduction: str = "mean"  # "none": forward, then the recomputing backward with a non-uniform upstream gradient
+    # "none": forward, then the recomputing backward with a non-uniform upstream gradient
+    reduction: str = "mean"
 
 
 BATTERY = (
@@ -70,14 +73,15 @@ BATTERY = (
 
 @dataclasses.dataclass
 class Verdict:
-    """The result of the battery for one (provider, device): ``ok``, the first failure (``reason``), the largest
-    relative error per output over the cases run, the cases run / declined, the seconds it took, and whether it
-    came from the disk cache."""
+    """The result of the battery for one (provider, device): ``ok``, the first failure (``reason``), the
+    largest relative error per output over the cases run, the cases run / declined, the seconds it took, and
+    whether it came from the disk cache."""
 
     ok: bool
     reason: Optional[str] = None
     # a failure by comparison ("mismatch") is a property of the kernels and is cached on disk; one by an error
-    # ("error": a launch error, out of memory, the reference failing) may be the moment's, and is kept per process
+    # ("error": a launch error, out of memory, the reference failing) may be the moment's, and is kept per
+    # process
     kind: Optional[str] = None
     errors: dict = dataclasses.field(default_factory=dict)
     cases: list = dataclasses.field(default_factory=list)
@@ -115,15 +119,15 @@ def failure(provider, device: torch.device) -> Optional[str]:
     if v is None:
         capturing = getattr(getattr(torch, device.type, None), "is_current_stream_capturing", None)
         if capturing is not None and capturing():
-            return (f"its first-use self-check cannot run while a graph is captured on {device}: run one step "
-                    f"with backend={provider.name!r} before capturing")
+            return (f"its first-use self-check cannot run while a graph is captured on {device}: run one "
+                    f"step with backend={provider.name!r} before capturing")
         v = verdict(provider, device)
     return None if v.ok else f"failed its first-use self-check on {device}: {v.reason}; {REPORT}"
 
 
 def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
-    """The provider's verdict on ``device``: from this process, else the disk cache, else the battery (always the
-    battery with ``force`` or FUSED_LCE_SELFCHECK=1). A failure warns once per process."""
+    """The provider's verdict on ``device``: from this process, else the disk cache, else the battery (always
+    the battery with ``force`` or FUSED_LCE_SELFCHECK=1). A failure warns once per process."""
     key = (provider.name, str(device))
     with _lock:
         if not force and key in _verdicts:
@@ -131,8 +135,8 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
         cache_key = _cache_key(provider, device)
         v = None if force or mode() == "force" else _load(cache_key)
         if v is None:
-            print(f"fused_lce: first use of backend {provider.name!r} on {device}: checking it against the torch "
-                  f"backend ({ENV}=0 skips this)", file=sys.stderr, flush=True)
+            print(f"fused_lce: first use of backend {provider.name!r} on {device}: checking it against the "
+                  f"torch backend ({ENV}=0 skips this)", file=sys.stderr, flush=True)
             v = run_battery(provider, device)
             if v.kind != "error":
                 _store(cache_key, v)
@@ -140,14 +144,15 @@ def verdict(provider, device: torch.device, force: bool = False) -> Verdict:
         if not v.ok and key not in _warned:
             _warned.add(key)
             warnings.warn(f"fused_lce: backend {provider.name!r} failed its first-use self-check on {device} "
-                          f"({v.reason}); it is not used on this device in this process (backend='auto' takes the "
-                          f"next backend of its order). Please {REPORT}.", RuntimeWarning, stacklevel=3)
+                          f"({v.reason}); it is not used on this device in this process (backend='auto' "
+                          f"takes the next backend of its order). Please {REPORT}.", RuntimeWarning,
+                          stacklevel=3)
         return v
 
 
 def recorded(provider, device: torch.device) -> Optional[Verdict]:
-    """The provider's verdict on ``device`` from this process or the disk cache, without running the battery (None
-    where there is none)."""
+    """The provider's verdict on ``device`` from this process or the disk cache, without running the battery
+    (None where there is none)."""
     key = (provider.name, str(device))
     with _lock:
         if key not in _verdicts:
@@ -178,8 +183,8 @@ def forget() -> None:
 
 # ------------------------------------------------------------------------------------------------ the battery
 def run_battery(provider, device: torch.device, cases=BATTERY) -> Verdict:
-    """Every case the provider supports on ``device``, against the torch provider on the same inputs (through the
-    driver, by name: the provider must be the registry's)."""
+    """Every case the provider supports on ``device``, against the torch provider on the same inputs (through
+    the driver, by name: the provider must be the registry's)."""
     from . import registry
 
     if registry.load(provider.name) is not provider:
@@ -189,7 +194,8 @@ def run_battery(provider, device: torch.device, cases=BATTERY) -> Verdict:
 
 @contextlib.contextmanager
 def bypassed():
-    """Providers serve without their self-check inside (the battery itself; `fused-lce doctor`'s comparisons)."""
+    """Providers serve without their self-check inside (the battery itself; `fused-lce doctor`'s
+    comparisons)."""
     before = getattr(_local, "active", False)
     _local.active = True
     try:
@@ -210,7 +216,8 @@ def _battery(provider, device, cases, reference) -> Verdict:
             got, bad = _attempt(case, provider.name, inputs, opts, device)
             if bad is None:
                 want, bad = _attempt(case, reference.name, inputs, opts, device)
-                bad = None if bad is None else f"the torch backend's reference failed ({bad}): nothing to check against"
+                bad = (None if bad is None
+                       else f"the torch backend's reference failed ({bad}): nothing to check against")
             if bad is not None:  # a launch error is a verdict, not a crash
                 v.ok, v.kind, v.reason = False, "error", f"case {case.name!r}: {bad}"
                 break
@@ -234,8 +241,9 @@ def _attempt(case: Case, backend: str, inputs, opts, device):
 
 
 def case_inputs(case: Case, device, provider):
-    """The case's tensors on ``device`` (fixed values, every fifth label ignored) and its Options; the problem is
-    None when the provider declines every form of it (with its options, then without them and without a bias)."""
+    """The case's tensors on ``device`` (fixed values, every fifth label ignored) and its Options; the problem
+    is None when the provider declines every form of it (with its options, then without them and without a
+    bias)."""
     g = torch.Generator().manual_seed(1234 + case.n * 7 + case.v)
     h = torch.randn(case.n, case.d, generator=g)
     w = torch.randn(case.v, case.d, generator=g) * (3.0 / math.sqrt(case.d))

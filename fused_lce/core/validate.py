@@ -1,9 +1,10 @@
-"""Every input check, once: a bad value raises ValueError / TypeError naming the argument and what was expected.
+"""Every input check, once: a bad value raises ValueError / TypeError naming the argument and what was
+expected.
 
 The registered ops check what reaches them (``options``, ``problem``, ``per_token``, ``num_items_tensor``), so
-they are safe to call directly; the public functions of ``fused_lce.api`` check only what the ops cannot see (the
-unflattened shapes, ``shift``, Python-side types such as ``process_group`` or a ``num_items`` number) and leave
-the rest to the op.
+they are safe to call directly; the public functions of ``fused_lce.api`` check only what the ops cannot see
+(the unflattened shapes, ``shift``, Python-side types such as ``process_group`` or a ``num_items`` number) and
+leave the rest to the op.
 """
 from __future__ import annotations
 
@@ -21,16 +22,18 @@ from .types import Options
 REDUCTIONS = ("mean", "sum", "none")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 LABEL_DTYPES = (torch.int64, torch.int32)
-_TYPES = {"int": (int, "an int"), "float": ((int, float), "a float"), "str": (str, "a str"), "bool": (bool, "a bool")}
+_TYPES = {"int": (int, "an int"), "float": ((int, float), "a float"), "str": (str, "a str"),
+          "bool": (bool, "a bool")}
 
 
 # ------------------------------------------------------------------------------------------------ op inputs
-_CHECKED: dict = {}  # the Options of recent option values (each op call checks ~15 of them: host time per call)
+# the Options of recent option values (each op call checks ~15 of them: host time per call)
+_CHECKED: dict = {}
 
 
 def options(values: dict) -> Options:
-    """The ``Options`` of an op call from its bound arguments (every field present in ``values``; absent fields
-    keep their defaults), type- and range-checked field by field from the field's own metadata."""
+    """The ``Options`` of an op call from its bound arguments (every field present in ``values``; absent
+    fields keep their defaults), type- and range-checked field by field from the field's own metadata."""
     key = tuple((k, type(x), x) for k, x in values.items())
     try:
         o = _CHECKED.get(key)
@@ -67,8 +70,8 @@ def backend(name) -> str:
 
 
 def problem(hidden, weight, labels, bias, opts: Options, *, sequence_parallel_ok: bool = True):
-    """Shapes, dtypes and devices of the tensors every op shares, and the vocabulary shard. Returns the process
-    group of ``opts.group_name`` (resolved here, once per op call) or None."""
+    """Shapes, dtypes and devices of the tensors every op shares, and the vocabulary shard. Returns the
+    process group of ``opts.group_name`` (resolved here, once per op call) or None."""
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         tensor(name, t)
     if hidden.dim() != 2:
@@ -98,11 +101,12 @@ def problem(hidden, weight, labels, bias, opts: Options, *, sequence_parallel_ok
     rows = hidden.shape[0]
     world = torch.distributed.get_world_size(group) if group is not None and sequence_parallel_ok else 1
     if labels.dim() != 1 or labels.shape[0] not in (rows, rows * world):
-        raise ValueError(f"labels: expected shape (N,) with N = hidden.shape[0] = {rows}, got {tuple(labels.shape)}")
+        raise ValueError(f"labels: expected shape (N,) with N = hidden.shape[0] = {rows}, got "
+                         f"{tuple(labels.shape)}")
     if group is None and (opts.vocab_start or opts.vocab_total not in (0, weight.shape[0])):
         raise ValueError(f"vocab_start/vocab_total: a vocabulary shard (vocab_start={opts.vocab_start}, "
-                         f"vocab_total={opts.vocab_total}, weight.shape[0]={weight.shape[0]}) needs a group_name; "
-                         f"on one device use vocab_start=0, vocab_total=0")
+                         f"vocab_total={opts.vocab_total}, weight.shape[0]={weight.shape[0]}) needs a "
+                         "group_name; on one device use vocab_start=0, vocab_total=0")
     if opts.vocab_total and opts.vocab_start + weight.shape[0] > opts.vocab_total:
         raise ValueError(f"vocab_start/vocab_total: the shard [{opts.vocab_start}, "
                          f"{opts.vocab_start + weight.shape[0]}) exceeds vocab_total={opts.vocab_total}")
@@ -145,8 +149,8 @@ def grad_loss(t, reduction: str, n: int, device) -> None:
         return per_token("grad_loss", t, n, device)
     tensor("grad_loss", t)
     if t.numel() != 1 or not t.dtype.is_floating_point:
-        raise ValueError(f"grad_loss: expected a one-element floating-point tensor for reduction={reduction!r}, "
-                         f"got shape {tuple(t.shape)} and dtype {t.dtype}")
+        raise ValueError("grad_loss: expected a one-element floating-point tensor for "
+                         f"reduction={reduction!r}, got shape {tuple(t.shape)} and dtype {t.dtype}")
     if t.device != device:
         raise ValueError(f"grad_loss: expected a tensor on hidden's device {device}, got {t.device}")
 
@@ -163,8 +167,8 @@ def grad_mask(mask) -> None:
 
 
 def num_items_tensor(t, device) -> None:
-    """``num_items`` as the ops take it: None or a one-element real tensor holding a finite value >= 0 (its value
-    is read with one host sync, except while tracing)."""
+    """``num_items`` as the ops take it: None or a one-element real tensor holding a finite value >= 0 (its
+    value is read with one host sync, except while tracing)."""
     if t is None:
         return
     tensor("num_items", t)
@@ -228,14 +232,17 @@ def process_group(group):
 
 
 def num_items(x, device) -> Optional[torch.Tensor]:
-    """``num_items`` of the public API: None, a finite number >= 0 or a one-element tensor (checked by the op)."""
+    """``num_items`` of the public API: None, a finite number >= 0 or a one-element tensor (checked by the
+    op)."""
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
-            raise ValueError(f"num_items: expected a number or a one-element tensor, got shape {tuple(x.shape)}")
+            raise ValueError("num_items: expected a number or a one-element tensor, got shape "
+                             f"{tuple(x.shape)}")
         if x.device.type == "meta" and device.type != "meta":
-            raise ValueError("num_items: a meta tensor has no value; pass a number or a tensor on a real device")
+            raise ValueError("num_items: a meta tensor has no value; pass a number or a tensor "
+                             "on a real device")
         return x.detach().reshape(()).to(device)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"num_items: expected None, a number or a one-element tensor, got {type(x).__name__}")

@@ -7,16 +7,16 @@ In the axolotl config (YAML)::
     fused_lce_options:          # optional: patch options, as for fused_lce.patch
       log_entropy: false
 
-After axolotl creates its trainer (a ``transformers.Trainer`` subclass; TRL's for DPO/KTO/GRPO) the plugin calls
-``fused_lce.patch(trainer, **fused_lce_options)``: the model (with or without its LoRA adapters), a reference
-model, the label smoothing. Axolotl's own fused losses (``cut_cross_entropy``, Liger's
-``liger_fused_linear_cross_entropy``) replace the model class's forward; with either on, fused_lce stays out (the
-patch warns) -- the plugin says so before the model is loaded. ``FUSED_LINEAR_CE=1`` works under axolotl too,
-without the plugin.
+After axolotl creates its trainer (a ``transformers.Trainer`` subclass; TRL's for DPO/KTO/GRPO) the plugin
+calls ``fused_lce.patch(trainer, **fused_lce_options)``: the model (with or without its LoRA adapters), a
+reference model, the label smoothing. Axolotl's own fused losses (``cut_cross_entropy``, Liger's
+``liger_fused_linear_cross_entropy``) replace the model class's forward; with either on, fused_lce stays out
+(the patch warns) -- the plugin says so before the model is loaded. ``FUSED_LINEAR_CE=1`` works under axolotl
+too, without the plugin.
 
-Tested against a stand-in of axolotl's ``BasePlugin`` interface (tests/integrations/test_axolotl.py), not against
-axolotl itself: axolotl's releases for Python 3.11 pin other torch / transformers versions than this project's
-test environment.
+Tested against a stand-in of axolotl's ``BasePlugin`` interface (tests/integrations/test_axolotl.py), not
+against axolotl itself: axolotl's releases for Python 3.11 pin other torch / transformers versions than this
+project's test environment.
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class FusedLCEPlugin(BasePlugin):
     def pre_model_load(self, cfg):
         on = [k for k in _OWN_FUSED_LOSSES if _get(cfg, k)]
         if on:
-            LOG.warning("fused_lce: %s replace the model's forward with their own fused loss; fused_lce stays out "
-                        "(turn them off to use fused_lce)", " and ".join(on))
+            LOG.warning("fused_lce: %s replace the model's forward with their own fused loss; fused_lce "
+                        "stays out (turn them off to use fused_lce)", " and ".join(on))
 
     def post_trainer_create(self, cfg, trainer):
         import fused_lce

@@ -2,37 +2,40 @@
 
 ``FusedLCEColumnParallelLinear`` subclasses megatron-core's ``ColumnParallelLinear``;
 ``fused_output_layer_class(base)`` builds the same subclass over any column-parallel linear class whose
-instances follow Megatron's conventions -- Transformer Engine's ``TEColumnParallelLinear``, or the native class
-that MindSpeed rebinds the TE names to -- and ``convert_output_layer(layer)`` turns an existing layer into it in
-place (parameters, hooks and checkpoints unchanged). megatron-core is imported only when one of them is used, so
-``import fused_lce`` (and this module) never needs it.
+instances follow Megatron's conventions -- Transformer Engine's ``TEColumnParallelLinear``, or the native
+class that MindSpeed rebinds the TE names to -- and ``convert_output_layer(layer)`` turns an existing layer
+into it in place (parameters, hooks and checkpoints unchanged). megatron-core is imported only when one of
+them is used, so ``import fused_lce`` (and this module) never needs it.
 
-Forward, Megatron layout (hidden ``[s, b, h]``, or ``[s/tp, b, h]`` with sequence parallelism; labels ``[b, s]``)::
+Forward, Megatron layout (hidden ``[s, b, h]``, or ``[s/tp, b, h]`` with sequence parallelism; labels ``[b,
+s]``)::
 
     loss = layer(hidden, labels=labels, weight=shared_embedding_weight_or_None, loss_mask=mask)  # [b, s]
     logits, bias = layer(hidden, weight=...)                                                   # no labels
 
 With labels, the loss is computed inside this module's forward through ``fused_lce.linear_cross_entropy`` with
-this layer's tensor-parallel group as ``process_group`` (vocab-parallel: only per-token statistics cross ranks)
-and its sequence-parallel setting, on the layer's own ``weight`` (untied embeddings) or the ``weight`` passed in
-(the shared embedding weight when tied, as GPTModel passes it). Because the parameters are used inside the
-module's own forward, module forward-pre hooks (distributed-optimizer parameter all-gather with overlap) and the
-parameters' gradient-accumulation hooks (DDP / main_grad) fire as for the plain layer; gradients arrive in
-``param.grad`` (Megatron's DDP hook adds them to ``main_grad``). Without labels it is the base layer's forward,
-unchanged (``(logits, bias)`` for both native and TE-backed classes), so the layer is a drop-in replacement.
+this layer's tensor-parallel group as ``process_group`` (vocab-parallel: only per-token statistics cross
+ranks) and its sequence-parallel setting, on the layer's own ``weight`` (untied embeddings) or the ``weight``
+passed in (the shared embedding weight when tied, as GPTModel passes it). Because the parameters are used
+inside the module's own forward, module forward-pre hooks (distributed-optimizer parameter all-gather with
+overlap) and the parameters' gradient-accumulation hooks (DDP / main_grad) fire as for the plain layer;
+gradients arrive in ``param.grad`` (Megatron's DDP hook adds them to ``main_grad``). Without labels it is the
+base layer's forward, unchanged (``(logits, bias)`` for both native and TE-backed classes), so the layer is a
+drop-in replacement.
 
-The default ``reduction="none"`` returns ``[b, s]`` per-token losses like ``GPTModel.compute_language_model_loss``
-(tokens where ``loss_mask == 0`` give 0). That path recomputes the logits tiles in backward; pass
-``reduction="sum"`` (with ``loss_mask``) to get Megatron's ``sum(losses * loss_mask)`` directly through the fused
-path whose gradients are computed during forward (about 3 instead of 4 GEMM-equivalents).
+The default ``reduction="none"`` returns ``[b, s]`` per-token losses like
+``GPTModel.compute_language_model_loss`` (tokens where ``loss_mask == 0`` give 0). That path recomputes the
+logits tiles in backward; pass ``reduction="sum"`` (with ``loss_mask``) to get Megatron's ``sum(losses *
+loss_mask)`` directly through the fused path whose gradients are computed during forward (about 3 instead of 4
+GEMM-equivalents).
 
-Stock ``GPTModel.forward(..., labels=labels)`` calls its output layer without labels and computes the loss from
-the logits in ``compute_language_model_loss``. Converting (or building) a fused layer therefore also routes
-GPTModel, once per process: in a ``GPTModel.forward`` with labels whose ``output_layer`` is a fused layer, that
-layer computes the per-token ``[b, s]`` loss from the labels (``reduction="none"`` whatever its options say:
-that is ``compute_language_model_loss``'s contract) and returns it in place of the logits, and
-``compute_language_model_loss`` returns it. So ``convert_output_layer(model.output_layer)`` is all a stock GPTModel
-needs. Where the route cannot engage, the stock path runs with a warning: multi-token prediction
+Stock ``GPTModel.forward(..., labels=labels)`` calls its output layer without labels and computes the loss
+from the logits in ``compute_language_model_loss``. Converting (or building) a fused layer therefore also
+routes GPTModel, once per process: in a ``GPTModel.forward`` with labels whose ``output_layer`` is a fused
+layer, that layer computes the per-token ``[b, s]`` loss from the labels (``reduction="none"`` whatever its
+options say: that is ``compute_language_model_loss``'s contract) and returns it in place of the logits, and
+``compute_language_model_loss`` returns it. So ``convert_output_layer(model.output_layer)`` is all a stock
+GPTModel needs. Where the route cannot engage, the stock path runs with a warning: multi-token prediction
 (``config.mtp_num_layers``, whose extra output-layer calls use rolled labels), or a fused layer called without
 labels in a training step outside GPTModel's forward (e.g. a custom model that computes its own loss from the
 logits: pass ``labels=`` to the layer there).
@@ -61,20 +64,23 @@ class _FusedLossMixin:
         super().__init__(*args, **kwargs)
         self.fused_lce_options = dict(fused_lce_options or {})
 
-    def forward(self, input_, labels=None, weight=None, runtime_gather_output=None, *, loss_mask=None, **options):
+    def forward(self, input_, labels=None, weight=None, runtime_gather_output=None, *,
+                loss_mask=None, **options):
         route = _ROUTE.get()
         if labels is None and not options and loss_mask is None and route is not None and route.wants(self):
             # GPTModel's forward with labels (see the module docstring): the per-token loss, where it expects
             # (logits, bias)
-            route.loss = self.fused_loss(input_, route.labels, weight=weight, reduction="none", return_stats=False)
+            route.loss = self.fused_loss(input_, route.labels, weight=weight, reduction="none",
+                                         return_stats=False)
             return route.loss, None
         if labels is None:
             if torch.is_grad_enabled() and self.training and route is None:
-                _warn_once(self, "the fused output layer was called without labels in a training step, outside "
-                           "GPTModel.forward(labels=...): it returns the logits and the loss is not fused; pass "
-                           "labels= to the layer")
+                _warn_once(self, "the fused output layer was called without labels in a training step, "
+                           "outside GPTModel.forward(labels=...): it returns the logits and the loss is not "
+                           "fused; pass labels= to the layer")
             if options or loss_mask is not None:
-                raise TypeError(f"loss options {sorted(options) + (['loss_mask'] if loss_mask is not None else [])} "
+                raise TypeError("loss options "
+                                f"{sorted(options) + (['loss_mask'] if loss_mask is not None else [])} "
                                 "given without labels")
             kwargs = {}
             if weight is not None:
@@ -128,7 +134,8 @@ class _FusedLossMixin:
 
     def _fused_lce_bias(self):
         bias = getattr(self, "bias", None)
-        if not isinstance(bias, torch.Tensor) or bias.numel() == 0 or getattr(self, "use_bias", True) is False:
+        if not isinstance(bias, torch.Tensor) or bias.numel() == 0 or getattr(self, "use_bias",
+                                                                              True) is False:
             return None  # TE keeps an empty tensor when bias=False
         return bias
 
@@ -148,9 +155,10 @@ class _FusedLossMixin:
         return group if dist.get_world_size(group) > 1 else None
 
 
-# ------------------------------------------------------------------------------------------------ GPTModel route
+# --------------------------------------------------------------------------------------------- GPTModel route
 class _Route:
-    """One ``GPTModel.forward`` with labels: its model, output layer and labels, and the loss the layer computed."""
+    """One ``GPTModel.forward`` with labels: its model, output layer and labels, and the loss the layer
+    computed."""
 
     __slots__ = ("model", "layer", "labels", "loss", "taken")
 
@@ -174,8 +182,8 @@ def _warn_once(obj, message):
 
 
 def _route_gpt_model():
-    """Wrap ``GPTModel.forward`` and ``compute_language_model_loss`` (class level, once) as the module docstring
-    says; a megatron-core without GPTModel is left alone."""
+    """Wrap ``GPTModel.forward`` and ``compute_language_model_loss`` (class level, once) as the module
+    docstring says; a megatron-core without GPTModel is left alone."""
     try:
         from megatron.core.models.gpt.gpt_model import GPTModel
     except ImportError:
@@ -195,8 +203,9 @@ def _route_gpt_model():
             return forward(self, *args, **kwargs)
         route = _Route(self, layer, labels)
         if getattr(self.config, "mtp_num_layers", None):
-            _warn_once(self, "GPTModel with multi-token prediction (config.mtp_num_layers) calls its output layer "
-                       "once per depth with rolled labels: the stock loss (full logits) runs, not fused_lce")
+            _warn_once(self, "GPTModel with multi-token prediction (config.mtp_num_layers) calls its output "
+                       "layer once per depth with rolled labels: the stock loss (full logits) "
+                       "runs, not fused_lce")
             route = _Route(self, None, labels)  # declined: the layer's own warning would only repeat this one
         token = _ROUTE.set(route)
         try:
@@ -204,8 +213,8 @@ def _route_gpt_model():
         finally:
             _ROUTE.reset(token)
         if not route.taken and route.layer is not None:
-            _warn_once(self, "GPTModel.forward(labels=...) did not pass its fused output layer's loss on (a changed "
-                       "forward?): the loss it returned is not fused_lce's")
+            _warn_once(self, "GPTModel.forward(labels=...) did not pass its fused output layer's loss on (a "
+                       "changed forward?): the loss it returned is not fused_lce's")
         return out
 
     @functools.wraps(compute_loss)
@@ -222,9 +231,10 @@ def _route_gpt_model():
 
 
 def fused_output_layer_class(base=None):
-    """The subclass of ``base`` (default: megatron-core's native ``ColumnParallelLinear``) whose forward computes
-    the fused loss when given labels. Its constructor takes the base's arguments plus ``fused_lce_options``. Also
-    routes ``GPTModel.forward(labels=...)`` through such a layer (see the module docstring)."""
+    """The subclass of ``base`` (default: megatron-core's native ``ColumnParallelLinear``) whose forward
+    computes the fused loss when given labels. Its constructor takes the base's arguments plus
+    ``fused_lce_options``. Also routes ``GPTModel.forward(labels=...)`` through such a layer (see the module
+    docstring)."""
     _route_gpt_model()
     if base is None:
         from megatron.core.tensor_parallel import ColumnParallelLinear as base
@@ -233,8 +243,8 @@ def fused_output_layer_class(base=None):
     cls = _CLASSES.get(base)
     if cls is None:
         cls = type(f"FusedLCE{base.__name__}", (_FusedLossMixin, base),
-                   {"__module__": __name__, "__doc__": f"{base.__name__} whose forward(hidden, labels=...) returns "
-                                                       "the fused linear cross-entropy (fused_lce)."})
+                   {"__module__": __name__, "__doc__": f"{base.__name__} whose forward(hidden, labels=...) "
+                                                       "returns the fused linear cross-entropy (fused_lce)."})
         _CLASSES[base] = cls
     return cls
 
@@ -253,4 +263,5 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FusedLCEColumnParallelLinear", "fused_output_layer_class", "convert_output_layer", "DEFAULT_OPTIONS"]
+__all__ = ["FusedLCEColumnParallelLinear", "fused_output_layer_class", "convert_output_layer",
+           "DEFAULT_OPTIONS"]

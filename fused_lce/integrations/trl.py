@@ -6,11 +6,11 @@ backbone and TRL's own chunked log-prob kernel on ``lm_head.weight`` and returns
 per-token fields: ``log_probs``, and those it was asked for among ``entropy``, ``mean_logits``, ``is_top1``,
 ``log_sum_sq_probs``.
 
-On a patched model the hooks of :func:`fused_lce.patch` see such a call before TRL's forward runs. If fused_lce can
-serve it exactly (:func:`unsupported` is None) they drop ``fused_lm_head``, TRL's forward falls through to the stock
-forward, and the armed output layer computes every field in one :func:`fused_lce.linear_logprobs` call
-(:func:`compute`). What TRL asked for (temperature, outputs, fp32 head, softcap, logit scale) is read, never
-changed, from the closure of the forward TRL installed.
+On a patched model the hooks of :func:`fused_lce.patch` see such a call before TRL's forward runs. If
+fused_lce can serve it exactly (:func:`unsupported` is None) they drop ``fused_lm_head``, TRL's forward falls
+through to the stock forward, and the armed output layer computes every field in one
+:func:`fused_lce.linear_logprobs` call (:func:`compute`). What TRL asked for (temperature, outputs, fp32 head,
+softcap, logit scale) is read, never changed, from the closure of the forward TRL installed.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class Head(NamedTuple):
 
 
 def _fused_forward_code():
-    """The code object of the forward that ``add_fused_lm_head`` installs, if TRL's trainer utils are loaded."""
+    """The code object of the forward that ``add_fused_lm_head`` installs, if TRL's trainer utils are
+    loaded."""
     utils = sys.modules.get("trl.trainer.utils")
     add = getattr(utils, "add_fused_lm_head", None) if utils is not None else None
     for const in getattr(getattr(add, "__code__", None), "co_consts", ()):
@@ -51,8 +52,8 @@ def _fused_forward_code():
 
 
 def installed_head(model) -> Union[Head, str, None]:
-    """The settings of TRL's fused LM head on ``model``; None if it has none; a str (the reason) if one seems to be
-    installed but its settings cannot be read (an unknown TRL version)."""
+    """The settings of TRL's fused LM head on ``model``; None if it has none; a str (the reason) if one seems
+    to be installed but its settings cannot be read (an unknown TRL version)."""
     code = _fused_forward_code()
     forward = model.__dict__.get("forward")
     if code is None or forward is None:
@@ -99,9 +100,9 @@ def unsupported(head: Union[Head, str]) -> Optional[str]:
 
 def compute(head: Head, hidden, weight, bias, labels, *, log_entropy: bool, options: dict):
     """The armed output layer's work for a served call: ``(carrier, fields)``. ``carrier`` holds the
-    differentiable per-token outputs as one tensor (log-prob, then entropy, on the last dimension) -- the layer
-    returns it, so module hooks that replace a layer's output (ZeRO-3) see all of them; ``fields`` holds the label
-    mask and the metrics (no gradient)."""
+    differentiable per-token outputs as one tensor (log-prob, then entropy, on the last dimension) -- the
+    layer returns it, so module hooks that replace a layer's output (ZeRO-3) see all of them; ``fields`` holds
+    the label mask and the metrics (no gradient)."""
     want_entropy = "entropy" in head.outputs and log_entropy
     extras = tuple(_EXTRAS[k] for k in head.outputs if k in _EXTRAS)
     out = linear_logprobs(hidden, weight, labels, bias, temperature=head.temperature, softcap=head.softcap,
@@ -113,15 +114,16 @@ def compute(head: Head, hidden, weight, bias, labels, *, log_entropy: bool, opti
         logprobs, entropy = out.logprobs, out.entropy
         metrics = {k: getattr(out, v) for k, v in _EXTRAS.items() if k in head.outputs}
     carrier = torch.stack([logprobs, entropy], -1) if want_entropy else logprobs.unsqueeze(-1)
-    fields = {"label_mask": labels != -100, "entropy_nan": "entropy" in head.outputs and not want_entropy, **metrics}
+    fields = {"label_mask": labels != -100,
+              "entropy_nan": "entropy" in head.outputs and not want_entropy, **metrics}
     return carrier, fields
 
 
 def _per_token(carrier, fields, shifted):
     """TRL's per-token fields from the carrier (as the stock forward passed it on) and the metrics; without
     ``shift_labels`` TRL scores positions 0..T-2 against labels 1..T-1, so the last position is dropped."""
-    # contiguous, as TRL's own fields are: a sum over a strided view may round differently (DPO's rewards compare
-    # the policy's and the reference's summed log-probs)
+    # contiguous, as TRL's own fields are: a sum over a strided view may round differently (DPO's rewards
+    # compare the policy's and the reference's summed log-probs)
     cut = (lambda t: t.contiguous()) if shifted else (lambda t: t[..., :-1].contiguous())  # noqa: E731
     out = {"log_probs": cut(carrier[..., 0]), "label_mask": cut(fields["label_mask"]),
            "entropy": cut(carrier[..., 1]) if carrier.shape[-1] == 2 else None}
@@ -132,7 +134,8 @@ def _per_token(carrier, fields, shifted):
 
 
 def loss(carrier, fields, num_items, shifted):
-    """TRL's loss (before the router aux loss): ``-sum(log_probs) / (num_items_in_batch or the label count)``."""
+    """TRL's loss (before the router aux loss): ``-sum(log_probs) / (num_items_in_batch or the label
+    count)``."""
     f = _per_token(carrier, fields, shifted)
     denominator = num_items if num_items is not None else f["label_mask"].sum().clamp(min=1)
     return -f["log_probs"].sum() / denominator
@@ -140,8 +143,9 @@ def loss(carrier, fields, num_items, shifted):
 
 def output(model, out, carrier, fields, num_items, shifted):
     """TRL's ``FusedCausalLMOutput`` from the stock forward's output ``out`` and the carrier. With ``labels``
-    the stock forward's loss is TRL's (the relay computed it from the carrier; MoE forwards added the router aux
-    loss); with ``shift_labels`` alone it returns no loss, and it is made here, the aux loss added as TRL does."""
+    the stock forward's loss is TRL's (the relay computed it from the carrier; MoE forwards added the router
+    aux loss); with ``shift_labels`` alone it returns no loss, and it is made here, the aux loss added as TRL
+    does."""
     from trl.trainer.utils import FusedCausalLMOutput
 
     aux, total = out.get("aux_loss"), out.get("loss")

@@ -19,15 +19,15 @@ from .loss import empty_like, no_autocast
 from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
-FORWARD = OpSchema(_lib, "logprobs", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias", LOGPROBS, "",
-                   "(Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean, Tensor mean_logit, Tensor is_top1, "
-                   "Tensor log_sum_sq)")
+FORWARD = OpSchema(_lib, "logprobs", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias",
+                   LOGPROBS, "", "(Tensor logprob, Tensor entropy, Tensor lse, Tensor zmean, Tensor "
+                   "mean_logit, Tensor is_top1, Tensor log_sum_sq)")
 BACKWARD = OpSchema(_lib, "logprobs_backward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, "
                     "Tensor lse, Tensor zmean, Tensor? grad_logprob, Tensor? grad_entropy", LOGPROBS,
                     "bool[3] grad_mask", "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _check(schema: OpSchema, args):
     """Bound, checked arguments of a log-prob op call: (bound, options, group)."""
     a = schema.bind(args)
@@ -60,7 +60,8 @@ def _forward_kernel(*args):
 def _backward_kernel(*args):
     a, opts, group = _check(BACKWARD, args)
     dh, dw, db = driver.logprobs_backward(a["grad_logprob"], a["grad_entropy"], a["hidden"], a["weight"],
-                                          a["labels"], a["bias"], a["lse"], a["zmean"], opts, group, a["grad_mask"])
+                                          a["labels"], a["bias"], a["lse"], a["zmean"], opts, group,
+                                          a["grad_mask"])
     h, w = a["hidden"], a["weight"]
     return (empty_like(h) if dh is None else dh, empty_like(w) if dw is None else dw,
             empty_like(w) if db is None else db)
@@ -70,15 +71,17 @@ def _forward_fake(*args):
     a, opts, _group = _check(FORWARD, args)
     n = a["labels"].shape[0]
     f = lambda k: a["hidden"].new_empty(k, dtype=torch.float32)  # noqa: E731
-    return (f(n), f(n if opts.entropy else 0), f(n), f(n if opts.entropy else 0), f(n if opts.mean_logit else 0),
-            a["hidden"].new_empty(n, dtype=torch.bool), f(n if opts.sum_sq else 0))
+    return (f(n), f(n if opts.entropy else 0), f(n), f(n if opts.entropy else 0),
+            f(n if opts.mean_logit else 0), a["hidden"].new_empty(n, dtype=torch.bool),
+            f(n if opts.sum_sq else 0))
 
 
 def _backward_fake(*args):
     a, _opts, _group = _check(BACKWARD, args)
     h, w, b = a["hidden"], a["weight"], a["bias"]
     mask = driver.normalise_mask(a["grad_mask"], b)
-    return (torch.empty_like(h) if mask[0] else empty_like(h), torch.empty_like(w) if mask[1] else empty_like(w),
+    return (torch.empty_like(h) if mask[0] else empty_like(h),
+            torch.empty_like(w) if mask[1] else empty_like(w),
             torch.empty_like(b) if mask[2] else empty_like(w))
 
 
@@ -91,9 +94,10 @@ torch.library.register_fake("fused_lce::logprobs_backward", _backward_fake, lib=
 # ------------------------------------------------------------------------------------------------ autograd
 DOUBLE_BACKWARD = ("fused_lce: double backward (create_graph=True) and forward-mode derivatives through "
                    "linear_logprobs are not supported (torch.func.hessian / jacfwd / jvp, grad of grad, "
-                   "torch.autograd.forward_ad dual tensors): its gradients are computed by fused kernels, not by "
-                   "differentiable ops. For those use the plain path torch.log_softmax(F.linear(hidden, weight, "
-                   "bias) / temperature, -1), which materialises the logits.")
+                   "torch.autograd.forward_ad dual tensors): its gradients are computed by fused kernels, "
+                   "not by differentiable ops. For those use the plain path "
+                   "torch.log_softmax(F.linear(hidden, weight, bias) / temperature, -1), which "
+                   "materialises the logits.")
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,12 +1,13 @@
 """The registered loss ops ``torch.ops.fused_lce.forward`` / ``torch.ops.fused_lce.backward``: schemas, input
-checks, fake kernels and autograd -- once, for every device. Their kernels are ``fused_lce.core.driver.forward`` /
-``backward``; native libraries register only private kernel ops (``fused_lce::_cpu_*``, ``_npu_*``). Schemas,
-outputs and checks: docs/spec.md ("Public API"); the options block of both schemas is the loss family of
-``fused_lce.core.Options`` field by field (``FORWARD.schema`` shows it whole).
+checks, fake kernels and autograd -- once, for every device. Their kernels are
+``fused_lce.core.driver.forward`` / ``backward``; native libraries register only private kernel ops
+(``fused_lce::_cpu_*``, ``_npu_*``). Schemas, outputs and checks: docs/spec.md ("Public API"); the options
+block of both schemas is the loss family of ``fused_lce.core.Options`` field by field (``FORWARD.schema``
+shows it whole).
 
-Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and calls
-``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce in
-``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
+Autograd: the backward of ``forward`` scales the gradients computed in forward by the upstream scalar, and
+calls ``backward`` for anything not precomputed (reduction "none", or a gradient the caller did not announce
+in ``grad_mask``). Double backward (``create_graph=True``) raises a RuntimeError naming fused_lce at backward.
 torch.func: ``FuncForward`` (used by the public API while a transform is active) makes ``grad`` / ``vjp`` /
 ``jacrev`` work; both ops have vmap rules (one call per batch element).
 """
@@ -20,24 +21,26 @@ from ..core import LOSS, driver, validate
 from .schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "DEF")
-FORWARD = OpSchema(_lib, "forward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? num_items, "
-                   "str reduction", LOSS, "bool[3] grad_mask",
+FORWARD = OpSchema(_lib, "forward", "Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, Tensor? "
+                   "num_items, str reduction", LOSS, "bool[3] grad_mask",
                    "(Tensor loss, Tensor lse, Tensor correct, Tensor grad_hidden, Tensor grad_weight, "
                    "Tensor grad_bias)")
 BACKWARD = OpSchema(_lib, "backward", "Tensor grad_loss, Tensor hidden, Tensor weight, Tensor labels, "
                     "Tensor? bias, Tensor lse, Tensor? num_items, str reduction", LOSS, "bool[3] grad_mask",
                     "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
-# dW / dX / db computed in forward, scaled in place by the upstream gradient in backward: one kernel per device
-# (a Triton one on CUDA that reads the scale on the device and skips the pass when it is 1), _foreach_mul_ else
+# dW / dX / db computed in forward, scaled in place by the upstream gradient in backward: one kernel per
+# device (a Triton one on CUDA that reads the scale on the device and skips the pass when it is 1),
+# _foreach_mul_ else
 _lib.define("_scale_grads_(Tensor(a!)[] grads, Tensor scale) -> ()")
 
 
 @torch.library.impl(_lib, "_scale_grads_", "CompositeExplicitAutograd")
 def _scale_grads_default(grads, scale):
-    torch._foreach_mul_(grads, scale)  # vectorised, reads the scale on the device (a 0-dim broadcast mul_ is slow)
+    # vectorised, reads the scale on the device (a 0-dim broadcast mul_ is slow)
+    torch._foreach_mul_(grads, scale)
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _check(schema: OpSchema, args):
     """Bound, checked arguments of a loss op call: (bound, options, group)."""
     a = schema.bind(args)
@@ -54,8 +57,8 @@ def _check(schema: OpSchema, args):
 
 
 def no_autocast(fn):
-    """Providers pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast the
-    fp32 tile GEMMs inside them."""
+    """Providers pick their own precisions (fp32 accumulation); an enclosing autocast region must not downcast
+    the fp32 tile GEMMs inside them."""
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -82,8 +85,8 @@ def _or_empty(grads, hidden, weight):
 @no_autocast
 def _forward_kernel(*args):
     a, opts, group = _check(FORWARD, args)
-    loss, lse, correct, *grads = driver.forward(a["hidden"], a["weight"], a["labels"], a["bias"], a["num_items"],
-                                                a["reduction"], opts, group, a["grad_mask"])
+    loss, lse, correct, *grads = driver.forward(a["hidden"], a["weight"], a["labels"], a["bias"],
+                                                a["num_items"], a["reduction"], opts, group, a["grad_mask"])
     return (loss, lse, correct) + _or_empty(grads, a["hidden"], a["weight"])
 
 
@@ -134,18 +137,20 @@ def _setup_context(ctx, inputs, output):
     # no zero-filled gradients for the non-differentiable outputs (one would be the size of dW)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(a["hidden"], a["weight"], a["labels"], a["bias"], a["num_items"], lse)
-    # held outside save_for_backward: they are scaled in place by the first backward (no version-counter check)
+    # held outside save_for_backward: they are scaled in place by the first backward (no version-counter
+    # check)
     ctx.precomputed = (dh, dw, db)
-    # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every rank
-    # of a group must take the same path here (the recompute path has collectives under sequence parallelism)
+    # which were computed: an empty tensor can be a real gradient (an empty vocabulary shard's dW), and every
+    # rank of a group must take the same path here (the recompute path has collectives under sequence
+    # parallelism)
     ctx.pre_mask = driver.normalise_mask(a["grad_mask"], a["bias"])
 
 
-DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are not "
-                   "supported (double backward with create_graph=True, torch.func.hessian / jacfwd / jvp, grad of "
-                   "grad, torch.autograd.forward_ad dual tensors): its gradients come from fused kernels, not from "
-                   "differentiable ops. For those use the plain path F.cross_entropy(F.linear(hidden, weight, "
-                   "bias), labels), which materialises the logits.")
+DOUBLE_BACKWARD = ("fused_lce: higher-order and forward-mode derivatives through linear_cross_entropy are "
+                   "not supported (double backward with create_graph=True, torch.func.hessian / jacfwd / "
+                   "jvp, grad of grad, torch.autograd.forward_ad dual tensors): its gradients come from "
+                   "fused kernels, not from differentiable ops. For those use the plain path "
+                   "F.cross_entropy(F.linear(hidden, weight, bias), labels), which materialises the logits.")
 
 
 def _backward(ctx, g_loss, *_unused):
@@ -163,10 +168,10 @@ def _backward_impl(ctx, g_loss, *_unused):
     want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
     out = [None, None, None]
     if ctx.fused and dh is not None:
-        # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory (dW is
-        # V x D); the buffers are then spent and a second backward (retain_graph=True) takes the recompute path.
-        # Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors have no in-place
-        # foreach rule): out of place.
+        # Eager: scale the gradients computed in forward in place, since a copy would double the peak memory
+        # (dW is V x D); the buffers are then spent and a second backward (retain_graph=True) takes the
+        # recompute path. Traced (FakeTensor/FunctionalTensor subclasses) or under torch.func (batched tensors
+        # have no in-place foreach rule): out of place.
         eager = all(type(t) is torch.Tensor and torch.func.debug_unwrap(t, recurse=False) is t
                     for t in (dh, dw, db, g_loss))
         if eager:

@@ -1,8 +1,8 @@
 """Op schemas generated from ``Options``, and op arguments bound by name.
 
-Every public op's schema is ``name(<tensors and per-op arguments>, <options block>, <tail>) -> <outputs>``; the
-options block is the ``Options`` fields of its family (``LOSS`` or ``LOGPROBS``) in declaration order, so an
-option added to ``Options`` reaches every op's schema, checks and kernels without touching this package.
+Every public op's schema is ``name(<tensors and per-op arguments>, <options block>, <tail>) -> <outputs>``;
+the options block is the ``Options`` fields of its family (``LOSS`` or ``LOGPROBS``) in declaration order, so
+an option added to ``Options`` reaches every op's schema, checks and kernels without touching this package.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ _SCHEMA_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
 def options_block(family: str) -> str:
     """``"int ignore_index, float label_smoothing, ..."``: the options block of the ``family`` schemas."""
     names = op_fields(family)
-    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options) if f.name in names)
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(Options)
+                     if f.name in names)
 
 
 def _py_any_requires_grad(*args) -> bool:
@@ -35,7 +36,8 @@ _any_requires_grad = getattr(torch._C, "_any_requires_grad", _py_any_requires_gr
 class OpSchema:
     """One op of the ``fused_lce`` library: its schema (defined on ``lib``) and its arguments by name."""
 
-    def __init__(self, lib: torch.library.Library, name: str, head: str, family: str, tail: str, returns: str):
+    def __init__(self, lib: torch.library.Library, name: str, head: str, family: str, tail: str,
+                 returns: str):
         self.name = name
         self.schema = f"{name}({', '.join(x for x in (head, options_block(family), tail) if x)}) -> {returns}"
         lib.define(self.schema)
@@ -44,7 +46,8 @@ class OpSchema:
         self.option_names = op_fields(family)
 
     def bind(self, args: tuple) -> dict[str, Any]:
-        """The op's positional arguments (as kernels, fake kernels and ``setup_context`` receive them) by name."""
+        """The op's positional arguments (as kernels, fake kernels and ``setup_context`` receive them) by
+        name."""
         return dict(zip(self.arg_names, args))
 
     def options(self, bound: dict[str, Any]) -> Options:
@@ -75,8 +78,9 @@ class OpSchema:
         for a in self.op._schema.arguments:
             if (a.has_default_value() or a.kwarg_only or a.alias_info is not None
                     or ("List" in str(a.type) and "Tensor" in str(a.type))):
-                raise TypeError(f"{self.name}: argument {a.name} ({a.type}) needs torch.library.register_autograd "
-                                "(a default, keyword-only, tensor-list or aliasing argument)")
+                raise TypeError(f"{self.name}: argument {a.name} ({a.type}) needs "
+                                "torch.library.register_autograd (a default, keyword-only, tensor-list or "
+                                "aliasing argument)")
         op = self.op
         below = torch._C._after_autograd_keyset
 
@@ -96,7 +100,8 @@ class OpSchema:
             finally:
                 ctx.needs_input_grad = wanted
 
-        fn = type(f"GeneratedBackwardFor_fused_lce_{self.name}_default", (torch.autograd.Function,),  # torch's name
+        # torch's name
+        fn = type(f"GeneratedBackwardFor_fused_lce_{self.name}_default", (torch.autograd.Function,),
                   {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
         def kernel(keyset, *args):
@@ -108,12 +113,12 @@ class OpSchema:
         lib.impl(self.name, kernel, "Autograd", with_keyset=True)
 
     def func_function(self, backward, setup_context) -> type:
-        """The op as an ``autograd.Function`` with a ``setup_context`` staticmethod, which torch.func transforms
-        (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``vmap``) accept where they refuse the ctx-style
-        Autograd kernel above: the public API calls the op through it while a transform is active. ``backward``
-        is the Autograd kernel's formula: torch.func.grad runs the engine with create_graph=True by design, and
-        ``fused_lce.api`` rejects nested grad levels and forward mode before the forward runs, so it is a
-        first-order gradient."""
+        """The op as an ``autograd.Function`` with a ``setup_context`` staticmethod, which torch.func
+        transforms (``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``vmap``) accept where they refuse the
+        ctx-style Autograd kernel above: the public API calls the op through it while a transform is active.
+        ``backward`` is the Autograd kernel's formula: torch.func.grad runs the engine with create_graph=True
+        by design, and ``fused_lce.api`` rejects nested grad levels and forward mode before the forward runs,
+        so it is a first-order gradient."""
         op = self.op
 
         def forward(*args):
@@ -125,13 +130,14 @@ class OpSchema:
             "backward": staticmethod(backward)})
 
     def register_vmap(self, lib: torch.library.Library, n_out: int) -> None:
-        """vmap of the op: one call per batch element, outputs stacked along dim 0 (each element is an independent
-        problem with its own reduction, so the rows cannot simply be folded together)."""
+        """vmap of the op: one call per batch element, outputs stacked along dim 0 (each element is an
+        independent problem with its own reduction, so the rows cannot simply be folded together)."""
         op = self.op
 
         def rule(info, in_dims, *args):
             if info.batch_size == 0:
-                raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported (no problem to run)")
+                raise ValueError("fused_lce: vmap over a dimension of size 0 is not supported "
+                                 "(no problem to run)")
             outs = [op(*(a.select(d, b) if isinstance(a, torch.Tensor) and d is not None else a
                          for a, d in zip(args, in_dims))) for b in range(info.batch_size)]
             return tuple(torch.stack([o[k] for o in outs]) for k in range(n_out)), (0,) * n_out

@@ -1,1 +1,2 @@
-"""Command-line tools: ``fused-lce bench`` / ``fused-lce env`` (``cli``) and the benchmark helpers (``bench``)."""
+"""Command-line tools: ``fused-lce bench`` / ``fused-lce env`` (``cli``) and the benchmark helpers
+(``bench``)."""

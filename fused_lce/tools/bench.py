@@ -126,7 +126,7 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
     return statistics.median(times), peak, loss.item(), h.grad.detach().clone(), w.grad.detach().clone()
 
 
-# ---------------------------------------------------------------------------------------------- shared helpers
+# --------------------------------------------------------------------------------------------- shared helpers
 # (benchmarks/*.py import these: one way to make inputs and one environment record; the float64 reference is
 # fused_lce.core.formulas)
 IGNORE_FRAC = 0.15
@@ -134,8 +134,9 @@ IGNORE_FRAC = 0.15
 
 def make_inputs(n: int, d: int, v: int, dtype=torch.float32, device="cpu", seed: int = 0,
                 ignore_frac: float = IGNORE_FRAC, w_scale: float = 1.0):
-    """Deterministic (hidden, weight, labels): N(0, 1) hidden, N(0, w_scale^2 / d) weight, ``ignore_frac`` of the
-    labels -100. Generated in chunks on ``device``, straight into ``dtype`` (no large float32 temporaries)."""
+    """Deterministic (hidden, weight, labels): N(0, 1) hidden, N(0, w_scale^2 / d) weight, ``ignore_frac`` of
+    the labels -100. Generated in chunks on ``device``, straight into ``dtype`` (no large float32
+    temporaries)."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     h = torch.empty(n, d, dtype=dtype, device=device)
@@ -419,14 +420,16 @@ def environment(device) -> dict:
     except OSError:
         pass
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if os.environ.get("FUSED_LCE_COMMIT"):  # a copy of the tree without its own .git (e.g. sent to a remote GPU)
+    # a copy of the tree without its own .git (e.g. sent to a remote GPU)
+    if os.environ.get("FUSED_LCE_COMMIT"):
         env["commit"] = os.environ["FUSED_LCE_COMMIT"]
         return env
     try:
         import subprocess
 
         git = ["git", "-C", root]
-        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
         dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True).stdout.strip()
         env["commit"] = (head + (" + uncommitted changes" if dirty else "")) if head else "not a git checkout"
@@ -445,8 +448,8 @@ def table(rows) -> str:
             out.append(f"| {r['tokens']} | {r['path']} | {what} (below) | | | | | |")
             continue
         err = lambda k: f"{r[k]:.2e}" if k in r else "-"  # noqa: E731
-        out.append(f"| {r['tokens']} | {r['path']} | {r['ms']:.1f} | {r['peak_extra_mib']:.1f} | {r['loss']:.5f} "
-                   f"| {err('loss_abs_err')} | {err('dx_rel_err')} | {err('dw_rel_err')} |")
+        out.append(f"| {r['tokens']} | {r['path']} | {r['ms']:.1f} | {r['peak_extra_mib']:.1f} | "
+                   f"{r['loss']:.5f} | {err('loss_abs_err')} | {err('dx_rel_err')} | {err('dw_rel_err')} |")
     return "\n".join(out)
 
 
@@ -492,11 +495,13 @@ _non_negative_int = _int_at_least(0, "an integer >= 0")
 def _token_list(text: str) -> list:
     parts = [t.strip() for t in str(text).split(",") if t.strip()]
     if not parts:
-        raise argparse.ArgumentTypeError(f"expected positive integers, e.g. 256 or 256,512,1024, got {text!r}")
+        raise argparse.ArgumentTypeError("expected positive integers, e.g. 256 or "
+                                         f"256,512,1024, got {text!r}")
     try:
         return [_positive_int(t) for t in parts]
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected positive integers, e.g. 256 or 256,512,1024, got {text!r}") \
+        raise argparse.ArgumentTypeError("expected positive integers, e.g. 256 or "
+                                         f"256,512,1024, got {text!r}") \
             from None
 
 
@@ -518,14 +523,16 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--hidden", type=_positive_int, help="override the preset's hidden size")
     p.add_argument("--vocab", type=_positive_int, help="override the preset's vocabulary size")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     p.add_argument("--backends", default=None,
                    help="comma list of paths to run: plain and backend names, or 'all' (plain + every "
                         "backend available on the device); default: plain + the backend fused_lce picks here")
     p.add_argument("--repeat", type=_positive_int, default=1,
                    help="timed runs per path (>= 1; the median is shown)")
     p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed runs first (>= 0)")
-    p.add_argument("--tile-mb", type=_mib, default=None, help="tile budget in MiB for the fused backends (> 0)")
+    p.add_argument("--tile-mb", type=_mib, default=None,
+                   help="tile budget in MiB for the fused backends (> 0)")
     p.add_argument("--no-check", action="store_true",
                    help="skip the float64 reference (error columns, at the smallest token count)")
     p.add_argument("--json", metavar="PATH", help="write the raw results and the environment as JSON")

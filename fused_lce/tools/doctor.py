@@ -1,10 +1,12 @@
-"""``fused-lce doctor``: what this host has and how each backend behaves on it -- the report to attach to a bug.
+"""``fused-lce doctor``: what this host has and how each backend behaves on it -- the report to attach to a
+bug.
 
-Sections: versions (Python, torch, torch_npu, CANN, the NPU and its driver, Triton, CUDA, the GPU and its driver);
-every backend's availability and reason; the build status of the C++ and NPU parts; the first-use self-check of
-every available backend on every device here (forced: the battery runs now; then the same verdict read back from
-the disk cache, both timed), with the largest error per output; the NPU kernels' conservative variants against the
-default, bit for bit; and a timing of each available backend against ``torch`` at one Qwen head shape.
+Sections: versions (Python, torch, torch_npu, CANN, the NPU and its driver, Triton, CUDA, the GPU and its
+driver); every backend's availability and reason; the build status of the C++ and NPU parts; the first-use
+self-check of every available backend on every device here (forced: the battery runs now; then the same
+verdict read back from the disk cache, both timed), with the largest error per output; the NPU kernels'
+conservative variants against the default, bit for bit; and a timing of each available backend against
+``torch`` at one Qwen head shape.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ VARIANTS = {1: "plain tiling", 2: "serial matmul", 3: "plain tiling + serial mat
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--shape", default=None,
-                   help="NxDxV of the timing (default: 128x896x151936 on CPU, 4096x896x151936 on an accelerator)")
+                   help="NxDxV of the timing (default: 128x896x151936 on CPU, 4096x896x151936 "
+                        "on an accelerator)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per backend (median; default 3)")
     p.add_argument("--no-timing", action="store_true", help="skip the timing section")
     p.add_argument("--backends", default=None,
@@ -42,7 +45,8 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
 
     for name in _names(args.backends) or ():
         if name not in registry.names():
-            parser.error(f"--backends: unknown backend {name!r}; expected some of {', '.join(registry.names())}")
+            parser.error(f"--backends: unknown backend {name!r}; expected some of "
+                         f"{', '.join(registry.names())}")
     if args.shape is not None:
         _shape(parser, args.shape)
     if args.reps < 1:
@@ -82,9 +86,9 @@ def _first_line(path: str) -> Optional[str]:
 def versions() -> dict:
     import fused_lce
 
-    out = {"fused_lce": fused_lce.__version__, "python": sys.version.split()[0], "platform": platform.platform(),
-           "torch": torch.__version__, "torch_npu": _pkg("torch_npu"), "triton": _pkg("triton"),
-           "cuda_runtime": torch.version.cuda}
+    out = {"fused_lce": fused_lce.__version__, "python": sys.version.split()[0],
+           "platform": platform.platform(), "torch": torch.__version__, "torch_npu": _pkg("torch_npu"),
+           "triton": _pkg("triton"), "cuda_runtime": torch.version.cuda}
     home = os.environ.get("ASCEND_HOME_PATH")
     out["ascend_home_path"] = home
     out["cann"] = _cann_version(home)
@@ -95,7 +99,8 @@ def versions() -> dict:
         _, why = usable_torch_npu()
         out["npu_devices"] = why or [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())]
     if torch.cuda.is_available():
-        out["gpus"] = [f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+        out["gpus"] = [f"{torch.cuda.get_device_name(i)} "
+                       f"(sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
                        for i in range(torch.cuda.device_count())]
         out["nvidia_driver"] = _nvidia_driver()
     return out
@@ -130,8 +135,8 @@ def _nvidia_driver() -> Optional[str]:
 
 
 def build_status() -> dict:
-    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and adapter):
-    per part ``{"ok", "attempted", "error", "log", ...}``, None where nothing was recorded
+    """What setup.py recorded about the compiled parts (the C++ CPU extension, the NPU kernel package and
+    adapter): per part ``{"ok", "attempted", "error", "log", ...}``, None where nothing was recorded
     (fused_lce/backends/build_status.py)."""
     from ..backends import build_status as recorded
 
@@ -158,7 +163,8 @@ def _available(only=None):
 
 
 def selfchecks(only=None) -> dict:
-    """The battery on every available backend and device, forced, then the verdict as the next process reads it."""
+    """The battery on every available backend and device, forced, then the verdict as the next process reads
+    it."""
     from ..core import selfcheck
 
     out = {}
@@ -173,7 +179,8 @@ def selfchecks(only=None) -> dict:
             row = dataclasses.asdict(v)
             row["cached_seconds"] = round(cached_s, 4) if again.cached else None
             row["seconds"] = round(v.seconds, 3)
-            row["errors"] = {k: (float(f"{x:.3g}") if isinstance(x, float) else x) for k, x in v.errors.items()}
+            row["errors"] = {k: (float(f"{x:.3g}") if isinstance(x, float) else x)
+                                for k, x in v.errors.items()}
             out[key] = row
         except Exception as e:  # noqa: BLE001 - a report, not a crash
             out[key] = {"ok": False, "reason": f"{type(e).__name__}: {e}"}
@@ -232,7 +239,8 @@ def _max_diff(a, b) -> float:
 
 
 def timings(shape: Optional[tuple], reps: int, only=None) -> dict:
-    """Forward + backward of the mean loss, median ms of ``reps`` after one warm-up, each backend against torch."""
+    """Forward + backward of the mean loss, median ms of ``reps`` after one warm-up, each backend against
+    torch."""
     import fused_lce
 
     out = {}
@@ -249,8 +257,8 @@ def timings(shape: Optional[tuple], reps: int, only=None) -> dict:
         row = {"shape": f"{n}x{d}x{v}", "dtype": str(dtype).replace("torch.", "")}
         for backend in (name, "torch"):
             try:
-                row[f"{backend}_ms"] = _time(lambda: fused_lce.linear_cross_entropy(h, w, y, backend=backend), h, w,
-                                             dev, reps)
+                row[f"{backend}_ms"] = _time(lambda: fused_lce.linear_cross_entropy(h, w, y, backend=backend),
+                                             h, w, dev, reps)
             except Exception as e:  # noqa: BLE001
                 row[f"{backend}_ms"] = None
                 row[f"{backend}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -262,7 +270,8 @@ def timings(shape: Optional[tuple], reps: int, only=None) -> dict:
 
 def _time(fn, h, w, dev, reps: int) -> float:
     mod = getattr(torch, dev.type, None)
-    sync = (lambda: mod.synchronize()) if dev.type != "cpu" and hasattr(mod, "synchronize") else (lambda: None)
+    sync = ((lambda: mod.synchronize()) if dev.type != "cpu" and hasattr(mod, "synchronize")
+            else (lambda: None))
     times = []
     for i in range(reps + 1):
         h.grad = w.grad = None

@@ -1,5 +1,5 @@
-"""Fixtures of the tests of csrc/ascend: the twin extension (JIT-built once), the part / scheduler configuration,
-fresh seeds, and the planner's C++ unit-test binary. The twin and its tolerances are in
+"""Fixtures of the tests of csrc/ascend: the twin extension (JIT-built once), the part / scheduler
+configuration, fresh seeds, and the planner's C++ unit-test binary. The twin and its tolerances are in
 tests/support/ascendc_twin, the float64 references in fused_lce.core.formulas."""
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def seed():
 
 @pytest.fixture
 def part(ops):
-    """Call part(hw, seed) to select the simulated part and the scheduler seed (and mm_variant, the Matmul tiling
-    variant); restored to the 910B and the default tiling afterwards."""
+    """Call part(hw, seed) to select the simulated part and the scheduler seed (and mm_variant, the Matmul
+    tiling variant); restored to the 910B and the default tiling afterwards."""
     def select(hw=HW_910B, sched_seed=1, switch_prob=0.3, hazards=True, mm_variant=0):
         twin_build.configure(hw, sched_seed, switch_prob, hazards, mm_variant)
     yield select
@@ -48,7 +48,8 @@ def part(ops):
 
 @pytest.fixture(scope="session")
 def tiling_binary(tmp_path_factory):
-    """tiling_test.cpp compiled against the planner, csrc/ascend/common/fused_lce_tiling.h (warnings are errors)."""
+    """tiling_test.cpp compiled against the planner, csrc/ascend/common/fused_lce_tiling.h (warnings are
+    errors)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++) on this host")

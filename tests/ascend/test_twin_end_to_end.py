@@ -91,13 +91,16 @@ def test_bad_label_gives_nan_loss_only_for_that_token(ops, part, seed):
     assert float(zt[4]) == 0.0 and torch.isfinite(m).all() and torch.isfinite(s).all()
     g = torch.ones(n)
     g[4] = float("nan")
-    dx, dw, _ = twin_loss_grads(ops, g, h, w, None, y, (m + s.log()), 0, v, 0.0, 0.0, 0.0, [True, True, False])
-    assert torch.isnan(dx[4]).all() and torch.isfinite(dx[torch.arange(n) != 4]).all() and torch.isnan(dw).any()
+    dx, dw, _ = twin_loss_grads(ops, g, h, w, None, y, (m + s.log()), 0, v, 0.0, 0.0, 0.0,
+                                [True, True, False])
+    assert torch.isnan(dx[4]).all() and torch.isfinite(dx[torch.arange(n) != 4]).all() and \
+        torch.isnan(dw).any()
 
 
 def test_more_than_2_pow_31_logits(ops, part):
-    """N * V > 2^31 at small D: no index of the kernels (or of the twin) wraps at 32 bits. Statistics only, hazard
-    checkers off (they are exercised by every other test); each token's statistics are checked in float64."""
+    """N * V > 2^31 at small D: no index of the kernels (or of the twin) wraps at 32 bits. Statistics only,
+    hazard checkers off (they are exercised by every other test); each token's statistics are checked in
+    float64."""
     part(HW_910B, sched_seed=3, switch_prob=0.05, hazards=False)
     n, d, v = 65537, 4, 32769
     assert n * v > 2**31
@@ -107,7 +110,8 @@ def test_more_than_2_pow_31_logits(ops, part):
     y = torch.randint(0, v, (n,), generator=gen)
     m, s, zt, _, am = ops._twin_stats_cube(h, w, None, y, 0, 0.0, 1.0, False, False)[:5]
     # float64 reference on tokens spread over the whole range (the full logits would be 17 GB)
-    idx = torch.cat([torch.arange(0, 64), torch.randint(0, n, (1024,), generator=gen), torch.arange(n - 64, n)])
+    idx = torch.cat([torch.arange(0, 64), torch.randint(0, n, (1024,), generator=gen),
+                     torch.arange(n - 64, n)])
     z = h[idx].double() @ w.double().t()
     rm = z.max(dim=1).values
     assert torch.allclose(m[idx].double(), rm, rtol=1e-5, atol=1e-4)

@@ -1,7 +1,7 @@
-"""FusedLceGradCube (csrc/ascend/fused_lce_grad/op_kernel/fused_lce_grad_cube.cpp: cube-driven C1/V1/C2, one core per
-output block, no atomics between cores) on the AscendC CPU twin, against float64 with the driver's Coefs(a, t, b, u)
-contract: every dtype, bias, softcap, temperature, label smoothing (u), the entropy term (b), tails, shards, grad
-masks, both parts, and bitwise determinism across scheduler seeds."""
+"""FusedLceGradCube (csrc/ascend/fused_lce_grad/op_kernel/fused_lce_grad_cube.cpp: cube-driven C1/V1/C2, one
+core per output block, no atomics between cores) on the AscendC CPU twin, against float64 with the driver's
+Coefs(a, t, b, u) contract: every dtype, bias, softcap, temperature, label smoothing (u), the entropy term
+(b), tails, shards, grad masks, both parts, and bitwise determinism across scheduler seeds."""
 import pytest
 import torch
 
@@ -72,7 +72,8 @@ def test_cube_grads_match_float64(ops, part, seed, hw, dtype, opt):
 
 
 def test_cube_grads_bitwise_deterministic_across_seeds(ops, part, seed):
-    """No cross-core atomics: every scheduler interleaving gives the same bits (tiny part: many cores and tiles)."""
+    """No cross-core atomics: every scheduler interleaving gives the same bits (tiny part: many cores and
+    tiles)."""
     opt = dict(bias=True, u=True, b=True, softcap=3.0, temperature=1.3)
     h, w, bias, y = make(45, 33, 301, torch.bfloat16, opt)
     lse = lse_of(h, w, bias, 3.0, 1.3)
@@ -99,8 +100,8 @@ def test_cube_grads_loss_coefs_match_float64(ops, part, seed):
 
 
 def test_cube_grads_shard_masks_and_masked_vocab(ops, part, seed):
-    """A vocabulary shard (labels outside give no one-hot term), each grad_mask alone, and -inf logits with b != 0
-    (p = 0 must give 0, not NaN)."""
+    """A vocabulary shard (labels outside give no one-hot term), each grad_mask alone, and -inf logits with b
+    != 0 (p = 0 must give 0, not NaN)."""
     part(HW_TINY, sched_seed=seed)
     n, d, v, vs = 29, 20, 150, 300
     opt = dict(bias=True, b=True)
@@ -119,8 +120,8 @@ def test_cube_grads_shard_masks_and_masked_vocab(ops, part, seed):
 
 
 def test_cube_grads_workspace_bound(ops, part):
-    """The workspace is the two rings per AI core (fp32 z, operand-dtype dz) plus 2 V fp32 db partials: it does not
-    grow with D or N, and no fp32 dW buffer exists besides the output."""
+    """The workspace is the two rings per AI core (fp32 z, operand-dtype dz) plus 2 V fp32 db partials: it
+    does not grow with D or N, and no fp32 dW buffer exists besides the output."""
     part(HW_910B)
     for n, d, v in [(8192, 4096, 151936), (32768, 4096, 151936), (4096, 3584, 152064)]:
         st, bm, bn, bd, cores, ws, dw_ws = ops._twin_plan_grad_cube(n, d, v, 2, 1)[:7]

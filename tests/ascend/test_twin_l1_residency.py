@@ -1,8 +1,9 @@
 """The cube-driven kernels with the hidden size large enough that the GEMM operands they keep in L1 (op_host's
-keep_a_resident) do not fit whole on the tiny part: the results against float64 and the cube's GM -> L1 operand bytes
-against what the Matmul library's L1 buffers predict (asc-devkit resource/cube_in_buffer/cube_in_buffer_normal.h:
-with depthA1 > 2 below A's whole K the first depthA1 - 2 K blocks stay in L1 over a group of N tiles, the others are
-copied for every tile; docs/npu-twin-rules.md rules 12 and 14). The other kernel tests use D <= 45, whose K fits."""
+keep_a_resident) do not fit whole on the tiny part: the results against float64 and the cube's GM -> L1
+operand bytes against what the Matmul library's L1 buffers predict (asc-devkit
+resource/cube_in_buffer/cube_in_buffer_normal.h: with depthA1 > 2 below A's whole K the first depthA1 - 2 K
+blocks stay in L1 over a group of N tiles, the others are copied for every tile; docs/npu-twin-rules.md rules
+12 and 14). The other kernel tests use D <= 45, whose K fits."""
 import math
 
 import pytest
@@ -24,7 +25,8 @@ def l1_copied():
 
 
 def block_bytes(is_a, trans, mn, k, elt):
-    """One L1 base block as copy_cube_in_params_base.h GetBaseSize sizes it (A: baseM x baseK, B: baseK x baseN)."""
+    """One L1 base block as copy_cube_in_params_base.h GetBaseSize sizes it (A: baseM x baseK, B: baseK x
+    baseN)."""
     up = lambda x, a: -(-x // a) * a  # noqa: E731
     if elt != 4:
         return mn * k * elt
@@ -39,7 +41,8 @@ def stats_cube_l1_bytes(plan, n, d, v, elt, l1):
     keep_a_resident sets it) all on the first tile, then those beyond the cached ones on every other tile."""
     bm, bn, bk, m_blocks, n_blocks, segments, seg_blocks = (plan[i] for i in (1, 2, 3, 5, 6, 7, 13))
     kiter = math.ceil(d / bk)
-    depth = min((l1 - 2 * block_bytes(False, True, bn, bk, elt)) // block_bytes(True, False, bm, bk, elt), kiter)
+    depth = min((l1 - 2 * block_bytes(False, True, bn, bk, elt)) // block_bytes(True, False, bm, bk, elt),
+                kiter)
     assert 3 <= depth < kiter, f"depthA1 {depth}, kIter {kiter}: not a partial residency"
     cached_k = min((depth - 2) * bk, d)
     total = 0
@@ -70,10 +73,10 @@ def test_stats_cube_partial_residency(ops, part, seed, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_grad_cube_large_d(ops, part, seed, dtype):
-    """The backward recomputing z: per tile (m, nb) in each phase z = h[m] W[nb]^T (both copied whole, one tile per
-    sequence), then in phase X dX[m] += dz W[nb] and in phase W dW[nb] += dz^T h[m] over D's column tiles, dz (K = the
-    tile's width / height, one K block) kept in L1 across them and copied once: 3 (rows + cols) D + 2 rows cols
-    elements per tile."""
+    """The backward recomputing z: per tile (m, nb) in each phase z = h[m] W[nb]^T (both copied whole, one
+    tile per sequence), then in phase X dX[m] += dz W[nb] and in phase W dW[nb] += dz^T h[m] over D's column
+    tiles, dz (K = the tile's width / height, one K block) kept in L1 across them and copied once: 3 (rows +
+    cols) D + 2 rows cols elements per tile."""
     part(HW_TINY, sched_seed=seed)
     n, v, elt = 37, 301, dtype.itemsize
     h, w, bias, y = make_grads(n, D, v, dtype, {})

@@ -1,11 +1,12 @@
-"""The one-pass modes of the cube-driven kernels on the AscendC CPU twin (hazard checker on): FusedLceStatsCube's zCache
-output (the cube's raw h W^T tiles) and FusedLceGradCube's zCache input (no logit GEMM) and keepDz (dz kept between
-the phases in the workspace, phase W without z / vector work). Against float64 (every dtype, bias, softcap,
-temperature, the coefficients u and b, ignored rows, tails, both parts), against the recompute mode (bitwise with
-the z cache alone; within float32 rounding with dz kept: whole-K dX / dW GEMMs from the kept Dz, db partials per
-token block), grad-mask subsets, bitwise determinism across scheduler seeds, the cube FLOPs (3 GEMMs of 2 N D V for
-fwd + bwd instead of 5), the cube's GM writes with dz kept (each output element once), the workspace formula, and
-the npu provider's cache route over several driver blocks."""
+"""The one-pass modes of the cube-driven kernels on the AscendC CPU twin (hazard checker on):
+FusedLceStatsCube's zCache output (the cube's raw h W^T tiles) and FusedLceGradCube's zCache input (no logit
+GEMM) and keepDz (dz kept between the phases in the workspace, phase W without z / vector work). Against
+float64 (every dtype, bias, softcap, temperature, the coefficients u and b, ignored rows, tails, both parts),
+against the recompute mode (bitwise with the z cache alone; within float32 rounding with dz kept: whole-K dX /
+dW GEMMs from the kept Dz, db partials per token block), grad-mask subsets, bitwise determinism across
+scheduler seeds, the cube FLOPs (3 GEMMs of 2 N D V for fwd + bwd instead of 5), the cube's GM writes with dz
+kept (each output element once), the workspace formula, and the npu provider's cache route over several driver
+blocks."""
 import pytest
 import torch
 
@@ -37,7 +38,9 @@ def ignore_rows(y, c):
     """Every fourth token ignored as the driver sends it: label -100 (outside the shard), coefficients 0."""
     y = y.clone()
     y[::4] = -100
-    return y, tuple(None if x is None else x.clone().index_fill_(0, torch.arange(0, len(y), 4), 0.0) for x in c)
+    return (y,
+            tuple(None if x is None else x.clone().index_fill_(0, torch.arange(0, len(y), 4), 0.0)
+                  for x in c))
 
 
 def cube_flops(ops) -> int:
@@ -122,8 +125,8 @@ def test_onepass_bitwise_deterministic_across_seeds(ops, part, seed):
 
 def test_onepass_cube_flops_three_gemms(ops, part, seed):
     """The twin's cube count: forward 1 GEMM of 2 N D V; backward 4 recomputing, 3 with dz kept, 2 with the z
-    cache: fwd + bwd 5 -> 3. With dz kept, the backward's vector work is one pass over the tiles instead of two (no
-    bias here: with one, db's per-tile column sums and partials add to the vector side)."""
+    cache: fwd + bwd 5 -> 3. With dz kept, the backward's vector work is one pass over the tiles instead of
+    two (no bias here: with one, db's per-tile column sums and partials add to the vector side)."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 70, 24, 200
     h, w, bias, y = make(n, d, v, torch.bfloat16, dict())
@@ -142,9 +145,10 @@ def test_onepass_cube_flops_three_gemms(ops, part, seed):
 
 
 def test_onepass_kept_dz_writes_each_output_once(ops, part, seed):
-    """With dz kept the cube runs one whole-K GEMM per output block (dX[m] from Dz's rows, K = V; dW[nb] from Dz's
-    columns, K = N): the twin's GM write counter of the cube cores (fixpipe only, with the z cache: no C1) is N x D +
-    V x D floats, each output element once, instead of once per vocabulary / token block with per-tile GEMMs."""
+    """With dz kept the cube runs one whole-K GEMM per output block (dX[m] from Dz's rows, K = V; dW[nb] from
+    Dz's columns, K = N): the twin's GM write counter of the cube cores (fixpipe only, with the z cache: no
+    C1) is N x D + V x D floats, each output element once, instead of once per vocabulary / token block with
+    per-tile GEMMs."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 70, 24, 200
     h, w, bias, y = make(n, d, v, torch.bfloat16, dict())
@@ -169,7 +173,8 @@ def test_onepass_workspace_formula(ops, part):
     al = lambda x: -(-x // 512) * 512  # noqa: E731
     for n, d, v, elt in [(8192, 4096, 151936, 2), (1000, 256, 5003, 4), (37, 45, 301, 2)]:
         for flags in (0, 1):
-            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = ops._twin_plan_grad_cube(n, d, v, elt, flags)
+            st, bm, bn, _, cores, ws, _, ws_keep, mb, nb, keep_cols = \
+                ops._twin_plan_grad_cube(n, d, v, elt, flags)
             assert st == 0
             assert mb == -(-n // bm) and nb == -(-v // bn)
             assert ws_keep == ws + al(n * v * elt) + (al(2 * mb * v * 4) if flags else 0)
@@ -179,8 +184,8 @@ def test_onepass_workspace_formula(ops, part):
 
 @pytest.fixture
 def onepass_provider(ops):
-    """The npu provider over the cube-driven kernels on the twin (one-pass modes on), registered for the test only; the
-    kernels object counts the calls that passed a z cache."""
+    """The npu provider over the cube-driven kernels on the twin (one-pass modes on), registered for the test
+    only; the kernels object counts the calls that passed a z cache."""
     from fused_lce.core import registry
     from fused_lce.backends.npu import AscendCProvider
 
@@ -205,9 +210,9 @@ def onepass_provider(ops):
 
 
 def test_onepass_provider_blocks_and_cache(onepass_provider, seed):
-    """linear_cross_entropy through the provider with a tile budget that forces several driver blocks: the grads
-    in the forward use the z cache, dW / db accumulate over the blocks, and the result matches the torch backend
-    (float64-checked elsewhere) and is bitwise the same under another scheduler seed."""
+    """linear_cross_entropy through the provider with a tile budget that forces several driver blocks: the
+    grads in the forward use the z cache, dW / db accumulate over the blocks, and the result matches the torch
+    backend (float64-checked elsewhere) and is bitwise the same under another scheduler seed."""
     import fused_lce
 
     n, d, v = 300, 24, 173
@@ -236,8 +241,8 @@ def test_onepass_provider_blocks_and_cache(onepass_provider, seed):
 
 
 def test_onepass_vocab_shard_matches_recompute(ops, part, seed):
-    """A vocabulary shard (vocab_start != 0, labels mostly outside it, the global lse): z cache + dz kept equal the
-    recompute mode (within float32 rounding: whole-K GEMMs) and float64."""
+    """A vocabulary shard (vocab_start != 0, labels mostly outside it, the global lse): z cache + dz kept
+    equal the recompute mode (within float32 rounding: whole-K GEMMs) and float64."""
     part(HW_TINY, sched_seed=seed)
     n, d, v, vs = 41, 20, 150, 300
     opt = dict(bias=True, b=True, u=True)
@@ -261,8 +266,8 @@ class _Kernels:
 
 
 def test_provider_token_block_bound():
-    """token_block: rows x V x (4 + elt) (keep) or rows x V x elt within the tile budget, a multiple of 128 when >= 128
-    rows fit, at least 1 row; the default budget when 0."""
+    """token_block: rows x V x (4 + elt) (keep) or rows x V x elt within the tile budget, a multiple of 128
+    when >= 128 rows fit, at least 1 row; the default budget when 0."""
     from fused_lce.core import Options, Problem
     from fused_lce.backends.npu.provider import DEFAULT_TILE_BYTES, AscendCProvider
 
@@ -283,8 +288,9 @@ def test_provider_token_block_bound():
 
 
 def test_onepass_dw_accumulates_in_place(ops, part, seed):
-    """dw_acc: the kernel adds dW into the given float32 buffer (it only ever adds to dW): from zeros it is the
-    fresh result bit for bit, a second launch gives twice it within float32 rounding; dX / db are unaffected."""
+    """dw_acc: the kernel adds dW into the given float32 buffer (it only ever adds to dW): from zeros it is
+    the fresh result bit for bit, a second launch gives twice it within float32 rounding; dX / db are
+    unaffected."""
     part(HW_TINY, sched_seed=seed)
     opt = dict(bias=True, u=True)
     h, w, bias, y = make(37, 20, 150, torch.bfloat16, opt)

@@ -1,15 +1,15 @@
-"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that follows
-the AscendC contract runs clean with the right values, code that breaks one rule is reported, naming the rule. A twin
-that let these pass would prove nothing about the kernels."""
+"""The twin's own rules, each shown by a probe kernel (tests/support/ascendc_twin/ext/probes.cpp): code that
+follows the AscendC contract runs clean with the right values, code that breaks one rule is reported, naming
+the rule. A twin that let these pass would prove nothing about the kernels."""
 import pytest
 import torch
 
 CLEAN = ["ok_pipeline", "ok_localtensor_semantics", "ok_tque", "ok_syncall", "ok_atomic_add", "ok_reduce",
-         "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions", "ok_xflag_ring",
-         "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim", "ok_mm_wide_stride_intrinsics_check",
-         "ok_mm_overlay_with_end", "ok_mm_l1_reuse", "ok_mm_iterate_order", "ok_mm_l1_partial_residency",
-         "ok_mm_l1_stale_operand", "ok_mm_keep_a_resident_fp32_align", "ok_mm_l1_a_kept_over_set_tensor_b",
-         "ok_client_shared_l1",
+         "mm_ok_partial_tile_orgN_stride", "mm_ok_partial_tile_sequential_stride", "ok_row_reductions",
+         "ok_xflag_ring", "ok_xflag_mode0_mode1", "ok_syncall_mix", "ok_mm_orgshape_leading_dim",
+         "ok_mm_wide_stride_intrinsics_check", "ok_mm_overlay_with_end", "ok_mm_l1_reuse",
+         "ok_mm_iterate_order", "ok_mm_l1_partial_residency", "ok_mm_l1_stale_operand",
+         "ok_mm_keep_a_resident_fp32_align", "ok_mm_l1_a_kept_over_set_tensor_b", "ok_client_shared_l1",
          "ok_mm_l1_block_sizes"]
 VIOLATIONS = {
     "raw_mte2_v": "HardEvent::MTE2_V",
@@ -52,16 +52,19 @@ VIOLATIONS = {
     "matmulimpl_on_vector_core": "MatmulImpl runs on the cube core",
     "syncall_mix_missing": "cross-core race on GM out",
     # field widths and the Matmul model (docs/npu-twin-rules.md: one row per rule)
-    "cube_wide_stride_default_config": "Nd2NzParams::srcDValue = 70000 does not fit its field (16-bit unsigned",
+    "cube_wide_stride_default_config": "Nd2NzParams::srcDValue = 70000 does not fit its field "
+                                       "(16-bit unsigned",
     "cube_stride_65535_default_config": "copy it with MatmulConfig::intrinsicsCheck",
     "cube_looped_copy_offset": "overflows its int32",
     "field_copy_count": "DataCopyParams::blockLen (count * sizeof(T) / 32) = 75000 does not fit",
     "field_pad_left": "DataCopyPadExtParams::leftPadding = 300 does not fit its field (8-bit",
     "cube_overlay_missing_end": "became live at probes.cpp:",
     "absent_optional_by_address": "placeholder address of an absent optional argument",
-    "field_copyext_blockcount": "DataCopyExtParams::blockCount = 65540 does not fit its field (16-bit unsigned",
+    "field_copyext_blockcount": "DataCopyExtParams::blockCount = 65540 does not fit its field "
+                                "(16-bit unsigned",
     "field_copyext_blocklen_range": "DataCopyExtParams::blockLen = 2097152 is outside its documented range",
-    "field_copy_params_blockcount": "DataCopyParams::blockCount = 4096 is outside its documented range [1, 4095]",
+    "field_copy_params_blockcount": "DataCopyParams::blockCount = 4096 is outside its "
+                                    "documented range [1, 4095]",
     "field_binary_repeat_stride": "BinaryRepeatParams::dstRepStride = 256 does not fit its field (8-bit",
     "field_repeat_time": "repeatTime = 256 does not fit its field (8-bit",
     "field_reduce_repeat_stride": "srcRepStride = 70000 is outside its documented range [0, 65535]",
@@ -94,7 +97,8 @@ def test_violation_is_reported(ops, name):
 
 
 def test_cast_rounds_to_nearest_even_like_torch(ops, seed):
-    """bf16 / fp16 conversions are bit-exact round-to-nearest-even, including ties, subnormals, overflow and NaN."""
+    """bf16 / fp16 conversions are bit-exact round-to-nearest-even, including ties, subnormals, overflow and
+    NaN."""
     x = torch.cat([torch.randn(4000) * 10.0 ** torch.randint(-8, 6, (4000,)).float(),
                    torch.tensor([0.0, -0.0, 1e-40, -1e-42, 6e-8, 3e-8, 65504.0, 65520.0, 1e30, float("inf"),
                                  -float("inf"), float("nan"), 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-11,
@@ -108,10 +112,11 @@ def test_cast_rounds_to_nearest_even_like_torch(ops, seed):
 
 
 def test_kernels_pass_field_values_whole():
-    """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it itself (a
-    cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every field rule. So the
-    kernel sources never cast to those types; they build the structs with parentheses from full-width values (a
-    braced list would not compile against the real headers, cmake/ascendc_header_check.py)."""
+    """The twin checks a parameter field only when it receives the full value: a kernel that narrowed it
+    itself (a cast to an 8- or 16-bit type, the width of CANN's fields) would hide an overflow from every
+    field rule. So the kernel sources never cast to those types; they build the structs with parentheses from
+    full-width values (a braced list would not compile against the real headers,
+    cmake/ascendc_header_check.py)."""
     import glob
     import os
     import re

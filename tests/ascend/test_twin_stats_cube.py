@@ -1,7 +1,8 @@
-"""FusedLceStatsCube (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp: the cube computes logit tiles into
-a GM ring, the vector cores consume them) compiled and run on the AscendC CPU twin, against float64: every dtype and
-option including the log-prob ones (temperature, entropy sum ez), odd V, tails in every dimension, several cores and
-segments, shards, both label dtypes, the 910B part and a tiny part that forces many tiles, cores and segments."""
+"""FusedLceStatsCube (csrc/ascend/fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp: the cube computes logit
+tiles into a GM ring, the vector cores consume them) compiled and run on the AscendC CPU twin, against
+float64: every dtype and option including the log-prob ones (temperature, entropy sum ez), odd V, tails in
+every dimension, several cores and segments, shards, both label dtypes, the 910B part and a tiny part that
+forces many tiles, cores and segments."""
 import pytest
 import torch
 
@@ -34,7 +35,8 @@ def check(got, h, w, b, y, vs, softcap, temperature, with_zsum, with_ez, msg):
     assert_stats(got[:5], ref, scale, vs, msg)
     if with_ez:
         tol = 3e-5 * (ez.abs() + ref[1] * (1.0 + scale))
-        assert torch.all((got[5].double() - ez).abs() <= tol), f"ez {msg}: {(got[5].double() - ez).abs().max()}"
+        assert torch.all((got[5].double() - ez).abs() <= tol), \
+            f"ez {msg}: {(got[5].double() - ez).abs().max()}"
     else:
         assert torch.all(got[5] == 0), f"ez not requested {msg}"
 
@@ -53,14 +55,15 @@ def test_cube_stats_match_float64(ops, part, seed, hw, dtype, opt):
 
 
 def test_cube_plan_forces_many_tiles_cores_and_segments(ops, part):
-    """The tiny part's plan has several vocabulary blocks per task, tails, several AI cores and segments, so the ring
-    wraps many times and the finishing phase runs."""
+    """The tiny part's plan has several vocabulary blocks per task, tails, several AI cores and segments, so
+    the ring wraps many times and the finishing phase runs."""
     part(HW_TINY)
     plan = ops._twin_plan_stats_cube(37, 45, 301, 2, 0, True)
     assert plan[0] == 0 and plan[6] > 4 and plan[9] > 1 and plan[10] != plan[2], plan
     plan = ops._twin_plan_stats_cube(5, 16, 300, 4, 0, True)
     assert plan[7] > 1, plan  # segments
-    assert ops._twin_plan_stats_cube(5, 16, 1 << 24, 4, 0, False)[0] == 3  # ids travel as exact floats: V < 2^24
+    # ids travel as exact floats: V < 2^24
+    assert ops._twin_plan_stats_cube(5, 16, 1 << 24, 4, 0, False)[0] == 3
 
 
 @pytest.mark.parametrize("label_dtype", [torch.int64, torch.int32])
@@ -79,7 +82,8 @@ def test_cube_segments_merge(ops, part, seed):
     part(HW_TINY, sched_seed=seed)
     h, w, _ = make(5, 16, 300, torch.float32, False)
     y = torch.randint(0, 300, (5,))
-    check(run(ops, h, w, None, y, 0, 2.0, 0.5, True, True), h, w, None, y, 0, 2.0, 0.5, True, True, f"seed={seed}")
+    check(run(ops, h, w, None, y, 0, 2.0, 0.5, True, True), h, w, None, y, 0, 2.0, 0.5, True, True,
+          f"seed={seed}")
 
 
 def test_cube_first_argmax_on_ties(ops, part, seed):
@@ -104,7 +108,8 @@ def test_cube_first_argmax_on_ties(ops, part, seed):
 
 
 def test_cube_non_finite_logits(ops, part, seed):
-    """-inf logits (a masked vocabulary) add 0 to the sums and ez (not NaN); NaN inputs give NaN statistics."""
+    """-inf logits (a masked vocabulary) add 0 to the sums and ez (not NaN); NaN inputs give NaN
+    statistics."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 4, 16, 100
     h, w, _ = make(n, d, v, torch.float32, False)
@@ -113,12 +118,14 @@ def test_cube_non_finite_logits(ops, part, seed):
     y = torch.full((n,), 70)
     got = run(ops, h, w, b, y, 0, 0.0, 1.0, False, True)
     ref, ez = ref64(h, w, b, y, 0, 0.0, 1.0, False)
-    assert torch.allclose(got[0].double(), ref[0], rtol=1e-5) and torch.allclose(got[1].double(), ref[1], rtol=1e-5)
+    assert torch.allclose(got[0].double(), ref[0], rtol=1e-5) and \
+        torch.allclose(got[1].double(), ref[1], rtol=1e-5)
     assert torch.allclose(got[5].double(), ez, rtol=1e-4, atol=1e-5)
     h2 = h.clone()
     h2[1, 3] = float("nan")
     got = run(ops, h2, w, None, torch.zeros(n, dtype=torch.long), 0, 0.0, 1.0, True, True)
-    assert torch.isnan(got[1][1]) and torch.isnan(got[3][1]) and torch.isnan(got[5][1]) and not torch.isnan(got[1][0])
+    assert torch.isnan(got[1][1]) and torch.isnan(got[3][1]) and torch.isnan(got[5][1]) and \
+        not torch.isnan(got[1][0])
 
 
 def test_cube_empty_batch_and_single_token(ops, part):
@@ -144,8 +151,8 @@ def test_cube_scheduler_seeds_agree(ops, part, seed):
 
 
 def test_cube_work_counters(ops, part, seed):
-    """The twin's work counters (benchmarks/npu_model.py): the cube cores do every FLOP of the GEMM (2 N V D) and no
-    vector work, the vector cores the opposite."""
+    """The twin's work counters (benchmarks/npu_model.py): the cube cores do every FLOP of the GEMM (2 N V D)
+    and no vector work, the vector cores the opposite."""
     part(HW_TINY, sched_seed=seed)
     n, d, v = 37, 45, 301
     h, w, b = make(n, d, v, torch.bfloat16, False)
@@ -160,9 +167,9 @@ def test_cube_work_counters(ops, part, seed):
 
 
 def test_cube_balances_the_last_wave_with_segments(ops, part, seed):
-    """Token blocks not a multiple of the cores: the planner splits the vocabulary so that the busiest core gets
-    fewer tiles (910B: 32 blocks on 24 cores -> 3 segments; 18 blocks, 6 cores idle -> 4 segments, 72 tasks), and
-    the merged statistics stay exact."""
+    """Token blocks not a multiple of the cores: the planner splits the vocabulary so that the busiest core
+    gets fewer tiles (910B: 32 blocks on 24 cores -> 3 segments; 18 blocks, 6 cores idle -> 4 segments, 72
+    tasks), and the merged statistics stay exact."""
     part(HW_910B)
     plan = ops._twin_plan_stats_cube(4096, 3584, 152064, 2, 0, False)
     assert plan[5] == 32 and plan[7] == 3 and plan[8] == 96, plan

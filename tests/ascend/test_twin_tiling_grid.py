@@ -1,10 +1,10 @@
-"""The kernels do not depend on the Matmul tiling values that the host's GetTiling chooses. op_host fixes only the
-base M / N (SetFixSplit) and the shapes; baseK, the L1 depths, the steps, the L0 double-buffer flags and the iterate
-order are the real algorithm's choice (asc-devkit impl/adv_api/tiling/matmul/matmul_tiling_algorithm.cpp), which the
-twin does not reproduce. Each variant of the twin extension's vary_tiling (tests/support/ascendc_twin/ext/ops.cpp)
-replaces them with another legal set (the twin's Matmul model checks legality: L0A / L0B / L0C with their
-double-buffer flags, L1, the MDL depth rules); both kernels,
-every mode, must give the same results bit for bit, and match float64."""
+"""The kernels do not depend on the Matmul tiling values that the host's GetTiling chooses. op_host fixes only
+the base M / N (SetFixSplit) and the shapes; baseK, the L1 depths, the steps, the L0 double-buffer flags and
+the iterate order are the real algorithm's choice (asc-devkit
+impl/adv_api/tiling/matmul/matmul_tiling_algorithm.cpp), which the twin does not reproduce. Each variant of
+the twin extension's vary_tiling (tests/support/ascendc_twin/ext/ops.cpp) replaces them with another legal set
+(the twin's Matmul model checks legality: L0A / L0B / L0C with their double-buffer flags, L1, the MDL depth
+rules); both kernels, every mode, must give the same results bit for bit, and match float64."""
 import pytest
 import torch
 
@@ -16,8 +16,8 @@ SHAPE = (37, 45, 301)
 
 
 def run_all(ops, h, w, b, y, lse, c):
-    """Every kernel and mode on one problem: the cube-driven forward (with the z cache) and backward (recomputing /
-    with the z cache and dz kept)."""
+    """Every kernel and mode on one problem: the cube-driven forward (with the z cache) and backward
+    (recomputing / with the z cache and dz kept)."""
     zc = ops._twin_stats_cube(h, w, b, y, 0, 0.0, 1.0, True, True, True)
     out = list(zc)
     for cache, keep in ((None, False), (zc[6], True), (None, True)):
@@ -32,7 +32,8 @@ def test_results_do_not_depend_on_the_free_tiling_values(ops, part, seed, hw):
     lse = lse_of(h, w, b, 0.0, 1.0)
     c = coefs(SHAPE[0], opt)
     base = None
-    copied = set()  # cube operand bytes of the last launch: the variants change what stays in L1, not the results
+    # cube operand bytes of the last launch: the variants change what stays in L1, not the results
+    copied = set()
     for variant in MM_VARIANTS:
         part(hw, sched_seed=seed, mm_variant=variant)
         got = run_all(ops, h, w, b, y, lse, c)

@@ -1,9 +1,9 @@
-"""The kernels' conservative variants (csrc/ascend/common/fused_lce_cube_tiling.h ``Variant``) on the AscendC CPU twin.
-Each replaces a behaviour only hardware can judge with a plainer one computing the same numbers -- kPlainTiling: the
-Matmul tilings as GetTiling returns them and one forward GEMM per tile; kSerialMatmul: a full pipe barrier between the
-backward's Matmul objects -- so every variant must give the default's results bit for bit, in every mode (z cache,
-dz kept, recompute), on the 910B and on a part with many cores, tiles and segments; and kPlainTiling must really
-change what the cube copies (the L1-residency override is off)."""
+"""The kernels' conservative variants (csrc/ascend/common/fused_lce_cube_tiling.h ``Variant``) on the AscendC
+CPU twin. Each replaces a behaviour only hardware can judge with a plainer one computing the same numbers --
+kPlainTiling: the Matmul tilings as GetTiling returns them and one forward GEMM per tile; kSerialMatmul: a
+full pipe barrier between the backward's Matmul objects -- so every variant must give the default's results
+bit for bit, in every mode (z cache, dz kept, recompute), on the 910B and on a part with many cores, tiles and
+segments; and kPlainTiling must really change what the cube copies (the L1-residency override is off)."""
 import pytest
 import torch
 
@@ -15,13 +15,15 @@ VARIANTS = (1, 2, 3)  # kPlainTiling, kSerialMatmul, both
 
 
 def run_all(ops, h, w, b, y, lse, c, variant):
-    """Every kernel and mode on one problem under one variant: the forward with and without the z cache (segments on
-    the tiny part), the backward recomputing, from the z cache with dz kept, and with dz kept alone."""
+    """Every kernel and mode on one problem under one variant: the forward with and without the z cache
+    (segments on the tiny part), the backward recomputing, from the z cache with dz kept, and with dz kept
+    alone."""
     fwd = ops._twin_stats_cube(h, w, b, y, 0, 3.0, 0.8, True, True, True, variant)
     out = list(fwd)
     out += ops._twin_stats_cube(h, w, b, y, 0, 3.0, 0.8, False, False, False, variant)[:6]
     for cache, keep in ((None, False), (fwd[6], True), (None, True)):
-        out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 3.0, 0.8, [True, True, True], cache, keep, None, variant)
+        out += ops._twin_grads_cube(h, w, b, y, lse, *c, 0, 3.0, 0.8, [True, True, True], cache, keep,
+                                    None, variant)
     return out
 
 
@@ -44,8 +46,9 @@ def test_variants_give_the_default_bit_for_bit(ops, part, seed, hw, dtype):
 
 
 def test_plain_tiling_turns_the_l1_residency_off(ops, part):
-    """With the override the token block's hidden rows stay in L1 over a segment's tiles; without it they are copied
-    in again for every tile: more operand bytes GM -> L1, the same results (one AI core: one segment of 16 tiles)."""
+    """With the override the token block's hidden rows stay in L1 over a segment's tiles; without it they are
+    copied in again for every tile: more operand bytes GM -> L1, the same results (one AI core: one segment of
+    16 tiles)."""
     part(dict(HW_910B, cube_cores=1), sched_seed=1)
     h, w, b, y = make(64, 256, 2048, torch.bfloat16, {})
     copied, outs = {}, {}

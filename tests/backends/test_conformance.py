@@ -1,7 +1,8 @@
 """The conformance suite: every available backend on every device, against the float64 reference of SPEC.md.
 
-Each case draws fresh random inputs (seed printed on failure), runs forward + backward through the public API and
-compares the loss and the gradients of hidden, weight and bias with ``fused_lce.core.formulas.reference_loss``.
+Each case draws fresh random inputs (seed printed on failure), runs forward + backward through the public API
+and compares the loss and the gradients of hidden, weight and bias with
+``fused_lce.core.formulas.reference_loss``.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ OPTION_SETS = {
     "softcap": {"softcap": 3.0},
     "bias": {"bias": True},
     "num_items": {"num_items": 37, "ignore_frac": 0.2},
-    "everything": {"label_smoothing": 0.25, "z_loss": 0.02, "softcap": 4.0, "bias": True, "ignore_frac": 0.25},
+    "everything": {"label_smoothing": 0.25, "z_loss": 0.02, "softcap": 4.0, "bias": True,
+                   "ignore_frac": 0.25},
 }
 
 
@@ -53,8 +55,8 @@ def check(backend, device, shape, v, dtype, reduction="mean", shift=False, tile=
     use_bias = opts.pop("bias", False)
     scale = opts.pop("scale", 1.0)
     ii = opts.get("ignore_index", -100)
-    h, w, y, b = make_problem(shape, v, dtype, device, bias=use_bias, ignore_frac=ignore_frac, ignore_index=ii,
-                              scale=scale)
+    h, w, y, b = make_problem(shape, v, dtype, device, bias=use_bias, ignore_frac=ignore_frac,
+                              ignore_index=ii, scale=scale)
     out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, shift=shift, backend=backend,
                                          tile_budget_mb=tile, return_stats=True, **opts)
     assert out.loss.dtype == torch.float32
@@ -124,8 +126,8 @@ def test_chunk_size_invariance(bd, seed):
     results = []
     for tile in (TINY, 0.01, 0.1, None):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend=backend, tile_budget_mb=tile, z_loss=0.01,
-                                              label_smoothing=0.1, softcap=5.0)
+        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend=backend, tile_budget_mb=tile,
+                                              z_loss=0.01, label_smoothing=0.1, softcap=5.0)
         loss.backward()
         results.append([loss.detach()] + [t.grad for t in (hh, ww, bb)])
     for other in results[1:]:
@@ -142,7 +144,8 @@ def test_all_ignored_and_empty(bd, n, seed):
     y = torch.full_like(y, -100)
     for reduction in ("mean", "sum"):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        out = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction=reduction, backend=backend, return_stats=True)
+        out = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction=reduction, backend=backend,
+                                             return_stats=True)
         assert out.loss.item() == 0.0
         out.loss.backward()
         for t in (hh, ww, bb):
@@ -151,15 +154,16 @@ def test_all_ignored_and_empty(bd, n, seed):
     hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
     none = fused_lce.linear_cross_entropy(hh, ww, y, bb, reduction="none", backend=backend)
     assert none.shape == (n,) and (none == 0).all()
-    grads = torch.autograd.grad(none, (hh, ww, bb), torch.rand_like(none))  # the recompute path, also for N == 0
+    # the recompute path, also for N == 0
+    grads = torch.autograd.grad(none, (hh, ww, bb), torch.rand_like(none))
     for t, g in zip((hh, ww, bb), grads):
         assert g.shape == t.shape and (g == 0).all()
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_accumulation_is_fp32(bd, seed):
-    """dW summed over ~500 token blocks of a bf16 problem stays at bf16 output-rounding accuracy; a bf16 running
-    sum would drift to several percent."""
+    """dW summed over ~500 token blocks of a bf16 problem stays at bf16 output-rounding accuracy; a bf16
+    running sum would drift to several percent."""
     backend, device = bd
     check(backend, device, (4096, 16), 24, torch.bfloat16, "sum", tile=0.0005)
 
@@ -221,13 +225,15 @@ def test_large_logits_are_stable(bd, seed):
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
     """Ignored tokens whose logits are far beyond exp's float32 range (~88): the lse saved for them is 0 (the
-    contract), so a backward that forms exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN in
-    their dX rows and in dW / db (the recompute path of "none"). Their dX rows are exactly 0, the rest right."""
+    contract), so a backward that forms exp(z - lse) before their coefficient 0 masks them gets inf * 0 = NaN
+    in their dX rows and in dW / db (the recompute path of "none"). Their dX rows are exactly 0, the rest
+    right."""
     backend, device = bd
     for tile in (None, TINY):
         h, w, y, b = make_problem((19, 8), 41, dtype, device, bias=True, ignore_frac=0.3, scale=300.0)
         y[[2, 7]] = -100
-        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend, tile_budget_mb=tile)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend,
+                                             tile_budget_mb=tile)
         g = torch.rand_like(out) if reduction == "none" else torch.ones_like(out)
         grads = torch.autograd.grad(out, (h, w, b), g)
         ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction)
@@ -237,7 +243,8 @@ def test_ignored_tokens_with_large_logits(bd, dtype, reduction, seed):
 
 
 # softcap over the whole range Options accepts (a normal float32): both ends, the usual values and large ones,
-# where c * tanh(z / c) is z to float32 rounding (an inaccurate tanh of small arguments flattened every logit to 0)
+# where c * tanh(z / c) is z to float32 rounding (an inaccurate tanh of small arguments flattened every logit
+# to 0)
 SOFTCAPS = [2.0**-126, 1e-3, 0.5, 30.0, 1e4, 1e6, 1e8, 1e30, 3.4028234663852886e38]
 
 
@@ -245,8 +252,8 @@ SOFTCAPS = [2.0**-126, 1e-3, 0.5, 30.0, 1e4, 1e6, 1e8, 1e30, 3.4028234663852886e
 @pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"{c:.3g}")
 def test_softcap_whole_range(bd, softcap, seed):
     """Loss, lse and gradients (the softcap derivative included) at every softcap against float64, with the
-    capped logits' rounding relative to their size (tests/support/reference.py); from 1e8 up the softcap changes
-    no float32 logit, so the answer is that of no softcap."""
+    capped logits' rounding relative to their size (tests/support/reference.py); from 1e8 up the softcap
+    changes no float32 logit, so the answer is that of no softcap."""
     backend, device = bd
     for k, reduction in enumerate(("none", "mean")):
         torch.manual_seed(seed + k)
@@ -271,8 +278,9 @@ def test_random_problems(bd, n, d, v, reduction, smoothing, z, cap, bias, ignore
     reproduction blob, and kept in the local .hypothesis database) replays exactly; derandomized in CI."""
     backend, device = bd
     torch.manual_seed(data_seed)
-    check(backend, device, (n, d), v, torch.float32, reduction, tile=tile, label_smoothing=smoothing, z_loss=z,
-          softcap=cap, bias=bias, ignore_frac=ignore, num_items=num_items)
+    check(backend, device, (n, d), v, torch.float32, reduction, tile=tile,
+          label_smoothing=smoothing, z_loss=z, softcap=cap, bias=bias, ignore_frac=ignore,
+          num_items=num_items)
 
 
 LAYOUTS = {  # name: (what it does to a contiguous (rows, cols) tensor); every one must be read as its values
@@ -297,7 +305,8 @@ def test_input_layouts(bd, layout, seed):
     b = make(torch.randn(v, 1) * 0.5)[:, 0].to(device).requires_grad_()
     y = torch.randint(0, v, (n,), device=device)
     for reduction in ("mean", "none"):
-        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction, label_smoothing=0.1)
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, reduction=reduction,
+                                              label_smoothing=0.1)
         g = torch.rand_like(loss)
         grads = torch.autograd.grad(loss, (h, w, b), g)
         ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction, label_smoothing=0.1)
@@ -307,8 +316,9 @@ def test_input_layouts(bd, layout, seed):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_zero_hidden_size(bd, seed):
-    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline the
-    problem (its supports() says why): then an explicit request raises that reason and auto runs it elsewhere."""
+    """D == 0: every logit is the bias (or 0), so the loss is that of a constant row. A provider may decline
+    the problem (its supports() says why): then an explicit request raises that reason and auto runs it
+    elsewhere."""
     backend, device = bd
     p = Problem(5, 0, 7, torch.float32, torch.device(device), True, Options())
     declined = registry.why_not(backend, p)
@@ -326,8 +336,9 @@ def test_zero_hidden_size(bd, seed):
 @pytest.mark.parametrize("tile", [TINY, None], ids=["tiny", "default"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
-    """A -inf bias over the first 200 vocabulary entries (a masked vocabulary): the online softmax starts on rows
-    whose running max is -inf for several whole tiles, which must not become NaN (F.cross_entropy is finite)."""
+    """A -inf bias over the first 200 vocabulary entries (a masked vocabulary): the online softmax starts on
+    rows whose running max is -inf for several whole tiles, which must not become NaN (F.cross_entropy is
+    finite)."""
     backend, device = bd
     h, w, _, b = make_problem((13, 8), 301, torch.float32, device, bias=True)
     with torch.no_grad():
@@ -335,12 +346,13 @@ def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
     y = torch.randint(200, 301, (13,))
     y[::4] = -100
     y = y.to(device)
-    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, tile_budget_mb=tile, reduction=reduction)
+    loss = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, tile_budget_mb=tile,
+                                          reduction=reduction)
     assert torch.isfinite(loss).all()
     g = torch.rand_like(loss)
     grads = torch.autograd.grad(loss, (h, w, b), g)
-    # the reference: the same problem over the 101 unmasked entries only (exp(-inf) = 0 exactly, so the loss and
-    # dX are those of the sub-vocabulary, and the masked rows of dW / db are exactly 0)
+    # the reference: the same problem over the 101 unmasked entries only (exp(-inf) = 0 exactly, so the loss
+    # and dX are those of the sub-vocabulary, and the masked rows of dW / db are exactly 0)
     sub = torch.where(y == -100, y, y - 200)
     ref = fp64_reference(h, w[200:], sub, b[200:], upstream=g, reduction=reduction)
     assert_loss_close(loss, ref, torch.float32)
@@ -356,9 +368,9 @@ def test_masked_first_vocabulary_tiles(bd, tile, reduction, seed):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
-    """The example hypothesis found (n=1, d=1, v=25, smoothing=0.3, softcap=2): dX is a sum of terms of ~1 that
-    cancels to ~1e-4, so its float32 error is ~1e-7 absolute but ~1e-3 relative. The tolerance's floor scales
-    with the summands; several seeds of it must pass."""
+    """The example hypothesis found (n=1, d=1, v=25, smoothing=0.3, softcap=2): dX is a sum of terms of ~1
+    that cancels to ~1e-4, so its float32 error is ~1e-7 absolute but ~1e-3 relative. The tolerance's floor
+    scales with the summands; several seeds of it must pass."""
     backend, device = bd
     torch.manual_seed(1 * 7919 + 1 * 104729 + 25)  # the recorded example (the old test seeded from n, d, v):
     # ||dX|| = 1.1e-4, float32 error 1.4e-7 = 1.2e-3 relative (the old bound was 1e-4 relative)
@@ -370,8 +382,9 @@ def test_cancellation_does_not_fail_the_comparison(bd, reduction, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_tolerance_rejects_small_errors(dtype, seed):
-    """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so a
-    gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative fails."""
+    """The floors must not make the comparison blind: on an ordinary problem they add well under GRAD_TOL, so
+    a gradient off by 2x GRAD_TOL in norm (a slightly wrong kernel) fails, and a loss off by 1e-4 relative
+    fails."""
     from ..conftest import GRAD_TOL, grad_close
 
     h, w, y, b = make_problem((29, 24), 53, dtype, "cpu", bias=True, ignore_frac=0.2)
@@ -450,8 +463,8 @@ def test_option_errors_on_every_provider(bd, monkeypatch):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_tile_budget_means_the_same_on_every_provider(bd, monkeypatch):
-    """FUSED_LCE_TILE_MB and tile_budget_mb reach the provider as the same byte count (read once by the API, not
-    by each provider: the C++ kernel used to ignore the variable)."""
+    """FUSED_LCE_TILE_MB and tile_budget_mb reach the provider as the same byte count (read once by the API,
+    not by each provider: the C++ kernel used to ignore the variable)."""
     backend, device = bd
     from fused_lce.core import registry
 
@@ -511,5 +524,6 @@ def test_num_items_tensor(bd, seed):
         fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, num_items=torch.ones(2, device=device))
     with pytest.raises(TypeError, match="num_items"):
         torch.ops.fused_lce.forward(*args(torch.tensor(True, device=device)))
-    zero = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend, num_items=torch.tensor(0.0, device=device))
+    zero = fused_lce.linear_cross_entropy(h, w, y, b, backend=backend,
+                                          num_items=torch.tensor(0.0, device=device))
     assert zero.item() == 0.0 and all((g == 0).all() for g in torch.autograd.grad(zero, (h, w, b)))

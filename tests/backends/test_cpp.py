@@ -1,11 +1,12 @@
 """The compiled "cpp" backend (fused_lce._C, csrc/cpu/).
 
-It is really loaded and owns the CPU kernels of the ops; it matches the float64 reference on every code path of the
-kernel (kept row block / recompute, each 16-bit GEMM path forced on and off for bf16 and fp16, each row-kernel
-instruction set, both parallel schemes, 1 or 2 threads); it detects the CPU features its defaults depend on; the
-registry routes to it and away from it as asked; it is deterministic; it indexes past 2^31 logits (float32 and the
-16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed`` fixture (fixed per test in CI). The shared conformance suite (tests/backends/test_conformance.py) runs on "cpp"
-too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
+It is really loaded and owns the CPU kernels of the ops; it matches the float64 reference on every code path
+of the kernel (kept row block / recompute, each 16-bit GEMM path forced on and off for bf16 and fp16, each
+row-kernel instruction set, both parallel schemes, 1 or 2 threads); it detects the CPU features its defaults
+depend on; the registry routes to it and away from it as asked; it is deterministic; it indexes past 2^31
+logits (float32 and the 16-bit paths); the ops pass opcheck with it. Random inputs come from the ``seed``
+fixture (fixed per test in CI). The shared conformance suite (tests/backends/test_conformance.py) runs on
+"cpp" too. In CI (env CI=1/true/yes) a missing extension fails these tests instead of skipping them.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_compiled_library_is_loaded(monkeypatch, seed):
 
     assert os.path.basename(_C.__file__).startswith("_C.") and _C.__file__.endswith((".so", ".pyd"))
     for kernel in ("_cpu_stats", "_cpu_grads", "_cpu_fused"):
-        assert "csrc/ops.cpp" in torch._C._dispatch_dump(f"fused_lce::{kernel}").split("CPU: registered at ")[1]
+        assert "csrc/ops.cpp" in \
+            torch._C._dispatch_dump(f"fused_lce::{kernel}").split("CPU: registered at ")[1]
     # the public ops have one implementation for every device: the Python driver
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("fused_lce::forward", "CPU")
     assert fused_lce.backend_info()["auto"]["cpu"] == "cpp"
@@ -87,8 +89,8 @@ def _check(dtype, n=37, d=19, v=301, *, seed, reduction="mean", tile=None, bias=
     for t, on in zip((h, w, b), want):
         if t is not None and not on:
             t.requires_grad_(False)
-    out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend, tile_budget_mb=tile,
-                                         return_stats=True, **opts)
+    out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend=backend,
+                                         tile_budget_mb=tile, return_stats=True, **opts)
     assert out.loss.dtype == torch.float32
     g = torch.rand_like(out.loss) if reduction == "none" else torch.ones_like(out.loss)
     ref = fp64_reference(h, w, y, b, upstream=g, reduction=reduction, **opts)
@@ -147,12 +149,13 @@ def _forced_path_available(monkeypatch, dtype_key, path):
 
 @pytest.mark.parametrize("gemm", ["auto", "mkl", "brgemm", "convert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517), (70, 40, 2049)], ids=["even", "odd", "tiles"])
+@pytest.mark.parametrize("shape", [(64, 32, 1000), (33, 7, 517), (70, 40, 2049)],
+                         ids=["even", "odd", "tiles"])
 def test_16bit_gemm_paths(monkeypatch, gemm, dtype, shape, seed):
     """Each way of multiplying 16-bit operands (gemm.h), forced through FUSED_LCE_CPP_LOW_GEMM: MKL's 16-bit x
-    16-bit -> fp32 GEMMs, ATen's brgemm (bf16 only), float32 tiles; a forced path this machine lacks falls back to
-    the converted tiles (said by describe). Every kernel path (kept block, recompute, backward from lse) against
-    float64, with several vocabulary tiles and token blocks in the "tiles" shape."""
+    16-bit -> fp32 GEMMs, ATen's brgemm (bf16 only), float32 tiles; a forced path this machine lacks falls
+    back to the converted tiles (said by describe). Every kernel path (kept block, recompute, backward from
+    lse) against float64, with several vocabulary tiles and token blocks in the "tiles" shape."""
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
     picked = _gemm_paths()[key]
@@ -179,7 +182,8 @@ def test_16bit_gemm_defaults_follow_the_cpu(monkeypatch):
     cpu = next(f for f in cpp_cpu.describe(8, 8, 8).split() if f.startswith("cpu="))[4:].split(",")
     if flags:
         for ours, theirs in (("avx2", "avx2"), ("f16c", "f16c"), ("avx512_bf16", "avx512_bf16"),
-                             ("avx512_fp16", "avx512_fp16"), ("amx_bf16", "amx_bf16"), ("amx_fp16", "amx_fp16")):
+                             ("avx512_fp16", "avx512_fp16"), ("amx_bf16", "amx_bf16"),
+                             ("amx_fp16", "amx_fp16")):
             assert (ours in cpu) == (theirs in flags), (ours, cpu, sorted(flags))
     mkl = {k: _forced_path_available(monkeypatch, k, "mkl") for k in ("bf16", "fp16")}
     brgemm = _forced_path_available(monkeypatch, "bf16", "brgemm")
@@ -196,9 +200,9 @@ def test_16bit_gemm_defaults_follow_the_cpu(monkeypatch):
 @pytest.mark.parametrize("gemm", ["mkl", "brgemm", "convert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
-    """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum, gradients
-    from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db of both
-    outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
+    """linear_logprobs on each forced 16-bit GEMM path (statistics with temperature and the entropy sum,
+    gradients from the driver's coefficients with b != 0 and a softcap) against float64: values and dX, dW, db
+    of both outputs; odd sizes with many tiles, and several token blocks with vocabulary tiles of 512."""
     from ..ops.test_logprobs import check
 
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
@@ -209,9 +213,9 @@ def test_16bit_gemm_paths_logprobs(monkeypatch, gemm, dtype, seed):
 
 @pytest.mark.parametrize("gemm", ["mkl", "convert"])
 def test_float16_gradients_do_not_underflow(monkeypatch, gemm, seed):
-    """Mean over many tokens makes dZ ~ softmax / N, far below float16's normal range: the 16-bit dX/dW GEMMs get
-    dZ scaled by a power of two per tile (undone by the GEMM's alpha), so the gradients keep float16 accuracy.
-    Tiles where every token is ignored (dZ = 0) and a bad label (NaN poisons dW) are handled too."""
+    """Mean over many tokens makes dZ ~ softmax / N, far below float16's normal range: the 16-bit dX/dW GEMMs
+    get dZ scaled by a power of two per tile (undone by the GEMM's alpha), so the gradients keep float16
+    accuracy. Tiles where every token is ignored (dZ = 0) and a bad label (NaN poisons dW) are handled too."""
     if not _forced_path_available(monkeypatch, "fp16", gemm):
         assert not IN_CI, f"no exact float16 {gemm} GEMM in CI"
         pytest.skip(f"no exact float16 {gemm} GEMM on this machine")
@@ -232,8 +236,9 @@ def test_zero_hidden_size(dtype, seed):
     b = torch.randn(v, generator=torch.Generator().manual_seed(seed)).to(dtype)
     y = torch.tensor([0, 3, -100, 8, 1, 2])
     opts = options_block(backend="cpp")
-    out = torch.ops.fused_lce.forward(torch.empty(n, 0, dtype=dtype), torch.empty(v, 0, dtype=dtype), y, b, None,
-                                      "none", *opts, [True, True, True])
+    out = torch.ops.fused_lce.forward(torch.empty(n, 0, dtype=dtype),
+                                      torch.empty(v, 0, dtype=dtype), y, b, None, "none", *opts,
+                                      [True, True, True])
     z = b.double().expand(n, v)
     want = torch.logsumexp(z, 1) - z.gather(1, y.clamp(min=0)[:, None])[:, 0]
     torch.testing.assert_close(out[0].double(), torch.where(y != -100, want, 0.0), rtol=1e-5, atol=1e-5)
@@ -246,7 +251,8 @@ def test_zero_hidden_size(dtype, seed):
     torch.testing.assert_close(db.double(), (p * (y != -100)[:, None]).sum(0), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("want", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1)], ids=["dX", "dW", "db", "dX+db"])
+@pytest.mark.parametrize("want", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1)],
+                         ids=["dX", "dW", "db", "dX+db"])
 def test_partial_gradients(want, seed):
     for i, reduction in enumerate(("mean", "none")):
         _check(torch.float32, seed=seed + i, reduction=reduction, bias=True, want=want, label_smoothing=0.1)
@@ -318,9 +324,10 @@ def test_registry_routes_to_and_away_from_cpp(monkeypatch, seed):
 
 
 def test_vocab_parallel_kernels(monkeypatch, seed):
-    """The kernels the driver uses for a vocab-parallel group: shard statistics (checked on two emulated shards
-    against the full vocabulary), and the whole group path with an identity combine (one rank holding the full
-    vocabulary): statistics, combine, gradients from the global lse, float32 dX for the all-reduce."""
+    """The kernels the driver uses for a vocab-parallel group: shard statistics (checked on two emulated
+    shards against the full vocabulary), and the whole group path with an identity combine (one rank holding
+    the full vocabulary): statistics, combine, gradients from the global lse, float32 dX for the
+    all-reduce."""
     n, d, v, cut = 29, 12, 90, 41
     h, w, y, b = _problem(n, d, v, torch.float32, seed=seed, bias=True)
     hd, wd, bd = h.detach(), w.detach(), b.detach()
@@ -329,9 +336,11 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
               for a, z in ((0, cut), (cut, v))]
     m = torch.maximum(shards[0][0], shards[1][0])
     s = sum(sh[1] * torch.exp(sh[0] - m) for sh in shards)
-    first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])  # lowest id among shards holding the max
+    # lowest id among shards holding the max
+    first = torch.where(shards[0][0] == m, shards[0][4], shards[1][4])
     torch.testing.assert_close(m + s.log(), full[0] + full[1].log())
-    torch.testing.assert_close(shards[0][2] + shards[1][2], full[2])  # target logit lives in exactly one shard
+    # target logit lives in exactly one shard
+    torch.testing.assert_close(shards[0][2] + shards[1][2], full[2])
     torch.testing.assert_close(shards[0][3] + shards[1][3], full[3])
     assert torch.equal(first, full[4])
     monkeypatch.setattr(driver.distributed, "combine_stats", lambda *t: t[:5])
@@ -341,7 +350,8 @@ def test_vocab_parallel_kernels(monkeypatch, seed):
     inv = torch.tensor(1.0) / valid
     g = formulas.token_weights(*formulas.label_classes(y, opts, v))
     t = Tensors(hd, wd, y, bd)
-    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True), group="emulated")
+    st, (dh, dw, db) = driver.run_forward(registry.load("cpp"), t, opts, g, inv, (True, True, True),
+                                          group="emulated")
     per, lse, _ = formulas.loss_from_stats(st, y, opts, v)
     ref = fp64_reference(h, w, y, b, label_smoothing=0.1, z_loss=0.01, softcap=3.0)
     assert_loss_close(per.sum() / valid, ref, torch.float32)
@@ -357,7 +367,8 @@ def test_deterministic_for_a_thread_count(dtype, seed):
     runs = []
     for _ in range(2):
         hh, ww, bb = (t.detach().clone().requires_grad_() for t in (h, w, b))
-        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend="cpp", label_smoothing=0.1, tile_budget_mb=2)
+        loss = fused_lce.linear_cross_entropy(hh, ww, y, bb, backend="cpp", label_smoothing=0.1,
+                                              tile_budget_mb=2)
         loss.backward()
         runs.append([loss.detach(), hh.grad, ww.grad, bb.grad])
     for a, b_ in zip(*runs):
@@ -366,11 +377,12 @@ def test_deterministic_for_a_thread_count(dtype, seed):
 
 # ---------------------------------------------------------------------------------------- 64-bit indexing
 @pytest.mark.parametrize("dtype,gemm,tol", [(torch.float32, "auto", 1e-4), (torch.bfloat16, "auto", 1e-2),
-                                            (torch.float16, "mkl", 2e-3)], ids=["float32", "bfloat16", "float16"])
+                                            (torch.float16, "mkl", 2e-3)],
+                         ids=["float32", "bfloat16", "float16"])
 def test_more_than_2_31_logits(monkeypatch, dtype, gemm, tol, seed):
-    """N * V > 2^31 (D = 1 keeps it cheap): sampled rows of the loss, lse and dX, and sampled rows of dW, against
-    float64 computed row by row from the (rounded) inputs; 16-bit inputs on their GEMM paths (gradients rounded to
-    the input dtype, hence the wider tolerance)."""
+    """N * V > 2^31 (D = 1 keeps it cheap): sampled rows of the loss, lse and dX, and sampled rows of dW,
+    against float64 computed row by row from the (rounded) inputs; 16-bit inputs on their GEMM paths
+    (gradients rounded to the input dtype, hence the wider tolerance)."""
     monkeypatch.setenv("FUSED_LCE_CPP_LOW_GEMM", gemm)
     n, v = 2**16 + 3, 2**15 + 5
     assert n * v > 2**31
@@ -415,8 +427,9 @@ def test_opcheck(dtype, reduction, seed):
     # the private kernel's schema against what it does (no fake kernel: it only runs inside the public op)
     g = torch.rand(11, generator=torch.Generator().manual_seed(seed))
     terms = (1.0, 0.02, 0.9, 0.1 / 37)  # LossTerms of label_smoothing 0.1, z_loss 0.01, V 37
-    torch.library.opcheck(torch.ops.fused_lce._cpu_fused, (h.detach(), w.detach(), b.detach(), y, g, *terms, 3.0,
-                                                           True, [True, True, True], 0.5, 0), test_utils="test_schema")
+    torch.library.opcheck(torch.ops.fused_lce._cpu_fused,
+                          (h.detach(), w.detach(), b.detach(), y, g, *terms, 3.0,
+                           True, [True, True, True], 0.5, 0), test_utils="test_schema")
     torch.library.opcheck(torch.ops.fused_lce.forward, fwd)
     lse = torch.ops.fused_lce.forward(*fwd)[1]
     up = g if reduction == "none" else g[0]

@@ -1,4 +1,5 @@
-"""A CPU problem whose logits alone would need > 4 GiB runs in far less memory (peak RSS of a fresh process)."""
+"""A CPU problem whose logits alone would need > 4 GiB runs in far less memory (peak RSS of a fresh
+process)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ def high_water():
             return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) * 1024
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-n, d, v = 8192, 32, 140000   # fp32 logits: 8192 * 140000 * 4 B = 4.27 GiB (and as much again for their gradient)
+# fp32 logits: 8192 * 140000 * 4 B = 4.27 GiB (and as much again for their gradient)
+n, d, v = 8192, 32, 140000
 torch.manual_seed(0)
 h = torch.randn(n, d, requires_grad=True)
 w = (torch.randn(v, d) * 0.2).requires_grad_()

@@ -1,6 +1,7 @@
-"""The test suite's randomness is reproducible in CI and fresh locally: the ``seed`` fixture (tests/conftest.py)
-is a function of the test's id under env CI, FUSED_LCE_TEST_SEED replays one, and hypothesis is derandomized in
-CI (a landing is never blocked at random) while locally it searches afresh and records failing examples."""
+"""The test suite's randomness is reproducible in CI and fresh locally: the ``seed`` fixture
+(tests/conftest.py) is a function of the test's id under env CI, FUSED_LCE_TEST_SEED replays one, and
+hypothesis is derandomized in CI (a landing is never blocked at random) while locally it searches afresh and
+records failing examples."""
 from __future__ import annotations
 
 import os
@@ -31,9 +32,9 @@ def _run(tmp_path, **env_over):
     probe.write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "FUSED_LCE_TEST_SEED")}
     env.update(env_over, HYPOTHESIS_STORAGE_DIRECTORY=str(tmp_path / "hypothesis"))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "tests.conftest", "-p", "no:cacheprovider",
-                          "--rootdir", str(tmp_path), str(probe)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "tests.conftest", "-p",
+                          "no:cacheprovider", "--rootdir", str(tmp_path), str(probe)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     seeds = re.findall(r"SEED \S+ \S+", out.stdout)  # (pytest's progress dots share the lines)
     hyp = re.findall(r"HYP \S+ \S+", out.stdout)

@@ -1,9 +1,10 @@
-"""The "triton" CUDA backend: both paths (the fused logits GEMM and cuBLAS + row kernel), every schedule, kernel
-variant, graph capture and torch.compile on the GPU, and the "torch" provider's compiled CUDA tiles (marked
-``cuda``: run on the H200 with ``python -m pytest -m cuda -q tests/``), plus, on CPU (CI), the chunk planners and
-every Triton kernel run under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter has to be switched on before
-Triton compiles anything, so it cannot share this process). The interpreter runs the same kernels (tensor
-descriptors included) with small tile configurations; it cannot show TMA / wgmma code generation or speed."""
+"""The "triton" CUDA backend: both paths (the fused logits GEMM and cuBLAS + row kernel), every schedule,
+kernel variant, graph capture and torch.compile on the GPU, and the "torch" provider's compiled CUDA tiles
+(marked ``cuda``: run on the H200 with ``python -m pytest -m cuda -q tests/``), plus, on CPU (CI), the chunk
+planners and every Triton kernel run under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter has to be
+switched on before Triton compiles anything, so it cannot share this process). The interpreter runs the same
+kernels (tensor descriptors included) with small tile configurations; it cannot show TMA / wgmma code
+generation or speed."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ import torch
 
 import fused_lce
 
-from ..conftest import GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference, rel_err
+from ..conftest import (GRAD_TOL, assert_grads_close, assert_loss_close, assert_lse_close, fp64_reference,
+                        rel_err)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TRITON = True
@@ -60,7 +62,8 @@ def test_token_plan_respects_memory_rule(n, d, v):
         if free is not None and rows > tc.MIN_ROWS:
             assert buf + (4 * v * d if acc else 2 * v * d if want_dw else 0) <= 0.75 * free + 8 * 4 * v
         if full and (free is None or free > 100 * 2**30):
-            assert -(-n // rows) <= -(-n // full)  # never more chunks than ceil(n / full) with memory to spare
+            # never more chunks than ceil(n / full) with memory to spare
+            assert -(-n // rows) <= -(-n // full)
     for free, full in itertools.product((140 * 2**30, 6 * 2**30), (0, tc.planner.FULL_RATE_ROWS)):
         # float32 results (CUDA-graph capture): even one chunk accumulates dW in float32, within the cap too
         rows, acc = tc.plan_token_chunk(n, v, d, 2, True, True, 0, free, None, full)
@@ -73,9 +76,10 @@ def test_token_plan_respects_memory_rule(n, d, v):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("op", ["loss", "logprobs"])
 def test_recompute_blocks_leave_room_for_the_dw_accumulator(monkeypatch, op):
-    """The recompute backward's token blocks (several of them accumulate dW in float32) fit the free memory with
-    that accumulator: full-rate blocks only where the plan counts it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    """The recompute backward's token blocks (several of them accumulate dW in float32) fit the free memory
+    with that accumulator: full-rate blocks only where the plan counts it."""
+    # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton import provider as P
     from fused_lce.core import Options, Problem
@@ -91,9 +95,11 @@ def test_recompute_blocks_leave_room_for_the_dw_accumulator(monkeypatch, op):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_statistics_only_pass_is_one_block(monkeypatch):
-    """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics only,
-    so 16384 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs several."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    """A pass without gradients stores no logit (STATS epilogue): its token block counts the tile statistics
+    only, so 16384 tokens of a 256000 vocabulary are one block, where the one-pass loss's buffer needs
+    several."""
+    # the fused-GEMM path on CPU tensors (planning only, no kernel)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton.provider import PROVIDER
     from fused_lce.core import Options, Problem
@@ -109,11 +115,12 @@ def test_statistics_only_pass_is_one_block(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("by_count", [False, True], ids=["scale-on-device", "scale-by-count"])
 def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype, by_count):
-    """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row gather
-    before it and forms the token weights and scale after it. fp16 takes its scale on the host (cuBLAS's alpha):
-    from the live count when the weights give ``scale_of_count`` (then it forms them late too), else it forms them
-    first and reads the scale right after the live count's synchronisation."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
+    """Until the first logits GEMM is queued the device waits for the host: bf16 queues only the live-row
+    gather before it and forms the token weights and scale after it. fp16 takes its scale on the host
+    (cuBLAS's alpha): from the live count when the weights give ``scale_of_count`` (then it forms them late
+    too), else it forms them first and reads the scale right after the live count's synchronisation."""
+    # the fused-GEMM path on CPU tensors (stopped at its first GEMM)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     from fused_lce.backends.triton import provider as P
     from fused_lce.core import Options, Tensors, TokenWeights, formulas
@@ -129,10 +136,13 @@ def test_one_pass_forms_token_weights_after_first_gemm(monkeypatch, dtype, by_co
 
     monkeypatch.setattr(P.kgemm, "lce_gemm", gemm)
     n, d, v = 40, 16, 64
-    t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype), torch.randint(0, v, (n,)), None)
+    t = Tensors(torch.randn(n, d, dtype=dtype), torch.randn(v, d, dtype=dtype),
+                torch.randint(0, v, (n,)), None)
     t.labels[::3] = -100
-    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or ((t.labels != -100).float(), torch.tensor(0.5)),
-                      (lambda count: 0.5 if count == int((t.labels != -100).sum()) else None) if by_count else None)
+    tw = TokenWeights(t.labels != -100, lambda: formed.append(1) or
+                                                ((t.labels != -100).float(), torch.tensor(0.5)),
+                      (lambda count: 0.5 if count == int((t.labels != -100).sum()) else None)
+                      if by_count else None)
     out = P.PROVIDER.new_grads(t, (True, True, False), fp32_dh=False, scaled=True)
     with pytest.raises(Stop):
         P.PROVIDER.fused(t, tw, formulas.loss_terms(Options(), v), Options(), out)
@@ -155,7 +165,7 @@ def test_vocab_plan():
     assert tc.plan_vocab_chunk(10, 50, 4, 4, (True, True, True), 160) == 4
 
 
-# ------------------------------------------------------------------------------------------- interpreter (CPU)
+# ------------------------------------------------------------------------------------------ interpreter (CPU)
 INTERP_SCRIPT = r"""
 import json, os, sys, torch
 sys.path.insert(0, sys.argv[1])
@@ -167,7 +177,8 @@ torch.manual_seed(int(sys.argv[2]))
 out = []
 cases = [
     # (path, dtype, mode, n, d, v, options, tile bytes, GEMM tile configuration)
-    ("cublas", "float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0), 9 * 2100 * 4, ""),
+    ("cublas", "float32", "default", 23, 12, 2100, dict(label_smoothing=0.2, z_loss=0.01, softcap=4.0),
+     9 * 2100 * 4, ""),
     ("cublas", "bfloat16", "default", 23, 12, 2100, dict(label_smoothing=0.1), 0, ""),
     ("cublas", "float16", "default", 23, 12, 2100, dict(z_loss=0.02), 0, ""),
     ("cublas", "bfloat16", "split", 19, 8, 2100, dict(softcap=3.0, label_smoothing=0.1), 7 * 2100 * 4, ""),
@@ -176,13 +187,15 @@ cases = [
     ("cublas", "float16", "compact", 17, 8, 701, dict(), 0, ""),
     # the fused-GEMM path: EXP epilogue + dz from exp tiles (default), kept exp tiles (split), STATS + DZ
     # epilogues (compact, and the recompute backward of every case); odd V; one-tile and persistent grids
-    ("gemm", "bfloat16", "default", 23, 24, 701, dict(label_smoothing=0.1, z_loss=0.01), 0, "32,64,16,2,4,2,2,0"),
+    ("gemm", "bfloat16", "default", 23, 24, 701, dict(label_smoothing=0.1, z_loss=0.01), 0,
+     "32,64,16,2,4,2,2,0"),
     ("gemm", "float16", "default", 37, 16, 301, dict(), 9 * 310 * 2, "32,64,16,2,4,2,1,2"),
     ("gemm", "bfloat16", "split", 19, 16, 515, dict(label_smoothing=0.2), 7 * 520 * 2, "16,64,16,2,4,1,2,0"),
-    ("gemm", "float16", "compact", 21, 24, 333, dict(z_loss=0.02, label_smoothing=0.1), 21 * 2 * 128, "16,64,16,2,4,2,2,1"),
+    ("gemm", "float16", "compact", 21, 24, 333, dict(z_loss=0.02, label_smoothing=0.1), 21 * 2 * 128,
+     "16,64,16,2,4,2,2,1"),
     ("gemm", "bfloat16", "compact", 17, 8, 200, dict(), 0, "32,64,16,2,4,2,1,0"),
-    # ignored tokens with logits ~1e3 (their saved lse is 0): the row kernel's and the DZ epilogue's zero rows,
-    # the epilogue also with ignored rows computed (FUSED_LCE_SKIP_IGNORED=0)
+    # ignored tokens with logits ~1e3 (their saved lse is 0): the row kernel's and the DZ epilogue's zero
+    # rows, the epilogue also with ignored rows computed (FUSED_LCE_SKIP_IGNORED=0)
     ("cublas", "float32", "default", 17, 8, 301, dict(scale=300.0), 0, ""),
     ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0), 0, "32,64,16,2,4,2,2,0"),
     ("gemm", "bfloat16", "default", 23, 16, 301, dict(scale=300.0, skip="0"), 0, "32,64,16,2,4,2,2,0"),
@@ -209,15 +222,18 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
     # "split": the statistics -> combine -> gradients path a vocab-parallel group takes (kept logits tiles)
     tc.TritonProvider.has_fused = property(lambda self: False) if mode == "split" else fused
     t = Tensors(h, w, y, b)
-    assert (tc.TritonProvider.path_reason(t, o) is None) == (path == "gemm"), (path, tc.TritonProvider.path_reason(t, o))
+    assert (tc.TritonProvider.path_reason(t, o) is None) == (path == "gemm"), \
+        (path, tc.TritonProvider.path_reason(t, o))
     scale = torch.tensor(1.0 / n)
     g = formulas.token_weights(*formulas.label_classes(y, o, v))
     st, grads = driver.run_forward(tc.PROVIDER, t, o, g, scale, (True, True, True))
     per, lse_ours, correct_ours = formulas.loss_from_stats(st, y, o, v)
     gl = torch.rand(n)
     gw = formulas.token_weights(*formulas.label_classes(y, o, v), gl)
-    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, formulas.loss_coefs(lse_ours, gw, o, v), o, (True, True, True))
-    ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss, softcap=o.softcap or None)
+    bk = driver.run_backward(tc.PROVIDER, t, lse_ours, formulas.loss_coefs(lse_ours, gw, o, v), o,
+                             (True, True, True))
+    ref_opts = dict(reduction="none", label_smoothing=o.label_smoothing, z_loss=o.z_loss,
+                    softcap=o.softcap or None)
     r1 = C.fp64_reference(h, w, y, b, upstream=torch.full((n,), 1.0 / n), **ref_opts)
     r2 = C.fp64_reference(h, w, y, b, upstream=gl, **ref_opts)
     z = formulas.reference_logits(h, w, b, softcap=o.softcap)
@@ -231,8 +247,8 @@ for path, dt, mode, n, d, v, opts, tile, cfg in cases:
             return False
     out.append(dict(case=f"{path}-{dt}-{mode}-{n}x{d}x{v}-{sorted(opts)}",
                     loss=close(C.assert_loss_close, per, r1, dtype),
-                    lse=close(C.assert_lse_close, lse_ours, r1), correct=bool((correct_ours == correct).all()),
-                    dtypes=[t_.dtype == dtype for t_ in grads],
+                    lse=close(C.assert_lse_close, lse_ours, r1),
+                    correct=bool((correct_ours == correct).all()), dtypes=[t_.dtype == dtype for t_ in grads],
                     fwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(grads, r1.grads, r1.grad_scales,
                                                                        r1.grad_logit_scales)],
                     bwd=[C.grad_close(a, *r, dtype)[1:] for a, *r in zip(bk, r2.grads, r2.grad_scales,
@@ -249,14 +265,16 @@ for path in ("1", "0"):
         h = torch.randn(n, 16).bfloat16(); w = torch.randn(v, 16).bfloat16(); y = torch.full((n,), -100)
         o = Options(vocab_total=v, backend="triton")
         g = formulas.token_weights(*formulas.label_classes(y, o, v))
-        st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+        st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0),
+                                    (True, True, False))
         assert gr[0].shape == (n, 16) and gr[1].shape == (v, 16) and gr[2] is None, (path, n, v)
         assert float(gr[0].float().abs().sum()) == 0 and float(gr[1].float().abs().sum()) == 0, (path, n, v)
-# the fused-GEMM path with ignored tokens skipped (no logit of theirs computed) or kept: the same statistics of the
-# other tokens and the same gradients; every token ignored: gradients zero
+# the fused-GEMM path with ignored tokens skipped (no logit of theirs computed) or kept: the same statistics
+# of the other tokens and the same gradients; every token ignored: gradients zero
 os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
 for n, frac in ((29, 0.4), (9, 1.0)):
-    h = torch.randn(n, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (n,))
+    h = torch.randn(n, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16()
+    y = torch.randint(0, 333, (n,))
     y[torch.rand(n) < frac] = -100
     y[-1] = -100
     o = Options(vocab_total=333, backend="triton", tile_bytes=7 * 384 * 2 if n > 9 else 0)
@@ -264,7 +282,8 @@ for n, frac in ((29, 0.4), (9, 1.0)):
     res = {}
     for skip in ("1", "0"):
         os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
-        res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5), (True, True, False))
+        res[skip] = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.5),
+                                       (True, True, False))
     os.environ.pop("FUSED_LCE_SKIP_IGNORED")
     keep = y != -100  # skipped: an ignored token's logits are never computed, its statistics left unset
     for a, b in zip(res["1"][0], res["0"][0]):
@@ -276,20 +295,23 @@ for n, frac in ((29, 0.4), (9, 1.0)):
         assert torch.equal(a, b), (n, a, b)
     lse_skip = outs[0][1].double()
     assert bool((lse_skip[~keep] == 0).all()), (n, lse_skip)
-    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):  # token chunks of other rows: float32 sums in another order,
+    # token chunks of other rows: float32 sums in another order,
+    for a, b in zip(res["1"][1][:2], res["0"][1][:2]):
         a, b = a.float(), b.float()                        # so up to one bf16 rounding step apart
         assert bool(((a - b).abs() <= 2**-7 * b.abs() + 1e-6 * (1 + float(b.abs().max()))).all()), n
     ref_lse = torch.logsumexp(h.double() @ w.double().t(), 1)
     assert float(torch.where(keep, lse_skip - ref_lse, 0.0).abs().max()) < 1e-4, n
     if frac == 1.0:
-        assert float(res["1"][1][0].float().abs().sum()) == 0 and float(res["1"][1][1].float().abs().sum()) == 0
-# the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token order,
-# neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is computed;
-# one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
+        assert float(res["1"][1][0].float().abs().sum()) == 0 and \
+            float(res["1"][1][1].float().abs().sum()) == 0
+# the statistics-only pass (log-probs, reduction "none") over gathered rows: the combine kernel writes token
+# order, neutral statistics (m 0, s 1, the rest 0) where the label is ignored, the others as when every row is
+# computed; one vocabulary chunk and merged chunks (compact), entropy and the logit sum on
 for compact, tile, frac in (("0", 0, 0.4), ("1", 17 * 2 * 128, 0.4), ("0", 0, 1.0), ("1", 17 * 2 * 128, 0.0)):
     os.environ["FUSED_LCE_COMPACT"] = compact
     os.environ["FUSED_LCE_GEMM_CONFIG"] = "16,64,16,2,4,2,2,0"
-    h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16(); y = torch.randint(0, 333, (17,))
+    h = torch.randn(17, 16).bfloat16(); w = (torch.randn(333, 16) / 2).bfloat16()
+    y = torch.randint(0, 333, (17,))
     y[torch.rand(17) < frac] = -100
     if 0 < frac < 1:
         y[0], y[-1] = 5, -100
@@ -306,8 +328,8 @@ for compact, tile, frac in (("0", 0, 0.4), ("1", 17 * 2 * 128, 0.4), ("0", 0, 1.
         want = 1 if name == "s" else 0
         assert bool((a[~keep] == want).all()), (compact, name, a)
 os.environ["FUSED_LCE_COMPACT"] = "0"
-# fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at the
-# end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
+# fp16 with a loss scale of 0 (num_items=0): cuBLAS's alpha is not used for it, the results are multiplied at
+# the end, so a bad label's NaN still poisons its dX row and dW and every other dX row is 0
 os.environ["FUSED_LCE_GEMM_CONFIG"] = "32,64,16,2,4,2,2,0"
 for path in ("1", "0"):
     os.environ["FUSED_LCE_TRITON_GEMM"] = path
@@ -315,32 +337,36 @@ for path in ("1", "0"):
     y[2], y[5] = -100, 300  # ignored, out of range
     o = Options(vocab_total=300, backend="triton")
     g = formulas.token_weights(*formulas.label_classes(y, o, 300))
-    st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0), (True, True, False))
+    st, gr = driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, g, torch.tensor(0.0),
+                                (True, True, False))
     assert gr[0].dtype == torch.float16 and bool(gr[0][5].isnan().all()) and bool(gr[1].isnan().any()), path
     assert float(gr[0][[0, 1, 2, 3, 4, 6, 7, 8]].float().abs().sum()) == 0, path
-# fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same gradients, bit
-# for bit, as when the weights are formed first and the scale is read from the device; also with ignored tokens
-# kept in the products (FUSED_LCE_SKIP_IGNORED=0: the count is not taken then) and with every token ignored
+# fp16 with the scale from the live count on the host (the public loss's "mean" and "sum"): the same
+# gradients, bit for bit, as when the weights are formed first and the scale is read from the device; also
+# with ignored tokens kept in the products (FUSED_LCE_SKIP_IGNORED=0: the count is not taken then) and with
+# every token ignored
 import functools
 from fused_lce.core import TokenWeights
 os.environ["FUSED_LCE_TRITON_GEMM"] = "1"
 h = torch.randn(23, 16).half(); w = (torch.randn(301, 16) / 4).half()
 o = Options(vocab_total=301, backend="triton")
-for y in (torch.where(torch.arange(23) % 4 == 0, -100, torch.randint(0, 301, (23,))), torch.full((23,), -100)):
+for y in (torch.where(torch.arange(23) % 4 == 0, -100, torch.randint(0, 301, (23,))),
+          torch.full((23,), -100)):
     valid, bad = formulas.label_classes(y, o, 301)
     for red in ("mean", "sum"):
         make = lambda: (formulas.token_weights(valid, bad),
                         formulas.safe_inverse(formulas.mean_divisor(red, None, y, -100, valid)))
         for skip in ("1", "0"):
             os.environ["FUSED_LCE_SKIP_IGNORED"] = skip
-            got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o, TokenWeights(valid, make, by), None,
-                                      (True, True, False))[1]
+            got = [driver.run_forward(tc.PROVIDER, Tensors(h, w, y, None), o,
+                                      TokenWeights(valid, make, by), None, (True, True, False))[1]
                    for by in (None, functools.partial(formulas.count_scale, red))]
-            assert all(a.dtype == torch.float16 and torch.equal(a, b) for a, b in zip(got[0][:2], got[1][:2])), \
+            assert all(a.dtype == torch.float16 and torch.equal(a, b)
+                       for a, b in zip(got[0][:2], got[1][:2])), \
                 (red, skip, int(valid.sum()))
 os.environ.pop("FUSED_LCE_SKIP_IGNORED")
-# a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are computed,
-# the others never written; one program per tile and persistent
+# a device row count (the statistics pass over gathered rows): the row tiles holding rows [0, live) are
+# computed, the others never written; one program per tile and persistent
 from fused_lce.backends.triton.kernels import gemm as kg
 h = torch.randn(70, 16).bfloat16(); w = torch.randn(200, 16).bfloat16()
 z = h.double() @ w.double().t()
@@ -373,12 +399,12 @@ print("RESULT" + json.dumps(out))
 def test_kernel_under_triton_interpreter(tmp_path, seed):
     """Every kernel variant of both paths on CPU tensors under TRITON_INTERPRET=1, through the backend's own
     schedules, against the float64 reference. cuBLAS path: fused stats+gradient, split statistics with merge,
-    gradient only, in-place half-width dz. Fused-GEMM path: EXP / STATS / DZ epilogues, tile combine (merged over
-    vocabulary chunks), dz from exp tiles, the label-logit dot, fused scale+cast. Bias, softcap, smoothing, z-loss,
-    odd V, several chunks. The cuBLAS products fall back to CPU matmuls."""
+    gradient only, in-place half-width dz. Fused-GEMM path: EXP / STATS / DZ epilogues, tile combine (merged
+    over vocabulary chunks), dz from exp tiles, the label-logit dot, fused scale+cast. Bias, softcap,
+    smoothing, z-loss, odd V, several chunks. The cuBLAS products fall back to CPU matmuls."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", INTERP_SCRIPT, ROOT, str(seed)], env=env,
+                          capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
         pytest.skip("this Triton's interpreter cannot run the kernel: " + proc.stderr[-400:])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -423,25 +449,28 @@ cases = [
     ("compact-merge", "cublas", "compact", "float32", 23, 12, 2100, 0.8, 4.0, True, 700, True, 0.05),
     ("no-entropy-temp", "cublas", "default", "float32", 19, 8, 301, 0.5, 2.0, False, 0, False, None),
     ("gemm-t1-lp-only", "gemm", "default", "bfloat16", 21, 16, 333, 1.0, 0.0, True, 0, False, None),
-    # the fused-GEMM path's temperature, entropy tile sums (whole -inf tiles of a masked bias) and entropy DZ term
+    # the fused-GEMM path's temperature, entropy tile sums (whole -inf tiles of a masked bias) and entropy DZ
+    # term
     ("gemm-temp-entropy-masked", "gemm", "default", "bfloat16", 23, 16, 700, 0.7, 0.0, True, 300, True, None),
     ("gemm-entropy-fp16-blocks", "gemm", "default", "float16", 19, 16, 333, 1.0, 0.0, False, 0, True, 0.01),
     ("gemm-compact-entropy", "gemm", "compact", "bfloat16", 17, 16, 515, 1.3, 0.0, True, 0, True, 0.005),
-    # a low temperature: ignored tokens' tempered logits ~100s (their saved lse is 0); the DZ epilogue also with
-    # the ignored rows computed
+    # a low temperature: ignored tokens' tempered logits ~100s (their saved lse is 0); the DZ epilogue also
+    # with the ignored rows computed
     ("cold-ignored", "cublas", "default", "float32", 17, 8, 301, 0.02, 0.0, True, 0, True, None),
     ("gemm-cold-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, True, 0, True, None),
     ("gemm-cold-keep-ignored", "gemm", "default", "bfloat16", 21, 16, 333, 0.02, 0.0, False, 0, True, None,
      {"FUSED_LCE_SKIP_IGNORED": "0"}),
     # softcaps large and tiny, with a temperature
     ("softcap-1e4", "cublas", "default", "float32", 17, 8, 301, 0.7, 1e4, True, 0, True, None),
-    ("softcap-max", "cublas", "default", "float32", 17, 8, 301, 1.0, 3.4028234663852886e38, False, 0, True, None),
+    ("softcap-max", "cublas", "default", "float32", 17, 8, 301, 1.0, 3.4028234663852886e38, False, 0,
+     True, None),
 ]
 out = []
 for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *env in cases:
     os.environ.update(env[0] if env else {"FUSED_LCE_SKIP_IGNORED": "1"})
     os.environ["FUSED_LCE_TRITON_GEMM"] = "1" if path == "gemm" else "0"
-    os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact" else "32,64,16,2,4,2,2,0") \
+    os.environ["FUSED_LCE_GEMM_CONFIG"] = ("32,64,16,2,4,2,2,1" if sched == "compact"
+                                           else "32,64,16,2,4,2,2,0") \
         if path == "gemm" else ""  # one program per tile / persistent
     os.environ["FUSED_LCE_COMPACT"] = "1" if sched == "compact" else "0"
     dtype = getattr(torch, dt)
@@ -474,13 +503,15 @@ for name, path, sched, dt, n, d, v, temp, cap, has_b, masked, entropy, tile, *en
         ours = ours[:2] + (ours[2][masked:],)
         want = want[:2] + (want[2][masked:],)
     out.append(dict(case=name, dtype=dt, path=got_path, want_path=path,
-                    lp=float((lp.double() - rlp.detach()).abs().max()), lp_mag=float(rlp.detach().abs().max()),
+                    lp=float((lp.double() - rlp.detach()).abs().max()),
+                    lp_mag=float(rlp.detach().abs().max()),
                     ent=float((ent.double() - rent.detach()).abs().max()) if entropy else 0.0,
                     ent_mag=float(rent.detach().abs().max()) if entropy else 0.0,
                     finite=all(bool(torch.isfinite(g).all()) for g in ours),
                     dtypes=[g.dtype == x.dtype for g, x in zip(ours, leaves)],
                     grads=[rel(a, c) for a, c in zip(ours, want)],
-                    zero_ignored=bool((lp[y == -100] == 0).all()) and (not entropy or bool((ent[y == -100] == 0).all()))
+                    zero_ignored=bool((lp[y == -100] == 0).all()) and
+                    (not entropy or bool((ent[y == -100] == 0).all()))
                     and bool((ours[0][y == -100] == 0).all())))
 print("RESULT" + json.dumps(out))
 """
@@ -488,13 +519,14 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_logprobs_under_triton_interpreter(seed):
-    """linear_logprobs through the public API on the triton provider's kernels (CPU tensors, TRITON_INTERPRET=1),
-    values and gradients (random upstream gradients on both outputs) against float64: the row kernel's entropy
-    statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy coefficient b, temperature
-    after softcap, bias, a -inf masked vocabulary, ignored tokens, several token blocks, the compact schedule's
-    vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path (STATS epilogue with temperature and
-    the entropy's tile sums, their combine and vocabulary-chunk merge, DZ epilogue from the driver's coefficients
-    with the entropy term, live rows gathered in the backward) with and without entropy."""
+    """linear_logprobs through the public API on the triton provider's kernels (CPU tensors,
+    TRITON_INTERPRET=1), values and gradients (random upstream gradients on both outputs) against float64: the
+    row kernel's entropy statistic (per-lane online merge, lanes and blocks that stay -inf), the entropy
+    coefficient b, temperature after softcap, bias, a -inf masked vocabulary, ignored tokens, several token
+    blocks, the compact schedule's vocabulary-chunk merge of ez, bf16 / fp16 operands; and the fused-GEMM path
+    (STATS epilogue with temperature and the entropy's tile sums, their combine and vocabulary-chunk merge, DZ
+    epilogue from the driver's coefficients with the entropy term, live rows gathered in the backward) with
+    and without entropy."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", LOGPROB_INTERP_SCRIPT, ROOT, str(seed)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -513,7 +545,8 @@ def test_logprobs_under_triton_interpreter(seed):
 
 # ------------------------------------------------------------------------------------------- CUDA
 def _problem(n, d, v, dtype, *, bias=False, ignore=0.15, scale=1.0, seed=None):
-    """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture seeds."""
+    """Random inputs; without ``seed`` drawn from torch's global generator, which the ``seed`` fixture
+    seeds."""
     g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
     h = (torch.randn(n, d, generator=g) * scale).to(dtype).cuda().requires_grad_()
     w = (torch.randn(v, d, generator=g) / d**0.5 * 2).to(dtype).cuda().requires_grad_()
@@ -535,7 +568,8 @@ def _compare(h, w, y, b, out, opts, reduction, upstream, dtype):
     assert_grads_close(grads, ref, dtype)
 
 
-# split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one device
+# split: the statistics -> combine -> gradients path of a vocab-parallel group (kept logits tiles), on one
+# device
 MODES = {"default": ({}, False), "compact": ({"FUSED_LCE_COMPACT": "1"}, False), "split": ({}, True)}
 OPTS = {
     "plain": {},
@@ -547,7 +581,8 @@ OPTS = {
 PATHS = {"gemm": "1", "cublas": "0"}
 
 
-# the fused-GEMM path takes bf16 / fp16 problems without softcap (the others run the cuBLAS path, tested there)
+# the fused-GEMM path takes bf16 / fp16 problems without softcap (the others run the cuBLAS path, tested
+# there)
 PATH_CASES = [pytest.param(p, dt, o, id=f"{p}-{str(dt).replace('torch.', '')}-{o}")
               for p in PATHS for dt in (torch.float32, torch.bfloat16, torch.float16) for o in OPTS
               if p == "cublas" or (dt != torch.float32 and not OPTS[o].get("softcap"))]
@@ -560,8 +595,8 @@ PATH_CASES = [pytest.param(p, dt, o, id=f"{p}-{str(dt).replace('torch.', '')}-{o
 @pytest.mark.parametrize("tile", [None, 0.3], ids=["auto", "chunks"])
 def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch, seed):
     """Odd V (not a multiple of any kernel tile), odd N, bias, every option, mean (fused gradients) and none
-    (recompute path with a random upstream gradient), default / compact / split schedules, on the fused-GEMM path
-    (bf16 / fp16 without softcap) and the cuBLAS path."""
+    (recompute path with a random upstream gradient), default / compact / split schedules, on the fused-GEMM
+    path (bf16 / fp16 without softcap) and the cuBLAS path."""
     env, split = MODES[mode]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -576,8 +611,8 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 
         o = Options(**{k: x for k, x in OPTS[opts].items()})
         assert (tc.TritonProvider.path_reason(Tensors(h, w, y, b), o) is None) == (path == "gemm")
-        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend="triton", return_stats=True,
-                                             tile_budget_mb=tile, **OPTS[opts])
+        out = fused_lce.linear_cross_entropy(h, w, y, b, reduction=reduction, backend="triton",
+                                             return_stats=True, tile_budget_mb=tile, **OPTS[opts])
         up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
         _compare(h, w, y, b, out, OPTS[opts], reduction, up, dtype)
 
@@ -587,10 +622,10 @@ def test_schedules_against_reference(path, mode, dtype, opts, tile, monkeypatch,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("plan", ["one_chunk", "chunks", "all_live"])
 def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype, plan):
-    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once the last dz is
-    formed, so with one chunk they are not alive at the peak of the gradient products; the gradients are those of
-    the weighted sum, with one chunk (dX written over the gathered rows), several, or every row live (nothing
-    gathered)."""
+    """The one-pass loss drops the token weights (and its gathered labels, weights and lse) once the last dz
+    is formed, so with one chunk they are not alive at the peak of the gradient products; the gradients are
+    those of the weighted sum, with one chunk (dX written over the gathered rows), several, or every row live
+    (nothing gathered)."""
     import weakref
 
     from fused_lce.backends.triton import provider as P
@@ -628,9 +663,9 @@ def test_one_pass_releases_token_weights_before_the_products(monkeypatch, dtype,
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
     """linear_logprobs on the GPU against float64 (values; gradients for random upstream gradients on both
-    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy on the
-    cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients, temperature, entropy
-    tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
+    outputs): rows of several row-kernel blocks, bias, ignored tokens, token chunks, temperature and entropy
+    on the cuBLAS path, and the fused-GEMM path (STATS / DZ epilogues from the driver's coefficients,
+    temperature, entropy tile sums and the entropy's DZ term) for bf16 / fp16; both schedules."""
     from fused_lce.core import Options
 
     from ..ops.test_logprobs import check
@@ -645,8 +680,8 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
         gemm = path == "gemm" and dtype != torch.float32
         assert (tc.gemm_path_reason(dtype, 40, torch.device("cuda"), o) is None) == gemm
         for tile in (None, 0.3):
-            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True, ignore_frac=0.2,
-                  temperature=temp)
+            check("triton", "cuda", (157, 40), v, dtype, tile=tile, entropy=entropy, bias=True,
+                  ignore_frac=0.2, temperature=temp)
 
 
 @cuda
@@ -655,7 +690,8 @@ def test_logprobs_paths(path, dtype, mode, monkeypatch, seed):
                                  "128,256,64,3,8,8,2,1,1", "128,256,64,4,8,8,2,1,1"])
 def test_gemm_tile_configurations(cfg, monkeypatch, seed):
     """The fused GEMM's other tile configurations (one tile per program, persistent grid, split store, warp
-    specialisation) against the reference: rows and columns not multiples of the tiles, several token chunks."""
+    specialisation) against the reference: rows and columns not multiples of the tiles, several token
+    chunks."""
     monkeypatch.setenv("FUSED_LCE_GEMM_CONFIG", cfg)
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", "1")
     h, w, y, b = _problem(1000, 64, 3001, torch.bfloat16, bias=True, seed=seed)
@@ -754,10 +790,11 @@ def test_bad_label_nan_no_fault(seed):
 @cuda
 @needs_triton_cuda
 def test_label_check_reads_after_the_op_without_draining(seed, monkeypatch):
-    """validate=True on CUDA: a bad label is a ValueError naming its value (the loss with gradients, the log-probs);
-    the check is read after the op's kernels are queued, so a log-prob call with good labels queues its logits GEMM
-    while work queued before the call still runs (no drain of the device before the op's first launch; the loss's
-    gradient products read the live-row count on the host, which drains it there)."""
+    """validate=True on CUDA: a bad label is a ValueError naming its value (the loss with gradients, the
+    log-probs); the check is read after the op's kernels are queued, so a log-prob call with good labels
+    queues its logits GEMM while work queued before the call still runs (no drain of the device before the
+    op's first launch; the loss's gradient products read the live-row count on the host, which drains it
+    there)."""
     h, w, y, _ = _problem(64, 32, 3000, torch.bfloat16, seed=seed)
     fused_lce.linear_logprobs(h, w, y, backend="triton")  # compiled and warm
     for bad in (3000, -3):
@@ -790,13 +827,15 @@ def _step(h, w, y, b, **opts):
 
 def _logprob_step(h, w, y, b, up, validate=False, **opts):
     """Log-probs and entropy at a temperature, and the gradients of ``up``-weighted sums of both."""
-    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=validate, return_entropy=True, **opts)
+    lp, ent = fused_lce.linear_logprobs(h, w, y, b, backend="triton", validate=validate,
+                                        return_entropy=True, **opts)
     return (lp, ent) + torch.autograd.grad((lp * up[0]).sum() + (ent * up[1]).sum(), (h, w, b))
 
 
 def _replay_matches_eager(step, inputs, new_inputs, opts):
-    """``step(*inputs, **opts)`` captured in a CUDA graph (after two warm-up calls on a side stream), replayed on
-    ``new_inputs`` copied into ``inputs``: the same results as ``step(*new_inputs, **opts)`` in eager mode."""
+    """``step(*inputs, **opts)`` captured in a CUDA graph (after two warm-up calls on a side stream), replayed
+    on ``new_inputs`` copied into ``inputs``: the same results as ``step(*new_inputs, **opts)`` in eager
+    mode."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -821,8 +860,8 @@ def _replay_matches_eager(step, inputs, new_inputs, opts):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 def test_cuda_graph_capture(mode, monkeypatch, seed):
     """Forward + backward captured in a CUDA graph (validate=False): no host synchronisation anywhere; replays
-    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does: gathering
-    the live rows reads their count on the host)."""
+    on new inputs match eager (which keeps ignored tokens in the gradient products, as a capture does:
+    gathering the live rows reads their count on the host)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
@@ -836,10 +875,10 @@ def test_cuda_graph_capture(mode, monkeypatch, seed):
 @pytest.mark.parametrize("mode", ["default", "compact"])
 @pytest.mark.parametrize("validate", [False, True])
 def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
-    """linear_logprobs forward + backward captured in a CUDA graph, as a host-bound RL step at few tokens would
-    be: no host synchronisation on either pass (with validate=True the label check, a host read, is skipped while
-    capturing and runs in eager); replays on new inputs match eager with ignored tokens kept in the products (as a
-    capture keeps them)."""
+    """linear_logprobs forward + backward captured in a CUDA graph, as a host-bound RL step at few tokens
+    would be: no host synchronisation on either pass (with validate=True the label check, a host read, is
+    skipped while capturing and runs in eager); replays on new inputs match eager with ignored tokens kept in
+    the products (as a capture keeps them)."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")
@@ -852,9 +891,10 @@ def test_cuda_graph_capture_logprobs(mode, validate, monkeypatch, seed):
 @cuda
 @needs_triton_cuda
 def test_compile_reduce_overhead_records_cuda_graphs(monkeypatch, seed):
-    """``torch.compile(mode="reduce-overhead")``, the one-line way a trainer captures its step: Inductor records
-    the loss's forward and backward as CUDA graphs (none skipped: no CPU tensor, no host read while recording),
-    and every replay, on new inputs each step, matches eager with ignored tokens kept in the products."""
+    """``torch.compile(mode="reduce-overhead")``, the one-line way a trainer captures its step: Inductor
+    records the loss's forward and backward as CUDA graphs (none skipped: no CPU tensor, no host read while
+    recording), and every replay, on new inputs each step, matches eager with ignored tokens kept in the
+    products."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", "0")  # eager computes every row too, as a recording does
@@ -884,15 +924,16 @@ def test_compile_reduce_overhead_records_cuda_graphs(monkeypatch, seed):
 @needs_triton_cuda
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_live_rows_match_all_rows(reduction, monkeypatch, seed):
-    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0): the
-    same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against float64."""
+    """Ignored tokens gathered out of the gradient products (the default) or kept (FUSED_LCE_SKIP_IGNORED=0):
+    the same loss and lse, gradients equal within the rounding of a reordered bf16 sum; both against
+    float64."""
     h, w, y, b = _problem(1500, 64, 3001, torch.bfloat16, bias=True, ignore=0.4, seed=seed)
     y[-7:] = -100
     res = {}
     for skip in ("1", "0"):
         monkeypatch.setenv("FUSED_LCE_SKIP_IGNORED", skip)
-        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction, return_stats=True,
-                                             label_smoothing=0.1)
+        out = fused_lce.linear_cross_entropy(h, w, y, b, backend="triton", reduction=reduction,
+                                             return_stats=True, label_smoothing=0.1)
         up = torch.ones_like(out.loss) if reduction == "mean" else torch.rand_like(out.loss)
         _compare(h, w, y, b, out, {"label_smoothing": 0.1}, reduction, up, torch.bfloat16)
         res[skip] = out
@@ -927,9 +968,9 @@ def test_compile_fullgraph(seed):
 def test_peak_memory_bounds(path, mode, monkeypatch, seed):
     """Peak extra memory of the backend's fused forward (loss + dX + dW in one call): default <= dX + dW +
     4*V*D + 0.5 GiB, or on the fused-GEMM path a buffer of up to FULL_RATE_ROWS tokens' logits (and their tile
-    statistics) in its place; compact <= 1.15 (dX + dW) on the fused-GEMM path (its bf16 dz chunks), + 2 dX on the
-    cuBLAS path (float32 logits chunks of at least 32 MiB). The op layer's backward scales these gradients in
-    place."""
+    statistics) in its place; compact <= 1.15 (dX + dW) on the fused-GEMM path (its bf16 dz chunks), + 2 dX on
+    the cuBLAS path (float32 logits chunks of at least 32 MiB). The op layer's backward scales these gradients
+    in place."""
     if mode == "compact":
         monkeypatch.setenv("FUSED_LCE_COMPACT", "1")
     monkeypatch.setenv("FUSED_LCE_TRITON_GEMM", PATHS[path])
@@ -972,7 +1013,8 @@ def test_allocator_bytes_match_torch_cuda_counters():
 
     idx = torch.cuda.current_device()
     keep = torch.empty(3 << 20, device="cuda")
-    assert planner._allocator_bytes(idx) == (torch.cuda.memory_allocated(idx), torch.cuda.memory_reserved(idx))
+    assert planner._allocator_bytes(idx) == (torch.cuda.memory_allocated(idx),
+                                             torch.cuda.memory_reserved(idx))
     before = planner._free_bytes(torch.device("cuda"))
     more = torch.empty(16 << 20, device="cuda")
     after = planner._free_bytes(torch.device("cuda"))

@@ -1,11 +1,11 @@
-"""Vocab-parallel and sequence-parallel linear cross-entropy (and vocab-parallel linear_logprobs) over gloo, with 2
-and 4 CPU processes.
+"""Vocab-parallel and sequence-parallel linear cross-entropy (and vocab-parallel linear_logprobs) over gloo,
+with 2 and 4 CPU processes.
 
-Every case draws fresh inputs in this process, runs the op on every rank of a persistent process pool (each rank
-holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token rows),
-and compares the loss, statistics and gradients (full dX, each rank's dW/db shard) with the single-process op and
-with the float64 reference. The bytes every rank hands to ``torch.distributed`` are counted in the workers and
-must equal ``fused_lce.core.distributed.comm_bytes``.
+Every case draws fresh inputs in this process, runs the op on every rank of a persistent process pool (each
+rank holding its contiguous vocabulary shard, uneven shards included, and under sequence parallelism its token
+rows), and compares the loss, statistics and gradients (full dX, each rank's dW/db shard) with the
+single-process op and with the float64 reference. The bytes every rank hands to ``torch.distributed`` are
+counted in the workers and must equal ``fused_lce.core.distributed.comm_bytes``.
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ OTHER_CPU = [n for n in registry.NAMES if n != "torch" and registry.why_not(
 _KINDS = {"all_reduce": ("all_reduce", 0), "all_gather_single": ("all_gather", 1),
           "all_gather_into_tensor": ("all_gather", 1), "all_gather": ("all_gather", 1),
           "reduce_scatter_single": ("reduce_scatter", 1), "reduce_scatter_tensor": ("reduce_scatter", 1),
-          "reduce_scatter": ("reduce_scatter", 1), "broadcast": ("other", 0), "all_to_all_single": ("other", 1),
-          "all_to_all": ("other", 1), "send": ("other", 0), "recv": ("other", 0), "reduce": ("other", 0),
-          "gather": ("other", 0), "scatter": ("other", 0), "all_gather_object": ("other", 1),
-          "barrier": ("other", None)}
+          "reduce_scatter": ("reduce_scatter", 1), "broadcast": ("other", 0),
+          "all_to_all_single": ("other", 1), "all_to_all": ("other", 1), "send": ("other", 0),
+          "recv": ("other", 0), "reduce": ("other", 0), "gather": ("other", 0), "scatter": ("other", 0),
+          "all_gather_object": ("other", 1), "barrier": ("other", None)}
 
 
 class CountCollectives:
@@ -141,7 +141,8 @@ def _expected(data, opts, dtype):
     op_grads = torch.autograd.grad(out.loss, leaves, g)
     ref_opts = {k: v for k, v in opts.items() if k not in ("backend", "tile_budget_mb", "validate")}
     refs = [t.double().requires_grad_() for t in (h, w, b) if t is not None]
-    ref, lse, acc, n_valid = reference_loss(refs[0], refs[1], y, refs[2] if b is not None else None, **ref_opts)
+    ref, lse, acc, n_valid = reference_loss(refs[0], refs[1], y,
+                                            refs[2] if b is not None else None, **ref_opts)
     ref_grads = torch.autograd.grad(ref, refs, g.double())
     return (out, op_grads), (ref.detach(), lse.detach(), acc, n_valid, ref_grads)
 
@@ -152,11 +153,12 @@ def check_case(pool, *, lead=(37,), d=24, sizes=(31, 44), dtype=torch.float32, r
     v = sum(sizes)
     n_groups = len(groups) if groups else 1
     ignore_index = opts.get("ignore_index", -100)
-    opts = dict(opts, reduction=reduction, shift=shift, tile_budget_mb=tile, backend=opts.get("backend", "torch"))
+    opts = dict(opts, reduction=reduction, shift=shift, tile_budget_mb=tile,
+                backend=opts.get("backend", "torch"))
     data = []
     for _ in range(n_groups):
-        h, w, b, y = _problem(lead, d, v, dtype, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
-                              label_range=label_range)
+        h, w, b, y = _problem(lead, d, v, dtype, bias=bias, ignore_frac=ignore_frac,
+                              ignore_index=ignore_index, label_range=label_range)
         out_shape = lead[:-1] + (lead[-1] - 1,) if shift else lead
         g = torch.rand(out_shape) + 0.5 if reduction == "none" else torch.tensor(1.0)
         data.append({"h": h, "w": w, "b": b, "y": y, "g": g})
@@ -175,7 +177,8 @@ def check_case(pool, *, lead=(37,), d=24, sizes=(31, 44), dtype=torch.float32, r
         # loss vs single process and vs float64
         torch.testing.assert_close(got["loss"], out.loss.detach(), rtol=2e-6, atol=2e-6)
         mag = float(ref.abs().max()) if ref.numel() else 1.0
-        assert float((got["loss"].double() - ref).abs().max() if ref.numel() else 0) <= LOSS_TOL[dtype] * (1 + mag)
+        assert float((got["loss"].double() - ref).abs().max() if ref.numel() else 0) \
+            <= LOSS_TOL[dtype] * (1 + mag)
         torch.testing.assert_close(got["lse"].double(), ref_lse, rtol=1e-4, atol=1e-4)
         assert int(got["n_valid"]) == int(ref_n)
         if dtype == torch.float32:  # low precision may flip argmax near-ties
@@ -191,8 +194,8 @@ def check_case(pool, *, lead=(37,), d=24, sizes=(31, 44), dtype=torch.float32, r
         dw = torch.cat([r["dw"] for r in mine])
         want = [dh, dw] + ([torch.cat([r["db"] for r in mine])] if bias else [])
         single_tol = 1e-5 if dtype == torch.float32 else GRAD_TOL[dtype]
-        for name, ours, single, ref_g, leaf in zip("hwb", want, op_grads, ref_grads, (data[k]["h"], data[k]["w"],
-                                                                                       data[k]["b"])):
+        for name, ours, single, ref_g, leaf in zip("hwb", want, op_grads, ref_grads,
+                                                   (data[k]["h"], data[k]["w"], data[k]["b"])):
             assert ours.dtype == leaf.dtype and ours.shape == leaf.shape, name
             assert torch.isfinite(ours).all(), name
             assert rel_err(ours, single) <= single_tol, (name, rel_err(ours, single))
@@ -231,8 +234,9 @@ def _logprob_case(rank, world, spec):
 
 def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32, bias=False, ignore_frac=0.0,
                        tile=None, backend="torch", entropy=True, **opts):
-    """linear_logprobs on every rank of ``pool`` (uneven vocabulary shards) against the single-process call and
-    the float64 reference: identical outputs on every rank, full dX, each rank's dW/db shard, and the bytes."""
+    """linear_logprobs on every rank of ``pool`` (uneven vocabulary shards) against the single-process call
+    and the float64 reference: identical outputs on every rank, full dX, each rank's dW/db shard, and the
+    bytes."""
     v = sum(sizes)
     h, w, b, y = _problem((n,), d, v, dtype, bias=bias, ignore_frac=ignore_frac)
     data = {"h": h, "w": w, "b": b, "y": y, "g_lp": torch.randn(n), "g_ent": torch.randn(n)}
@@ -247,7 +251,8 @@ def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32,
     rlp, rent = logprob_reference(refs[0], refs[1], y, refs[2] if b is not None else None, **opts)
     s_lp, s_ent = single if entropy else (single, None)
     objective = (s_lp * data["g_lp"]).sum() + ((s_ent * data["g_ent"]).sum() if entropy else 0)
-    ref_objective = (rlp * data["g_lp"].double()).sum() + ((rent * data["g_ent"].double()).sum() if entropy else 0)
+    ref_objective = (rlp * data["g_lp"].double()).sum() + ((rent * data["g_ent"].double()).sum()
+                                                           if entropy else 0)
     single_grads = torch.autograd.grad(objective, leaves)
     ref_grads = torch.autograd.grad(ref_objective, refs)
     got = res[0]
@@ -257,7 +262,8 @@ def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32,
         torch.testing.assert_close(ours, one.detach(), rtol=2e-6, atol=2e-6)
         mag = float(ref.detach().abs().max())
         assert float((ours.double() - ref.detach()).abs().max()) <= LOSS_TOL[dtype] * (1 + mag), name
-    want = [got["dh"], torch.cat([r["dw"] for r in res])] + ([torch.cat([r["db"] for r in res])] if bias else [])
+    want = [got["dh"], torch.cat([r["dw"] for r in res])] + ([torch.cat([r["db"] for r in res])]
+                                                             if bias else [])
     single_tol = 1e-5 if dtype == torch.float32 else GRAD_TOL[dtype]
     for name, ours, one, ref, leaf in zip("hwb", want, single_grads, ref_grads, leaves):
         assert ours.dtype == leaf.dtype and ours.shape == leaf.shape, name
@@ -271,10 +277,12 @@ def check_logprob_case(pool, *, n=37, d=24, sizes=(31, 44), dtype=torch.float32,
     return res
 
 
-# every CPU provider that runs vocab-parallel log-prob problems, run-time registered ones included (npu_twin: the
-# AscendC kernels on the CPU twin; the spawned ranks register it too, importing tests/conftest.py with this module)
+# every CPU provider that runs vocab-parallel log-prob problems, run-time registered ones included (npu_twin:
+# the AscendC kernels on the CPU twin; the spawned ranks register it too, importing tests/conftest.py with
+# this module)
 LOGPROB_BACKENDS = ["torch"] + [
-    pytest.param(n, marks=pytest.mark.twin) if n.startswith("npu_twin") else n for n in registry.names() if n != "torch" and
+    pytest.param(n, marks=pytest.mark.twin) if n.startswith("npu_twin") else n for n in registry.names()
+    if n != "torch" and
     registry.why_not(n, Problem(8, 8, 8, torch.float32, torch.device("cpu"), False, Options(group_name="g"),
                                 op="logprobs")) is None]
 
@@ -282,8 +290,9 @@ LOGPROB_BACKENDS = ["torch"] + [
 @pytest.mark.parametrize("world,sizes", [(2, (31, 44)), (4, (23, 40, 29, 31))], ids=["tp2", "tp4"])
 @pytest.mark.parametrize("backend", LOGPROB_BACKENDS)
 def test_logprobs(pools, world, sizes, backend, seed):
-    """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine), temperature,
-    softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty shard; bf16."""
+    """linear_logprobs vocab-parallel: log-probs and entropy (the extra statistic in the combine),
+    temperature, softcap, bias, ignored labels, many token blocks, with and without the entropy; an empty
+    shard; bf16."""
     pool = pools(world)
     check_logprob_case(pool, sizes=sizes, backend=backend)
     check_logprob_case(pool, sizes=sizes, backend=backend, temperature=0.7, softcap=3.0, bias=True,
@@ -292,7 +301,8 @@ def test_logprobs(pools, world, sizes, backend, seed):
     if world == 4:
         check_logprob_case(pool, sizes=(3, 0, 120, 9), backend=backend, temperature=0.7, tile=TINY)
     else:
-        check_logprob_case(pool, sizes=sizes, backend=backend, dtype=torch.bfloat16, temperature=0.7, bias=True)
+        check_logprob_case(pool, sizes=sizes, backend=backend, dtype=torch.bfloat16,
+                           temperature=0.7, bias=True)
 
 
 # ------------------------------------------------------------------------------------------------ the cases
@@ -324,13 +334,16 @@ def test_options(pools, world, sizes, reduction, seed):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel(pools, world, seed):
-    """hidden sharded along its first dimension: (N/tp, D) rows with every option, Megatron's [s/tp, b, h] with
-    many token blocks, and a sharded leading dimension combined with shift (which acts on the last token dim)."""
+    """hidden sharded along its first dimension: (N/tp, D) rows with every option, Megatron's [s/tp, b, h]
+    with many token blocks, and a sharded leading dimension combined with shift (which acts on the last token
+    dim)."""
     pool = pools(world)
     sizes = (50, 45) if world == 2 else (23, 40, 29, 31)
     for reduction in ("mean", "none"):
-        check_case(pool, lead=(8 * world,), sizes=sizes, sp=0, reduction=reduction, **OPTION_SETS["everything"])
-        check_case(pool, lead=(4 * world, 3), sizes=sizes, sp=0, reduction=reduction, tile=TINY, ignore_frac=0.2)
+        check_case(pool, lead=(8 * world,), sizes=sizes, sp=0, reduction=reduction,
+                   **OPTION_SETS["everything"])
+        check_case(pool, lead=(4 * world, 3), sizes=sizes, sp=0, reduction=reduction, tile=TINY,
+                   ignore_frac=0.2)
         check_case(pool, lead=(2 * world, 5), sizes=sizes, sp=0, reduction=reduction, shift=True, z_loss=0.01)
 
 
@@ -357,8 +370,8 @@ def test_labels_in_one_shard_and_all_ignored(pools, world, sizes, seed):
 
 
 def test_empty_and_tiny_shards_need_agreement(pools, seed):
-    """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without an
-    agreed block size the ranks would run different numbers of combine_stats collectives."""
+    """Shards so uneven that the planned token blocks differ between ranks (one shard is even empty): without
+    an agreed block size the ranks would run different numbers of combine_stats collectives."""
     pool = pools(4)
     for reduction in ("mean", "none"):
         check_case(pool, sizes=(3, 0, 120, 9), reduction=reduction, tile=TINY, **OPTION_SETS["everything"])
@@ -367,12 +380,14 @@ def test_empty_and_tiny_shards_need_agreement(pools, seed):
 
 @pytest.mark.parametrize("backend", OTHER_CPU)
 def test_other_cpu_backends(pools, backend, seed):
-    """The same checks through the other backends that take vocab-parallel problems on CPU (the C++ kernel)."""
+    """The same checks through the other backends that take vocab-parallel problems on CPU (the C++
+    kernel)."""
     for world, sizes in ((2, (31, 44)), (4, (23, 40, 29, 31))):
         pool = pools(world)
         for reduction in ("mean", "none"):
             for name in ("plain", "everything"):
-                check_case(pool, sizes=sizes, reduction=reduction, backend=backend, tile=TINY, **OPTION_SETS[name])
+                check_case(pool, sizes=sizes, reduction=reduction, backend=backend, tile=TINY,
+                           **OPTION_SETS[name])
             check_case(pool, sizes=sizes, reduction=reduction, backend=backend, sp=0, lead=(4 * world, 3),
                        dtype=torch.bfloat16, ignore_frac=0.2)
 
@@ -474,7 +489,8 @@ def test_sequence_parallel_needs_group():
 
 def test_comm_bytes_formula():
     assert fdist.comm_bytes(100, 8, 1) == {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0}
-    assert fdist.comm_bytes(100, 8, 4) == {"all_gather": 8 + 2000, "all_reduce": 24 + 3200, "reduce_scatter": 0}
+    assert fdist.comm_bytes(100, 8, 4) == {"all_gather": 8 + 2000, "all_reduce": 24 + 3200,
+                                           "reduce_scatter": 0}
     assert fdist.comm_bytes(100, 8, 4, entropy=True) == {"all_gather": 8 + 2400, "all_reduce": 24 + 3200,
                                                         "reduce_scatter": 0}
     assert fdist.STATS_BYTES_PER_TOKEN == 20 and fdist.ENTROPY_STATS_BYTES_PER_TOKEN == 24
@@ -491,14 +507,16 @@ def test_tp_benchmark_runs_on_cpu(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(root, "benchmarks", "tp.py"), "--device", "cpu", "--dist-backend", "gloo", "--dtype", "fp32",
-           "--shapes", "24x16x101,16x8x64", "--tp", "1,2", "--iters", "1", "--warmup", "0", "--out", str(tmp_path)]
+           os.path.join(root, "benchmarks", "tp.py"), "--device", "cpu", "--dist-backend", "gloo",
+           "--dtype", "fp32", "--shapes", "24x16x101,16x8x64", "--tp", "1,2", "--iters", "1", "--warmup", "0",
+           "--out", str(tmp_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, timeout=240, env=env, stdout=subprocess.DEVNULL)
     report = json.loads((tmp_path / "tp.json").read_text())
     rows = report["results"]
     assert {(r["shape"], r["tp"], r["method"]) for r in rows} == {
-        (s, t, m) for s in ("24x16x101", "16x8x64") for t in (1, 2) for m in ("fused", "gathered", "vocab_parallel")}
+        (s, t, m) for s in ("24x16x101", "16x8x64") for t in (1, 2)
+        for m in ("fused", "gathered", "vocab_parallel")}
     for shape in ("24x16x101", "16x8x64"):
         losses = [r["loss"] for r in rows if r["shape"] == shape]
         assert max(losses) - min(losses) < 1e-5 * max(1.0, abs(losses[0])), losses

@@ -1,9 +1,9 @@
-"""The first-use self-check (fused_lce/core/selfcheck.py), shown with the AscendC kernel sources on the CPU twin behind
-the "npu" provider's Python, as a provider the registry must check before first use on this device (what every NPU
-is today): a deliberately wrong kernel fails the battery, warns once, is reported by backend_info and skipped by
-auto, which falls back to the next provider with the right loss; a correct one passes and its verdict is cached on
-disk and reused; the environment turns the check off or forces it. (On a simulated npu device, through the whole
-auto order: tests/backends/npu/dispatch_scenarios.py.)"""
+"""The first-use self-check (fused_lce/core/selfcheck.py), shown with the AscendC kernel sources on the CPU
+twin behind the "npu" provider's Python, as a provider the registry must check before first use on this device
+(what every NPU is today): a deliberately wrong kernel fails the battery, warns once, is reported by
+backend_info and skipped by auto, which falls back to the next provider with the right loss; a correct one
+passes and its verdict is cached on disk and reused; the environment turns the check off or forces it. (On a
+simulated npu device, through the whole auto order: tests/backends/npu/dispatch_scenarios.py.)"""
 from __future__ import annotations
 
 import json
@@ -97,8 +97,8 @@ def _reference(h, w, y):
 def test_a_wrong_kernel_fails_warns_and_auto_falls_back(cache, first_in_auto, seed):
     bad = first_in_auto(Unverified("npu_wrong", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
-    with pytest.warns(RuntimeWarning, match=r"backend 'npu_wrong' failed its first-use self-check on cpu .*dW "
-                                            r"differs .*fused-lce doctor"):
+    with pytest.warns(RuntimeWarning, match=r"backend 'npu_wrong' failed its first-use self-check on cpu "
+                                            r".*dW differs .*fused-lce doctor"):
         got = _loss_and_grads(h, w, y)
     for x, r in zip(got, _reference(h, w, y)):  # the next provider's answer: right
         assert float((x.double() - r).norm() / r.norm()) < 1e-5
@@ -108,7 +108,8 @@ def test_a_wrong_kernel_fails_warns_and_auto_falls_back(cache, first_in_auto, se
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per process: the second call is silent
         _loss_and_grads(h, w, y)
-    with pytest.raises(ValueError, match="backend='npu_wrong' is not available: failed its first-use self-check"):
+    with pytest.raises(ValueError,
+                       match="backend='npu_wrong' is not available: failed its first-use self-check"):
         _loss_and_grads(h, w, y, backend="npu_wrong")
     entry = json.loads(cache.read_text())
     assert len(entry) == 1 and not next(iter(entry.values()))["ok"]  # the failure is cached too
@@ -125,7 +126,8 @@ def test_a_correct_kernel_passes_is_cached_and_used(cache, first_in_auto, seed, 
         warnings.simplefilter("error")
         before = Counted.calls
         got = _loss_and_grads(h, w, y)
-    assert runs == [1] and Counted.calls > before + 1  # the battery, then the user's call on the checked provider
+    # the battery, then the user's call on the checked provider
+    assert runs == [1] and Counted.calls > before + 1
     for x, r in zip(got, _reference(h, w, y)):
         assert float((x.double() - r).norm() / r.norm()) < 1e-5
     v = next(iter(json.loads(cache.read_text()).values()))
@@ -151,7 +153,8 @@ def test_the_cache_key_follows_the_kernels(cache, first_in_auto, monkeypatch):
 def test_off_and_bad_values_of_the_environment(cache, first_in_auto, monkeypatch, seed):
     first_in_auto(Unverified("npu_off", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
-    monkeypatch.setenv("FUSED_LCE_SELFCHECK", "0")  # trusted as is: the wrong kernel serves (the user's choice)
+    # trusted as is: the wrong kernel serves (the user's choice)
+    monkeypatch.setenv("FUSED_LCE_SELFCHECK", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss, _, dw = _loss_and_grads(h, w, y)
@@ -178,12 +181,13 @@ def test_an_unwritable_cache_costs_only_a_rerun(tmp_path, monkeypatch):
 
 
 def test_every_case_runs_on_a_provider_that_supports_everything(cache, first_in_auto):
-    """The twin-backed provider takes every option: the whole battery runs (no case declined), every output of the
-    loss and the log-probs is compared, each within its tolerance."""
+    """The twin-backed provider takes every option: the whole battery runs (no case declined), every output of
+    the loss and the log-probs is compared, each within its tolerance."""
     prov = first_in_auto(Unverified("npu_all", kernels=twin_build.TwinKernels(), device_types=("cpu",)))
     v = selfcheck.verdict(prov, torch.device("cpu"))
     assert v.ok and not v.declined and len(v.cases) == len(selfcheck.BATTERY), v
-    want = {"loss", "lse", "top1", "dX", "dW", "db", "logprob", "entropy", "zmean", "mean_logit", "log_sum_sq"}
+    want = {"loss", "lse", "top1", "dX", "dW", "db", "logprob", "entropy", "zmean", "mean_logit",
+            "log_sum_sq"}
     assert set(v.errors) == want
 
 
@@ -195,8 +199,8 @@ class Faulting(twin_build.TwinKernels):
 
 
 def test_an_error_is_kept_for_this_process_only(cache, first_in_auto, seed, monkeypatch):
-    """A failure by an error (a launch error, out of memory, the reference failing) may be the moment's: the provider
-    is skipped in this process, nothing is written to disk, the next process checks again."""
+    """A failure by an error (a launch error, out of memory, the reference failing) may be the moment's: the
+    provider is skipped in this process, nothing is written to disk, the next process checks again."""
     first_in_auto(Unverified("npu_fault", kernels=Faulting(), device_types=("cpu",)))
     runs = []
     real = selfcheck.run_battery
@@ -212,8 +216,8 @@ def test_an_error_is_kept_for_this_process_only(cache, first_in_auto, seed, monk
 
 
 def test_a_failure_on_disk_is_reported_before_first_use(cache, first_in_auto, seed):
-    """A new process holding a failed verdict in the disk cache: backend_info says so and auto's choice skips the
-    provider before any call (no battery runs for that)."""
+    """A new process holding a failed verdict in the disk cache: backend_info says so and auto's choice skips
+    the provider before any call (no battery runs for that)."""
     first_in_auto(Unverified("npu_stale", kernels=WrongGrads(), device_types=("cpu",)))
     h, w, y = _problem(seed)
     with pytest.warns(RuntimeWarning):
@@ -227,5 +231,6 @@ def test_a_failure_on_disk_is_reported_before_first_use(cache, first_in_auto, se
     finally:
         selfcheck.run_battery = real
     assert runs == []
-    assert not info["npu_stale"]["available"] and "dW differs" in info["npu_stale"]["reason"], info["npu_stale"]
+    assert not info["npu_stale"]["available"] and "dW differs" in info["npu_stale"]["reason"], \
+        info["npu_stale"]
     assert info["auto"]["cpu"] == "cpp"

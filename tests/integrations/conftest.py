@@ -1,5 +1,5 @@
-"""Integration tests count fused_lce's work where every public function ends (the driver's forward entries) and
-share a tiny random Qwen3."""
+"""Integration tests count fused_lce's work where every public function ends (the driver's forward entries)
+and share a tiny random Qwen3."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -51,9 +51,10 @@ def tiny_qwen3(seed, tie, vocab=96):
     import torch
     import transformers
 
-    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0,
-                                   bos_token_id=None, eos_token_id=None)
+    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                   tie_word_embeddings=tie, pad_token_id=0, bos_token_id=None,
+                                   eos_token_id=None)
     torch.manual_seed(seed)
     return transformers.Qwen3ForCausalLM(cfg).float().train()

@@ -1,6 +1,6 @@
-"""The integrations sit on top of the library: nothing below ``fused_lce/integrations`` imports them, they use the
-public API only (``fused_lce`` / ``fused_lce.api``, never core, ops or backends), and they import each other one
-way only (hf -> trl; trl, megatron and axolotl import nothing of hf)."""
+"""The integrations sit on top of the library: nothing below ``fused_lce/integrations`` imports them, they use
+the public API only (``fused_lce`` / ``fused_lce.api``, never core, ops or backends), and they import each
+other one way only (hf -> trl; trl, megatron and axolotl import nothing of hf)."""
 from __future__ import annotations
 
 import ast

@@ -1,8 +1,9 @@
-"""fused_lce.integrations.megatron: the fused output layer on megatron-core's ColumnParallelLinear (gloo, CPU).
+"""fused_lce.integrations.megatron: the fused output layer on megatron-core's ColumnParallelLinear (gloo,
+CPU).
 
 What runs here: the native ColumnParallelLinear subclass with TP=2 (and 4), untied and tied (shared embedding)
-weights, bias, loss_mask, sequence parallelism for the loss path, the logits path without sequence parallelism,
-hooks, and a TE-style base class (forward(x) only, ``_tp_group``, empty bias) standing in for
+weights, bias, loss_mask, sequence parallelism for the loss path, the logits path without sequence
+parallelism, hooks, and a TE-style base class (forward(x) only, ``_tp_group``, empty bias) standing in for
 TEColumnParallelLinear. What cannot run on CPU: the logits path with sequence parallelism (megatron-core's
 all-gather buffer is CUDA-only) and the real TransformerEngine class (needs CUDA).
 """
@@ -41,8 +42,8 @@ def pools():
 
 
 class FakeTELinear(torch.nn.Module):
-    """Megatron's TE wrapper conventions without TE: forward(x) -> (out, None), ``_tp_group``, ``use_bias`` and
-    an empty ``bias`` tensor when there is no bias, ``sequence_parallel`` attribute."""
+    """Megatron's TE wrapper conventions without TE: forward(x) -> (out, None), ``_tp_group``, ``use_bias``
+    and an empty ``bias`` tensor when there is no bias, ``sequence_parallel`` attribute."""
 
     def __init__(self, weight, tp_group=None, sequence_parallel=False):
         super().__init__()
@@ -64,9 +65,10 @@ def _layer(rank, world, spec):
 
     cfg = ModelParallelConfig(tensor_model_parallel_size=world, sequence_parallel=spec["sp"],
                               use_cpu_initialization=True, params_dtype=torch.float32)
-    layer = FusedLCEColumnParallelLinear(D, V, config=cfg, init_method=torch.nn.init.normal_, bias=spec["bias"],
-                                         gather_output=False, skip_weight_param_allocation=spec["tied"],
-                                         tp_group=dist.group.WORLD, fused_lce_options=spec["options"])
+    layer = FusedLCEColumnParallelLinear(D, V, config=cfg, init_method=torch.nn.init.normal_,
+                                         bias=spec["bias"], gather_output=False,
+                                         skip_weight_param_allocation=spec["tied"], tp_group=dist.group.WORLD,
+                                         fused_lce_options=spec["options"])
     return layer
 
 
@@ -115,8 +117,8 @@ def _run(pool, *, sp=False, tied=False, bias=False, te=False, options=None, call
     mask = (torch.rand(B, S) > mask_frac).float()
     reduction = {**options, **call}.get("reduction", "none")
     g = torch.rand(B, S) + 0.5 if reduction == "none" else torch.tensor(1.0)
-    spec = {"h": h, "w": w, "b": b, "y": y, "mask": mask, "g": g, "sp": sp, "tied": tied, "bias": bias, "te": te,
-            "options": options, "call": call}
+    spec = {"h": h, "w": w, "b": b, "y": y, "mask": mask, "g": g, "sp": sp, "tied": tied,
+            "bias": bias, "te": te, "options": options, "call": call}
     res = run_ok(pool, _megatron_case, spec)
     # reference in the batch-first layout Megatron's labels use
     opts = {k: v for k, v in {**options, **call}.items() if k not in ("backend", "tile_budget_mb")}
@@ -131,7 +133,8 @@ def _run(pool, *, sp=False, tied=False, bias=False, te=False, options=None, call
     ref = ref.detach()
     for r in res:
         assert r["loss"].shape == ref.shape
-        assert float((r["loss"].double() - ref).abs().max()) <= LOSS_TOL[torch.float32] * (1 + float(ref.abs().max()))
+        assert float((r["loss"].double() - ref).abs().max()) \
+            <= LOSS_TOL[torch.float32] * (1 + float(ref.abs().max()))
         assert r["fired"] == {"pre": 1, "acc": 1}, r["fired"]
     dh = torch.cat([r["dh"] for r in res]) if sp else res[0]["dh"]
     got = [dh, torch.cat([r["dw"] for r in res])] + ([torch.cat([r["db"] for r in res])] if bias else [])
@@ -233,8 +236,8 @@ def _cpu_stand_ins():
             yield
 
     tensor_parallel.get_cuda_rng_tracker = lambda *args, **kwargs: NoFork()
-    utils.GlobalMemoryBuffer.get_tensor = lambda self, shape, dtype, name, *args, **kwargs: torch.empty(shape,
-                                                                                                    dtype=dtype)
+    utils.GlobalMemoryBuffer.get_tensor = \
+        lambda self, shape, dtype, name, *args, **kwargs: torch.empty(shape, dtype=dtype)
 
 
 def _gpt_case(rank, world, spec):
@@ -278,7 +281,8 @@ def _gpt_case(rank, world, spec):
         out["calls"] = [(c.op, c.reduction, c.weight_shape) for c in calls]
         out["warnings"] = [str(w.message) for w in seen if "fused_lce" in str(w.message)]
         out["loss"], out["ref"] = losses[1].detach(), losses[0].detach()
-        out["grads"] = {n: (p.grad, q.grad) for (n, p), q in zip(fused.named_parameters(), stock.parameters())}
+        out["grads"] = {n: (p.grad, q.grad) for (n, p), q in zip(fused.named_parameters(),
+                                                                 stock.parameters())}
         # without labels: the logits, unchanged
         with torch.no_grad():
             out["logits"] = (fused(ids, pos, mask), stock(ids, pos, mask))
@@ -299,10 +303,10 @@ def _gpt_case(rank, world, spec):
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_gpt_model_forward_is_routed_tp2(pools, tied):
     """convert_output_layer(model.output_layer) and the stock GPTModel.forward(labels=...): one fused call per
-    forward (no logits), per-token [b, s] losses and every parameter's gradient equal to the unconverted model's;
-    without labels the logits are unchanged; multi-token prediction is not routed and warns. (Sequence
-    parallelism: megatron-core's norms need Apex or TE for it, absent on CPU; the fused layer's own sequence-
-    parallel loss is tested above.)"""
+    forward (no logits), per-token [b, s] losses and every parameter's gradient equal to the unconverted
+    model's; without labels the logits are unchanged; multi-token prediction is not routed and warns.
+    (Sequence parallelism: megatron-core's norms need Apex or TE for it, absent on CPU; the fused layer's own
+    sequence- parallel loss is tested above.)"""
     pytest.importorskip("megatron.core.models.gpt")
     seed = int(torch.randint(0, 2**31, ()))
     ids = torch.randint(0, V, (B, S))
@@ -314,7 +318,8 @@ def test_gpt_model_forward_is_routed_tp2(pools, tied):
         assert r["loss"].shape == (B, S)
         torch.testing.assert_close(r["loss"], r["ref"], atol=1e-5, rtol=1e-5)
         for name, (ours, want) in r["grads"].items():
-            torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {name}: {m}")
+            torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-4,
+                                       msg=lambda m: f"seed={seed} {name}: {m}")
         torch.testing.assert_close(*r["logits"])
         assert len(r["mtp"]) == 1 and "multi-token prediction" in r["mtp"][0], r["mtp"]
 

@@ -1,5 +1,5 @@
-"""The start-up hook that makes ``FUSED_LINEAR_CE=1`` alone enable fused_lce: ``fused_lce-autopatch.pth``, which
-every install puts in site-packages (this environment's editable install too, and a built wheel), arming
+"""The start-up hook that makes ``FUSED_LINEAR_CE=1`` alone enable fused_lce: ``fused_lce-autopatch.pth``,
+which every install puts in site-packages (this environment's editable install too, and a built wheel), arming
 ``fused_lce_autopatch`` in a fresh process only when the switch is on, without importing torch. The end-to-end
 training run under the switch: hf/test_trainer.py::test_env_switch_alone_patches_an_unedited_script."""
 from __future__ import annotations
@@ -44,7 +44,8 @@ def test_fresh_process_arms_the_hook_only_when_on(value, armed):
 
 def test_hook_autopatches_when_transformers_trainer_is_imported():
     pytest.importorskip("transformers")
-    code = "import transformers.trainer as t; print(getattr(t.Trainer.__init__, '_fused_lce_autopatch', False))"
+    code = ("import transformers.trainer as t; print(getattr(t.Trainer.__init__, "
+            "'_fused_lce_autopatch', False))")
     assert fresh(code, FUSED_LINEAR_CE="1").stdout.split() == ["True"]  # off: nothing armed (the test above)
     bad = fresh(code, FUSED_LINEAR_CE="maybe")  # never silently: an unreadable switch fails at the import
     assert bad.returncode != 0 and "FUSED_LINEAR_CE: expected 1/true/yes/on or 0/false/no/off" in bad.stderr
@@ -88,8 +89,8 @@ def test_hook_coexists_with_a_finder_that_chains_through_meta_path(position):
 
 
 def test_startup_folder_on_pythonpath_arms_the_same_hook_once(tmp_path):
-    """The PYTHONPATH route (a source checkout that was not pip-installed) arms the same hook, once even with the
-    .pth also present, and still runs the sitecustomize it shadows."""
+    """The PYTHONPATH route (a source checkout that was not pip-installed) arms the same hook, once even with
+    the .pth also present, and still runs the sitecustomize it shadows."""
     from fused_lce.integrations import startup
 
     other = tmp_path / "other"
@@ -103,9 +104,9 @@ def test_startup_folder_on_pythonpath_arms_the_same_hook_once(tmp_path):
 
 @pytest.mark.slow
 def test_wheel_carries_the_hook(tmp_path):
-    """A wheel (what ``pip install fused_lce`` installs) has the .pth and its module at its root (site-packages),
-    next to the package; built from a copy of the sources, pure Python (no extension: that is not what is
-    checked here, and it keeps the build to seconds)."""
+    """A wheel (what ``pip install fused_lce`` installs) has the .pth and its module at its root
+    (site-packages), next to the package; built from a copy of the sources, pure Python (no extension: that is
+    not what is checked here, and it keeps the build to seconds)."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.md", PTH, "fused_lce_autopatch.py"):

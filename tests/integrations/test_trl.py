@@ -1,7 +1,8 @@
-"""TRL's trainers on a patched model (TRL >= 1.15 has the fused LM head; CI installs 1.16): every fused-head call of
-SFTTrainer, DPOTrainer, KTOTrainer and GRPOTrainer -- policy and reference model -- is served by fused_lce with one
-``linear_logprobs`` call (its metrics included), and training equals stock TRL's (its own chunked head): losses,
-logged metrics and parameters. Heads fused_lce does not serve exactly are left to TRL, with a warning."""
+"""TRL's trainers on a patched model (TRL >= 1.15 has the fused LM head; CI installs 1.16): every fused-head
+call of SFTTrainer, DPOTrainer, KTOTrainer and GRPOTrainer -- policy and reference model -- is served by
+fused_lce with one ``linear_logprobs`` call (its metrics included), and training equals stock TRL's (its own
+chunked head): losses, logged metrics and parameters. Heads fused_lce does not serve exactly are left to TRL,
+with a warning."""
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,8 @@ import fused_lce  # noqa: E402
 from fused_lce.integrations import hf  # noqa: E402
 
 if not hasattr(trl_utils, "add_fused_lm_head"):
-    pytest.skip(f"trl {trl.__version__} has no fused LM head: its trainers call model(**inputs), which the patch "
-                "serves like any call with labels (hf/test_trainer.py)", allow_module_level=True)
+    pytest.skip(f"trl {trl.__version__} has no fused LM head: its trainers call model(**inputs), which the "
+                "patch serves like any call with labels (hf/test_trainer.py)", allow_module_level=True)
 
 V = 128
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -72,10 +73,12 @@ def preference_rows(seed, n=4):
 def tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
     vocab = ["<pad>", "<|im_end|>"] + [f"w{i}" for i in range(V - 2)]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="w0"))
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)},
+                                                           unk_token="w0"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.decoder = tokenizers.decoders.WordPiece()  # joins the words with spaces again
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                                eos_token="<|im_end|>")
 
 
 COMMON = dict(bf16=False, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0,
@@ -93,8 +96,8 @@ def sft_args(tmp_path, **kw):
 def lora(model, seed):
     peft = pytest.importorskip("peft")
     torch.manual_seed(seed)
-    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=PROJ,
-                                                       task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                       target_modules=PROJ, task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -124,8 +127,8 @@ def train(trainer):
 
 
 def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=(), key_rel=None):
-    """Every number the trainer logged (loss, metrics) and every parameter, within fp32 rounding (``key_rel``: a
-    relative tolerance of its own for some logged keys)."""
+    """Every number the trainer logged (loss, metrics) and every parameter, within fp32 rounding (``key_rel``:
+    a relative tolerance of its own for some logged keys)."""
     (ref_logs, ref_params), (logs, params) = stock, fused
     assert len(logs) == len(ref_logs) >= 2
     for ref, out in zip(ref_logs, logs):
@@ -136,7 +139,8 @@ def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=(), key_r
             if math.isnan(want):
                 assert math.isnan(out[key]), (key, seed)
             else:
-                assert out[key] == pytest.approx(want, rel=(key_rel or {}).get(key, rel), abs=1e-6), (key, seed)
+                assert out[key] == pytest.approx(want, rel=(key_rel or {}).get(key, rel),
+                                                 abs=1e-6), (key, seed)
     for name, p in params.items():
         torch.testing.assert_close(p, ref_params[name], atol=atol, rtol=10 * rel,
                                    msg=lambda m: f"seed={seed} {name}: {m}")
@@ -145,7 +149,8 @@ def assert_same_training(stock, fused, seed, rel=1e-5, atol=2e-6, skip=(), key_r
 
 # ------------------------------------------------------------------------------------------------ SFTTrainer
 def run_sft(model, tmp_path, seed, patch=None, bf16=False, **options):
-    """Train 2 optimizer steps (4 micro-batches); ``patch``: None, "before" or "after" building the trainer."""
+    """Train 2 optimizer steps (4 micro-batches); ``patch``: None, "before" or "after" building the
+    trainer."""
     if patch == "before":
         fused_lce.patch(model, **options)
     trainer = trl.SFTTrainer(model=model, args=sft_args(tmp_path, bf16=bf16), processing_class=tokenizer(),
@@ -158,9 +163,10 @@ def run_sft(model, tmp_path, seed, patch=None, bf16=False, **options):
 
 @pytest.fixture(scope="module")
 def stock_sft(tmp_path_factory):
-    """Stock SFTTrainer (TRL's own fused head) with a fresh seed per test session: full fine-tuning in fp32, and
-    the seed flow (LoRA on all projections, bf16 autocast, gradient checkpointing)."""
-    seed = (int(os.environ["FUSED_LCE_TEST_SEED"]) if os.environ.get("FUSED_LCE_TEST_SEED")  # replay a failure
+    """Stock SFTTrainer (TRL's own fused head) with a fresh seed per test session: full fine-tuning in fp32,
+    and the seed flow (LoRA on all projections, bf16 autocast, gradient checkpointing)."""
+    # replay a failure
+    seed = (int(os.environ["FUSED_LCE_TEST_SEED"]) if os.environ.get("FUSED_LCE_TEST_SEED")
             else 26 if os.environ.get("CI") else int.from_bytes(os.urandom(4), "little"))
     runs = {"seed": seed}
     for kind in ("full", "lora"):
@@ -174,8 +180,10 @@ def stock_sft(tmp_path_factory):
 
 @pytest.mark.parametrize("kind,when,log_entropy", [("full", "before", True), ("full", "after", True),
                                                    ("full", "before", False), ("lora", "before", True)],
-                         ids=["patch-before-trainer", "patch-after-trainer", "no-entropy", "lora-bf16-seed-flow"])
-def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path, driver_calls, trl_kernel_calls):
+                         ids=["patch-before-trainer", "patch-after-trainer", "no-entropy",
+                              "lora-bf16-seed-flow"])
+def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path, driver_calls,
+                                    trl_kernel_calls):
     """fused_lce computes SFTTrainer's loss, token accuracy and entropy in one linear_logprobs call per
     micro-batch (the metrics come from the training pass: no second vocabulary pass); TRL's kernel never runs.
     log_entropy=False: no entropy work, logged as NaN."""
@@ -199,8 +207,8 @@ def test_sft_trainer_runs_fused_lce(kind, when, log_entropy, stock_sft, tmp_path
     assert trl_kernel_calls == []
     assert 0 < ref_logs[0]["mean_token_accuracy"] < 1, "the data must tell a right accuracy from a wrong one"
     if kind == "lora":  # bf16: TRL's kernel and fused_lce round the bf16 logits' statistics differently. The
-        # gradient norm (over the whole model's bf16 gradients) moved by a median 4e-4 and up to 5.1e-3 relative
-        # over 30 seeds (60 logged steps; 3 above 2e-3), the loss by up to 7e-5
+        # gradient norm (over the whole model's bf16 gradients) moved by a median 4e-4 and up to 5.1e-3
+        # relative over 30 seeds (60 logged steps; 3 above 2e-3), the loss by up to 7e-5
         assert_same_training((ref_logs, ref_params), (logs, params), seed, rel=2e-3, atol=5e-4,
                              skip=("mean_token_accuracy", "entropy"), key_rel={"grad_norm": 1e-2})
         for ref, out in zip(ref_logs, logs):
@@ -217,7 +225,8 @@ def test_sft_trainer_label_smoothing_warns(tmp_path, seed):
     """SFTTrainer computes a label-smoothed loss from full logits itself: patch(trainer) says so."""
     model = tiny_qwen3(seed)
     trainer = trl.SFTTrainer(model=model, args=sft_args(tmp_path, label_smoothing_factor=0.1),
-                             processing_class=tokenizer(), train_dataset=datasets.Dataset.from_list(rows(seed)))
+                             processing_class=tokenizer(),
+                             train_dataset=datasets.Dataset.from_list(rows(seed)))
     with pytest.warns(UserWarning, match="label_smoothing_factor=0.1.*SFTTrainer overrides compute_loss"):
         fused_lce.patch(trainer, log_entropy=False)
     assert trainer.label_smoother is not None and fused_lce.is_patched(model)
@@ -271,9 +280,10 @@ def trained(trainer, patch):
 @pytest.mark.parametrize("kind,extras,tie", [("dpo", DPO_EXTRAS, False), ("kto", KTO_EXTRAS, True)])
 def test_preference_trainer_policy_and_reference_fused(kind, extras, tie, seed, tmp_path, driver_calls,
                                                        trl_kernel_calls):
-    """DPO (untied head) asks the policy's head for log-probs, entropy, mean logits, top-1 flags and log sum p^2,
-    KTO (tied) for log-probs, entropy and mean logits, and both ask their reference model for log-probs: all served
-    by fused_lce, one linear_logprobs call per forward; every logged metric and parameter equals stock TRL's."""
+    """DPO (untied head) asks the policy's head for log-probs, entropy, mean logits, top-1 flags and log sum
+    p^2, KTO (tied) for log-probs, entropy and mean logits, and both ask their reference model for log-probs:
+    all served by fused_lce, one linear_logprobs call per forward; every logged metric and parameter equals
+    stock TRL's."""
     stock = run_preference(kind, seed, tmp_path / "stock", patch=None)
     stock_kernel = len(trl_kernel_calls)
     trl_kernel_calls.clear()
@@ -288,8 +298,8 @@ def test_preference_trainer_policy_and_reference_fused(kind, extras, tie, seed, 
 
 
 def test_reference_model_created_after_trainer_init_is_patched(seed, tmp_path, monkeypatch):
-    """autopatch patches at the end of Trainer.__init__, before TRL's trainers set ref_model: the reference model
-    is patched when training starts."""
+    """autopatch patches at the end of Trainer.__init__, before TRL's trainers set ref_model: the reference
+    model is patched when training starts."""
     monkeypatch.setenv("FUSED_LINEAR_CE", "1")
     original = transformers.Trainer.__init__
     try:
@@ -314,12 +324,14 @@ def reward_words(completions, **kwargs):
 
 
 def run_online_rl(kind, seed, path, tmp_path, patch):
-    """GRPOTrainer or RLOOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the policy),
-    sampling temperature 0.7, 2 steps of 2 prompts x 2 completions; ``patch`` as for :func:`run_preference`
-    ("model": the policy is loaded here and patched, then handed to the trainer)."""
-    config, trainer_cls = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
-    args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path), per_device_train_batch_size=4,
-                  num_generations=2, max_completion_length=4, max_steps=2, beta=0.1, temperature=0.7)
+    """GRPOTrainer or RLOOTrainer with a KL term (beta > 0: a reference model, loaded from ``path`` like the
+    policy), sampling temperature 0.7, 2 steps of 2 prompts x 2 completions; ``patch`` as for
+    :func:`run_preference` ("model": the policy is loaded here and patched, then handed to the trainer)."""
+    config, trainer_cls = ((trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo"
+                           else (trl.RLOOConfig, trl.RLOOTrainer))
+    args = config(**{**COMMON, "learning_rate": 0.05}, output_dir=str(tmp_path),
+                  per_device_train_batch_size=4, num_generations=2, max_completion_length=4, max_steps=2,
+                  beta=0.1, temperature=0.7)
     prompts = [{"prompt": r["prompt"]} for r in preference_rows(seed, n=4)]
     model = str(path)
     if patch == "model":
@@ -332,9 +344,9 @@ def run_online_rl(kind, seed, path, tmp_path, patch):
 
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_online_rl_trainer_policy_and_reference_fused(kind, seed, tmp_path, driver_calls, trl_kernel_calls):
-    """GRPO and RLOO ask the policy's head for log-probs and entropy at the sampling temperature, the reference's
-    for log-probs: both served; the same completions are sampled (generation runs the stock forward), and every
-    logged metric and parameter equals the stock trainer's."""
+    """GRPO and RLOO ask the policy's head for log-probs and entropy at the sampling temperature, the
+    reference's for log-probs: both served; the same completions are sampled (generation runs the stock
+    forward), and every logged metric and parameter equals the stock trainer's."""
     path = tmp_path / "model"
     tiny_qwen3(seed).save_pretrained(path)
     tokenizer().save_pretrained(path)
@@ -343,7 +355,8 @@ def test_online_rl_trainer_policy_and_reference_fused(kind, seed, tmp_path, driv
     trl_kernel_calls.clear()
     fused = run_online_rl(kind, seed, path, tmp_path / "fused", patch="trainer")
     assert trl_kernel_calls == []
-    assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), driver_calls
+    assert logprob_calls(driver_calls, GRPO_EXTRAS, 0.7) and logprob_calls(driver_calls, (), 0.7), \
+        driver_calls
     assert all(c.temperature == 0.7 for c in driver_calls if c.op == "logprobs")
     assert_same_training(stock, fused, seed, skip=("step_time",))
 
@@ -383,7 +396,7 @@ def test_precomputed_reference_log_probs_say_they_were_not_fused(seed, tmp_path)
         run_preference("dpo", seed, tmp_path, patch="trainer", precompute_ref_log_probs=True)
 
 
-# ------------------------------------------------------------------------------------------------ fused-head calls
+# ------------------------------------------------------------------------------------------- fused-head calls
 def _labels(seed, b=2, t=10):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(2, V, (b, t), generator=g)
@@ -399,8 +412,8 @@ OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs")
 @pytest.mark.parametrize("shift", [False, True], ids=["labels", "shift_labels"])
 @pytest.mark.parametrize("softcap", [None, 5.0], ids=["no-softcap", "softcap"])
 def test_every_output_equals_trl_kernel(shift, softcap, seed, driver_calls, trl_kernel_calls):
-    """A head asking for every output, with a temperature (and Gemma-style final logit softcapping): fused_lce's
-    fields, loss and gradients (through log-probs and entropy) equal TRL's own kernel's."""
+    """A head asking for every output, with a temperature (and Gemma-style final logit softcapping):
+    fused_lce's fields, loss and gradients (through log-probs and entropy) equal TRL's own kernel's."""
     stock, fused = tiny_qwen3(seed, tie=False).train(), tiny_qwen3(seed, tie=False).train()
     for m in (stock, fused):
         m.config.final_logit_softcapping = softcap
@@ -423,14 +436,15 @@ def test_every_output_equals_trl_kernel(shift, softcap, seed, driver_calls, trl_
     (ref.log_probs.sum() + 0.3 * ref.entropy.sum()).backward()
     (out.log_probs.sum() + 0.3 * out.entropy.sum()).backward()
     for (name, p), q in zip(stock.named_parameters(), fused.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {name}: {m}")
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"seed={seed} {name}: {m}")
 
 
 @pytest.mark.parametrize("head,why", [(dict(cast_lm_head_to_fp32=True), "cast_lm_head_to_fp32"),
                                       ("logit_scale", "scales its logits by 0.5")])
 def test_unservable_head_is_left_to_trl_with_a_warning(head, why, seed, driver_calls, trl_kernel_calls):
-    """A head fused_lce does not reproduce exactly (an fp32 head cast, a logit scale): TRL's head runs, warned once;
-    plain calls with labels are still fused."""
+    """A head fused_lce does not reproduce exactly (an fp32 head cast, a logit scale): TRL's head runs, warned
+    once; plain calls with labels are still fused."""
     model = tiny_qwen3(seed).train()
     if head == "logit_scale":
         model.config.logit_scale, head = 0.5, {}

@@ -1,9 +1,10 @@
 """linear_logprobs: per-token log-probs and entropy on every provider that implements them, against float64.
 
-Each case draws fresh inputs (the ``seed`` fixture), runs ``fused_lce.linear_logprobs`` forward and backward with
-random upstream gradients on BOTH outputs, and compares values and the gradients of hidden, weight and bias with a
-float64 reference that materialises the logits. Providers that do not implement the log-prob contract yet must
-decline it with a reason (and ``auto`` must fall back); the ops pass opcheck and trace with torch.compile.
+Each case draws fresh inputs (the ``seed`` fixture), runs ``fused_lce.linear_logprobs`` forward and backward
+with random upstream gradients on BOTH outputs, and compares values and the gradients of hidden, weight and
+bias with a float64 reference that materialises the logits. Providers that do not implement the log-prob
+contract yet must decline it with a reason (and ``auto`` must fall back); the ops pass opcheck and trace with
+torch.compile.
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def check(backend, device, shape, v, dtype, *, tile=None, entropy=True, bias=Fal
     h, w, y, b = make(shape, v, dtype, device, bias=bias, ignore_frac=ignore_frac, ignore_index=ignore_index,
                       scale=scale, ignored=ignored)
     kw = dict(temperature=temperature, softcap=softcap, ignore_index=ignore_index)
-    out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend, tile_budget_mb=tile, **kw)
+    out = fused_lce.linear_logprobs(h, w, y, b, return_entropy=entropy, backend=backend,
+                                    tile_budget_mb=tile, **kw)
     lp, ent = out if entropy else (out, None)
     leaves = [t for t in (h, w, b) if t is not None]
     refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
@@ -113,7 +115,8 @@ def test_options_fp32(bd, opts, seed):
     backend, device = bd
     for tile in (None, TINY):
         for entropy in (True, False):
-            check(backend, device, (37, 24), 301, torch.float32, tile=tile, entropy=entropy, **OPTION_SETS[opts])
+            check(backend, device, (37, 24), 301, torch.float32, tile=tile, entropy=entropy,
+                  **OPTION_SETS[opts])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -155,8 +158,9 @@ def test_only_one_output_differentiated(bd, seed):
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
 def test_ignored_bad_and_empty(bd, seed):
-    """ignore_index gives exact zeros (values and dX rows); a label outside [0, V) with validate=False gives NaN
-    values and poisons its gradients, never an out-of-bounds read; all ignored and N = 0 give zeros / empty."""
+    """ignore_index gives exact zeros (values and dX rows); a label outside [0, V) with validate=False gives
+    NaN values and poisons its gradients, never an out-of-bounds read; all ignored and N = 0 give zeros /
+    empty."""
     backend, device = bd
     h, w, y, b = make((12, 8), 30, torch.float32, device, bias=True)
     y[2], y[5], y[7], y[9] = 30, -5, 2**40, -100
@@ -202,9 +206,10 @@ def test_ignored_tokens_with_large_logits(bd, dtype, seed):
                 assert (grads[0][y == -100] == 0).all()
 
 
-# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not tiny:
-# it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as autograd's
-# tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it) covers those
+# from the bottom of the range Options accepts to its top. Not a softcap small against the logits but not
+# tiny: it saturates most of them, where 1 - tanh^2 has float32's absolute accuracy, not a relative one (as
+# autograd's tanh backward), and this file's tolerance is relative; the loss suite (tolerances that count it)
+# covers those
 SOFTCAPS = [2.0**-126, 0.5, 30.0, 1e4, 1e6, 1e30, 3.4028234663852886e38]
 
 
@@ -223,8 +228,8 @@ def test_softcap_whole_range(bd, softcap, seed):
 @pytest.mark.parametrize("mask", ["tiles", "scattered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_masked_vocabulary(bd, mask, dtype, seed):
-    """-inf logits (a masked bias) over whole tiles or scattered: finite log-probs and entropy (0 log 0 = 0), and
-    every gradient finite and right -- a -inf logit contributes exactly 0, to db too."""
+    """-inf logits (a masked bias) over whole tiles or scattered: finite log-probs and entropy (0 log 0 = 0),
+    and every gradient finite and right -- a -inf logit contributes exactly 0, to db too."""
     backend, device = bd
     h, w, y, b = make((11, 8), 300, dtype, device, bias=True)
     with torch.no_grad():
@@ -260,8 +265,9 @@ def test_matches_the_loss(bd, seed):
 
 @pytest.mark.parametrize("bd", LP_BACKENDS)
 def test_extra_outputs(bd, seed):
-    """TRL's fused-head metrics: mean logit, is_top1 and log sum p^2, against float64, with softcap, temperature,
-    bias, ignored labels and a tile budget that splits the vocabulary; asked for one at a time or together."""
+    """TRL's fused-head metrics: mean logit, is_top1 and log sum p^2, against float64, with softcap,
+    temperature, bias, ignored labels and a tile budget that splits the vocabulary; asked for one at a time or
+    together."""
     backend, device = bd
     h, w, y, b = make((23, 16), 211, torch.float32, device, bias=True, ignore_frac=0.25)
     kw = dict(temperature=0.7, softcap=4.0)
@@ -312,13 +318,14 @@ def test_opcheck(bd, seed):
 def test_torch_func_transforms(bd, seed):
     """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) of the
     log-probs and the entropy match the plain path (they used to fail inside torch: "must override the
-    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and the
-    plain path."""
+    setup_context staticmethod"); hessian, grad of grad and forward mode raise an error naming fused_lce and
+    the plain path."""
     import warnings
 
     backend, device = bd
     n, d, v = 6, 5, 13
-    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device), torch.randn(v, device=device))
+    h, w, b = (torch.randn(n, d, device=device), torch.randn(v, d, device=device),
+               torch.randn(v, device=device))
     y = torch.randint(0, v, (n,), device=device)
     y[2] = -100
     g = torch.randn(n, device=device)
@@ -341,7 +348,8 @@ def test_torch_func_transforms(bd, seed):
             got = tf.grad(total(ours, entropy), argnums=(0, 1, 2))(h, w, b, y)
             for a, c in zip(got, tf.grad(total(plain, entropy), argnums=(0, 1, 2))(h, w, b, y)):
                 close(a, c)
-        (ga, la), (gc, lc) = tf.grad_and_value(total(ours))(h, w, b, y), tf.grad_and_value(total(plain))(h, w, b, y)
+        (ga, la), (gc, lc) = (tf.grad_and_value(total(ours))(h, w, b, y),
+                              tf.grad_and_value(total(plain))(h, w, b, y))
         close(ga, gc)
         close(la, lc)
         up = torch.rand(n, device=device)
@@ -450,8 +458,8 @@ class _NoLogprobs(TorchProvider):
 
 
 def test_providers_without_logprobs_decline(monkeypatch, seed):
-    """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto falls
-    back to the next provider, and its loss still runs."""
+    """A provider without supports_logprobs declines linear_logprobs with a reason when asked by name, auto
+    falls back to the next provider, and its loss still runs."""
     p = _NoLogprobs()
     registry.register(p)
     try:
@@ -459,8 +467,8 @@ def test_providers_without_logprobs_decline(monkeypatch, seed):
         with pytest.raises(ValueError, match="backend='no_logprobs' is not available: .*does not implement "
                                              "linear_logprobs"):
             fused_lce.linear_logprobs(h, w, y, b, backend="no_logprobs")
-        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="no_logprobs", label_smoothing=0.1, z_loss=0.01,
-                                              reduction="none")
+        loss = fused_lce.linear_cross_entropy(h, w, y, b, backend="no_logprobs", label_smoothing=0.1,
+                                              z_loss=0.01, reduction="none")
         ref = fused_lce.linear_cross_entropy(h, w, y, b, backend="torch", label_smoothing=0.1, z_loss=0.01,
                                              reduction="none")
         g = torch.rand(9)
@@ -472,7 +480,8 @@ def test_providers_without_logprobs_decline(monkeypatch, seed):
         monkeypatch.setitem(registry.AUTO_ORDER, "cpu", ("no_logprobs", "torch"))
         calls = []
         orig = TorchProvider.stats
-        monkeypatch.setattr(TorchProvider, "stats", lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
+        monkeypatch.setattr(TorchProvider, "stats",
+                            lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
         fused_lce.linear_logprobs(h, w, y, b, backend="auto")
         assert calls == ["torch"]
     finally:
@@ -495,19 +504,22 @@ def test_grpo_example_runs():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "grpo_qwen.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples", "grpo_qwen.py")
     spec = importlib.util.spec_from_file_location("grpo_qwen", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    res = mod.compare(mod.parse_args(["--vocab-size", "512", "--hidden-size", "32", "--completion-len", "12"]))
+    res = \
+        mod.compare(mod.parse_args(["--vocab-size", "512", "--hidden-size", "32", "--completion-len", "12"]))
     assert res["ok"] and res["grad_rel_diff"] < 1e-4 and 0 < res["clipped_fraction"] < 1, res
     args = mod.parse_args(["--tokens", "64", "--head-hidden", "16", "--head-vocab", "700"])
     rows = mod.memory(args)
-    # both paths against the float64 values of the same inputs: ours tightly; the plain float32 logits path once
-    # printed an entropy sum 1.4e-5 (relative) off inside the full suite, so it gets 1e-4
+    # both paths against the float64 values of the same inputs: ours tightly; the plain float32 logits path
+    # once printed an entropy sum 1.4e-5 (relative) off inside the full suite, so it gets 1e-4
     from fused_lce.tools.bench import make_inputs
 
-    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu", seed=args.seed)
+    h, w, y = make_inputs(args.tokens, args.head_hidden, args.head_vocab, torch.float32, "cpu",
+                          seed=args.seed)
     lp = torch.log_softmax((h.double() @ w.double().t()) / args.temperature, -1)
     keep = y != -100
     ref_lp = float(torch.where(keep, lp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1), 0.0).sum())

@@ -62,7 +62,8 @@ def test_opcheck_backward(bd):
 def test_direct_op_call_with_autograd(bd):
     """torch.ops.fused_lce.forward used directly: gradients are right even when grad_mask under-announces."""
     backend, device = bd
-    h, w, y, b, *rest = _fwd_args(device, "mean", OPT_VARIANTS["all"], backend, grad_mask=(False, True, False))
+    h, w, y, b, *rest = _fwd_args(device, "mean", OPT_VARIANTS["all"], backend,
+                                  grad_mask=(False, True, False))
     loss = torch.ops.fused_lce.forward(h, w, y, b, *rest)[0]
     loss.backward()
     hr, wr, br = (t.detach().double().cpu().requires_grad_() for t in (h, w, b))
@@ -130,7 +131,8 @@ def test_gradient_checkpointing(bd):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_compile_fullgraph(bd, compiler):
-    """The public API (validate left at its default) traces without graph breaks; loss and grads match eager."""
+    """The public API (validate left at its default) traces without graph breaks; loss and grads match
+    eager."""
     backend, device = bd
     torch._dynamo.reset()
     torch.manual_seed(1)
@@ -167,7 +169,7 @@ def test_retain_graph_second_backward(bd):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------------------ input checks
+# ----------------------------------------------------------------------------------------------- input checks
 def _opts(be, **kw):
     return options_block(**{"backend": be, **kw})
 
@@ -191,7 +193,8 @@ def _bad_op_calls(backend, device):
     for op, make in (("forward", fwd), ("backward", bwd)):
         cases += [
             (f"{op} short labels", make(yy=y[:3]), ValueError, "labels"),
-            (f"{op} long labels", make(yy=torch.randint(0, v, (n + 2,), device=device)), ValueError, "labels"),
+            (f"{op} long labels", make(yy=torch.randint(0, v, (n + 2,), device=device)),
+             ValueError, "labels"),
             (f"{op} 2-D labels", make(yy=y[None]), ValueError, "labels"),
             (f"{op} float labels", make(yy=y.float()), TypeError, "labels"),
             (f"{op} labels elsewhere", make(yy=y.to(other)), ValueError, "labels"),
@@ -239,7 +242,8 @@ def _bad_op_calls(backend, device):
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_direct_ops_check_every_input(bd):
     """The documented ops check every size, dtype, device and option themselves (the C++ kernel used to read
-    past short labels / bias / lse / grad_loss): a ValueError/TypeError naming the argument, nothing computed."""
+    past short labels / bias / lse / grad_loss): a ValueError/TypeError naming the argument, nothing
+    computed."""
     backend, device = bd
     for what, call, exc, name in _bad_op_calls(backend, device):
         with pytest.raises(exc, match=name):
@@ -256,11 +260,12 @@ y, b = torch.randint(0, v, (n,)), torch.randn(v)
 from fused_lce.core.types import Options, op_fields
 opts = tuple(getattr(Options(backend=backend), k) for k in op_fields("loss"))
 calls = {  # the two that crashed first: a crash kills the process, and the test reports its exit status
-    "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), None, "none", *opts,
-                                                [True, True, False]),
-    "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), None, "none", *opts,
-                                                      [True, True, False]),
-    "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts, [True, True, False]),
+    "lse": lambda: torch.ops.fused_lce.backward(torch.ones(n), h, w, y, None, torch.zeros(1), None,
+                                                "none", *opts, [True, True, False]),
+    "grad_loss": lambda: torch.ops.fused_lce.backward(torch.ones(1), h, w, y, None, torch.zeros(n), None,
+                                                      "none", *opts, [True, True, False]),
+    "labels": lambda: torch.ops.fused_lce.forward(h, w, y[:1], None, None, "mean", *opts,
+                                                  [True, True, False]),
     "bias": lambda: torch.ops.fused_lce.forward(h, w, y, b[:1], None, "mean", *opts, [True, True, True]),
 }
 for name, call in calls.items():
@@ -277,8 +282,10 @@ def test_short_inputs_at_4m_rows_raise_in_a_fresh_process(backend):
     """A crash seen once (segfault, rc 139, of the C++ kernel's backward with a short lse / grad_loss at 4M
     rows; garbage from forward with short labels / bias), run in a subprocess so a crash cannot take pytest
     down: each is now a ValueError naming the argument."""
-    out = subprocess.run([sys.executable, "-c", SHORT_4M, backend], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (f"exit status {out.returncode} (-11: segfault)", out.stdout, out.stderr[-2000:])
+    out = subprocess.run([sys.executable, "-c", SHORT_4M, backend], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, (f"exit status {out.returncode} (-11: segfault)", out.stdout,
+                                 out.stderr[-2000:])
     lines = out.stdout.split("\n")
     for name in ("labels", "bias", "lse", "grad_loss"):
         assert f"{name} ValueError {name}" in lines, out.stdout
@@ -305,14 +312,15 @@ def test_double_backward_raises(bd):
 
 
 def _plain_loss(h, w, y, b, reduction="mean", **kw):
-    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b).float(), y, reduction=reduction,
-                                             **kw)
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b).float(), y,
+                                             reduction=reduction, **kw)
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_torch_func_transforms(bd, seed):
-    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) match the
-    plain path; they used to fail inside torch ("must override setup_context", "data-dependent control flow")."""
+    """torch.func.grad / grad_and_value / vjp / jacrev / vmap and per-sample gradients (vmap of grad) match
+    the plain path; they used to fail inside torch ("must override setup_context", "data-dependent control
+    flow")."""
     import warnings
 
     backend, device = bd
@@ -330,7 +338,8 @@ def test_torch_func_transforms(bd, seed):
     close = lambda a, c: torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. torch's "no batching rule, performance drop"
-        for a, c in zip(tf.grad(ours, argnums=(0, 1, 2))(h, w, b, y), tf.grad(plain, argnums=(0, 1, 2))(h, w, b, y)):
+        for a, c in zip(tf.grad(ours, argnums=(0, 1, 2))(h, w, b, y),
+                        tf.grad(plain, argnums=(0, 1, 2))(h, w, b, y)):
             close(a, c)
         (ga, la), (gc, lc) = tf.grad_and_value(ours)(h, w, b, y), tf.grad_and_value(plain)(h, w, b, y)
         close(ga, gc)
@@ -340,7 +349,8 @@ def test_torch_func_transforms(bd, seed):
         out_c, vjp_c = tf.vjp(lambda ww: plain(h, ww, b, y, "none"), w)
         close(out_a, out_c)
         close(vjp_a(up)[0], vjp_c(up)[0])
-        close(tf.jacrev(lambda hh: ours(hh, w, b, y, "none"))(h), tf.jacrev(lambda hh: plain(hh, w, b, y, "none"))(h))
+        close(tf.jacrev(lambda hh: ours(hh, w, b, y, "none"))(h),
+              tf.jacrev(lambda hh: plain(hh, w, b, y, "none"))(h))
         hb = torch.randn(3, n, d, device=device)
         yb = torch.randint(0, v, (3, n), device=device)
         close(tf.vmap(ours, in_dims=(0, None, None, 0))(hb, w, b, yb),
@@ -365,7 +375,7 @@ def test_torch_func_transforms(bd, seed):
             call()
 
 
-# ------------------------------------------------------------------------------------------------ meta / compile
+# --------------------------------------------------------------------------------------------- meta / compile
 def test_meta_tensors_propagate_shapes():
     """device="meta" through the public API and the ops: shapes (and grads' shapes) propagate, values are not
     checked (they do not exist: .item() used to fail), shapes still are."""
@@ -397,12 +407,12 @@ def test_meta_tensors_propagate_shapes():
                                                                  *_opts("auto"), [True, True, True])
     assert loss.shape == () and lse.shape == (18,) and correct.dtype == torch.bool
     assert dh.shape == (18, 8) and dw.shape == (31, 8) and db.shape == (31,)
-    dh, dw, db = torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse, None, "none", *_opts("auto"),
-                                              [True, False, False])
+    dh, dw, db = torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse, None, "none",
+                                              *_opts("auto"), [True, False, False])
     assert dh.shape == (18, 8) and dw.numel() == 0
     with pytest.raises(ValueError, match="lse"):
-        torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse[:3], None, "none", *_opts("auto"),
-                                     [True, True, False])
+        torch.ops.fused_lce.backward(torch.ones(18, **meta), h2, w2, y2, None, lse[:3], None, "none",
+                                     *_opts("auto"), [True, True, False])
 
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
@@ -436,9 +446,9 @@ def test_compile_bad_label_is_nan_and_label_errors_counts_it(bd):
 
 @pytest.mark.parametrize("bd", BACKEND_DEVICE)
 def test_int32_labels_with_a_64_bit_ignore_index(bd, seed):
-    """int32 labels and an ignore_index outside the int32 range: no label equals it (none is ignored), through the
-    public API and the registered op alike, with the results of the same labels as int64. Compared as int32, the
-    index would wrap (2**40 to 0) and label 0 would count as ignored."""
+    """int32 labels and an ignore_index outside the int32 range: no label equals it (none is ignored), through
+    the public API and the registered op alike, with the results of the same labels as int64. Compared as
+    int32, the index would wrap (2**40 to 0) and label 0 would count as ignored."""
     backend, device = bd
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(9, 8, generator=g).to(device).requires_grad_()

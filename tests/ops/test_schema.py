@@ -8,7 +8,8 @@ from fused_lce.core import LOGPROBS, Options
 from fused_lce.ops.schema import OpSchema
 
 _lib = torch.library.Library("fused_lce", "FRAGMENT")
-TOY = OpSchema(_lib, "_schema_test_scale", "Tensor x, Tensor y, float k", LOGPROBS, "", "(Tensor out, Tensor aux)")
+TOY = OpSchema(_lib, "_schema_test_scale", "Tensor x, Tensor y, float k", LOGPROBS, "",
+               "(Tensor out, Tensor aux)")
 _lib.impl(TOY.name, lambda *a: (a[0] * a[2] + a[1], a[0].sum()), "CompositeExplicitAutograd")
 SEEN = {}
 

@@ -1,13 +1,13 @@
 """Stand-ins for the NPU build's tools, for tests of setup.py / cmake/npu_build.py on a host without CANN:
 
-* ``make_toolkit``: an $ASCEND_HOME_PATH tree with the files the build checks (a version file in one of the places
-  a CANN install states its version, asc-devkit's asc-config.cmake at <arch>-linux/lib64/cmake);
+* ``make_toolkit``: an $ASCEND_HOME_PATH tree with the files the build checks (a version file in one of the
+  places a CANN install states its version, asc-devkit's asc-config.cmake at <arch>-linux/lib64/cmake);
 * ``make_cmake``: a ``cmake`` for PATH that appends each invocation to $FAKE_CMAKE_CALLS and, per
   $FAKE_CMAKE_MODE, configures and builds a ``custom_opp_*.run`` whose installer writes the vendor tree
-  (``vendors/fused_lce/op_api/lib/libcust_opapi.so``, ``bin/set_env.bash``) ("ok", the default), fails to configure
-  ("configure_error") or fails to compile a kernel ("compile_error");
-* ``make_cxx``: a C/C++ compiler and linker for CC / CXX / LDSHARED that writes the ``-o`` (and ``-MF``) files and
-  appends its arguments to $FAKE_CXX_CALLS, so extension builds take no time.
+  (``vendors/fused_lce/op_api/lib/libcust_opapi.so``, ``bin/set_env.bash``) ("ok", the default), fails to
+  configure ("configure_error") or fails to compile a kernel ("compile_error");
+* ``make_cxx``: a C/C++ compiler and linker for CC / CXX / LDSHARED that writes the ``-o`` (and ``-MF``) files
+  and appends its arguments to $FAKE_CXX_CALLS, so extension builds take no time.
 Nothing here resembles what CANN's tools print beyond the error lines the build log scan must find.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ if "-S" in args:
 build = args[args.index("--build") + 1]
 print("[1/48] cd op_kernel && bash compile fused_lce_stats_cube.cpp -Werror=return-type")
 if mode == "compile_error":
-    print("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named 'Foo' in 'AscendC'")
+    print("fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named "
+          "'Foo' in 'AscendC'")
     print("1 error generated.")
     print("FAILED: op_kernel/fused_lce_stats_cube")
     sys.exit(1)

@@ -1,14 +1,15 @@
 """A simulated "npu" device on CPU, for dispatch tests without hardware.
 
-``setup_device()`` renames the PrivateUse1 backend to "npu" and registers a Python device guard and a ``torch.npu``
-module (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``). This is process-global and
-cannot be undone, so only subprocesses call it (tests/backends/npu/dispatch_scenarios.py).
+``setup_device()`` renames the PrivateUse1 backend to "npu" and registers a Python device guard and a
+``torch.npu`` module (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``). This is
+process-global and cannot be undone, so only subprocesses call it (tests/backends/npu/dispatch_scenarios.py).
 
-Tensors on the device are ``NpuTensor`` wrappers (device ``npu:0``, dispatch key PrivateUse1) around CPU tensors.
-While ``NpuMode`` is active every aten op on them -- and every factory call with ``device="npu"`` -- runs on the CPU
-data and is wrapped again; ``fused_lce::*`` ops are re-dispatched to their PrivateUse1 kernel (what a real NPU
-tensor would hit), so the Python router, the backend selection for device type "npu" and autograd all run as they
-would with torch_npu. Not simulated: streams, memory, the ACL runtime, anything numerical of the real device.
+Tensors on the device are ``NpuTensor`` wrappers (device ``npu:0``, dispatch key PrivateUse1) around CPU
+tensors. While ``NpuMode`` is active every aten op on them -- and every factory call with ``device="npu"`` --
+runs on the CPU data and is wrapped again; ``fused_lce::*`` ops are re-dispatched to their PrivateUse1 kernel
+(what a real NPU tensor would hit), so the Python router, the backend selection for device type "npu" and
+autograd all run as they would with torch_npu. Not simulated: streams, memory, the ACL runtime, anything
+numerical of the real device.
 """
 from __future__ import annotations
 
@@ -113,14 +114,17 @@ class NpuTensor(torch.Tensor):
 
 
 class NpuMode(TorchDispatchMode):
-    """Runs ops on simulated-device tensors (and npu factory calls) on the CPU data; see the module docstring."""
+    """Runs ops on simulated-device tensors (and npu factory calls) on the CPU data; see the module
+    docstring."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "fused_lce":
-            # a real NPU tensor reaches the op's PrivateUse1 kernel; the mode is re-entered for the ops inside it
+            # a real NPU tensor reaches the op's PrivateUse1 kernel; the mode is re-entered for the ops inside
+            # it
             with NpuMode():
-                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1), *args, **kwargs)
+                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
+                                       *args, **kwargs)
         if OBSERVER is not None:
             return OBSERVER(func, args, kwargs, lambda: _run(func, args, kwargs))
         return _run(func, args, kwargs)

@@ -67,7 +67,8 @@ class Pool:
                 rank, ok, data = self.results.get(timeout=timeout)
             except queue.Empty:
                 self.healthy = False
-                raise AssertionError(f"no answer within {timeout}s: collective mismatch or deadlock") from None
+                raise AssertionError(f"no answer within {timeout}s: collective "
+                                     "mismatch or deadlock") from None
             if ok:
                 out[rank] = _loads(data)
             else:

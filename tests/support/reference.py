@@ -1,6 +1,6 @@
-"""The float64 answer of a problem and the tolerances every comparison with it uses (relative to the magnitudes
-that formed each value). The reference itself is ``fused_lce.core.formulas.reference_loss``; this module adds its
-gradients and the magnitudes the tolerances scale with."""
+"""The float64 answer of a problem and the tolerances every comparison with it uses (relative to the
+magnitudes that formed each value). The reference itself is ``fused_lce.core.formulas.reference_loss``; this
+module adds its gradients and the magnitudes the tolerances scale with."""
 from __future__ import annotations
 
 import math
@@ -20,17 +20,18 @@ def rel_err(a, b):
 
 
 # Tolerances against the float64 reference, per input dtype: relative to the reference's own magnitude (rtol)
-# plus absolute floors proportional to the magnitudes of the summands that formed the value: floating-point error
-# scales with those, and cancellation can leave the result itself tiny (a gradient of 1e-4 summed from terms of
-# 1: hypothesis once found n=1, d=1, v=25, smoothing=0.3, softcap=2).
+# plus absolute floors proportional to the magnitudes of the summands that formed the value: floating-point
+# error scales with those, and cancellation can leave the result itself tiny (a gradient of 1e-4 summed from
+# terms of 1: hypothesis once found n=1, d=1, v=25, smoothing=0.3, softcap=2).
 #   logits z = h @ W.T + b carry an error ~ u * zmag with zmag = |h| @ |W|.T + |b| (u: float32 unit roundoff);
 #   loss / lse: |ours - ref| <= LOSS_TOL |ref| + LOSS_ATOL * (sum of the per-token terms' magnitudes, in zmag)
 #   gradients:  ||ours - ref|| <= GRAD_TOL ||ref|| + SUMMAND_TOL || B @ |W| || + LOGIT_TOL || P @ |W| ||
-#               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax term|
-#               times the logit magnitudes (the softmax inherits the logits' error); with a softcap the factor
-#               1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels to ~0), and a
-#               capped logit carries its own rounding on top of zmag: relative, so at most u * min(zmag, softcap)
-#               (an absolute error ~u in tanh, times softcap, would let a softcap of 1e4 cost 1e-4 per logit)
+#               (dX; dW uses B.T @ |h|, db sum B) with B the magnitude of dz's terms and P = |dz's softmax
+#               term| times the logit magnitudes (the softmax inherits the logits' error); with a softcap
+#               the factor 1 - tanh^2 enters as 1 + tanh^2, its terms' magnitude (near saturation it cancels
+#               to ~0), and a capped logit carries its own rounding on top of zmag: relative, so at most
+#               u * min(zmag, softcap) (an absolute error ~u in tanh, times softcap, would let a softcap of
+#               1e4 cost 1e-4 per logit)
 # GRAD_TOL covers rounding the returned gradient to the input dtype; SUMMAND_TOL the gradient GEMMs (their
 # float32 accumulation, and dz rounded to bf16/fp16 by some kernels: about one unit of that precision).
 GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
@@ -79,7 +80,8 @@ def fp64_reference(h, w, y, b=None, *, upstream=None, reduction="mean", shift=Fa
         leaves = [t for t in (hr, wr, br) if t is not None]
         got = iter(torch.autograd.grad(loss, leaves, g, allow_unused=True))
         grads = tuple(None if t is None else next(got) for t in (hr, wr, br))
-        grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)  # unused: zero gradient
+        # unused: zero gradient
+        grads = tuple(None if t is None else (torch.zeros_like(t) if gr is None else gr)
                       for t, gr in zip((hr, wr, br), grads))
     with torch.no_grad():
         hh, yy = (hr[..., :-1, :], y[..., 1:]) if shift else (hr, y)
@@ -162,7 +164,8 @@ def grad_close(ours, want, scale, logit_scale, dtype) -> tuple[bool, float, floa
 
 def assert_grads_close(grads, ref: Reference, dtype, names="hwb"):
     """``grads``: (dh, dw, db) as returned (None where not computed); each present one is compared."""
-    for name, ours, want, scale, lscale in zip(names, grads, ref.grads, ref.grad_scales, ref.grad_logit_scales):
+    for name, ours, want, scale, lscale in zip(names, grads, ref.grads, ref.grad_scales,
+                                               ref.grad_logit_scales):
         if ours is None or want is None:
             continue
         assert ours.shape == want.shape, (name, ours.shape, want.shape)

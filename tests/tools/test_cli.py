@@ -123,15 +123,16 @@ def test_cpu_out_of_memory_is_reported_like_cuda_s():
 
 
 def test_env_and_module_entry_points():
-    out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "env"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "env"], capture_output=True,
+                         text=True, check=True)
     info = json.loads(out.stdout)
     assert info["backends"]["torch"]["available"] is True
-    help_text = subprocess.run([sys.executable, "-m", "fused_lce.tools.bench", "--help"], capture_output=True, text=True,
-                               check=True).stdout
+    help_text = subprocess.run([sys.executable, "-m", "fused_lce.tools.bench", "--help"],
+                               capture_output=True, text=True, check=True).stdout
     assert "--preset" in help_text and "--tokens" in help_text and "--plot" in help_text
 
 
-# ------------------------------------------------------------------------------------------------ bad arguments
+# ---------------------------------------------------------------------------------------------- bad arguments
 BAD_ARGS = [  # (arguments, the option the usage error must name)
     (["--tokens", "abc"], "--tokens"),
     (["--tokens", "0"], "--tokens"),
@@ -181,18 +182,20 @@ FAKE_NO_MATPLOTLIB = "raise ImportError('No module named matplotlib (hidden by t
 
 
 def test_usage_errors_in_a_fresh_process(tmp_path):
-    """The exit status and the absence of a traceback, as a user sees them: --tokens abc, --device cuda without
-    CUDA (cuda:99 with it), and --plot without matplotlib, which must fail before the run, not after it."""
+    """The exit status and the absence of a traceback, as a user sees them: --tokens abc, --device cuda
+    without CUDA (cuda:99 with it), and --plot without matplotlib, which must fail before the run, not after
+    it."""
     fake = tmp_path / "fake" / "matplotlib"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_NO_MATPLOTLIB)
     device = "cuda:99" if torch.cuda.is_available() else "cuda"
     cases = [(["--tokens", "abc"], {}, "--tokens"), (["--device", device], {}, "--device"),
-             (["--plot", str(tmp_path / "p.png"), "--tokens", "64", "--hidden", "8", "--vocab", "64", "--repeat", "1"],
+             (["--plot", str(tmp_path / "p.png"), "--tokens", "64", "--hidden", "8", "--vocab", "64",
+               "--repeat", "1"],
               {"PYTHONPATH": str(tmp_path / "fake")}, "--plot")]
     for args, env, option in cases:
-        out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "bench", "--quiet"] + args, capture_output=True,
-                             text=True, timeout=300, env={**os.environ, **env})
+        out = subprocess.run([sys.executable, "-m", "fused_lce.tools.cli", "bench", "--quiet"] + args,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **env})
         assert out.returncode == 2, (args, out.returncode, out.stderr[-2000:])
         assert "Traceback" not in out.stderr and f"argument {option}" in out.stderr, out.stderr
         assert "usage: fused-lce bench" in out.stderr and out.stdout == ""

@@ -1,7 +1,8 @@
-"""``fused-lce doctor`` (fused_lce/tools/doctor.py): the CLI on this host (every section present, the self-check of
-the available backends with their errors and both timings, the timing against torch, clear argument errors), and
-in-process with the AscendC kernels on the CPU twin registered, so that the NPU sections -- the self-check of the
-kernels and the bitwise comparison of their conservative variants -- run as they would on a card."""
+"""``fused-lce doctor`` (fused_lce/tools/doctor.py): the CLI on this host (every section present, the
+self-check of the available backends with their errors and both timings, the timing against torch, clear
+argument errors), and in-process with the AscendC kernels on the CPU twin registered, so that the NPU sections
+-- the self-check of the kernels and the bitwise comparison of their conservative variants -- run as they
+would on a card."""
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ def test_the_report_on_this_host(tmp_path):
     r = _cli("--json", "--shape", "32x32x500", "--reps", "1", env={"FUSED_LCE_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert set(rep) == {"versions", "backends", "build", "selfcheck", "variants", "timing", "backends_after_selfcheck"}
+    assert set(rep) == {"versions", "backends", "build", "selfcheck", "variants", "timing",
+                        "backends_after_selfcheck"}
     assert rep["versions"]["torch"] == torch.__version__ and "cann" in rep["versions"]
     assert rep["backends"]["cpp"]["available"] and "reason" in rep["backends"]["npu"]
     cpp = rep["selfcheck"]["cpp on cpu"]
@@ -55,8 +57,8 @@ def test_bad_arguments_are_usage_errors(args, msg, capsys):
 
 
 class DriftingVariant(twin_build.TwinKernels):
-    """Kernels whose conservative variants disagree with the default in the last bit of dX (what a card could show
-    if the default's pipe order or L1 residency were wrong)."""
+    """Kernels whose conservative variants disagree with the default in the last bit of dX (what a card could
+    show if the default's pipe order or L1 residency were wrong)."""
 
     def grads(self, *args, **kw):
         dx, dw, db = super().grads(*args, **kw)

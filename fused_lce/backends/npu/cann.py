@@ -4,27 +4,28 @@ The trio, as documented for torch_npu (bf16/fp16 operands, no autograd, no ignor
 
 * ``npu_fused_linear_online_max_sum(input, weight, target, vocab_start, vocab_end, return_logits=False)`` ->
   per-token local max ``m``, ``sum exp(z - m)``, ``z[target] - m`` (0 when the target is not in
-  ``[vocab_start, vocab_end)``), the out-of-shard bit mask (uint8, 8 tokens per byte, lowest token in the lowest
-  bit), the shard-local target (0 when out of shard) and, with ``return_logits``, the logits;
-* ``npu_fused_cross_entropy_loss_with_max_sum(...)`` (not needed: the driver computes the loss from the stats);
+  ``[vocab_start, vocab_end)``), the out-of-shard bit mask (uint8, 8 tokens per byte, lowest token in the
+  lowest bit), the shard-local target (0 when out of shard) and, with ``return_logits``, the logits;
+* ``npu_fused_cross_entropy_loss_with_max_sum(...)`` (not needed: the driver computes the loss from the
+  stats);
 * ``npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weight, target_mask, masked_target,
   0.0, logits_max=, sum_exp_logits=)`` -> ``dX = dz @ W``, ``dW = dz.T @ X`` with
   ``dz = grad * (exp(z - logits_max) / sum_exp_logits - onehot(in-shard target))``.
 
-``stats`` maps the first onto the driver's statistics (no sum of logits, so no label smoothing; "argmax" is the
-label where the target logit equals the shard's maximum, else -1, so token accuracy counts "target logit == max":
-a tie inside a shard counts as correct, across shards as wrong). ``grads`` calls the backward with the softmax
-coefficient ``g (1 + 2 z_loss lse)`` and the saved lse in place of (max, sum-exp), and adds back the one-hot
-difference z_loss makes with an O(N*D) gather / index_add in float32. Ignored tokens and bad labels come in as
-token weights 0 / NaN from the driver. The trio rounds logits to the input dtype before its float32 softmax, so its
-loss is less accurate than the "npu" / "torch" providers' float32 logits. The trio's ``vocab_end_index`` is
-exclusive in its kernel and golden test; the provider passes ``vocab_start + V_local``.
+``stats`` maps the first onto the driver's statistics (no sum of logits, so no label smoothing; "argmax" is
+the label where the target logit equals the shard's maximum, else -1, so token accuracy counts "target logit
+== max": a tie inside a shard counts as correct, across shards as wrong). ``grads`` calls the backward with
+the softmax coefficient ``g (1 + 2 z_loss lse)`` and the saved lse in place of (max, sum-exp), and adds back
+the one-hot difference z_loss makes with an O(N*D) gather / index_add in float32. Ignored tokens and bad
+labels come in as token weights 0 / NaN from the driver. The trio rounds logits to the input dtype before its
+float32 softmax, so its loss is less accurate than the "npu" / "torch" providers' float32 logits. The trio's
+``vocab_end_index`` is exclusive in its kernel and golden test; the provider passes ``vocab_start + V_local``.
 
 ``supports`` declines (so ``auto`` takes the next provider, and an explicit request says why): float32,
 label_smoothing != 0, softcap, a bias, D > 65534, fewer than 128 vocabulary rows on this rank, a vocabulary of
-2**24 or more (its kernel compares ids as float32). Availability: torch_npu with the three functions and CANN's
-op-api libraries exporting their aclnn kernels (looked up the way op-plugin does), not a CANN version number: the
-kernels exist in ops-nn branches older than CANN 9.0.
+2**24 or more (its kernel compares ids as float32). Availability: torch_npu with the three functions and
+CANN's op-api libraries exporting their aclnn kernels (looked up the way op-plugin does), not a CANN version
+number: the kernels exist in ops-nn branches older than CANN 9.0.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from .env import NEVER_ON_HARDWARE, import_torch_npu, platform_id, usable_torch_
 
 TRIO = ("npu_fused_linear_online_max_sum", "npu_fused_cross_entropy_loss_with_max_sum",
         "npu_fused_linear_cross_entropy_loss_with_max_sum_backward")
-# the aclnn kernels behind the two functions used (op-plugin: ops/opapi/FusedLinearCrossEntropyLossKernelNpuOpApi.cpp)
+# the aclnn kernels behind the two functions used (op-plugin:
+# ops/opapi/FusedLinearCrossEntropyLossKernelNpuOpApi.cpp)
 ACLNN = ("aclnnFusedLinearOnlineMaxSum", "aclnnFusedLinearCrossEntropyLossGrad")
 # where op-plugin looks kernels up (op_plugin/utils/op_api_common.cpp): $ASCEND_HOME_PATH/lib64/libopapi_*.so,
 # then libopapi.so, then the feature libraries
@@ -73,10 +75,12 @@ def find_aclnn(names=ACLNN, env: Optional[dict] = None, load=ctypes.CDLL) -> Opt
 
 
 def pack_out_of_shard(out_of_shard: torch.Tensor) -> torch.Tensor:
-    """The trio's ``target_mask`` layout: one bit per token, token 8k+j in bit j of byte k, padding bits set."""
+    """The trio's ``target_mask`` layout: one bit per token, token 8k+j in bit j of byte k, padding bits
+    set."""
     n = out_of_shard.shape[0]
     pad = (-n) % 8
-    bits = torch.cat([out_of_shard.to(torch.uint8), out_of_shard.new_ones(pad, dtype=torch.uint8)]).view(-1, 8)
+    bits = torch.cat([out_of_shard.to(torch.uint8),
+                      out_of_shard.new_ones(pad, dtype=torch.uint8)]).view(-1, 8)
     weights = 2 ** torch.arange(8, dtype=torch.int32, device=bits.device)
     return (bits.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
 
@@ -135,7 +139,8 @@ class CannTrioProvider(WholeRowsProvider):
         # int32 targets halve the traffic; out-of-range values only need to stay out of the shard
         target = y.clamp(-1, 2**31 - 1).to(torch.int32)
         m, s, pred, _mask, _masked, _ = tnpu.npu_fused_linear_online_max_sum(
-            t.hidden[rows], t.weight, target, opts.vocab_start, opts.vocab_start + v_local, return_logits=False)
+            t.hidden[rows], t.weight, target, opts.vocab_start, opts.vocab_start + v_local,
+            return_logits=False)
         m, s, pred = m.float(), s.float(), pred.float()
         zt = torch.where(in_shard, pred + m, torch.zeros_like(pred))  # z[target], shard-local
         # "is the target the maximum" as an argmax candidate: the label where it is, -1 elsewhere; the combine
@@ -145,9 +150,9 @@ class CannTrioProvider(WholeRowsProvider):
 
     def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
               cache=None) -> None:
-        """dX, dW of ``dz = a p - t onehot`` (this provider declines label smoothing and log-probs: no ``b``, ``u``).
-        The trio computes ``c (softmax - onehot)`` for a per-token ``c``: it gets ``a``, and ``(a - t)`` on the target
-        column is added back where the two differ (z-loss)."""
+        """dX, dW of ``dz = a p - t onehot`` (this provider declines label smoothing and log-probs: no ``b``,
+        ``u``). The trio computes ``c (softmax - onehot)`` for a per-token ``c``: it gets ``a``, and ``(a -
+        t)`` on the target column is added back where the two differ (z-loss)."""
         tnpu = import_torch_npu()
         hidden, weight = t.hidden[rows], t.weight
         a, g = (coef.a, coef.t) if scale is None else (coef.a * scale, coef.t * scale)

@@ -1,19 +1,22 @@
-"""What an NPU host has installed, shared by the two NPU providers (provider.py, cann.py): torch_npu with a device,
-this project's custom OPP kernels as op-plugin will find them, and what setup.py recorded about building them.
+"""What an NPU host has installed, shared by the two NPU providers (provider.py, cann.py): torch_npu with a
+device, this project's custom OPP kernels as op-plugin will find them, and what setup.py recorded about
+building them.
 
 Importing this module imports neither torch nor torch_npu: ``fused_lce/__init__`` arms the loader snapshot
-(``arm_snapshot``) before it imports torch, because ``import torch`` itself imports an installed torch_npu (torch_npu
-registers itself under torch's ``torch.backends`` entry points unless TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+(``arm_snapshot``) before it imports torch, because ``import torch`` itself imports an installed torch_npu
+(torch_npu registers itself under torch's ``torch.backends`` entry points unless
+TORCH_DEVICE_BACKEND_AUTOLOAD=0).
 
 How op-plugin (compiled into libtorch_npu) finds an aclnn function, ``GetOpApiFuncAddr`` in op-plugin's
 ``op_plugin/utils/op_api_common.cpp`` (helpers in ``op_api_common.h``):
 * when libtorch_npu loads, it fixes, once, the list of custom library folders -- each ``:``-separated entry of
   ASCEND_CUSTOM_OPP_PATH plus ``/op_api/lib/`` -- and the folders of the vendors named on the first
-  ``load_priority=`` line of ``$ASCEND_OPP_PATH/vendors/config.ini`` (comma-separated, in that order; a vendor folder
-  missing at that moment is never searched). Changing the environment or config.ini later changes nothing;
+  ``load_priority=`` line of ``$ASCEND_OPP_PATH/vendors/config.ini`` (comma-separated, in that order; a vendor
+  folder missing at that moment is never searched). Changing the environment or config.ini later changes
+  nothing;
 * at the first call of a function it walks those folders in that order (custom ones first), dlopens
-  ``libcust_opapi.so`` there (RTLD_LAZY) and takes the first library whose dlsym finds the name and whose owner
-  passes ``checkOwner``; the vendor folder's name is not checked. Only then CANN's own op-api libraries.
+  ``libcust_opapi.so`` there (RTLD_LAZY) and takes the first library whose dlsym finds the name and whose
+  owner passes ``checkOwner``; the vendor folder's name is not checked. Only then CANN's own op-api libraries.
 ``find_kernels`` answers the same question: the loader's view is snapshotted when torch_npu is imported after
 fused_lce, and reconstructed (with a reason when it cannot be sure) when torch_npu came first.
 """
@@ -59,8 +62,8 @@ def usable_torch_npu():
 
 
 def platform_id(device) -> str:
-    """What a self-check verdict on an NPU depends on besides the kernels: torch_npu's version, the CANN toolkit it
-    runs with, the device's name."""
+    """What a self-check verdict on an NPU depends on besides the kernels: torch_npu's version, the CANN
+    toolkit it runs with, the device's name."""
     from importlib import metadata
 
     from ...core import device_name
@@ -78,24 +81,25 @@ NEVER_ON_HARDWARE = "never run on NPU hardware by this project's tests"
 
 def build_status() -> dict[str, Optional[dict]]:
     """What setup.py recorded about the NPU parts: {"npu_opp": ..., "npu_adapter": ...}, each
-    ``{"ok": bool, "attempted": bool, "error": first error line or why not built, "log": path or None, ...}`` (the
-    OPP part also "vendor", "cann_version", "note"), or None when nothing was recorded (fused_lce/backends/
-    build_status.py)."""
+    ``{"ok": bool, "attempted": bool, "error": first error line or why not built, "log": path or None, ...}``
+    (the OPP part also "vendor", "cann_version", "note"), or None when nothing was recorded
+    (fused_lce/backends/ build_status.py)."""
     recorded = _build_status.read()
     return {k: recorded[k] for k in ("npu_opp", "npu_adapter")}
 
 
 def toolkit_version(home: Optional[str] = None) -> Optional[str]:
-    """The CANN version the toolkit at ``home`` (default: ASCEND_HOME_PATH) states (toolkit.py), None if unknown."""
+    """The CANN version the toolkit at ``home`` (default: ASCEND_HOME_PATH) states (toolkit.py), None if
+    unknown."""
     home = home or os.environ.get("ASCEND_HOME_PATH")
     return _toolkit.toolkit_version(home)[0] if home else None
 
 
-# ------------------------------------------------------------------------------------------------ op-plugin's view
+# ------------------------------------------------------------------------------------------- op-plugin's view
 class LoaderView(NamedTuple):
-    """What op-plugin fixed when libtorch_npu loaded: the loader variables' values and the library folders it will
-    search, in order (``custom``: from ASCEND_CUSTOM_OPP_PATH; ``vendors``: (vendor, resolved folder or "") from
-    config.ini)."""
+    """What op-plugin fixed when libtorch_npu loaded: the loader variables' values and the library folders it
+    will search, in order (``custom``: from ASCEND_CUSTOM_OPP_PATH; ``vendors``: (vendor, resolved folder or
+    "") from config.ini)."""
 
     env: tuple
     custom: tuple
@@ -133,8 +137,8 @@ _torch_npu_first = "torch_npu" in sys.modules  # before fused_lce was imported: 
 
 
 class _SnapshotBeforeTorchNpu:
-    """A meta-path finder that only wraps the loading of ``torch_npu``: the loader view is taken right before its
-    module runs (which loads libtorch_npu), then the finder removes itself."""
+    """A meta-path finder that only wraps the loading of ``torch_npu``: the loader view is taken right before
+    its module runs (which loads libtorch_npu), then the finder removes itself."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch_npu":
@@ -175,8 +179,8 @@ def arm_snapshot() -> None:
 
 
 def start_environ() -> Optional[dict]:
-    """The environment this process started with (Linux: /proc/self/environ, which later changes do not touch), or
-    None when unreadable."""
+    """The environment this process started with (Linux: /proc/self/environ, which later changes do not
+    touch), or None when unreadable."""
     try:
         with open("/proc/self/environ", "rb") as f:
             raw = f.read()
@@ -186,7 +190,8 @@ def start_environ() -> Optional[dict]:
     return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape") for k, v in pairs}
 
 
-def loader_views(start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[list[LoaderView], Optional[str]]:
+def loader_views(
+        start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[list[LoaderView], Optional[str]]:
     """The views op-plugin may have taken, and a note when there is more than one candidate or the view is
     assumed: exactly the snapshot when fused_lce was imported before torch_npu; otherwise the process's start
     environment and the current one (op-plugin read one of them, or another in between)."""
@@ -194,22 +199,24 @@ def loader_views(start: Optional[Callable[[], Optional[dict]]] = None) -> tuple[
         return [_snapshot], None
     now = loader_view(os.environ)
     if "torch_npu" not in sys.modules:
-        return [now], "torch_npu is not imported yet: op-plugin will see the current environment if it stays so"
+        return ([now],
+                "torch_npu is not imported yet: op-plugin will see the current environment if it stays so")
     how = ("torch_npu was imported before fused_lce" if _torch_npu_first else
            "torch_npu was imported without fused_lce's import hook seeing it")
     env0 = (start or start_environ)()
     if env0 is None:
         return [now], f"{how} and the process's start environment is unreadable: the current one is assumed"
     first = loader_view(env0)
-    if first.env == now.env:  # not changed inside this process (config.ini is read now: op-plugin read it then)
+    # not changed inside this process (config.ini is read now: op-plugin read it then)
+    if first.env == now.env:
         return [now], None
     return [first, now], (f"{how} (e.g. by `import torch`, which imports an installed torch_npu), and "
-                          f"{', '.join(k for (k, a), (_, b) in zip(first.env, now.env) if a != b)} changed since "
-                          "the process started, so it is not known which value op-plugin read when libtorch_npu "
-                          "loaded")
+                          f"{', '.join(k for (k, a), (_, b) in zip(first.env, now.env) if a != b)} changed "
+                          "since the process started, so it is not known which value op-plugin read when "
+                          "libtorch_npu loaded")
 
 
-# ------------------------------------------------------------------------------------------------ dlopen / dlsym
+# --------------------------------------------------------------------------------------------- dlopen / dlsym
 def _libdl():
     libc = ctypes.CDLL(None)
     if not hasattr(libc, "dlsym"):  # glibc < 2.34 keeps them in libdl
@@ -255,8 +262,8 @@ def _real_file(path: str) -> str:
 
 
 def resolve(symbols, view: LoaderView, uid: Optional[int] = None) -> tuple[dict, list[str]]:
-    """({symbol: the library op-plugin takes it from, or None}, what was seen on the way: libraries that failed to
-    load, lacked a symbol or failed the owner check)."""
+    """({symbol: the library op-plugin takes it from, or None}, what was seen on the way: libraries that
+    failed to load, lacked a symbol or failed the owner check)."""
     libs = [_real_file(d + "/" + CUST_LIB) for d in view.custom] + [_real_file(d + "/" + CUST_LIB)
                                                                   for _, d in view.vendors]
     found, seen = {}, []
@@ -293,26 +300,28 @@ def _verdict(symbols, view: LoaderView, uid: Optional[int]) -> tuple[Optional[st
     missing = [s for s in symbols if found[s] is None]
     if missing:
         detail = f"; {'; '.join(seen[:4])}" if seen else ""
-        return None, (f"aclnn symbol(s) {', '.join(missing)} not found where op-plugin looks ({_where(view)}: "
-                      f"ASCEND_CUSTOM_OPP_PATH's <dir>/op_api/lib/{CUST_LIB}, then the vendors of config.ini)"
-                      f"{detail}")
+        return None, (f"aclnn symbol(s) {', '.join(missing)} not found where op-plugin looks "
+                      f"({_where(view)}: ASCEND_CUSTOM_OPP_PATH's <dir>/op_api/lib/{CUST_LIB}, then the "
+                      f"vendors of config.ini){detail}")
     libs = sorted(set(found.values()))
     if len(libs) > 1:
         split = ", ".join(f"{s} from {found[s]}" for s in symbols)
-        return None, f"op-plugin would take the aclnn symbols from different libraries ({split}): two builds mixed"
+        return (None,
+                f"op-plugin would take the aclnn symbols from different libraries ({split}): "
+                "two builds mixed")
     return libs[0], None
 
 
-# The generated aclnn headers the package installs beside its library (asc-devkit opbuild's aclnn generator writes
-# aclnn_<op in snake case>.h, func.cmake installs them into op_api/include): their declarations show the interface
-# the package was built with. A package built before an attribute was added exports the same names with fewer
-# arguments, and the adapter's arguments would land in the wrong places.
+# The generated aclnn headers the package installs beside its library (asc-devkit opbuild's aclnn generator
+# writes aclnn_<op in snake case>.h, func.cmake installs them into op_api/include): their declarations show
+# the interface the package was built with. A package built before an attribute was added exports the same
+# names with fewer arguments, and the adapter's arguments would land in the wrong places.
 ACLNN_HEADERS = {"aclnn_fused_lce_stats_cube.h": "variant", "aclnn_fused_lce_grad_cube.h": "variant"}
 
 
 def interface_mismatch(lib: str) -> Optional[str]:
-    """None when the package of ``lib`` (<vendor>/op_api/lib/libcust_opapi.so) declares the interface the adapter
-    calls, else why not."""
+    """None when the package of ``lib`` (<vendor>/op_api/lib/libcust_opapi.so) declares the interface the
+    adapter calls, else why not."""
     inc = os.path.join(os.path.dirname(os.path.dirname(lib)), "include")
     for name, argument in ACLNN_HEADERS.items():
         path = os.path.join(inc, name)
@@ -322,13 +331,14 @@ def interface_mismatch(lib: str) -> Optional[str]:
         except OSError:
             return f"{path} is missing: an incomplete kernel package"
         if argument not in text:
-            return f"{path} declares no '{argument}' argument: the package was built from older sources (rebuild it)"
+            return (f"{path} declares no '{argument}' argument: the package was built from older "
+                    "sources (rebuild it)")
     return None
 
 
 def kernel_files(lib: str) -> list:
-    """The files of the package of ``lib`` a verdict on its kernels depends on: the aclnn and tiling libraries and
-    the kernel binaries (a rebuild that only changed a kernel changes these, not the aclnn library)."""
+    """The files of the package of ``lib`` a verdict on its kernels depends on: the aclnn and tiling libraries
+    and the kernel binaries (a rebuild that only changed a kernel changes these, not the aclnn library)."""
     vendor = os.path.dirname(os.path.dirname(os.path.dirname(lib)))
     out = []
     for sub in ("op_api", "op_impl"):
@@ -350,6 +360,7 @@ def find_kernels(symbols, uid: Optional[int] = None,
     if verdicts[0] == verdicts[1] and verdicts[0][0]:
         return verdicts[0][0], None
     said = "; ".join(f"with {_where(v)}: " + (lib or reason) for v, (lib, reason) in zip(views, verdicts))
-    return None, (f"cannot tell which custom OPP library op-plugin will use: {note} ({said}); set the variables "
-                  "before Python starts (source <vendor>/bin/set_env.bash), or import fused_lce before torch")
+    return None, (f"cannot tell which custom OPP library op-plugin will use: {note} ({said}); set the "
+                  "variables before Python starts (source <vendor>/bin/set_env.bash), or import "
+                  "fused_lce before torch")
 

@@ -1,9 +1,9 @@
-"""The kernels of the "npu" provider: the host adapter's private ops (csrc/npu/fused_lce_npu.cpp) over the AscendC
-kernels FusedLceStatsCube / FusedLceGradCube. The cube core drives, its two vector cores follow through rings in GM;
-every gradient element is accumulated by one core in a fixed order (deterministic), and the one-pass modes (the
-forward keeps z, the backward keeps dz) cost 3 GEMMs for fwd + bwd. They have not run on hardware; every suite runs
-them on the twin in CI. Where they cannot serve, the NPU falls back to CANN's own fused ops ("npu_cann") and the
-``torch`` route (docs/npu-status.md).
+"""The kernels of the "npu" provider: the host adapter's private ops (csrc/npu/fused_lce_npu.cpp) over the
+AscendC kernels FusedLceStatsCube / FusedLceGradCube. The cube core drives, its two vector cores follow
+through rings in GM; every gradient element is accumulated by one core in a fixed order (deterministic), and
+the one-pass modes (the forward keeps z, the backward keeps dz) cost 3 GEMMs for fwd + bwd. They have not run
+on hardware; every suite runs them on the twin in CI. Where they cannot serve, the NPU falls back to CANN's
+own fused ops ("npu_cann") and the ``torch`` route (docs/npu-status.md).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 ACLNN_SYMBOLS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube",
                  "aclnnFusedLceGradCubeGetWorkspaceSize", "aclnnFusedLceGradCube")
 
-# Conservative variants of the kernels (csrc/ascend/common/fused_lce_cube_tiling.h ``Variant``): each replaces a
-# behaviour only hardware can judge with a plainer one computing the same numbers, so that a first run on a card can
-# compare them bit for bit (``fused-lce doctor`` does). Set the variable to 1 to run the variant.
+# Conservative variants of the kernels (csrc/ascend/common/fused_lce_cube_tiling.h ``Variant``): each replaces
+# a behaviour only hardware can judge with a plainer one computing the same numbers, so that a first run on a
+# card can compare them bit for bit (``fused-lce doctor`` does). Set the variable to 1 to run the variant.
 PLAIN_TILING, SERIAL_MATMUL = 1, 2
 VARIANT_ENV = {
     # the Matmul tilings as GetTiling returns them (no L1-residency override), one forward GEMM per tile
@@ -29,7 +29,8 @@ VARIANT_ENV = {
 
 
 def variant_from_env(env: Optional[dict] = None) -> int:
-    """The variant bits the environment asks for; ValueError naming the variable for a value other than 0 / 1."""
+    """The variant bits the environment asks for; ValueError naming the variable for a value other than 0
+    / 1."""
     env = os.environ if env is None else env
     bits = 0
     for name, bit in VARIANT_ENV.items():
@@ -41,10 +42,10 @@ def variant_from_env(env: Optional[dict] = None) -> int:
 
 
 class AdapterKernels:
-    """The compiled kernels through the host adapter's ops ``_npu_stats_cube`` / ``_npu_grads_cube``. ``ops`` is the
-    op namespace and ``prefix`` the ops' prefix: the twin's ``_twin_*`` ops have the same schemas
-    (csrc/npu/kernel_ops.h), so the twin's ``TwinKernels`` (tests/support/ascendc_twin/build.py) is this class over
-    them. ``variant``: the conservative variant bits, or None to follow the environment at every call."""
+    """The compiled kernels through the host adapter's ops ``_npu_stats_cube`` / ``_npu_grads_cube``. ``ops``
+    is the op namespace and ``prefix`` the ops' prefix: the twin's ``_twin_*`` ops have the same schemas
+    (csrc/npu/kernel_ops.h), so the twin's ``TwinKernels`` (tests/support/ascendc_twin/build.py) is this class
+    over them. ``variant``: the conservative variant bits, or None to follow the environment at every call."""
 
     #: the one-pass modes: ``stats(..., keep_z=True)`` also returns the z cache, ``grads`` takes ``zcache`` /
     #: ``keep_dz`` / ``dw_out`` (docs/npu-design.md)
@@ -64,23 +65,24 @@ class AdapterKernels:
 
     def stats(self, hidden, weight, bias, labels, vocab_start, softcap, temperature, with_zsum, with_entropy,
               keep_z: bool = False):
-        """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h W^T) as a
-        7th item when ``keep_z``."""
-        r = self._op("stats_cube")(hidden, weight, bias, labels, int(vocab_start), float(softcap), float(temperature),
-                                   bool(with_zsum), bool(with_entropy), bool(keep_z), self.variant)
+        """(max, sum_exp, target, zsum, argmax, ez), and the z cache (float32 [N, V_local], the forward's h
+        W^T) as a 7th item when ``keep_z``."""
+        r = self._op("stats_cube")(hidden, weight, bias, labels, int(vocab_start), float(softcap),
+                                   float(temperature), bool(with_zsum), bool(with_entropy), bool(keep_z),
+                                   self.variant)
         return r if keep_z else r[:6]
 
     def grads(self, hidden, weight, bias, labels, lse, coefs, vocab_start, softcap, temperature, grad_mask,
               zcache=None, keep_dz: bool = False, dw_out=None, present=(True, True)):
         """(dx, dw, db) float32 from ``coefs`` (4, N), the planes a, t, b, u. ``zcache``: what
-        ``stats(..., keep_z=True)`` returned for these rows (no logits recomputed); ``keep_dz``: dz kept between the
-        backward's phases; ``dw_out``: a float32 (V, D) tensor dW is added to in place (and returned as dw), for sums
-        over driver blocks; ``present``: whether the planes b and u are given (an absent one is 0, passed as None so
-        the kernel skips its vector work)."""
+        ``stats(..., keep_z=True)`` returned for these rows (no logits recomputed); ``keep_dz``: dz kept
+        between the backward's phases; ``dw_out``: a float32 (V, D) tensor dW is added to in place (and
+        returned as dw), for sums over driver blocks; ``present``: whether the planes b and u are given (an
+        absent one is 0, passed as None so the kernel skips its vector work)."""
         mask = [bool(x) for x in grad_mask]
         c = coefs.float()
         b_, u_ = (c[2] if present[0] else None), (c[3] if present[1] else None)
         dx, dw, db = self._op("grads_cube")(hidden, weight, bias, labels, lse.float(), c[0], c[1], b_, u_,
-                                            int(vocab_start), float(softcap), float(temperature), mask, zcache,
-                                            bool(keep_dz), dw_out, self.variant)
+                                            int(vocab_start), float(softcap), float(temperature),
+                                            mask, zcache, bool(keep_dz), dw_out, self.variant)
         return dx, (dw_out if dw_out is not None and mask[1] else dw), db

@@ -1,6 +1,6 @@
-"""The "npu" provider (``AscendCProvider``): the AscendC kernels behind the driver's ``stats`` / ``grads``, with the
-token blocks and gradient sums of the one-pass modes. The package docstring (``fused_lce/backends/npu``) says what
-the kernels are and what has been verified of them."""
+"""The "npu" provider (``AscendCProvider``): the AscendC kernels behind the driver's ``stats`` / ``grads``,
+with the token blocks and gradient sums of the one-pass modes. The package docstring
+(``fused_lce/backends/npu``) says what the kernels are and what has been verified of them."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from ...core import Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider, file_digest
+from ...core import (Coefs, EntropyStats, Grads, Options, Problem, Stats, Tensors, WholeRowsProvider,
+                     file_digest)
 from ..build_status import failure
 from .env import (NEVER_ON_HARDWARE, OPP_VENDOR, build_status, find_kernels, interface_mismatch, kernel_files,
                   platform_id, usable_torch_npu)
@@ -18,9 +19,10 @@ from .kernels import ACLNN_SYMBOLS, AdapterKernels
 
 STATUS = "AscendC kernels: compiled and run on CPU against an AscendC API twin; not run on NPU hardware"
 ADAPTER_MODULE = "fused_lce._npu_C"
-# z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0: 2 GiB keeps about 2300 rows of a
-# 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the cube's work in
-# benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of 1.14x)
+# z cache + kept dz per driver block (one-pass modes) when opts.tile_bytes is 0: 2 GiB keeps about 2300 rows
+# of a 151936-row bf16 head per launch, enough for the fp32 dW read-back between launches to hide under the
+# cube's work in benchmarks/npu_model.py (1 GiB costs the 256000-row head 1.27x the floor there instead of
+# 1.14x)
 DEFAULT_TILE_BYTES = 2 << 30
 MAX_IDS = 1 << 24  # the kernels' planner carries vocabulary ids and row offsets as exact floats
 # every kernel: h and W are read by the cube at row stride D, which the GM -> L1 copy holds in 16 bits
@@ -36,7 +38,8 @@ class AscendCProvider(WholeRowsProvider):
     status = STATUS
     supports_logprobs = True  # stats honour temperature / entropy, grads take Coefs (docs/providers.md)
 
-    def __init__(self, name: str = "npu", kernels=None, device_types=("npu",), status: Optional[str] = STATUS):
+    def __init__(self, name: str = "npu", kernels=None, device_types=("npu",),
+                 status: Optional[str] = STATUS):
         self.name = name
         self.device_types = device_types
         self.status = status
@@ -70,8 +73,8 @@ class AscendCProvider(WholeRowsProvider):
         lib, reason = find_kernels(ACLNN_SYMBOLS)
         if lib is None:
             return (f"custom OPP kernels not found as op-plugin looks them up: {reason} (install with "
-                    f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash before "
-                    "Python starts)")
+                    f"ASCEND_HOME_PATH set, then source <install>/vendors/{OPP_VENDOR}/bin/set_env.bash "
+                    "before Python starts)")
         mismatch = interface_mismatch(lib)
         if mismatch:
             return f"the custom OPP kernels op-plugin would load do not match this package: {mismatch}"
@@ -117,8 +120,8 @@ class AscendCProvider(WholeRowsProvider):
         return max(min(p.n, rows), 1)
 
     def store(self, t: Tensors, rows: slice, out: Grads, dh, dw, db) -> None:
-        """One block's float32 gradients: dX rows into their place, dW / db added to the earlier blocks' (block
-        order); a single block covering every row is taken as is."""
+        """One block's float32 gradients: dX rows into their place, dW / db added to the earlier blocks'
+        (block order); a single block covering every row is taken as is."""
         if rows.start == 0 and rows.stop == t.hidden.shape[0] and out.dh is None and out.dw is None \
                 and out.db is None:
             return WholeRowsProvider.store(t, rows, out, dh, dw, db)
@@ -137,14 +140,15 @@ class AscendCProvider(WholeRowsProvider):
         if reason is None and p.d == 0:
             return "the AscendC tiling needs a hidden size D > 0 (the cube has nothing to multiply)"
         if reason is None and p.d > MAX_HIDDEN:
-            return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at row "
-                    f"stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 bits on Atlas A2")
+            return (f"the AscendC kernels need a hidden size D < 65535, got {p.d}: the cube reads h and W at "
+                    "row stride D, which the GM -> L1 copy's Nd2NzParams::srcDValue holds in 16 "
+                    "bits on Atlas A2")
         if reason is None and p.v >= MAX_IDS:
             return (f"the AscendC kernels need fewer than 2^24 vocabulary rows per rank (ids travel as exact "
                     f"floats), got {p.v}")
         return reason
 
-    # -- kernels: the kernels tile a driver block's tokens across cores ----------------------------------------
+    # -- kernels: the kernels tile a driver block's tokens across cores --------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         if t.weight.shape[0] == 0:  # an empty vocabulary shard (vocab parallel): no kernel launch, no logits
             n, dev = t.hidden[rows].shape[0], t.hidden.device
@@ -152,8 +156,8 @@ class AscendCProvider(WholeRowsProvider):
             st = (torch.full((n,), -math.inf, device=dev), zeros, zeros.clone(), zeros.clone(),
                   torch.zeros(n, device=dev, dtype=torch.int64))
             return (EntropyStats(*st, zeros.clone()) if opts.entropy else Stats(*st)), None
-        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap, opts.temperature,
-                opts.wants_zsum, opts.entropy)
+        args = (t.hidden[rows], t.weight, t.bias, t.labels[rows], opts.vocab_start, opts.softcap,
+                opts.temperature, opts.wants_zsum, opts.entropy)
         cache = None
         if keep:
             r = self.kernels.stats(*args, keep_z=True)
@@ -162,12 +166,14 @@ class AscendCProvider(WholeRowsProvider):
             r = self.kernels.stats(*args)
         return (EntropyStats(*r[:6]) if opts.entropy else Stats(*r[:5])), cache
 
-    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads, cache=None) -> None:
+    def grads(self, t: Tensors, rows: slice, lse, coef: Coefs, scale, opts: Options, out: Grads,
+              cache=None) -> None:
         if t.weight.shape[0] == 0:  # an empty vocabulary shard: it contributes nothing
             h, w = t.hidden[rows], t.weight
             f32 = torch.float32
             self.store(t, rows, out, torch.zeros(h.shape, device=h.device, dtype=f32),
-                       torch.zeros(w.shape, device=w.device, dtype=f32), torch.zeros(0, device=w.device, dtype=f32))
+                       torch.zeros(w.shape, device=w.device, dtype=f32),
+                       torch.zeros(0, device=w.device, dtype=f32))
             return
         # the kernel's (4, N) float32 coefficient planes a, t, b, u (None = 0), times the driver's scale
         zero = torch.zeros_like(coef.a, dtype=torch.float32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-_ADDMM_FP32 = [None]  # does torch.addmm(fp32, bf16, bf16, out_dtype=fp32, out=fp32) work here? (probed lazily)
+# does torch.addmm(fp32, bf16, bf16, out_dtype=fp32, out=fp32) work here? (probed lazily)
+_ADDMM_FP32 = [None]
 
 
 def _mm32(a, b, out=None):
@@ -70,9 +71,10 @@ def _mm_acc(acc, a, b, alpha: float = 1.0):
     return acc
 
 
-# An odd vocabulary sends cuBLAS to slow kernels whenever V is an M, N or K of the product (measured on the H200:
-# h @ W.T with V = 151931 took 51 ms against 13.8 ms at V = 151936, padded output rows or not). So every product
-# that has V as a dimension is split into the first V - V % 64 rows of the vocabulary and a small remainder.
+# An odd vocabulary sends cuBLAS to slow kernels whenever V is an M, N or K of the product (measured on the
+# H200: h @ W.T with V = 151931 took 51 ms against 13.8 ms at V = 151936, padded output rows or not). So every
+# product that has V as a dimension is split into the first V - V % 64 rows of the vocabulary and a small
+# remainder.
 VSPLIT = 64
 
 
@@ -97,8 +99,9 @@ def _mm_add(out, a, b, alpha: float = 1.0):
 
 
 def _dx_into(dz, w, out, accumulate: bool = False, alpha: float = 1.0):
-    """out (+)= alpha * (dz @ w) over the vocabulary (dz: [n, V] view, w: [V, D]): the small remainder first, then
-    the aligned bulk on top of it, so a low-precision out is rounded once more only by the remainder's tiny part."""
+    """out (+)= alpha * (dz @ w) over the vocabulary (dz: [n, V] view, w: [V, D]): the small remainder first,
+    then the aligned bulk on top of it, so a low-precision out is rounded once more only by the remainder's
+    tiny part."""
     parts = _vparts(w.shape[0])
     for k, (a, b) in enumerate(reversed(parts)):
         if accumulate or k > 0:

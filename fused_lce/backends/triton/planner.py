@@ -1,5 +1,5 @@
-"""Planning for the "triton" provider: which path a problem takes, token / vocabulary chunks from the shapes and
-the free device memory, and which rows have a gradient (live rows)."""
+"""Planning for the "triton" provider: which path a problem takes, token / vocabulary chunks from the shapes
+and the free device memory, and which rows have a gradient (live rows)."""
 from __future__ import annotations
 
 import functools
@@ -15,16 +15,18 @@ from . import kernels
 GiB = 2**30
 SLACK = int(0.4 * GiB)  # logits-buffer room beyond what the gradients themselves need (default mode)
 MIN_ROWS = 64  # smallest default token chunk: below this the GEMMs stop filling the GPU
-# Fused-GEMM path: token chunks of at least this many rows, memory permitting. The gradient products of a chunk
-# have its rows as M (dX) and K (dW); shorter ones lose rate (wave quantisation, each dW tile's prologue and
-# epilogue over fewer K steps), and every chunk after the first costs one more read and write of the float32 dW
-# accumulator. On the H200 at 16384 x 2048 x 151936 five chunks of 2785 rows took 4 ms more than one (fp16).
+# Fused-GEMM path: token chunks of at least this many rows, memory permitting. The gradient products of a
+# chunk have its rows as M (dX) and K (dW); shorter ones lose rate (wave quantisation, each dW tile's prologue
+# and epilogue over fewer K steps), and every chunk after the first costs one more read and write of the
+# float32 dW accumulator. On the H200 at 16384 x 2048 x 151936 five chunks of 2785 rows took 4 ms more than
+# one (fp16).
 FULL_RATE_ROWS = 8192
 BLOCK = kernels.tile_rows.BLOCK if kernels.tile_rows is not None else 2048
 
 
 def compact_mode() -> bool:
-    """True when FUSED_LCE_COMPACT asks for the low-memory (vocabulary-chunked, 4 GEMM-equivalent) schedule."""
+    """True when FUSED_LCE_COMPACT asks for the low-memory (vocabulary-chunked, 4 GEMM-equivalent)
+    schedule."""
     return os.environ.get("FUSED_LCE_COMPACT", "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
@@ -32,7 +34,8 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Options, ptrs=()) -> Optional[str]:
+def gemm_path_reason(dtype: torch.dtype, d: int, device: torch.device, opts: Options,
+                     ptrs=()) -> Optional[str]:
     """None when the fused-GEMM path runs this problem, else why the cuBLAS path does.
     ``FUSED_LCE_TRITON_GEMM``: 0 never, 1 whenever the kernel can (also CPU tensors under the interpreter)."""
     env = os.environ.get("FUSED_LCE_TRITON_GEMM", "auto").strip().lower()
@@ -75,7 +78,8 @@ _POOL = {}  # device index -> (monotonic time, driver-free + allocator-reserved 
 
 def _free_bytes(device: torch.device) -> Optional[int]:
     """Free device memory plus what the caching allocator holds unused; None while a CUDA graph is being
-    captured or on CPU. The driver is asked at most once a second (the allocator's own counters in between)."""
+    captured or on CPU. The driver is asked at most once a second (the allocator's own counters in
+    between)."""
     if device.type != "cuda":
         return None
     try:
@@ -95,8 +99,8 @@ def _free_bytes(device: torch.device) -> Optional[int]:
 
 def _allocator_bytes(idx: int) -> tuple[int, int]:
     """(allocated, reserved) bytes of the caching allocator. From the nested statistics: ``memory_allocated``
-    flattens and sorts the whole statistics dict first (a few hundred microseconds of host time per step on the
-    H200's host)."""
+    flattens and sorts the whole statistics dict first (a few hundred microseconds of host time per step on
+    the H200's host)."""
     try:
         st = torch.cuda.memory_stats_as_nested_dict(idx)
         return int(st["allocated_bytes"]["all"]["current"]), int(st["reserved_bytes"]["all"]["current"])
@@ -105,16 +109,17 @@ def _allocator_bytes(idx: int) -> tuple[int, int]:
 
 
 def plan_token_chunk(n: int, v: int, d: int, elt: int, want_dw: bool, acc_always: bool, tile_bytes: int,
-                     free: Optional[int], row_bytes: Optional[int] = None, full_rate: int = 0) -> tuple[int, bool]:
+                     free: Optional[int], row_bytes: Optional[int] = None,
+                     full_rate: int = 0) -> tuple[int, bool]:
     """(tokens per chunk, use a float32 dW accumulator) for the default schedule.
 
-    ``row_bytes``: buffer bytes per token (default: a float32 logits row, 4 * V). One chunk (no accumulator) when
-    its buffer fits in ``SLACK`` plus the room of the float32 accumulator it makes unnecessary. Otherwise the
-    buffer gets ``SLACK`` plus the room of the final dW (allocated only after the buffer is freed), so the peak
-    stays near dX + dW + 4*V*D + SLACK, but with ``full_rate`` (the fused-GEMM path passes ``FULL_RATE_ROWS``)
-    never more chunks than ``N / full_rate`` rounded up: shorter chunks cost more time than their memory is worth.
-    Both are capped by three quarters of the free device memory.
-    ``tile_bytes`` (the caller's tile budget) overrides the rule.
+    ``row_bytes``: buffer bytes per token (default: a float32 logits row, 4 * V). One chunk (no accumulator)
+    when its buffer fits in ``SLACK`` plus the room of the float32 accumulator it makes unnecessary. Otherwise
+    the buffer gets ``SLACK`` plus the room of the final dW (allocated only after the buffer is freed), so the
+    peak stays near dX + dW + 4*V*D + SLACK, but with ``full_rate`` (the fused-GEMM path passes
+    ``FULL_RATE_ROWS``) never more chunks than ``N / full_rate`` rounded up: shorter chunks cost more time
+    than their memory is worth. Both are capped by three quarters of the free device memory. ``tile_bytes``
+    (the caller's tile budget) overrides the rule.
     """
     n = max(n, 1)
     row = row_bytes or 4 * max(v, 1)
@@ -164,13 +169,14 @@ def skip_dead_rows() -> bool:
 
 
 def _may_gather(live: torch.Tensor) -> bool:
-    return live.shape[0] > 0 and skip_dead_rows() and not (live.is_cuda and torch.cuda.is_current_stream_capturing())
+    return (live.shape[0] > 0 and skip_dead_rows() and
+            not (live.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """``(order, count)``: a permutation with the rows where ``live`` holds first (stable) and their number as a
-    0-dim device tensor (no host synchronisation: for kernels that read it on the device); None as ``_live_order``
-    does, and when no row is dead is not known here."""
+    """``(order, count)``: a permutation with the rows where ``live`` holds first (stable) and their number as
+    a 0-dim device tensor (no host synchronisation: for kernels that read it on the device); None as
+    ``_live_order`` does, and when no row is dead is not known here."""
     if not _may_gather(live):
         return None
     try:  # one sort of the mask itself (descending: True first)
@@ -180,14 +186,14 @@ def _live_order_device(live: torch.Tensor) -> Optional[tuple[torch.Tensor, torch
 
 
 def _live_order(live: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
-    """``(rows, count)``: the indices where ``live`` holds, ascending, and how many there are; None when every row
-    is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.
+    """``(rows, count)``: the indices where ``live`` holds, ascending, and how many there are; None when every
+    row is live, while a CUDA graph is being captured, or with FUSED_LCE_SKIP_IGNORED=0.
 
     The gradient products then run over ``count`` rows instead of all: a token without gradient (an ignored
     label) costs no part of dz, dX or dW. cuBLAS takes its sizes on the host, so the count is read there (by
-    ``nonzero``): the host synchronisation of these kernels (fp16's loss scale is read right after it, when the
-    device has drained). It comes before their first large launch, so the device waits only for the host's launch
-    latency after it (the caller queues nothing large before it)."""
+    ``nonzero``): the host synchronisation of these kernels (fp16's loss scale is read right after it, when
+    the device has drained). It comes before their first large launch, so the device waits only for the host's
+    launch latency after it (the caller queues nothing large before it)."""
     if not _may_gather(live):
         return None
     rows = torch.nonzero(live).squeeze(1)

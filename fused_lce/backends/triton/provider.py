@@ -15,8 +15,9 @@ from .cublas import _dw_into, _dx_into, _logits32
 from .planner import (FULL_RATE_ROWS, _free_bytes, _interpreting, _live_order, _live_order_device, _pad,
                       compact_mode, gemm_path_reason, plan_token_chunk, plan_vocab_chunk, skip_dead_rows)
 
-# GPU architectures (compute capability) the CUDA suite (`pytest -m cuda`) has run the kernels on: an H200 (sm_90,
-# also the H100's). Elsewhere the provider passes the first-use self-check (fused_lce.core.selfcheck) before it is used.
+# GPU architectures (compute capability) the CUDA suite (`pytest -m cuda`) has run the kernels on: an H200
+# (sm_90, also the H100's). Elsewhere the provider passes the first-use self-check (fused_lce.core.selfcheck)
+# before it is used.
 VERIFIED_ARCHS = {(9, 0): "NVIDIA H200"}
 
 kgemm, krows = kernels.gemm, kernels.rows
@@ -24,8 +25,8 @@ _launch = kernels.tile_rows.launch if kernels.tile_rows is not None else None
 
 
 def _dz_view(z, dtype):
-    """The gradient tile written in place over the (contiguous) float32 logits tile, in the input dtype: row r of
-    dz is the first half of row r of z (row stride 2 * cols)."""
+    """The gradient tile written in place over the (contiguous) float32 logits tile, in the input dtype: row r
+    of dz is the first half of row r of z (row stride 2 * cols)."""
     return z if dtype == torch.float32 else z.view(dtype)[:, : z.shape[1]]
 
 
@@ -56,12 +57,14 @@ class _State:
     """Provider-private part of a Grads: fp16 post-scaling and the dW accumulator mode."""
 
     def __init__(self, post_scale: bool, host_alpha: bool):
-        self.post_scale = post_scale  # fp16: dz written unscaled (its range), the scale applied to the products
-        # ... as cuBLAS's alpha (read on the host; float32, before the fp16 rounding), else (CUDA-graph capture,
-        # compact mode, float32 dX) on float32 results at the end
+        # fp16: dz written unscaled (its range), the scale applied to the products
+        self.post_scale = post_scale
+        # ... as cuBLAS's alpha (read on the host; float32, before the fp16 rounding), else (CUDA-graph
+        # capture, compact mode, float32 dX) on float32 results at the end
         self.host_alpha = post_scale and host_alpha
         self.alpha: Optional[float] = None
-        self.late = False  # a scale of 0 / inf / NaN: multiplied in at the end (0 * NaN stays NaN, as elsewhere)
+        # a scale of 0 / inf / NaN: multiplied in at the end (0 * NaN stays NaN, as elsewhere)
+        self.late = False
         self.dw_acc: Optional[bool] = None  # decided by the first token block: float32 accumulator or direct
         self._scale = None  # the loss scale (a device tensor) until product_alpha reads it
 
@@ -74,13 +77,15 @@ class _State:
             self._scale = scale
 
     def take_scale(self, a: Optional[float]) -> None:
-        """The scale as a host number (``TokenWeights.scale_of_count``): ``product_alpha`` then reads nothing."""
+        """The scale as a host number (``TokenWeights.scale_of_count``): ``product_alpha`` then reads
+        nothing."""
         if self.host_alpha and a is not None:
             self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
 
     def product_alpha(self) -> float:
-        """The alpha of the gradient products, the scale read on the host once. The one-pass loss reads it right
-        after the live-row count's synchronisation, before its first GEMM is queued: the read waits for nothing."""
+        """The alpha of the gradient products, the scale read on the host once. The one-pass loss reads it
+        right after the live-row count's synchronisation, before its first GEMM is queued: the read waits for
+        nothing."""
         if self._scale is not None:
             a, self._scale = float(self._scale), None
             self.alpha, self.late = (a, False) if a != 0.0 and math.isfinite(a) else (None, True)
@@ -110,7 +115,8 @@ class TritonProvider(Provider):
         import triton
 
         here = os.path.dirname(os.path.abspath(__file__))
-        sources = sorted(glob.glob(os.path.join(here, "*.py")) + glob.glob(os.path.join(here, "kernels", "*.py")))
+        sources = sorted(glob.glob(os.path.join(here, "*.py"))
+                         + glob.glob(os.path.join(here, "kernels", "*.py")))
         cap = torch.cuda.get_device_capability(device)
         return (f"kernels {file_digest(sources)}|triton {triton.__version__}|torch {torch.__version__} cuda "
                 f"{torch.version.cuda}|sm_{cap[0]}{cap[1]}|{device_name(device)}")
@@ -185,14 +191,16 @@ class TritonProvider(Provider):
             if out.fp32_dh:
                 dh = dh.mul_(post) if post is not None else dh
             else:
-                dh = _cast(dh, h.dtype, post) if dh.dtype == torch.float32 else (dh if late is None else dh.mul_(late))
+                dh = (_cast(dh, h.dtype, post) if dh.dtype == torch.float32
+                      else (dh if late is None else dh.mul_(late)))
         if dw is not None:  # one pass: float32 accumulator (times the fp16 scale) -> weight dtype
-            dw = _cast(dw, w.dtype, post) if dw.dtype == torch.float32 else (dw if late is None else dw.mul_(late))
+            dw = (_cast(dw, w.dtype, post) if dw.dtype == torch.float32
+                  else (dw if late is None else dw.mul_(late)))
         if db is not None:
             db = (db.mul_(post) if post is not None else db).to(t.bias.dtype)
         return dh, dw, db
 
-    # -- kernels ----------------------------------------------------------------------------------------------
+    # -- kernels ---------------------------------------------------------------------------------------------
     def stats(self, t: Tensors, rows: slice, opts: Options, keep: bool):
         h = t.hidden[rows]
         nc = h.shape[0]
@@ -208,10 +216,10 @@ class TritonProvider(Provider):
         return self._stats(t, rows, opts, False, gemm, live=perm)
 
     def _stats(self, t: Tensors, rows: slice, opts: Options, keep: bool, gemm: bool, live=None):
-        """``gemm``: the fused-GEMM path runs (``path_reason`` is None). ``live``: (order, count) of that path's
-        live rows, or None for all rows. The GEMMs then take the rows ``order`` (``count`` of them computed, a
-        device integer); the combine kernel writes token order and neutral statistics for the others, and the
-        label's logit is taken in token order."""
+        """``gemm``: the fused-GEMM path runs (``path_reason`` is None). ``live``: (order, count) of that
+        path's live rows, or None for all rows. The GEMMs then take the rows ``order`` (``count`` of them
+        computed, a device integer); the combine kernel writes token order and neutral statistics for the
+        others, and the label's logit is taken in token order."""
         h = t.hidden[rows]
         nc = h.shape[0]
         v = t.weight.shape[0]
@@ -277,9 +285,9 @@ class TritonProvider(Provider):
                 self._token_gemms(t, h, dz, out, whole, dh)
                 return
             # recompute: the DZ epilogue over the live rows only (a token whose coefficients are all 0 has no
-            # gradient), gathered to the front. The lse and the coefficients travel as one block: one gather for
-            # all (the device waits through every small op before this GEMM)
-            # a and t without entropy are views of the same numbers: they share one row
+            # gradient), gathered to the front. The lse and the coefficients travel as one block: one gather
+            # for all (the device waits through every small op before this GEMM) a and t without entropy are
+            # views of the same numbers: they share one row
             key = lambda x: (x.data_ptr(), x.stride(), x.shape)  # noqa: E731
             fields = {key(x): x for x in coef if x is not None}
             blk = torch.stack([lse.to(torch.float32), *fields.values()])
@@ -314,15 +322,17 @@ class TritonProvider(Provider):
         raw = _new_stats(n, h.device)
         if self.path_reason(t, opts) is None:
             if v == 0:  # an empty vocabulary: every logit is absent (dX was zeroed, dW is empty)
-                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), raw.argmax.zero_()
+                raw.m.fill_(-math.inf), raw.s.zero_(), raw.target.zero_(), raw.zsum.zero_(), \
+                    raw.argmax.zero_()
                 return raw
             self._fused_gemm(t, weights, terms, opts, out, raw)
             return raw
         g, kscale = self._weights(weights, st)
-        st.product_alpha()  # read now, before anything is queued (this path has no live-row count to wait for)
-        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
-                                    _free_bytes(h.device), self._row_bytes(v, h.shape[1], h.element_size(), opts,
-                                                                          False))
+        # read now, before anything is queued (this path has no live-row count to wait for)
+        st.product_alpha()
+        nrows, _ = plan_token_chunk(n, v, h.shape[1], h.element_size(), want_dw, st.fp32_results,
+                                    opts.tile_bytes, _free_bytes(h.device),
+                                    self._row_bytes(v, h.shape[1], h.element_size(), opts, False))
         vp = _pad(v, 32)
         buf = torch.empty(min(nrows, n) * vp, device=h.device, dtype=torch.float32)
         z = dz = None  # no tokens: no chunk
@@ -340,18 +350,20 @@ class TritonProvider(Provider):
 
     @staticmethod
     def _weights(weights: TokenWeights, st: _State):
-        """(g, the kernels' scale): the token weights formed now; fp16 takes the scale in the products instead."""
+        """(g, the kernels' scale): the token weights formed now; fp16 takes the scale in the products
+        instead."""
         g, scale = weights.get()
         st.defer_scale(scale)
         return g, None if st.post_scale else scale.to(torch.float32).reshape(())
 
     def _fused_gemm(self, t: Tensors, weights: TokenWeights, terms: LossTerms, opts: Options, out: Grads,
                     raw: Stats) -> None:
-        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (``weights.live``) are gathered to the
-        front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks. An ignored
-        token costs no logit: its statistics are not read. The token weights are formed after the first GEMM's
-        launch (up to there the device waits for the host), except in fp16 when the products' scale does not come
-        from the live count (``TokenWeights.scale_of_count``): then before the count's synchronisation."""
+        """The one-pass loss on the fused-GEMM path. Tokens with a gradient (``weights.live``) are gathered to
+        the front: they go through the EXP epilogue, ``dz`` and the two gradient products in token chunks. An
+        ignored token costs no logit: its statistics are not read. The token weights are formed after the
+        first GEMM's launch (up to there the device waits for the host), except in fp16 when the products'
+        scale does not come from the live count (``TokenWeights.scale_of_count``): then before the count's
+        synchronisation."""
         st, want_dw = out.extra
         h, w, y = t.hidden, t.weight, t.labels
         (n, d), v = h.shape, w.shape[0]
@@ -360,14 +372,15 @@ class TritonProvider(Provider):
         ntiles = kgemm.num_tiles_n(v, cfg)
         # launched after the first GEMM (the device waits for nothing else when it starts a step)
         late = [lambda: krows.target_logit(t.hidden, w, t.bias, t.labels, opts.vocab_start, raw.target)]
-        # the live rows (a bad label's token is live: its weight NaN poisons its gradient); the others' statistics
-        # are left unset (the driver masks them out of every output)
-        # what the plan needs besides the count is read before the count's synchronisation: from there on the
-        # device waits for the host, so only the first GEMM's inputs come before its launch
+        # the live rows (a bad label's token is live: its weight NaN poisons its gradient); the others'
+        # statistics are left unset (the driver masks them out of every output) what the plan needs besides
+        # the count is read before the count's synchronisation: from there on the device waits for the host,
+        # so only the first GEMM's inputs come before its launch
         row_bytes, free = self._row_bytes(v, d, h.element_size(), opts, True), _free_bytes(h.device)
         g = kscale = None
-        # fp16: the scale is cuBLAS's alpha, a host number. From the live count when it depends on nothing else;
-        # else formed first and read on the host right after the count's synchronisation (nothing else queued)
+        # fp16: the scale is cuBLAS's alpha, a host number. From the live count when it depends on nothing
+        # else; else formed first and read on the host right after the count's synchronisation (nothing else
+        # queued)
         by_count = weights.scale_of_count if skip_dead_rows() else None
         if st.host_alpha and by_count is None:
             g, kscale = self._weights(weights, st)
@@ -384,7 +397,8 @@ class TritonProvider(Provider):
         nrows, _ = plan_token_chunk(count, v, d, h.element_size(), want_dw, st.fp32_results, opts.tile_bytes,
                                     free, row_bytes, FULL_RATE_ROWS)
         # one chunk of gathered rows: dX is written over the gathered hidden rows once dW has read them and
-        # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those rows)
+        # scattered into a dX allocated after the logits buffer is freed (the peak: that buffer, dW, those
+        # rows)
         lazy = idx is not None and nrows >= count and out.dh is not None and out.dh.dtype == h.dtype
         dh_dtype = None
         if lazy:
@@ -412,11 +426,13 @@ class TritonProvider(Provider):
                 late.pop(0)()
             # statistics straight into token order (rows idx[r]), the lse in the gathered order for dz
             sr = (lambda x: x) if idx is not None else (lambda x: x[r])  # noqa: E731
-            krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax), col_off=opts.vocab_start,
-                          lse=lse[r], rows_out=None if idx is None else idx[r])
+            krows.combine(tl_, ntiles, sr(raw.m), sr(raw.s), sr(raw.zsum), sr(raw.argmax),
+                          col_off=opts.vocab_start, lse=lse[r], rows_out=None if idx is None else idx[r])
             krows.dz_from_exp(z, tl_.m, cfg.bn, lse[r], g[r], kscale, y[r], opts.vocab_start, terms=terms)
-            if r.stop == count:  # the tile statistics, labels, weights and lse are read (stream order keeps them
-                tiles = tl_ = y = g = lse = None  # until then); with one chunk, not alive at the products' peak
+            # the tile statistics, labels, weights and lse are read (stream order keeps them until then);
+            # with one chunk, not alive at the products' peak
+            if r.stop == count:
+                tiles = tl_ = y = g = lse = None
                 weights.release()
             if lazy:
                 self._token_gemms(t, h, z, out, True, None)  # dW (and db): the last read of h
@@ -432,7 +448,7 @@ class TritonProvider(Provider):
         if lazy:
             out.dh = torch.zeros((n, d), device=h.device, dtype=dh_dtype).index_copy_(0, idx, h)
 
-    # -- GEMMs ------------------------------------------------------------------------------------------------
+    # -- GEMMs -----------------------------------------------------------------------------------------------
     def _dz_gemm(self, h, w, bias, dz, labels, lse, coef: Coefs, kscale, opts: Options, v0: int) -> None:
         """dz of columns [v0, v0 + w.shape[0]) straight from the logits GEMM's epilogue (the lse is known)."""
         kgemm.lce_gemm(kgemm.MODE_DZ, h, w, dz, self._cfg(h.shape[1]), bias=bias, labels=labels,
@@ -440,9 +456,9 @@ class TritonProvider(Provider):
                        scale=kscale, inv_temp=1.0 / opts.temperature)
 
     def _token_gemms(self, t: Tensors, h_c, dz, out: Grads, whole: bool, dh, dh_index=None) -> None:
-        """Gradients of one token chunk (hidden rows ``h_c``, logits gradient ``dz``): dX rows into ``dh`` (rows
-        ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated. ``whole``:
-        this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
+        """Gradients of one token chunk (hidden rows ``h_c``, logits gradient ``dz``): dX rows into ``dh``
+        (rows ``dh_index`` of it when given, the chunk's rows gathered from there), dW (and db) accumulated.
+        ``whole``: this chunk holds every token with a gradient (dW is written once, in the weight dtype)."""
         st, want_dw = out.extra
         alpha = st.product_alpha()  # the fp16 loss scale, inside the products (else 1)
         if dh is not None:
@@ -495,7 +511,8 @@ class TritonProvider(Provider):
 
     def _compact_grads(self, t: Tensors, rows: slice, lse, coef: Coefs, kscale, scale, opts: Options,
                        out: Grads) -> None:
-        """Per vocabulary chunk: dz (again), dW_c = dz.T @ h written once (complete), dX += dz @ W_c (float32)."""
+        """Per vocabulary chunk: dz (again), dW_c = dz.T @ h written once (complete), dX += dz @ W_c
+        (float32)."""
         st, want_dw = out.extra
         h, w = t.hidden[rows], t.weight
         n, v = h.shape[0], w.shape[0]
@@ -544,8 +561,9 @@ if krows is not None:
 
     @torch.library.impl("fused_lce::_scale_grads_", "CUDA")
     def _scale_grads_cuda(grads, scale):
-        """The CUDA kernel of the op that scales the gradients computed in forward by the upstream gradient: reads
-        the scale on the device and touches no byte when it is 1 (the usual case). No host synchronisation."""
+        """The CUDA kernel of the op that scales the gradients computed in forward by the upstream gradient:
+        reads the scale on the device and touches no byte when it is 1 (the usual case). No host
+        synchronisation."""
         if all(g.is_contiguous() for g in grads):
             krows.scale_unless_one_(grads, scale.to(torch.float32))
         else:

@@ -22,7 +22,8 @@ SUPPORTED = tuple(name for _, names in FAMILIES.values() for name in names)
 
 
 def load_class(module_name: str, name: str):
-    """``transformers.models.<module_name>.modeling_<module_name>.<name>``, or None if this transformers lacks it."""
+    """``transformers.models.<module_name>.modeling_<module_name>.<name>``, or None if this transformers lacks
+    it."""
     try:
         module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     except ImportError:

@@ -1,4 +1,5 @@
-"""Patch options: which exist, their check, and the ``FUSED_LINEAR_CE`` / ``FUSED_LINEAR_CE_OPTIONS`` switches."""
+"""Patch options: which exist, their check, and the ``FUSED_LINEAR_CE`` / ``FUSED_LINEAR_CE_OPTIONS``
+switches."""
 from __future__ import annotations
 
 import os
@@ -25,8 +26,8 @@ _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def check_options(options) -> dict:
-    """``options`` as a dict, checked now rather than at the first training step (TypeError / ValueError naming
-    the option)."""
+    """``options`` as a dict, checked now rather than at the first training step (TypeError / ValueError
+    naming the option)."""
     options = dict(options)
     reserved = sorted(set(options) & set(RESERVED))
     if reserved:
@@ -41,8 +42,8 @@ def check_options(options) -> dict:
         raise TypeError(f"skip_logits: expected None, True or False, got {skip!r}")
     if not isinstance(options.get("log_entropy", True), bool):
         raise TypeError(f"log_entropy: expected True or False, got {options['log_entropy']!r}")
-    # the loss options on a tiny CPU problem; the backend only by name, since it may exist for the model's device
-    # and not for the CPU
+    # the loss options on a tiny CPU problem; the backend only by name, since it may exist for the model's
+    # device and not for the CPU
     backend = options.get("backend", "auto")
     names = tuple(backend_info())  # "auto" and every registered backend, available here or not
     if backend not in names:
@@ -67,9 +68,10 @@ def env_enabled() -> bool:
 
 
 def env_options() -> dict:
-    """Patch options from the environment variable ``FUSED_LINEAR_CE_OPTIONS``: comma-separated ``key=value`` items
-    (``true``/``false``, ``none``, ints and floats are converted), e.g. ``log_entropy=false,backend=npu``. Used by
-    :func:`autopatch` and :func:`patch_if_enabled` (explicit keyword arguments win). Validated by ``patch``."""
+    """Patch options from the environment variable ``FUSED_LINEAR_CE_OPTIONS``: comma-separated ``key=value``
+    items (``true``/``false``, ``none``, ints and floats are converted), e.g.
+    ``log_entropy=false,backend=npu``. Used by :func:`autopatch` and :func:`patch_if_enabled` (explicit
+    keyword arguments win). Validated by ``patch``."""
     options = {}
     for item in (x.strip() for x in os.environ.get(ENV_OPTIONS, "").split(",")):
         if not item:

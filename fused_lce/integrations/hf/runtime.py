@@ -1,23 +1,23 @@
 """How a patched model runs (nothing of transformers' forwards is copied, so it follows their changes).
 
-``patch_model`` registers a forward pre-hook and an (always-called) forward hook on the model and gives its output
-layer (``lm_head``) a forward that stays inert unless armed. The pre-hook decides per call whether the fused path
-runs (default: ``model.training`` and ``labels`` given) and, if so, pushes a *frame* (labels, options) onto a
-context-local stack (a ``contextvars.ContextVar``: concurrent threads and nested calls never see each other's
-frames). The model's own forward then runs unchanged; when it calls ``self.lm_head(hidden_states)``, the armed layer
-computes the fused loss from the hidden states it receives and its own ``weight``/``bias`` (tied or untied) and
-returns it in place of the logits. This happens inside the module's ``__call__``, so FSDP2 / DeepSpeed ZeRO-3 hooks
-gather the weight around it and see its result.
+``patch_model`` registers a forward pre-hook and an (always-called) forward hook on the model and gives its
+output layer (``lm_head``) a forward that stays inert unless armed. The pre-hook decides per call whether the
+fused path runs (default: ``model.training`` and ``labels`` given) and, if so, pushes a *frame* (labels,
+options) onto a context-local stack (a ``contextvars.ContextVar``: concurrent threads and nested calls never
+see each other's frames). The model's own forward then runs unchanged; when it calls
+``self.lm_head(hidden_states)``, the armed layer computes the fused loss from the hidden states it receives
+and its own ``weight``/``bias`` (tied or untied) and returns it in place of the logits. This happens inside
+the module's ``__call__``, so FSDP2 / DeepSpeed ZeRO-3 hooks gather the weight around it and see its result.
 
-The stock forward hands what ``lm_head`` returned -- as the module hooks left it: ZeRO-3 replaces it with a tensor
-whose backward re-gathers the weight -- to ``self.loss_function``, which the patch sets to a relay that returns
-(a copy of) that very tensor, so backward runs through those hooks; MoE forwards then add their router aux loss as
-always. The forward hook pops the frame and returns the model's usual output class with ``logits=None``
-(``return_dict=False``: the usual tuple, ``None`` where the logits were).
+The stock forward hands what ``lm_head`` returned -- as the module hooks left it: ZeRO-3 replaces it with a
+tensor whose backward re-gathers the weight -- to ``self.loss_function``, which the patch sets to a relay that
+returns (a copy of) that very tensor, so backward runs through those hooks; MoE forwards then add their router
+aux loss as always. The forward hook pops the frame and returns the model's usual output class with
+``logits=None`` (``return_dict=False``: the usual tuple, ``None`` where the logits were).
 
-TRL's fused-head calls (``fused_lm_head=True``) are served the same way (:mod:`fused_lce.integrations.trl`): the
-armed layer returns the per-token log-probabilities (and entropy) as one tensor, from which the output TRL expects
-is built.
+TRL's fused-head calls (``fused_lm_head=True``) are served the same way (:mod:`fused_lce.integrations.trl`):
+the armed layer returns the per-token log-probabilities (and entropy) as one tensor, from which the output TRL
+expects is built.
 """
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ from . import families
 from .options import LOSS_OPTIONS, OBJECTIVE_DEFAULTS, RUN_OPTIONS, check_options, objective_changed
 
 CLASS_PATCHES: dict = {}  # class -> {"options": dict, "saved": {name: (had_own, original)}}
-_WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> keys of the warnings it has given
+# model -> keys of the warnings it has given
+_WARNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class PatchStatus:
-    """What :func:`is_patched` returns: truthy iff the next training step (training mode, labels given) computes
-    its loss with fused_lce; ``reason`` says why or why not."""
+    """What :func:`is_patched` returns: truthy iff the next training step (training mode, labels given)
+    computes its loss with fused_lce; ``reason`` says why or why not."""
 
     __slots__ = ("active", "reason")
 
@@ -55,7 +56,7 @@ class PatchStatus:
         return f"PatchStatus({self.active}, {self.reason!r})"
 
 
-# ------------------------------------------------------------------------------------------------ instance patch
+# --------------------------------------------------------------------------------------------- instance patch
 def patch_model(model, options: dict):
     """Patch ``model`` (a supported model or a PEFT wrapper around one) in place with checked ``options``."""
     target = resolve(model)
@@ -68,14 +69,18 @@ def patch_model(model, options: dict):
         _install_leaf(leaf)
     handles = (target.register_forward_pre_hook(_pre_hook, with_kwargs=True),
                target.register_forward_hook(_post_hook, with_kwargs=True, always_call=True))
-    # a second entry for calls of model.forward(...) that bypass the module hooks (PEFT <= 0.20's tuners do that)
-    previous = target.__dict__.get("forward")  # someone's instance forward (TRL's fused head, accelerate's autocast)
+    # a second entry for calls of model.forward(...) that bypass the module hooks (PEFT <= 0.20's tuners do
+    # that)
+    # someone's instance forward (TRL's fused head, accelerate's autocast)
+    previous = target.__dict__.get("forward")
     entry = functools.partial(_instance_forward, target, previous)
-    entry.__signature__ = inspect.signature(target.forward)  # Trainer and generate read the forward's signature
+    # Trainer and generate read the forward's signature
+    entry.__signature__ = inspect.signature(target.forward)
     if previous is not None:
         entry.__wrapped__ = previous
     target.__dict__["forward"] = entry
-    target.__dict__["_fused_lce_patch"] = {"options": options, "handles": handles, "relay_previous": relay_previous}
+    target.__dict__["_fused_lce_patch"] = {"options": options, "handles": handles,
+                                           "relay_previous": relay_previous}
     return model
 
 
@@ -92,7 +97,8 @@ def unpatch_model(model):
             del target.__dict__["forward"]
         else:
             target.__dict__["forward"] = entry.args[1]
-    # else: a wrapper installed after patch (TRL, accelerate) holds our entry; left in place, it passes through
+    # else: a wrapper installed after patch (TRL, accelerate) holds our entry; left in place, it passes
+    # through
     if isinstance(target.__dict__.get("_loss_function"), _LossRelay):
         if state["relay_previous"] is None:
             del target.__dict__["_loss_function"]
@@ -111,7 +117,8 @@ def status(model) -> PatchStatus:
     if options is None:
         return PatchStatus(False, "not patched: call fused_lce.patch(model)")
     if options.get("skip_logits") is False:
-        return PatchStatus(False, "patched with skip_logits=False: the stock forward (full logits) always runs")
+        return PatchStatus(False,
+                           "patched with skip_logits=False: the stock forward (full logits) always runs")
     why = _why_not(target, {})
     if why:
         return PatchStatus(False, why)
@@ -120,8 +127,8 @@ def status(model) -> PatchStatus:
         why = trl_support.unsupported(head)
         if why:
             return PatchStatus(False, f"TRL's fused LM head is installed and computes the loss itself: {why}")
-        return PatchStatus(True, "fused_lce computes the loss: TRL's fused-head calls (fused_lm_head=True) are "
-                                 "served by fused_lce, as are plain calls with labels")
+        return PatchStatus(True, "fused_lce computes the loss: TRL's fused-head calls (fused_lm_head=True) "
+                                 "are served by fused_lce, as are plain calls with labels")
     return PatchStatus(True, "fused_lce computes the loss on the next training-mode call with labels")
 
 
@@ -136,7 +143,8 @@ def resolve(model, check=True):
         else:
             break
     if not isinstance(target, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module or a transformers.Trainer, got {type(model).__name__}")
+        raise TypeError("model: expected a torch.nn.Module or a transformers.Trainer, got "
+                        f"{type(model).__name__}")
     if check and not isinstance(target, tuple(families.supported_classes().values())):
         raise ValueError(f"model: {type(target).__name__} is not supported by fused_lce.patch; supported: "
                          f"{', '.join(families.SUPPORTED)}")
@@ -162,14 +170,15 @@ def patch_family(family, options):
     if not classes:
         import transformers
 
-        raise ImportError(f"transformers {transformers.__version__} has none of {families.FAMILIES[family][1]}")
+        raise ImportError(f"transformers {transformers.__version__} has none of "
+                          f"{families.FAMILIES[family][1]}")
     for cls in classes:
         if cls in CLASS_PATCHES:
             CLASS_PATCHES[cls]["options"] = options
             continue
-        # wrap __call__ (which sees TRL's fused-head calls, whatever replaced an instance's forward) and forward
-        # (called directly by PEFT <= 0.20's tuners); both looked up through the MRO (a forward may be inherited
-        # from a shared base class) and restored, or removed, on unpatch
+        # wrap __call__ (which sees TRL's fused-head calls, whatever replaced an instance's forward) and
+        # forward (called directly by PEFT <= 0.20's tuners); both looked up through the MRO (a forward may be
+        # inherited from a shared base class) and restored, or removed, on unpatch
         entry = {"options": options, "saved": {}}
         for name, wrap in (("__call__", _class_call), ("forward", _class_forward)):
             original = getattr(cls, name)
@@ -217,8 +226,9 @@ def _class_forward(cls, original):
 
 
 def _instance_forward(model, previous, *args, **kwargs):
-    """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame and it
-    passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the frame."""
+    """``model.forward`` while patched. Called through ``model(...)``, the hooks have opened this call's frame
+    and it passes through; called directly (``model.forward(...)``, as PEFT <= 0.20's tuners do) it opens the
+    frame."""
     run = previous if previous is not None else functools.partial(type(model).forward, model)
     state = model.__dict__.get("_fused_lce_patch")
     top = _top()
@@ -257,14 +267,15 @@ class _Frame:
 
 
 # The frames of the patched calls in progress. Eager: a ContextVar (per thread and asyncio task, so concurrent
-# calls never see each other's frames). Dynamo cannot trace ContextVar, so a compiled region keeps its frames on a
-# plain list, which dynamo traces as a side effect (it is empty again once the call returns).
+# calls never see each other's frames). Dynamo cannot trace ContextVar, so a compiled region keeps its frames
+# on a plain list, which dynamo traces as a side effect (it is empty again once the call returns).
 _FRAMES = contextvars.ContextVar("fused_lce_hf_frames", default=())
 _TRACED_FRAMES: list = []
 
 
 # Token-accuracy records for callers that log it from the logits the fused path does not return (ms-swift):
-# None, or a list that the fused calls made inside recording_token_accuracy() append (correct, valid) counts to.
+# None, or a list that the fused calls made inside recording_token_accuracy() append (correct, valid) counts
+# to.
 _ACCURACY = contextvars.ContextVar("fused_lce_hf_accuracy", default=None)
 
 
@@ -349,14 +360,15 @@ def _begin(model, options, args, kwargs, via):
     fused = skip if skip is not None else (model.training and labels is not None)
     if fused:
         if labels is None:
-            raise ValueError("skip_logits=True: expected labels (the fused path returns only the loss), got None")
+            raise ValueError("skip_logits=True: expected labels (the fused path returns only "
+                             "the loss), got None")
         mode = "fused"
     elif labels is not None and objective_changed(options):
         mode = "logits+loss"
     else:
         if labels is None and model.training and skip is None and torch.is_grad_enabled():
-            warn_once(model, "no-labels", "a training-mode forward without labels: the loss is computed outside "
-                      "the model from the full logits (e.g. Trainer's label_smoothing_factor or "
+            warn_once(model, "no-labels", "a training-mode forward without labels: the loss is computed "
+                      "outside the model from the full logits (e.g. Trainer's label_smoothing_factor or "
                       "compute_loss_func), so fused_lce does not run; for Trainer label smoothing use "
                       "fused_lce.patch(trainer)")
         return frame, kwargs
@@ -367,7 +379,8 @@ def _begin(model, options, args, kwargs, via):
 
     loss_options = {k: v for k, v in options.items() if k in LOSS_OPTIONS}
     default_ignore = loss_options.pop("ignore_index", -100)
-    frame.ignore_index = kwargs.get("ignore_index", default_ignore)  # a per-call kwarg, as ForCausalLMLoss takes
+    # a per-call kwarg, as ForCausalLMLoss takes
+    frame.ignore_index = kwargs.get("ignore_index", default_ignore)
     _fill(frame, model, mode, labels, kwargs, loss_options)
     if mode == "fused":
         frame.want_tuple = not _return_dict(model, kwargs)
@@ -395,8 +408,9 @@ def _fill(frame, model, mode, labels, kwargs, loss_options):
 
 
 def _begin_trl(model, options, frame, labels, kwargs):
-    """A call of TRL's fused LM head: serve it with fused_lce (TRL's forward then runs the stock forward, whose
-    armed output layer computes TRL's per-token outputs), or leave it to TRL with a warning saying why."""
+    """A call of TRL's fused LM head: serve it with fused_lce (TRL's forward then runs the stock forward,
+    whose armed output layer computes TRL's per-token outputs), or leave it to TRL with a warning saying
+    why."""
     head = trl_support.installed_head(model)
     if head is None:
         head = "fused_lm_head=True was passed but no TRL fused LM head (add_fused_lm_head) is installed"
@@ -407,10 +421,11 @@ def _begin_trl(model, options, frame, labels, kwargs):
     if labels is None and kwargs.get("shift_labels") is None:
         return frame, kwargs  # TRL's own error message
     kwargs.pop("fused_lm_head")
-    ignored = sorted(k for k in OBJECTIVE_DEFAULTS if options.get(k, OBJECTIVE_DEFAULTS[k]) != OBJECTIVE_DEFAULTS[k])
+    ignored = sorted(k for k in OBJECTIVE_DEFAULTS
+                     if options.get(k, OBJECTIVE_DEFAULTS[k]) != OBJECTIVE_DEFAULTS[k])
     if ignored:
-        warn_once(model, "trl-options", f"options {ignored} do not apply to TRL's fused-head calls (TRL computes "
-                  "its loss from the per-token log-probabilities)")
+        warn_once(model, "trl-options", f"options {ignored} do not apply to TRL's fused-head calls (TRL "
+                  "computes its loss from the per-token log-probabilities)")
     loss_options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
     frame.ignore_index = -100  # TRL's label mask
     frame.trl = head
@@ -428,8 +443,8 @@ def _positional(model, args, kwargs, name):
 
 
 def _returned(frame, value):
-    """What the armed layer returned, as the stock forward passed it on (``value``, possibly replaced by module
-    hooks, e.g. ZeRO-3's): that tensor when it has the shape of ours, else ours."""
+    """What the armed layer returned, as the stock forward passed it on (``value``, possibly replaced by
+    module hooks, e.g. ZeRO-3's): that tensor when it has the shape of ours, else ours."""
     if isinstance(value, torch.Tensor) and value.shape == frame.loss.shape:
         return value
     return frame.loss
@@ -441,10 +456,10 @@ def _finish(model, frame, out):
         return out
     if frame.loss is None:  # the output layer never ran armed: the stock output, stock loss
         if frame.mode == "trl":
-            raise RuntimeError("fused_lce: TRL's fused-head call was taken over but the output layer's forward "
-                               "never ran armed; call fused_lce.unpatch(model) to leave it to TRL")
-        warn_once(model, "not-reached", "the output layer's forward did not run armed during the forward; the "
-                  "stock loss (full logits) was computed")
+            raise RuntimeError("fused_lce: TRL's fused-head call was taken over but the output layer's "
+                               "forward never ran armed; call fused_lce.unpatch(model) to leave it to TRL")
+        warn_once(model, "not-reached", "the output layer's forward did not run armed during the forward; "
+                  "the stock loss (full logits) was computed")
         return out.to_tuple() if frame.want_tuple else out
     if frame.mode == "logits+loss":
         return out
@@ -457,7 +472,8 @@ def _finish(model, frame, out):
 
 
 def _leaf_forward(leaf, hidden, *rest, **kwargs):
-    """The output layer's forward while patched: the stock forward unless this call's frame armed this layer."""
+    """The output layer's forward while patched: the stock forward unless this call's frame armed this
+    layer."""
     frame = _top()
     if (frame is None or frame.mode is None or frame.loss is not None
             or not any(leaf is m for m in frame.leaves)):
@@ -466,9 +482,10 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
         raise TypeError("fused_lce: the armed output layer expected a single hidden-states tensor")
     labels = frame.target.to(hidden.device)
     if labels.numel() != hidden[..., 0].numel():
-        raise ValueError(f"labels: {labels.numel()} (shifted) labels for the {hidden[..., 0].numel()} positions "
-                         f"reaching the output layer (hidden states of shape {tuple(hidden.shape)}); with "
-                         "logits_to_keep, pass labels or shift_labels for the kept positions only")
+        raise ValueError(f"labels: {labels.numel()} (shifted) labels for the {hidden[..., 0].numel()} "
+                         "positions reaching the output layer (hidden states of shape "
+                         f"{tuple(hidden.shape)}); with logits_to_keep, pass labels or shift_labels for the "
+                         "kept positions only")
     labels = labels.reshape(hidden.shape[:-1])
     if frame.mode == "trl":
         frame.loss, fields = trl_support.compute(frame.trl, hidden, leaf.weight, leaf.bias, labels,
@@ -489,9 +506,9 @@ def _leaf_forward(leaf, hidden, *rest, **kwargs):
 
 
 class _LossRelay:
-    """``model._loss_function`` while patched: in a call whose output layer ran armed, a copy of the tensor that
-    layer returned as the forward passed it here (see the module docstring: backward must run through the module
-    hooks' version of it); else the stock loss function (``ForCausalLMLoss``)."""
+    """``model._loss_function`` while patched: in a call whose output layer ran armed, a copy of the tensor
+    that layer returned as the forward passed it here (see the module docstring: backward must run through the
+    module hooks' version of it); else the stock loss function (``ForCausalLMLoss``)."""
 
     def __init__(self, stock):
         self.stock = stock
@@ -529,7 +546,8 @@ def _install_relay(model):
 
 
 def _candidate_leaves(model):
-    """Every ``nn.Linear`` that may compute the logits (the head, or the copies in PEFT's ModulesToSaveWrapper)."""
+    """Every ``nn.Linear`` that may compute the logits (the head, or the copies in PEFT's
+    ModulesToSaveWrapper)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         return []
@@ -544,7 +562,8 @@ def _is_leaf_forward(f):
 
 
 def _install_leaf(leaf):
-    """Give ``leaf`` the inert-unless-armed forward, unless someone else's forward already sits on the instance."""
+    """Give ``leaf`` the inert-unless-armed forward, unless someone else's forward already sits on the
+    instance."""
     if "forward" not in leaf.__dict__:
         # a partial (not a bound method) so that copy.deepcopy / PEFT's copies rebind it to the copy
         leaf.forward = functools.partial(_leaf_forward, leaf)
@@ -561,9 +580,10 @@ def _leaf_reachable(leaf):
         f = getattr(f, "__wrapped__", None)
         if f is None:
             break
-    name = getattr(leaf.__dict__.get("forward"), "__module__", None) or type(leaf.__dict__.get("forward")).__name__
-    return (f"the output layer's forward was replaced (by {name}) before fused_lce.patch and does not reach the "
-            "fused path (e.g. accelerate device-map hooks: patch before dispatching the model)")
+    name = (getattr(leaf.__dict__.get("forward"), "__module__", None) or
+            type(leaf.__dict__.get("forward")).__name__)
+    return (f"the output layer's forward was replaced (by {name}) before fused_lce.patch and does not reach "
+            "the fused path (e.g. accelerate device-map hooks: patch before dispatching the model)")
 
 
 def _why_not(model, kwargs):
@@ -580,8 +600,8 @@ def _why_not(model, kwargs):
             if kwargs.get("adapter_names") is not None:
                 return "mixed-batch adapter_names with modules_to_save=['lm_head']"
         elif isinstance(head, BaseTunerLayer) or hasattr(head, "base_layer"):
-            return (f"the output layer carries a PEFT adapter ({kind.__name__}) that the fused path would leave "
-                    "untrained; use modules_to_save=['lm_head'] or no adapter on lm_head")
+            return (f"the output layer carries a PEFT adapter ({kind.__name__}) that the fused path would "
+                    "leave untrained; use modules_to_save=['lm_head'] or no adapter on lm_head")
         else:
             return f"the output layer is wrapped by PEFT ({kind.__name__})"
     elif not isinstance(head, torch.nn.Linear):
@@ -607,14 +627,16 @@ def _why_not(model, kwargs):
 
 
 def _forward_replaced(model):
-    """The armed output layer returns the loss where transformers' own forward expects logits, which that forward
-    hands to ``loss_function``. Another library's forward set on the supported class itself (Unsloth, Liger)
-    computes its loss in its own way: then the fused path must not run. A user subclass's forward is fine."""
+    """The armed output layer returns the loss where transformers' own forward expects logits, which that
+    forward hands to ``loss_function``. Another library's forward set on the supported class itself (Unsloth,
+    Liger) computes its loss in its own way: then the fused path must not run. A user subclass's forward is
+    fine."""
     for cls in type(model).__mro__:
         if cls.__name__ in families.SUPPORTED and cls.__module__.startswith("transformers."):
             where = getattr(cls.forward, "__module__", None) or ""
             if not where.startswith("transformers."):
-                return (f"{cls.__name__}.forward was replaced by {where or 'a foreign function'} (e.g. Unsloth or "
-                        "Liger), which computes its own loss; fused_lce only runs under transformers' forward")
+                return (f"{cls.__name__}.forward was replaced by {where or 'a foreign function'} (e.g. "
+                        "Unsloth or Liger), which computes its own loss; fused_lce only runs under "
+                        "transformers' forward")
             return None
     return None

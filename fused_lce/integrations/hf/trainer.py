@@ -22,8 +22,8 @@ def as_trainer(obj):
 
 
 def patch_trainer(trainer, loss_options: dict):
-    """Patch ``trainer.model`` and, where the trainer has one (TRL's DPO, KTO, GRPO, RLOO), its reference model;
-    route a label smoother into the fused loss when the trainer computes its loss the stock way."""
+    """Patch ``trainer.model`` and, where the trainer has one (TRL's DPO, KTO, GRPO, RLOO), its reference
+    model; route a label smoother into the fused loss when the trainer computes its loss the stock way."""
     loss_options = _route_label_smoothing(trainer, loss_options)
     runtime.patch_model(trainer.model, check_options(loss_options))
     _follow_reference_model(trainer)
@@ -92,15 +92,16 @@ def _reference_model(trainer):
 
 
 def _patch_reference_model(trainer):
-    """A reference model gets the policy's options; one fused_lce cannot patch is left as it is, with a warning."""
+    """A reference model gets the policy's options; one fused_lce cannot patch is left as it is, with a
+    warning."""
     ref = _reference_model(trainer)
     if ref is None or runtime.options_of(ref) is not None:
         return
     try:
         runtime.patch_model(ref, runtime.options_of(runtime.resolve(trainer.model, check=False)))
     except (TypeError, ValueError) as e:
-        warnings.warn(f"fused_lce: the reference model was not patched ({e}); its log-probabilities are computed "
-                      "without fused_lce", stacklevel=3)
+        warnings.warn(f"fused_lce: the reference model was not patched ({e}); its log-probabilities are "
+                      "computed without fused_lce", stacklevel=3)
         return
     if getattr(getattr(trainer, "args", None), "precompute_ref_log_probs", False):
         warnings.warn("fused_lce: precompute_ref_log_probs=True: the reference log-probabilities were "
@@ -125,9 +126,10 @@ def _reference_model_callback(trainer):
 
 
 def _feed_token_accuracy(trainer):
-    """ms-swift's trainers (``SwiftMixin``) log ``token_acc`` from ``outputs.logits`` (``_compute_acc``), which the
-    fused path does not return: their ``compute_loss`` is wrapped so that the metric gets the fused calls' token
-    counts instead (the same value: the fraction of valid tokens whose first argmax is the label)."""
+    """ms-swift's trainers (``SwiftMixin``) log ``token_acc`` from ``outputs.logits`` (``_compute_acc``),
+    which the fused path does not return: their ``compute_loss`` is wrapped so that the metric gets the fused
+    calls' token counts instead (the same value: the fraction of valid tokens whose first argmax is the
+    label)."""
     if not callable(getattr(trainer, "_compute_acc", None)) or "compute_loss" in trainer.__dict__:
         return
     original = trainer.compute_loss
@@ -147,8 +149,8 @@ def _feed_token_accuracy(trainer):
 def _log_token_accuracy(trainer, records):
     strategy = getattr(trainer.args, "acc_strategy", "token")
     if strategy != "token":
-        runtime.warn_once(trainer, "acc_strategy", f"acc_strategy={strategy!r}: its per-sequence accuracy needs the "
-                          "logits, which the fused path does not compute; it is not logged")
+        runtime.warn_once(trainer, "acc_strategy", f"acc_strategy={strategy!r}: its per-sequence accuracy "
+                          "needs the logits, which the fused path does not compute; it is not logged")
         return
     correct = int(sum(c for c, _ in records))
     valid = int(sum(n for _, n in records))
@@ -158,9 +160,9 @@ def _log_token_accuracy(trainer, records):
 
 
 def _route_label_smoothing(trainer, loss_options):
-    """Trainer's ``LabelSmoother`` computes the loss from full logits; when the trainer computes its loss the stock
-    way, the smoothing moves into the fused loss (same value) and the smoother is switched off. Returns the
-    options to patch with."""
+    """Trainer's ``LabelSmoother`` computes the loss from full logits; when the trainer computes its loss the
+    stock way, the smoothing moves into the fused loss (same value) and the smoother is switched off. Returns
+    the options to patch with."""
     import transformers
 
     smoother = getattr(trainer, "label_smoother", None)
@@ -178,8 +180,9 @@ def _route_label_smoothing(trainer, loss_options):
         raise ValueError(f"label_smoothing: {loss_options['label_smoothing']} conflicts with the trainer's "
                          f"label_smoothing_factor {smoother.epsilon}")
     if why is not None:
-        warnings.warn(f"fused_lce: label_smoothing_factor={smoother.epsilon}: Trainer's LabelSmoother computes the "
-                      f"training loss from the full logits ({why}), so fused_lce does not run for it", stacklevel=4)
+        warnings.warn(f"fused_lce: label_smoothing_factor={smoother.epsilon}: Trainer's LabelSmoother "
+                      f"computes the training loss from the full logits ({why}), so fused_lce "
+                      "does not run for it", stacklevel=4)
         return loss_options
     trainer.__dict__["_fused_lce_label_smoother"] = smoother
     trainer.label_smoother = None  # Trainer now passes the labels to the model: the fused loss smooths
@@ -187,13 +190,14 @@ def _route_label_smoothing(trainer, loss_options):
 
 
 def autopatch() -> bool:
-    """If ``FUSED_LINEAR_CE`` is on: make every ``transformers.Trainer`` (and subclass: TRL's trainers, ms-swift's)
-    created from now on call ``fused_lce.patch(trainer, **env_options())`` at the end of its ``__init__``; a model
-    that cannot be patched trains unpatched, with a warning. Idempotent. Returns whether it is active.
+    """If ``FUSED_LINEAR_CE`` is on: make every ``transformers.Trainer`` (and subclass: TRL's trainers,
+    ms-swift's) created from now on call ``fused_lce.patch(trainer, **env_options())`` at the end of its
+    ``__init__``; a model that cannot be patched trains unpatched, with a warning. Idempotent. Returns whether
+    it is active.
 
-    ``pip install`` puts a start-up hook in site-packages (``fused_lce-autopatch.pth``) that calls this as soon as
-    ``transformers.trainer`` is imported in a process where ``FUSED_LINEAR_CE`` is on, so the variable alone
-    enables fused_lce (see docs/hf.md)."""
+    ``pip install`` puts a start-up hook in site-packages (``fused_lce-autopatch.pth``) that calls this as
+    soon as ``transformers.trainer`` is imported in a process where ``FUSED_LINEAR_CE`` is on, so the variable
+    alone enables fused_lce (see docs/hf.md)."""
     if not env_enabled():
         return False
     check_options(env_options())  # a malformed FUSED_LINEAR_CE_OPTIONS fails here, loudly

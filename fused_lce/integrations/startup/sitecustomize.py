@@ -1,5 +1,6 @@
 """fused_lce's start-up hook for the PYTHONPATH route (see fused_lce/integrations/startup/__init__.py): with
-FUSED_LINEAR_CE on, arm :mod:`fused_lce_autopatch`; then run the sitecustomize module this one shadows, if any."""
+FUSED_LINEAR_CE on, arm :mod:`fused_lce_autopatch`; then run the sitecustomize module this one shadows, if
+any."""
 import importlib.machinery
 import importlib.util
 import os

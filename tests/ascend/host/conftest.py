@@ -1,5 +1,5 @@
-"""Fixtures of the host build check (tests/ascend/host; helpers in tests/support/ascendc_twin/host_build.py). See
-docs/npu-host-build.md."""
+"""Fixtures of the host build check (tests/ascend/host; helpers in tests/support/ascendc_twin/host_build.py).
+See docs/npu-host-build.md."""
 from __future__ import annotations
 
 import os
@@ -24,6 +24,7 @@ def cxx() -> str:
 
 @pytest.fixture(scope="session")
 def driver(cxx, tmp_path_factory) -> Driver:
-    """The tiling driver with the op_host sources compiled as the TILING library (OP_TILING_LIB), as the runtime
-    loads them."""
-    return Driver(build_driver(cxx, str(tmp_path_factory.mktemp("host_twin")), "OP_TILING_LIB", "tiling_driver"))
+    """The tiling driver with the op_host sources compiled as the TILING library (OP_TILING_LIB), as the
+    runtime loads them."""
+    return Driver(build_driver(cxx, str(tmp_path_factory.mktemp("host_twin")), "OP_TILING_LIB",
+                               "tiling_driver"))

@@ -1,13 +1,13 @@
 """(d) Dispatch scenarios on the simulated "npu" device, run in a subprocess by test_npu_dispatch.py (renaming
 PrivateUse1 is process-global). Prints one JSON object: {scenario: "ok" | traceback}.
 
-The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor ("npu:0").
-Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend, auto selection
-on device "npu" (own kernels -> CANN trio -> torch; torch end to end for the loss and the log-probs when
-neither NPU provider is available), FUSED_LCE_BACKEND and explicit backends, the npu_cann wrapper end to end
-through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index, z_loss, shift,
-return_stats) against the float64 reference, its routing of options the trio lacks, and the "npu" backend's
-glue with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
+The fake torch_npu (tests/support/fake_torch_npu) is first on sys.path; tensors are npu_sim.NpuTensor
+("npu:0"). Covered: ``import fused_lce`` without torch_npu, backend_info's first failing step per backend,
+auto selection on device "npu" (own kernels -> CANN trio -> torch; torch end to end for the loss and the
+log-probs when neither NPU provider is available), FUSED_LCE_BACKEND and explicit backends, the npu_cann
+wrapper end to end through fused_lce.linear_cross_entropy (autograd, reductions, num_items, ignore_index,
+z_loss, shift, return_stats) against the float64 reference, its routing of options the trio lacks, and the
+"npu" backend's glue with the AscendC kernel sources on the CPU twin standing in for the compiled kernels.
 """
 from __future__ import annotations
 
@@ -41,12 +41,14 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from tests.support.ascendc_twin import build as twin_build  # noqa: E402
 
-build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")  # not what this checkout's build left
+# not what this checkout's build left
+build_status.PATH = os.path.join(tempfile.mkdtemp(), "_build_status.json")
 
 
 class TwinKernelsOnSimulatedNpu:
-    """The AscendC kernel sources on the CPU twin (tests/ascend) as the "npu" provider's kernels, fed the CPU data of
-    simulated-npu tensors and returning simulated-npu tensors: what the compiled kernels would be on a real card."""
+    """The AscendC kernel sources on the CPU twin (tests/ascend) as the "npu" provider's kernels, fed the CPU
+    data of simulated-npu tensors and returning simulated-npu tensors: what the compiled kernels would be on a
+    real card."""
 
     def __init__(self):
         self.twin = twin_build.TwinKernels()
@@ -59,7 +61,8 @@ class TwinKernelsOnSimulatedNpu:
         with _disable_current_modes():  # the twin ops have CPU kernels only
             out = getattr(self.twin, name)(*map(plain, args), **{k: plain(v) for k, v in kw.items()})
         # dW accumulated in place into dw_out's CPU data: hand back dw_out itself, as the adapter does
-        same = lambda o: dw_out is not None and o.numel() > 0 and o.data_ptr() == cpu(dw_out).data_ptr()  # noqa
+        same = lambda o: (dw_out is not None and o.numel() > 0  # noqa
+                          and o.data_ptr() == cpu(dw_out).data_ptr())
         return tuple(dw_out if same(o) else NpuTensor(o) for o in out)
 
     def stats(self, *args, **kw):
@@ -76,14 +79,17 @@ def fake_cann_home(symbols) -> str:
     os.makedirs(os.path.join(home, "lib64"))
     src = os.path.join(home, "opapi.c")
     with open(src, "w") as f:
-        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or "int unused_symbol(void) { return 0; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")], check=True)
+        f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols) or
+                "int unused_symbol(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(home, "lib64", "libopapi.so")],
+                   check=True)
     return home
 
 
 TRIO_SYMBOLS = [n + suffix for n in npu_cann.ACLNN for suffix in ("", "GetWorkspaceSize")]
 os.environ["ASCEND_HOME_PATH"] = fake_cann_home(TRIO_SYMBOLS)
-os.environ["FUSED_LCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fused_lce_cache_")  # this run's self-check verdicts
+# this run's self-check verdicts
+os.environ["FUSED_LCE_CACHE_DIR"] = tempfile.mkdtemp(prefix="fused_lce_cache_")
 
 SCENARIOS = {}
 
@@ -124,8 +130,8 @@ def run_both(h, w, b, y, upstream=None, **opts):
     h64 = h.double().requires_grad_()
     w64 = w.double().requires_grad_()
     b64 = b.double().requires_grad_() if b is not None else None
-    ref_opts = {k: opts[k] for k in ("ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "shift",
-                                     "num_items") if k in opts}
+    ref_opts = {k: opts[k] for k in ("ignore_index", "reduction", "label_smoothing", "z_loss",
+                                     "softcap", "shift", "num_items") if k in opts}
     r = reference_loss(h64, w64, y, b64, **ref_opts)
     r[0].backward(torch.ones_like(r[0]) if upstream is None else upstream.double())
     return got, (r[0].detach(), h64.grad, w64.grad, b64.grad if b is not None else None, r)
@@ -152,7 +158,8 @@ def import_and_backend_info():
     info = fused_lce.backend_info()
     npu = info["npu"]
     assert not npu["available"], npu
-    assert "custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) " in npu["reason"], npu["reason"]
+    assert "custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) " in npu["reason"], \
+        npu["reason"]
     assert "ASCEND_CUSTOM_OPP_PATH unset" in npu["reason"], npu["reason"]
     assert npu["reason"].endswith(npu_provider.STATUS) and "not run on NPU hardware" in npu["reason"], npu
     assert info["npu_cann"]["available"], info["npu_cann"]
@@ -170,7 +177,8 @@ def auto_uses_trio_bf16_all_reductions():
         got, ref = run_both(h, w, None, y, up, reduction=reduction, num_items=num_items, z_loss=z_loss)
         after = torch_npu.calls
         assert after[npu_cann.TRIO[0]] > before.get(npu_cann.TRIO[0], 0), reduction
-        # reduction "none" recomputes its gradients through the trio's backward; the others get them in forward
+        # reduction "none" recomputes its gradients through the trio's backward; the others get them in
+        # forward
         assert after[npu_cann.TRIO[2]] > before.get(npu_cann.TRIO[2], 0), reduction
         assert got[1].dtype == torch.bfloat16 and got[2].dtype == torch.bfloat16
         check(got, ref, 2e-3, 1.5e-2)  # the trio rounds logits to bf16
@@ -183,7 +191,8 @@ def trio_shift_3d_and_stats():
     check(got, ref, 1e-4, 2e-3)
     out, r = got[4], ref[4]
     assert out.lse.shape == (3, 16) and int(cpu(out.n_valid)) == int(r[3])
-    assert abs(float(cpu(out.token_accuracy)) - float(r[2])) <= 3.0 / float(r[3])  # fp16-rounded logits may tie
+    # fp16-rounded logits may tie
+    assert abs(float(cpu(out.token_accuracy)) - float(r[2])) <= 3.0 / float(r[3])
 
 
 @scenario
@@ -201,7 +210,8 @@ def fp32_and_unsupported_options_route_to_torch():
 def trio_shape_limits_route_to_torch():
     """Shapes the trio refuses are declined by npu_cann's supports(): auto takes torch, an explicit request
     says why."""
-    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"), ((20, 16, 100, False), "128 vocabulary rows")):
+    for (n, d, v, bias), why in (((20, 16, 300, True), "no bias"),
+                                 ((20, 16, 100, False), "128 vocabulary rows")):
         h, w, b, y = problem(n, d, v, torch.bfloat16, 4, bias=bias)
         n0 = calls()
         got, ref = run_both(h, w, b, y)
@@ -268,11 +278,13 @@ def first_failing_step_is_reported():
     os.environ["FAKE_NPU_DEVICES"] = "0"
     try:
         r_npu, r_cann = reasons()
-        assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), (r_npu, r_cann)
+        assert r_npu.startswith("no NPU device visible") and r_cann.startswith("no NPU device visible"), \
+            (r_npu, r_cann)
     finally:
         del os.environ["FAKE_NPU_DEVICES"]
     # the custom OPP as op-plugin sees it when torch_npu loads (here: the view it would have taken, had
-    # ASCEND_CUSTOM_OPP_PATH been set before): a library that lacks symbols, then one with all of them but no adapter
+    # ASCEND_CUSTOM_OPP_PATH been set before): a library that lacks symbols, then one with all of them but no
+    # adapter
     syms_all = npu_kernels.ACLNN_SYMBOLS
     status = os.path.join(tempfile.mkdtemp(), "_build_status.json")
     build_status.PATH = status  # nothing recorded: a source checkout
@@ -280,25 +292,29 @@ def first_failing_step_is_reported():
         src = os.path.join(tmp, "stub.c")
         vendors = []
         for k, syms in enumerate((syms_all[:2], syms_all)):
-            vendors.append(os.path.join(tmp, str(k), "vendors", "fused_lce"))  # a new path: dlopen caches by name
+            # a new path: dlopen caches by name
+            vendors.append(os.path.join(tmp, str(k), "vendors", "fused_lce"))
             libdir = os.path.join(vendors[-1], "op_api", "lib")
             os.makedirs(libdir)
             with open(src, "w") as f:
                 f.write("".join(f"int {s}(void) {{ return 0; }}\n" for s in syms))
             subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", os.path.join(libdir, "libcust_opapi.so")],
                            check=True)
-            inc = os.path.join(vendors[-1], "op_api", "include")  # the generated headers, this package's interface
+            # the generated headers, this package's interface
+            inc = os.path.join(vendors[-1], "op_api", "include")
             os.makedirs(inc)
             for name in npu_env.ACLNN_HEADERS:
                 with open(os.path.join(inc, name), "w") as f:
                     f.write("aclnnStatus aclnnX(..., int64_t variant, ...);\n")
         try:
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[0]})
-            assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn symbol(s) "
-                                           "aclnnFusedLceGradCubeGetWorkspaceSize, aclnnFusedLceGradCube "), reasons()
+            assert reasons()[0].startswith("custom OPP kernels not found as op-plugin looks them up: aclnn "
+                                           "symbol(s) aclnnFusedLceGradCubeGetWorkspaceSize, "
+                                           "aclnnFusedLceGradCube "), reasons()
             npu_env._snapshot = npu_env.loader_view({"ASCEND_CUSTOM_OPP_PATH": vendors[1]})
             r = reasons()[0]
-            assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when ASCEND_HOME_PATH "), r
+            assert r.startswith("host adapter fused_lce._npu_C not built (setup.py builds it when "
+                                "ASCEND_HOME_PATH "), r
             # a package built from older sources: the same symbols, a header without the variant argument
             header = os.path.join(vendors[1], "op_api", "include", "aclnn_fused_lce_grad_cube.h")
             with open(header, "w") as f:
@@ -310,21 +326,25 @@ def first_failing_step_is_reported():
             assert "aclnn_fused_lce_grad_cube.h is missing: an incomplete kernel package" in r, r
             with open(header, "w") as f:
                 f.write("aclnnStatus aclnnFusedLceGradCube(..., int64_t variant, ...);\n")
-            # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes first
-            adapter = {"ok": False, "attempted": True, "error": "not built: compiling fused_lce._npu_C failed (x)",
-                       "log": None}
+            # what setup.py recorded: the adapter's compile error, and a failed kernel build, which comes
+            # first
+            adapter = {"ok": False, "attempted": True,
+                       "error": "not built: compiling fused_lce._npu_C failed (x)", "log": None}
             opp = {"ok": False, "attempted": True, "error": "k.cpp:1:2: error: boom", "log": "/b/build.log"}
             with open(status, "w") as f:
                 json.dump({"npu_adapter": adapter}, f)
             r = reasons()[0]
-            assert r.startswith("host adapter fused_lce._npu_C not built (not built: compiling fused_lce._npu_C "), r
+            assert r.startswith("host adapter fused_lce._npu_C not built (not built: compiling "
+                                "fused_lce._npu_C "), r
             with open(status, "w") as f:
                 json.dump({"npu_adapter": adapter, "npu_opp": opp}, f)
-            assert reasons()[0].startswith("the custom OPP kernel package failed to build at install: k.cpp:1:2: "
-                                           "error: boom (full log: /b/build.log)"), reasons()[0]
+            assert reasons()[0].startswith("the custom OPP kernel package failed to build at install: "
+                                           "k.cpp:1:2: error: boom (full log: /b/build.log)"), reasons()[0]
             with open(status, "w") as f:
-                json.dump({"npu_opp": {**opp, "attempted": False, "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
-            assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]  # not tried
+                json.dump({"npu_opp": {**opp, "attempted": False,
+                                       "error": "not built: FUSED_LCE_SKIP_OPP_BUILD"}}, f)
+            # not tried
+            assert reasons()[0].startswith("host adapter fused_lce._npu_C not built"), reasons()[0]
             # the variable set inside the process after torch_npu was imported: op-plugin never sees it
             npu_env._snapshot = npu_env.loader_view({})
             os.environ["ASCEND_CUSTOM_OPP_PATH"] = vendors[1]
@@ -358,7 +378,8 @@ def auto_falls_back_to_torch_without_npu_providers():
     try:
         npu_provider.PROVIDER.reset()
         info = fused_lce.backend_info()
-        assert not info["npu"]["available"] and "custom OPP kernels not found" in info["npu"]["reason"], info["npu"]
+        assert not info["npu"]["available"] and "custom OPP kernels not found" in info["npu"]["reason"], \
+            info["npu"]
         cann = info["npu_cann"]
         assert not cann["available"] and "has no npu_fused_linear_online_max_sum" in cann["reason"], cann
         assert info["auto"]["npu"] == "torch", info["auto"]
@@ -414,8 +435,8 @@ def logprobs_both(h, w, b, y, **opts):
 
 @scenario
 def own_kernels_first_when_available():
-    """With the kernels present (the AscendC sources on the CPU twin), auto on device npu picks "npu" for every
-    option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
+    """With the kernels present (the AscendC sources on the CPU twin), auto on device npu picks "npu" for
+    every option and dtype, end to end through fused_lce.linear_cross_entropy and autograd."""
     kernels = TwinKernelsOnSimulatedNpu()
     counted = kernels.counted
     registry.register(npu_provider.AscendCProvider("npu", kernels=kernels))
@@ -452,10 +473,11 @@ class WrongKernelsOnSimulatedNpu(TwinKernelsOnSimulatedNpu):
 
 @scenario
 def selfcheck_guards_the_npu_providers():
-    """The first use of each NPU provider on the device runs the self-check battery against the torch provider on
-    the same device. A wrong "npu" kernel fails it (a warning naming the check and `fused-lce doctor`; backend_info
-    says why) and auto takes npu_cann (the fake trio, which passes); fp32, which the trio declines, and a trio that
-    fails its check too (its functions raise), take the torch route. Every answer matches the float64 reference."""
+    """The first use of each NPU provider on the device runs the self-check battery against the torch provider
+    on the same device. A wrong "npu" kernel fails it (a warning naming the check and `fused-lce doctor`;
+    backend_info says why) and auto takes npu_cann (the fake trio, which passes); fp32, which the trio
+    declines, and a trio that fails its check too (its functions raise), take the torch route. Every answer
+    matches the float64 reference."""
     import warnings
 
     from fused_lce.core import selfcheck

@@ -26,7 +26,8 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
         tn = nb.fetch_wheel(cache)
     except subprocess.CalledProcessError as e:
         release, _ = nb.torch_release()
-        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see docs/npu-status.md for the command")
+        pytest.skip(f"no torch-npu=={release} wheel could be downloaded ({e}); see "
+                    "docs/npu-status.md for the command")
     assert os.path.isfile(os.path.join(tn, "include", "third_party", "op-plugin", "op_plugin", "include",
                                        "npu_cpp_extension.h"))
     so = nb.check_adapter(ROOT, tn, str(tmp_path))
@@ -36,7 +37,8 @@ def test_adapter_compiles_and_links_against_torch_npu_wheel(tmp_path):
     assert "forward_npu" not in syms and "backward_npu" not in syms
     blob = open(so, "rb").read()  # the schema strings of kernel_ops.h, no routing glue
     assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int vocab_start" in blob
-    assert b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, Tensor a, Tensor t" in blob
+    assert (b"(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, "
+            b"Tensor a, Tensor t") in blob
     assert b"_route_" not in blob
     undefined = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
     assert "GetOpApiFuncAddr" in undefined  # EXEC_NPU_CMD_EXT looks the aclnn symbols up in the custom OPP
@@ -47,7 +49,8 @@ def test_npu_extensions_is_empty_without_cann(monkeypatch):
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     assert nb.npu_extensions(ROOT) == []
     monkeypatch.setenv("ASCEND_HOME_PATH", "/nonexistent/cann")
-    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)  # no torch_npu installed: looked up, never imported
+    # no torch_npu installed: looked up, never imported
+    monkeypatch.setattr(nb, "torch_npu_dir", lambda: None)
     with pytest.raises(nb.NpuBuildError, match="torch_npu is not installed"):  # setup.py records it
         nb.npu_extensions(ROOT)
 
@@ -76,7 +79,8 @@ def test_adapter_and_twin_define_their_ops_from_one_schema_list():
 @pytest.mark.parametrize("op", ["_cpu_stats", "_cpu_grads", "_twin_stats_cube", "_twin_grads_cube"])
 def test_private_kernel_ops_share_one_argument_order(op):
     """Every private kernel op of every device (the CPU ops, and the twin's, whose schemas are the adapter's):
-    hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and sizes."""
+    hidden, weight, bias?, labels, the op's tensors, vocab_start, softcap, temperature, the op's flags and
+    sizes."""
     import torch
 
     from ...support.ascendc_twin import build as twin_build

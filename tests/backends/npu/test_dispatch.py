@@ -1,6 +1,7 @@
-"""(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons on this
-host. The scenarios run in one subprocess (dispatch_scenarios.py, beside this file) because renaming PrivateUse1 to
-"npu" is process-global; each scenario is reported as its own test."""
+"""(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons on
+    this
+host. The scenarios run in one subprocess (dispatch_scenarios.py, beside this file) because renaming
+PrivateUse1 to "npu" is process-global; each scenario is reported as its own test."""
 import json
 import os
 import subprocess
@@ -59,7 +60,8 @@ def test_trio_mask_packing():
 
 def test_trio_detected_by_its_kernels_not_a_version(tmp_path):
     """npu_cann is available when CANN's op-api libraries export the trio's aclnn kernels (ops-nn ships them
-    before CANN 9.0), looked up where op-plugin looks: $ASCEND_HOME_PATH/lib64/libopapi_*.so, libopapi.so, ..."""
+    before CANN 9.0), looked up where op-plugin looks: $ASCEND_HOME_PATH/lib64/libopapi_*.so, libopapi.so,
+    ..."""
     loaded = {}
 
     class Lib:

@@ -1,7 +1,7 @@
-"""Where op-plugin finds the custom OPP kernels (fused_lce/backends/npu/env.py), against stand-in libcust_opapi.so
-files built with g++: ASCEND_CUSTOM_OPP_PATH's order, $ASCEND_OPP_PATH/vendors/config.ini's load_priority, the owner
-check, libraries that do not load, symbols split across builds, and the loader view op-plugin fixed when torch_npu
-was imported (snapshotted after fused_lce, reconstructed before it)."""
+"""Where op-plugin finds the custom OPP kernels (fused_lce/backends/npu/env.py), against stand-in
+libcust_opapi.so files built with g++: ASCEND_CUSTOM_OPP_PATH's order, $ASCEND_OPP_PATH/vendors/config.ini's
+load_priority, the owner check, libraries that do not load, symbols split across builds, and the loader view
+op-plugin fixed when torch_npu was imported (snapshotted after fused_lce, reconstructed before it)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,8 @@ import pytest
 from fused_lce.backends.npu import env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SYMS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube", "aclnnFusedLceGradCubeGetWorkspaceSize",
-        "aclnnFusedLceGradCube")
+SYMS = ("aclnnFusedLceStatsCubeGetWorkspaceSize", "aclnnFusedLceStatsCube",
+        "aclnnFusedLceGradCubeGetWorkspaceSize", "aclnnFusedLceGradCube")
 CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++ to build the stand-in libraries")
 
@@ -37,14 +37,17 @@ def verdict(view_env, uid=None):
 
 
 def test_custom_path_order_and_any_vendor_name(tmp_path):
-    a = make_vendor(str(tmp_path / "a" / "vendors" / "customize"))  # op-plugin does not look at the folder name
+    # op-plugin does not look at the folder name
+    a = make_vendor(str(tmp_path / "a" / "vendors" / "customize"))
     b = make_vendor(str(tmp_path / "b" / "vendors" / "fused_lce"))
     custom = f"{tmp_path / 'a' / 'vendors' / 'customize'}:{tmp_path / 'b' / 'vendors' / 'fused_lce'}"
     assert verdict({"ASCEND_CUSTOM_OPP_PATH": custom}) == (a, None)
-    assert verdict({"ASCEND_CUSTOM_OPP_PATH": f"{tmp_path / 'nowhere'}::{tmp_path / 'b/vendors/fused_lce'}"}) == (
-        b, None)  # a missing folder and an empty entry are passed over
+    # a missing folder and an empty entry are passed over
+    assert verdict({"ASCEND_CUSTOM_OPP_PATH":
+                    f"{tmp_path / 'nowhere'}::{tmp_path / 'b/vendors/fused_lce'}"}) == (b, None)
     lib, reason = verdict({})
-    assert lib is None and "aclnnFusedLceStatsCubeGetWorkspaceSize" in reason and "ASCEND_CUSTOM_OPP_PATH unset" in \
+    assert lib is None and "aclnnFusedLceStatsCubeGetWorkspaceSize" in reason and \
+        "ASCEND_CUSTOM_OPP_PATH unset" in \
         reason
 
 
@@ -66,7 +69,8 @@ def test_vendors_folder_only_through_config_ini(tmp_path):
     config = opp / "vendors" / "config.ini"
     config.write_text("load_priority=fused_lce\n")
     assert verdict(e) == (ours, None)
-    config.write_text("# vendors\nload_priority=customize,fused_lce\nload_priority=other\n")  # the first line counts
+    # the first line counts
+    config.write_text("# vendors\nload_priority=customize,fused_lce\nload_priority=other\n")
     assert verdict(e) == (ours, None)
     theirs = make_vendor(str(opp / "vendors" / "customize"))
     assert verdict(e) == (theirs, None)  # load order: customize first
@@ -115,12 +119,13 @@ def test_library_that_does_not_load(tmp_path):
     assert verdict({"ASCEND_CUSTOM_OPP_PATH": f"{tmp_path / 'v'}:{tmp_path / 'w'}"}) == (good, None)
 
 
-# ------------------------------------------------------------------------------------------------ the loader view
+# -------------------------------------------------------------------------------------------- the loader view
 PROBE = r"""
 import json, os, sys
 sys.path[:0] = [{fake!r}, {root!r}]
 order = sys.argv[1]
-os.environ["ASCEND_CUSTOM_OPP_PATH"] = sys.argv[2]  # set inside the process: /proc/self/environ has the start value
+# set inside the process: /proc/self/environ has the start value
+os.environ["ASCEND_CUSTOM_OPP_PATH"] = sys.argv[2]
 if order == "torch_npu_first":
     import torch_npu
 import fused_lce

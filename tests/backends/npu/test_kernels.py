@@ -1,8 +1,9 @@
 """The "npu" provider's kernels (fused_lce/backends/npu/kernels.py ``AdapterKernels``): FusedLceStatsCube /
-FusedLceGradCube through the adapter's ops. The adapter's ops (``_npu_*``) and the twin's (``_twin_*``) are defined
-from one schema list (csrc/npu/kernel_ops.h), so the twin's ops stand behind the adapter's names here: the provider's
-real Python path -- the coefficient planes a, t, b, u handed over one by one -- runs the kernel sources on the CPU
-twin, end to end through ``fused_lce.linear_cross_entropy`` and autograd, against the float64 reference."""
+FusedLceGradCube through the adapter's ops. The adapter's ops (``_npu_*``) and the twin's (``_twin_*``) are
+defined from one schema list (csrc/npu/kernel_ops.h), so the twin's ops stand behind the adapter's names here:
+the provider's real Python path -- the coefficient planes a, t, b, u handed over one by one -- runs the kernel
+sources on the CPU twin, end to end through ``fused_lce.linear_cross_entropy`` and autograd, against the
+float64 reference."""
 from __future__ import annotations
 
 import os
@@ -48,9 +49,11 @@ def test_the_adapter_ops_get_their_contract(seed):
     assert (s_name, g_name) == ("_npu_stats_cube", "_npu_grads_cube")
     # one argument order (csrc/npu/kernel_ops.h): problem tensors, the op's tensors, vocab_start, softcap,
     # temperature, the op's flags
-    assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False, 0)  # keep_z off
+    # keep_z off
+    assert a_stats[:4] == (h, w, None, y) and a_stats[4:] == (3, 2.5, 0.75, True, False, False, 0)
     # (hidden, weight, bias, labels, lse, a, t, b, u, ...) with float32 planes
-    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None, False, None,
+    assert b_grads[:4] == (h, w, None, y) and b_grads[9:] == (3, 2.5, 0.75, [True, False, True], None,
+                                                              False, None,
                                                                 0)
     assert b_grads[4].dtype == torch.float32 and torch.equal(b_grads[4], lse.float())
     for i in range(4):
@@ -58,14 +61,15 @@ def test_the_adapter_ops_get_their_contract(seed):
 
 
 def test_the_conservative_variants_follow_the_environment(monkeypatch):
-    """FUSED_LCE_NPU_PLAIN_TILING / FUSED_LCE_NPU_SERIAL_MATMUL set the variant bits every launch passes (read at each
-    call); a fixed variant ignores them; a value other than 0 / 1 is a ValueError naming the variable, nothing
-    launched."""
+    """FUSED_LCE_NPU_PLAIN_TILING / FUSED_LCE_NPU_SERIAL_MATMUL set the variant bits every launch passes (read
+    at each call); a fixed variant ignores them; a value other than 0 / 1 is a ValueError naming the variable,
+    nothing launched."""
     h, w, y = torch.randn(3, 4), torch.randn(5, 4), torch.zeros(3, dtype=torch.long)
     coefs, lse = torch.zeros(4, 3), torch.zeros(3)
     rec = Recorder()
     k = npu_kernels.AdapterKernels(ops=rec)
-    for env, bits in (({}, 0), ({"FUSED_LCE_NPU_PLAIN_TILING": "1"}, 1), ({"FUSED_LCE_NPU_SERIAL_MATMUL": "1"}, 2),
+    for env, bits in (({}, 0), ({"FUSED_LCE_NPU_PLAIN_TILING": "1"}, 1),
+                      ({"FUSED_LCE_NPU_SERIAL_MATMUL": "1"}, 2),
                       ({"FUSED_LCE_NPU_PLAIN_TILING": "1", "FUSED_LCE_NPU_SERIAL_MATMUL": " 1 "}, 3),
                       ({"FUSED_LCE_NPU_PLAIN_TILING": "0"}, 0)):
         for name in npu_kernels.VARIANT_ENV:
@@ -122,7 +126,8 @@ def _run(backend, h, w, b, y, **opts):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
 def test_the_adapter_path_runs_end_to_end_on_the_twin(dtype, tol, twin_ops, seed):
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(ops=shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin",
+                                                   kernels=npu_kernels.AdapterKernels(ops=shim),
                                                    device_types=("cpu",)))
     try:
         g = torch.Generator().manual_seed(seed)
@@ -147,10 +152,12 @@ def test_the_adapter_path_runs_end_to_end_on_the_twin(dtype, tol, twin_ops, seed
 
 @pytest.mark.twin
 def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
-    """The adapter path hands the kernels the same arguments as the twin's TwinKernels (the npu_twin provider):
-    results are bitwise equal (the cube-driven backward is deterministic), log-prob options included."""
+    """The adapter path hands the kernels the same arguments as the twin's TwinKernels (the npu_twin
+    provider): results are bitwise equal (the cube-driven backward is deterministic), log-prob options
+    included."""
     shim = TwinAsAdapterOps(twin_ops)
-    registry.register(npu_provider.AscendCProvider("npu_adapter_twin", kernels=npu_kernels.AdapterKernels(shim),
+    registry.register(npu_provider.AscendCProvider("npu_adapter_twin",
+                                                   kernels=npu_kernels.AdapterKernels(shim),
                                                    device_types=("cpu",)))
     twin = twin_build.TwinKernels(hw=twin_build.HW_TINY, seed=3)
     registry.register(npu_provider.AscendCProvider("npu_twin_direct", kernels=twin, device_types=("cpu",)))
@@ -167,7 +174,8 @@ def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
         outs = []
         for backend in ("npu_adapter_twin", "npu_twin_direct"):  # log-probs + entropy: b != 0 in the backward
             hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-            lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True, backend=backend)
+            lp, ent = fused_lce.linear_logprobs(hh, ww, y, temperature=0.7, return_entropy=True,
+                                                backend=backend)
             (lp.sum() + ent.sum()).backward()
             outs.append((lp.detach(), ent.detach(), hh.grad, ww.grad))
         for x, z in zip(*outs):
@@ -179,11 +187,12 @@ def test_the_adapter_path_equals_the_twin_provider(twin_ops, seed):
 
 
 def test_vocabularies_past_the_exact_float_ids_are_declined():
-    """The planner carries ids as exact floats: the provider declines V_local >= 2^24 with a reason, so auto falls
-    back instead of failing in the kernel."""
+    """The planner carries ids as exact floats: the provider declines V_local >= 2^24 with a reason, so auto
+    falls back instead of failing in the kernel."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
     big = Problem(8, 8, 1 << 24, torch.bfloat16, torch.device("cpu"), False, Options())
     ok = Problem(8, 8, (1 << 24) - 1, torch.bfloat16, torch.device("cpu"), False, Options())
     assert prov.supports(ok) is None
@@ -192,21 +201,25 @@ def test_vocabularies_past_the_exact_float_ids_are_declined():
 
 
 def test_token_blocks_stay_below_the_exact_float_row_offsets():
-    """Row offsets travel as exact floats too: a driver block never reaches 2^24 rows, whatever the tile budget."""
+    """Row offsets travel as exact floats too: a driver block never reaches 2^24 rows, whatever the tile
+    budget."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
     p = Problem(1 << 25, 8, 1, torch.bfloat16, torch.device("cpu"), False, Options(tile_bytes=1 << 40))
     rows = prov.token_block(p, keep=True)
     assert 0 < rows < 1 << 24 and rows % 128 == 0, rows
 
 
 def test_a_hidden_size_past_the_copy_stride_field_is_declined():
-    """Every kernel reads h and W at row stride D through the GM -> L1 copy, whose Nd2NzParams::srcDValue is 16
-    bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
+    """Every kernel reads h and W at row stride D through the GM -> L1 copy, whose Nd2NzParams::srcDValue is
+    16 bits: D >= 65535 is declined with a reason naming that field (the planner refuses it too)."""
     from fused_lce.core import Options, Problem
 
-    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(), device_types=("cpu",))
-    assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False, Options())) is None
+    prov = npu_provider.AscendCProvider("npu_choice", kernels=npu_kernels.AdapterKernels(),
+                                        device_types=("cpu",))
+    assert prov.supports(Problem(8, 65534, 100, torch.bfloat16, torch.device("cpu"), False,
+                                 Options())) is None
     reason = prov.supports(Problem(8, 65535, 100, torch.bfloat16, torch.device("cpu"), False, Options()))
     assert reason is not None and "srcDValue" in reason and "65535" in reason, reason

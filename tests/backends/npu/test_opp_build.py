@@ -1,8 +1,8 @@
-"""The NPU build path without CANN: cmake/npu_build.py's toolkit check, OPP step and log scan against a stub cmake
-and stub toolkit trees (tests/support/fake_cann.py), and setup.py under pip with them: the OPP package is built once
-per install (not once per setup.py run), not again while it is newer than its sources, a failed kernel build is
-recorded with its first error line and log while the host adapter is still built, and FUSED_LCE_REQUIRE_EXT=1 turns
-any NPU failure into an install error."""
+"""The NPU build path without CANN: cmake/npu_build.py's toolkit check, OPP step and log scan against a stub
+cmake and stub toolkit trees (tests/support/fake_cann.py), and setup.py under pip with them: the OPP package
+is built once per install (not once per setup.py run), not again while it is newer than its sources, a failed
+kernel build is recorded with its first error line and log while the host adapter is still built, and
+FUSED_LCE_REQUIRE_EXT=1 turns any NPU failure into an install error."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,7 +30,7 @@ def nb():
     return mod
 
 
-# ------------------------------------------------------------------------------------------------ toolkit check
+# ---------------------------------------------------------------------------------------------- toolkit check
 @pytest.mark.parametrize("where", ["asc-devkit", "runtime", "compiler", "install_info"])
 def test_toolkit_version_read_where_cann_states_it(nb, tmp_path, where):
     home = fake_cann.make_toolkit(str(tmp_path / "cann"), "9.1.0", where)
@@ -73,12 +73,13 @@ def test_first_error_line(nb):
            "op_kernel/k.cpp:12:3: error: no matching function for call to 'Foo'\nmake: *** [all] Error 2\n")
     assert nb.first_error_line(log) == "op_kernel/k.cpp:12:3: error: no matching function for call to 'Foo'"
     assert nb.first_error_line("CMake Error at x.cmake:3 (message):\n  boom").startswith("CMake Error at")
-    assert nb.first_error_line("[ops_custom] [2026-01-01] [ERROR] copy new op_api files failed").endswith("failed")
+    assert nb.first_error_line("[ops_custom] [2026-01-01] [ERROR] copy new "
+                               "op_api files failed").endswith("failed")
     assert nb.first_error_line("FAILED: op_kernel/x\nninja: build stopped") == "FAILED: op_kernel/x"
     assert nb.first_error_line("all good\n-Werror -ferror-limit=0") is None
 
 
-# ------------------------------------------------------------------------------------------------ the OPP step
+# ----------------------------------------------------------------------------------------------- the OPP step
 @pytest.fixture()
 def opp_env(tmp_path, monkeypatch):
     """A repository root with OPP sources, a stub toolkit and a stub cmake on PATH."""
@@ -155,8 +156,8 @@ def test_opp_step_skips_an_up_to_date_package_and_rebuilds_a_stale_one(nb, opp_e
 
 
 @pytest.mark.parametrize("mode, first", [
-    ("compile_error", "fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named 'Foo' in "
-                      "'AscendC'"),
+    ("compile_error", "fused_lce_stats/op_kernel/fused_lce_stats_cube.cpp:42:7: error: no member named 'Foo' "
+                      "in 'AscendC'"),
     ("configure_error", "CMake Error at CMakeLists.txt:21 (find_package):")])
 def test_failed_opp_build_reports_first_error_line_and_log(nb, opp_env, monkeypatch, mode, first):
     repo, builds = opp_env
@@ -173,7 +174,8 @@ def test_failed_opp_build_reports_first_error_line_and_log(nb, opp_env, monkeypa
 
 def test_toolkit_refusal_is_logged_and_builds_nothing(nb, opp_env, monkeypatch, tmp_path):
     repo, builds = opp_env
-    monkeypatch.setenv("ASCEND_HOME_PATH", fake_cann.make_toolkit(str(tmp_path / "old"), "8.0.RC1", "compiler"))
+    monkeypatch.setenv("ASCEND_HOME_PATH", fake_cann.make_toolkit(str(tmp_path / "old"), "8.0.RC1",
+                                                                  "compiler"))
     st = nb.opp_step(str(repo))
     assert not st["ok"] and builds() == 0 and st["error"].startswith("CANN 8.0.RC1 found")
     assert "needs CANN >= 9.0" in st["error"] and st["error"] in open(st["log"]).read()
@@ -190,11 +192,13 @@ def test_opp_step_not_attempted(nb, opp_env, monkeypatch):
     assert not st["attempted"] and "ASCEND_HOME_PATH was not set" in st["error"] and builds() == 0
 
 
-# ------------------------------------------------------------------------------------------------ setup.py via pip
+# ------------------------------------------------------------------------------------------- setup.py via pip
 def _source_copy(dst):
-    """The files an install reads (a copy: the build writes build/, the status file and egg-info beside them)."""
+    """The files an install reads (a copy: the build writes build/, the status file and egg-info beside
+    them)."""
     dst.mkdir()
-    for name in ("setup.py", "pyproject.toml", "README.md", "fused_lce-autopatch.pth", "fused_lce_autopatch.py"):
+    for name in ("setup.py", "pyproject.toml", "README.md", "fused_lce-autopatch.pth",
+                 "fused_lce_autopatch.py"):
         shutil.copy(os.path.join(ROOT, name), dst / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "_build_status.*")
     for name in ("fused_lce", "cmake", "csrc"):
@@ -210,8 +214,9 @@ def pip_env(tmp_path):
     fake_cann.make_cmake(str(bindir))
     cxx = fake_cann.make_cxx(str(bindir))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSED_LCE_", "ASCEND_", "FAKE_"))}
-    env.update(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", FAKE_CMAKE_CALLS=str(tmp_path / "cmake_calls"),
-               FAKE_CXX_CALLS=str(tmp_path / "cxx_calls"), CC=cxx, CXX=cxx, LDSHARED=f"{cxx} -shared",
+    env.update(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+               FAKE_CMAKE_CALLS=str(tmp_path / "cmake_calls"), FAKE_CXX_CALLS=str(tmp_path / "cxx_calls"),
+               CC=cxx, CXX=cxx, LDSHARED=f"{cxx} -shared",
                ASCEND_HOME_PATH=fake_cann.make_toolkit(str(tmp_path / "cann"), "9.0.0"),
                PYTHONPATH=FAKE_TORCH_NPU, MAX_JOBS="1")
     return env
@@ -245,7 +250,8 @@ def test_pip_builds_the_opp_package_once_and_the_adapter_even_when_it_fails(tmp_
         assert hook in r.stdout + r.stderr, hook
     assert _cmake_runs(pip_env) == (1, 1)
     status = _wheel_status(tmp_path / "dist")
-    assert status["npu_opp"]["ok"] and status["npu_opp"]["log"] == str(src / "build" / "ascend_opp" / "build.log")
+    assert status["npu_opp"]["ok"] and status["npu_opp"]["log"] \
+        == str(src / "build" / "ascend_opp" / "build.log")
     assert status["npu_adapter"]["ok"] and status["cpp"]["ok"], status
     compiled = open(pip_env["FAKE_CXX_CALLS"]).read()
     assert "fused_lce_npu.cpp" in compiled and "ops.cpp" in compiled
@@ -268,7 +274,8 @@ def test_pip_builds_the_opp_package_once_and_the_adapter_even_when_it_fails(tmp_
     r = _pip_wheel(src, tmp_path / "dist4", {**pip_env, "FAKE_CMAKE_MODE": "compile_error",
                                              "FUSED_LCE_REQUIRE_EXT": "1"})
     assert r.returncode != 0
-    assert "no member named 'Foo'" in r.stdout + r.stderr and "build/ascend_opp/build.log" in r.stdout + r.stderr
+    assert "no member named 'Foo'" in r.stdout + r.stderr and \
+        "build/ascend_opp/build.log" in r.stdout + r.stderr
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the CANN-trio
-wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on the CPU twin) must give every rank the unsharded loss, lse and
-(all-reduced) dX, and each rank its own rows of dW, against the float64 reference."""
+"""Vocab-parallel path of both NPU backends on CPU: two gloo ranks each hold half of the vocabulary; the
+CANN-trio wrapper (fake torch_npu) and the "npu" provider (its AscendC kernel sources on the CPU twin) must
+give every rank the unsharded loss, lse and (all-reduced) dX, and each rank its own rows of dW, against the
+float64 reference."""
 import dataclasses
 import math
 import os
@@ -52,27 +53,29 @@ def _worker(rank, world, port, seed):
         (per.sum() * scale).backward()
         # the AscendC kernel sources on the CPU twin behind the npu provider, on CPU tensors
         emulated = AscendCProvider("npu_twin", kernels=twin_build.TwinKernels(), device_types=("cpu",))
-        cfg = Options(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name, vocab_start=start,
-                      vocab_total=v)
+        cfg = Options(ignore_index=-100, z_loss=1e-3, group_name=dist.group.WORLD.group_name,
+                      vocab_start=start, vocab_total=v)
         # the trio rounds logits to bf16 (loss / lse ~1e-3); the own kernels keep fp32 logits
-        # and with a tile budget that gives the two shards different token blocks (16 and 20 rows): the ranks agree
-        # on 16, so 3 driver blocks with a collective each
+        # and with a tile budget that gives the two shards different token blocks (16 and 20 rows): the ranks
+        # agree on 16, so 3 driver blocks with a collective each
         small = dataclasses.replace(cfg, tile_bytes=16 * 6 * 170)
         for name, be, ltol, tol, opts in (("npu_cann", npu_cann.PROVIDER, 2e-3, 1.5e-2, cfg),
                                           ("npu", emulated, 1e-5, 1e-2, cfg),
                                           ("npu_blocks", emulated, 1e-5, 1e-2, small)):
-            assert name != "npu_blocks" or emulated.token_block(Problem(n, d, stop - start, h.dtype, h.device, False,
-                                                                        small), True) == (16 if rank == 0 else 20)
-            loss, lse_o, _, (dh, dw, _) = run_provider(be, h, w[start:stop], y, None, opts, torch.tensor(scale),
-                                                       (True, True, False))
+            assert name != "npu_blocks" or \
+                emulated.token_block(Problem(n, d, stop - start, h.dtype, h.device, False,
+                                             small), True) == (16 if rank == 0 else 20)
+            loss, lse_o, _, (dh, dw, _) = run_provider(be, h, w[start:stop], y, None, opts,
+                                                       torch.tensor(scale), (True, True, False))
             dh = dh.float()
             dist.all_reduce(dh)  # what the driver does for a group
             ctx = (name, rank, seed)
-            assert _rel(loss, per) < ltol and _rel(lse_o, lse) < ltol, (ctx, _rel(loss, per), _rel(lse_o, lse))
+            assert _rel(loss, per) < ltol and _rel(lse_o, lse) < ltol, (ctx, _rel(loss, per),
+                                                                        _rel(lse_o, lse))
             assert _rel(dh, h64.grad) < tol, (ctx, _rel(dh, h64.grad))
             assert _rel(dw, w64.grad[start:stop]) < tol, (ctx, _rel(dw, w64.grad[start:stop]))
-            dh2, dw2, _ = run_provider_backward(be, torch.full((n,), scale), h, w[start:stop], y, None, lse_o, opts,
-                                                (True, True, False))
+            dh2, dw2, _ = run_provider_backward(be, torch.full((n,), scale), h, w[start:stop], y, None,
+                                                lse_o, opts, (True, True, False))
             dist.all_reduce(dh2)
             assert _rel(dh2, h64.grad) < tol and _rel(dw2, w64.grad[start:stop]) < tol, ctx
     finally:

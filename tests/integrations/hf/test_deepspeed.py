@@ -1,9 +1,9 @@
-"""fused_lce.patch under DeepSpeed ZeRO-3 (CPU accelerator, gloo, 2 processes), tied and untied embeddings: ZeRO-3
-releases each parameter after its module's forward and gathers it again for backward from a hook on the module's
-output. The fused loss is computed inside ``lm_head``'s call and the loss relay returns the tensor that hook
-wrapped, so backward re-gathers the head's weight. Losses (the first also equal to the unsharded model's) and
-updated parameters equal the stock model's under the same ZeRO-3 training, also for a step through TRL's fused LM
-head (whose per-token outputs the head returns as one tensor, for the same reason)."""
+"""fused_lce.patch under DeepSpeed ZeRO-3 (CPU accelerator, gloo, 2 processes), tied and untied embeddings:
+ZeRO-3 releases each parameter after its module's forward and gathers it again for backward from a hook on the
+module's output. The fused loss is computed inside ``lm_head``'s call and the loss relay returns the tensor
+that hook wrapped, so backward re-gathers the head's weight. Losses (the first also equal to the unsharded
+model's) and updated parameters equal the stock model's under the same ZeRO-3 training, also for a step
+through TRL's fused LM head (whose per-token outputs the head returns as one tensor, for the same reason)."""
 from __future__ import annotations
 
 import copy
@@ -56,8 +56,8 @@ def _worker(rank, init_file, seed, out):
 
 
 def _train(model, seed, rank, calls=None):
-    """STEPS ZeRO-3 steps of ``model`` on this rank's batches, then a step on TRL's fused-head objective: (losses,
-    engine). ``calls`` given: the model is patched."""
+    """STEPS ZeRO-3 steps of ``model`` on this rank's batches, then a step on TRL's fused-head objective:
+    (losses, engine). ``calls`` given: the model is patched."""
     import deepspeed
 
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -75,9 +75,10 @@ def _train(model, seed, rank, calls=None):
         losses.append(out.loss.detach())
         if calls is not None:
             assert out.logits is None
-    # TRL's objective from its per-token log-probs and entropy (as DPO / GRPO use them). Patched: through TRL's fused
-    # LM head, served by fused_lce. Stock: from the full logits -- TRL's own head is not the reference here, its
-    # backward fails under ZeRO-3 on this setup (ChunkedLogProbFunction gets the released, empty weight)
+    # TRL's objective from its per-token log-probs and entropy (as DPO / GRPO use them). Patched: through
+    # TRL's fused LM head, served by fused_lce. Stock: from the full logits -- TRL's own head is not the
+    # reference here, its backward fails under ZeRO-3 on this setup (ChunkedLogProbFunction gets the released,
+    # empty weight)
     batch = _batch(seed, STEPS, rank)
     if calls is not None:
         from trl.trainer.utils import add_fused_lm_head
@@ -118,7 +119,8 @@ def _check(rank, seed, tie):
     finally:
         driver.forward, driver.logprobs_forward = real
     # the gathered head, in each plain step and in the TRL step
-    assert [(c.op, c.weight_shape) for c in calls] == [("loss", (V, 32))] * STEPS + [("logprobs", (V, 32))], calls
+    assert [(c.op, c.weight_shape) for c in calls] == [("loss", (V, 32))] * STEPS + [("logprobs", (V, 32))], \
+        calls
     ref_losses, ref_engine = _train(stock, seed, rank)
     torch.testing.assert_close(losses[0], first, atol=1e-5, rtol=1e-5)
     for step, (a, b) in enumerate(zip(losses, ref_losses)):

@@ -1,6 +1,7 @@
-"""fused_lce.patch under FSDP2 (torch.distributed.fsdp.fully_shard), 2 processes, gloo on CPU: the LM head in its
-own FSDP group (untied) or in the root group (tied to the embeddings). The fused loss runs inside the head's module
-call, so FSDP's hooks unshard its weight; gradients equal the unsharded stock model's, averaged over ranks."""
+"""fused_lce.patch under FSDP2 (torch.distributed.fsdp.fully_shard), 2 processes, gloo on CPU: the LM head in
+its own FSDP group (untied) or in the root group (tied to the embeddings). The fused loss runs inside the
+head's module call, so FSDP's hooks unshard its weight; gradients equal the unsharded stock model's, averaged
+over ranks."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,8 @@ import torch.distributed as dist
 transformers = pytest.importorskip("transformers")
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_available():
-    pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard", allow_module_level=True)
+    pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard",
+                allow_module_level=True)
 
 from ...conftest import spawn_pair  # noqa: E402
 from ..conftest import tiny_qwen3  # noqa: E402

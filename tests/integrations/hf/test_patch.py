@@ -1,6 +1,7 @@
-"""fused_lce.patch (fused_lce.integrations.hf.api / runtime) on every supported Qwen class (tiny random configs, no downloads): loss and every parameter
-gradient equal to the stock forward, and the HF semantics (label shift, shift_labels, num_items_in_batch,
-logits_to_keep, eval/no-labels logits, skip_logits, no_grad, return_dict=False, gradient checkpointing, PEFT)."""
+"""fused_lce.patch (fused_lce.integrations.hf.api / runtime) on every supported Qwen class (tiny random
+configs, no downloads): loss and every parameter gradient equal to the stock forward, and the HF semantics
+(label shift, shift_labels, num_items_in_batch, logits_to_keep, eval/no-labels logits, skip_logits, no_grad,
+return_dict=False, gradient checkpointing, PEFT)."""
 from __future__ import annotations
 
 import copy
@@ -19,19 +20,22 @@ from fused_lce.integrations import hf  # noqa: E402
 
 V = 256
 TEXT = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-            pad_token_id=0)
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=128, bos_token_id=None,
+            eos_token_id=None, pad_token_id=0)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.05)
-LINEAR_ATTN = dict(linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                   linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"])
+LINEAR_ATTN = dict(linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                   linear_num_key_heads=2, linear_num_value_heads=4,
+                   layer_types=["linear_attention", "full_attention"])
 MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
-IMAGE_TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+IMAGE_TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252,
+                    vision_end_token_id=253)
 VISION2 = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
                temporal_patch_size=2)
 VISION25 = dict(depth=1, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_heads=2, patch_size=2,
                 spatial_merge_size=2, temporal_patch_size=2, window_size=8, fullatt_block_indexes=[0])
 VISION3 = dict(depth=1, hidden_size=16, intermediate_size=32, out_hidden_size=32, num_heads=2, patch_size=2,
-               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
+               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+               deepstack_visual_indexes=[0])
 
 
 def _text(**extra):
@@ -59,11 +63,14 @@ CONFIGS = {
         text_config=_text(rope_parameters={**MROPE, "partial_rotary_factor": 1.0}, **MOE, **LINEAR_ATTN),
         vision_config=VISION3, tie_word_embeddings=tie, **IMAGE_TOKENS)),
     "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION2, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION2, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION25, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION25, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", lambda tie: dict(
-        text_config=_text(rope_parameters=MROPE), vision_config=VISION3, tie_word_embeddings=tie, **IMAGE_TOKENS)),
+        text_config=_text(rope_parameters=MROPE), vision_config=VISION3, tie_word_embeddings=tie,
+        **IMAGE_TOKENS)),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", lambda tie: dict(
         text_config=_text(rope_parameters=MROPE, **MOE), vision_config=VISION3, tie_word_embeddings=tie,
         **IMAGE_TOKENS)),
@@ -130,7 +137,8 @@ def assert_same(stock, fused, inputs, seed, fused_expected=True, atol=1e-5, rtol
     ref = stock(**inputs)
     out = fused(**inputs)
     assert (out.logits is None) == fused_expected, f"seed={seed}: fused path ran: {out.logits is None}"
-    torch.testing.assert_close(out.loss, ref.loss, atol=atol, rtol=rtol, msg=lambda m: f"seed={seed}: loss: {m}")
+    torch.testing.assert_close(out.loss, ref.loss, atol=atol, rtol=rtol,
+                               msg=lambda m: f"seed={seed}: loss: {m}")
     ref.loss.backward()
     out.loss.backward()
     g_ref, g_out = grads(stock), grads(fused)
@@ -141,7 +149,8 @@ def assert_same(stock, fused, inputs, seed, fused_expected=True, atol=1e-5, rtol
             assert g_out[name] is None, f"seed={seed}: {name}: gradient only in the fused model"
             continue
         assert g_out[name] is not None, f"seed={seed}: {name}: no gradient in the fused model"
-        torch.testing.assert_close(g_out[name], g, atol=atol, rtol=rtol, msg=lambda m: f"seed={seed}: {name}: {m}")
+        torch.testing.assert_close(g_out[name], g, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"seed={seed}: {name}: {m}")
         n_checked += 1
     assert n_checked > 0
     return ref, out
@@ -182,7 +191,8 @@ def test_vl_image_inputs_pass_through(name, seed):
     inputs = image_batch(seed)
     assert_same(stock, fused, inputs, seed)
     # the image changed the loss: the vision tower ran and its gradients were compared above
-    no_image = {k: v for k, v in inputs.items() if k not in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
+    no_image = {k: v for k, v in inputs.items()
+                if k not in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
     no_image["input_ids"] = torch.where(no_image["input_ids"] >= 250, 1, no_image["input_ids"])
     with torch.no_grad():
         assert not torch.allclose(fused(**inputs).loss, fused(**no_image).loss)
@@ -260,12 +270,14 @@ def test_eval_and_no_labels_return_logits(seed):
     torch.testing.assert_close(out.logits, stock(**no_labels).logits)
     stock.eval()
     fused.eval()
-    out, ref = fused(**inputs), stock(**inputs)  # eval with labels: stock path, loss and logits (compute_metrics)
+    # eval with labels: stock path, loss and logits (compute_metrics)
+    out, ref = fused(**inputs), stock(**inputs)
     assert out.logits is not None
     torch.testing.assert_close(out.logits, ref.logits)
     torch.testing.assert_close(out.loss, ref.loss)
     gen = fused.generate(inputs["input_ids"][:, :4], max_new_tokens=3, do_sample=False)
-    torch.testing.assert_close(gen, stock.generate(inputs["input_ids"][:, :4], max_new_tokens=3, do_sample=False))
+    torch.testing.assert_close(gen, stock.generate(inputs["input_ids"][:, :4], max_new_tokens=3,
+                                                   do_sample=False))
 
 
 def test_skip_logits_override(seed):
@@ -503,13 +515,13 @@ def test_peft_modules_to_save_lm_head(seed):
     torch.testing.assert_close(out.loss, ref.loss)
 
 
-# ------------------------------------------------------------------------------------------------ never silent
+# ----------------------------------------------------------------------------------------------- never silent
 @pytest.mark.parametrize("when", ["before", "after"], ids=["set-before-patch", "set-after-patch"])
 def test_user_loss_function_is_respected(when, seed):
     """A user-set model.loss_function (here: twice the stock loss) is what the model computes, patched or not;
     the patch falls back to the stock forward and warns once."""
-    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" else (build("Qwen3ForCausalLM", seed=seed),
-                                                                              None)
+    stock, fused = pair("Qwen3ForCausalLM", seed=seed) if when == "after" \
+        else (build("Qwen3ForCausalLM", seed=seed), None)
     stock_fn = stock.loss_function
 
     def doubled(*args, **kwargs):
@@ -550,8 +562,8 @@ def test_stock_loss_function_set_explicitly_is_fused(seed):
 
 
 def test_torch_compile_fullgraph(seed):
-    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph, and
-    loss and gradients equal the compiled stock model's."""
+    """torch.compile(model, fullgraph=True) of a patched model: no graph break, the fused op is in the graph,
+    and loss and gradients equal the compiled stock model's."""
     torch._dynamo.reset()
     stock, fused = pair("Qwen3ForCausalLM", seed=seed)
     ops = []
@@ -572,13 +584,14 @@ def test_torch_compile_fullgraph(seed):
     ref.loss.backward()
     out.loss.backward()
     for n, g in grads(stock).items():
-        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"seed={seed} {n}: {m}")
+        torch.testing.assert_close(grads(fused)[n], g, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"seed={seed} {n}: {m}")
     assert hf.runtime._TRACED_FRAMES == [] and hf.runtime._FRAMES.get() == ()
 
 
 def test_concurrent_threads_see_their_own_call(seed):
-    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its own
-    result (the per-call state is context-local, not a flag on the model)."""
+    """Two threads on one patched model: fused training calls and forced-stock calls interleave; each gets its
+    own result (the per-call state is context-local, not a flag on the model)."""
     import threading
 
     stock, fused = pair("Qwen3ForCausalLM", seed=seed)
@@ -608,9 +621,9 @@ def test_concurrent_threads_see_their_own_call(seed):
 
 
 def test_output_layer_wrapped_before_patch_falls_back(seed):
-    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that does
-    not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch wraps the
-    armed forward and works: test_accelerate_hook_on_head.)"""
+    """An accelerate hook put on lm_head before patch (device-map dispatch) replaces its forward with one that
+    does not reach the fused path: stock forward, one warning, is_patched says why. (A hook added after patch
+    wraps the armed forward and works: test_accelerate_hook_on_head.)"""
     hooks = pytest.importorskip("accelerate.hooks")
     stock = build("Qwen3ForCausalLM", seed=seed)
     fused = copy.deepcopy(stock)
@@ -639,8 +652,9 @@ def test_is_patched_reasons(seed):
 @pytest.mark.parametrize("calls_head", [False, True], ids=["own-fused-loss", "own-loss-from-lm_head"])
 def test_foreign_class_forward_is_left_alone(calls_head, seed, monkeypatch):
     """A library that replaces the supported class's forward (Unsloth, Liger) computes its own loss, from
-    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would land
-    where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says why."""
+    lm_head.weight or from lm_head's output: the patch must not arm the head under it (the head's loss would
+    land where that forward expects logits). Stock behaviour of that forward, one warning, is_patched says
+    why."""
     cls = transformers.Qwen3ForCausalLM
 
     def foreign_forward(self, input_ids=None, labels=None, **kwargs):  # what Unsloth's fast forward does
@@ -688,8 +702,8 @@ def test_class_patch_of_an_inherited_forward(seed, monkeypatch):
 
 @pytest.mark.parametrize("when", ["patch-then-peft", "patch-peft-model"])
 def test_direct_forward_call_as_old_peft_does(when, seed, monkeypatch):
-    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's forward
-    entry opens the frame itself."""
+    """PEFT <= 0.20's tuners call ``self.model.forward(...)``, which bypasses module hooks: the patch's
+    forward entry opens the frame itself."""
     tuners = pytest.importorskip("peft.tuners.tuners_utils")
     monkeypatch.setattr(tuners.BaseTuner, "forward", lambda self, *a, **k: self.model.forward(*a, **k))
     stock, fused = _peft_pair(seed, patch_before=when == "patch-then-peft")

@@ -1,7 +1,7 @@
-"""fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA, bf16,
-label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the FUSED_LINEAR_CE=1
-switch for scripts that are not edited (autopatch through the start-up hook; more in ../test_startup.py). TRL:
-../test_trl.py."""
+"""fused_lce.patch under transformers.Trainer: gradient accumulation, evaluation with compute_metrics, LoRA,
+bf16, label smoothing (routed into the fused loss by patch(trainer), warned about otherwise), and the
+FUSED_LINEAR_CE=1 switch for scripts that are not edited (autopatch through the start-up hook; more in
+../test_startup.py). TRL: ../test_trl.py."""
 from __future__ import annotations
 
 import copy
@@ -56,9 +56,9 @@ def collate(rows):
 def trainer_args(tmp_path, **kw):
     args = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=4,
                 gradient_accumulation_steps=2, max_steps=1, learning_rate=0.5, optim="sgd",
-                lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, use_cpu=True, report_to="none",
-                save_strategy="no", logging_steps=1, seed=0, data_seed=0, dataloader_num_workers=0,
-                remove_unused_columns=False, disable_tqdm=True)
+                lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, use_cpu=True,
+                report_to="none", save_strategy="no", logging_steps=1, seed=0, data_seed=0,
+                dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True)
     args.update(kw)
     return transformers.TrainingArguments(**args)
 
@@ -82,7 +82,8 @@ def test_trainer_grad_accumulation_step_equals_stock(lora, tmp_path, seed, monke
     if lora:
         peft = pytest.importorskip("peft")
         cfg = dict(r=32, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                   "down_proj"])
         torch.manual_seed(seed)
         stock = peft.get_peft_model(stock, peft.LoraConfig(**cfg))
         torch.manual_seed(seed)
@@ -106,7 +107,8 @@ def test_trainer_grad_accumulation_step_equals_stock(lora, tmp_path, seed, monke
     moved = 0
     stock_params = dict(stock.named_parameters())
     for n, p in fused.named_parameters():
-        torch.testing.assert_close(p, stock_params[n], atol=2e-6, rtol=1e-5, msg=lambda m: f"seed={seed}: {n}: {m}")
+        torch.testing.assert_close(p, stock_params[n], atol=2e-6, rtol=1e-5,
+                                   msg=lambda m: f"seed={seed}: {n}: {m}")
         moved += int(not torch.equal(p, before[n]))
     assert moved > 0
 
@@ -162,8 +164,8 @@ def test_trainer_label_smoothing_routed_by_patch_trainer(tmp_path, seed, monkeyp
     data = examples(seed)
     kw = dict(label_smoothing_factor=0.1)
     ref_trainer, ref = run_trainer(stock, tmp_path / "stock", data, **kw)
-    trainer = transformers.Trainer(model=fused, args=trainer_args(tmp_path / "fused", **kw), train_dataset=data,
-                                   eval_dataset=data, data_collator=collate)
+    trainer = transformers.Trainer(model=fused, args=trainer_args(tmp_path / "fused", **kw),
+                                   train_dataset=data, eval_dataset=data, data_collator=collate)
     fused_lce.patch(trainer)
     assert trainer.label_smoother is None and fused_lce.is_patched(fused) and fused_lce.is_patched(trainer)
     calls = spy(monkeypatch)
@@ -172,10 +174,11 @@ def test_trainer_label_smoothing_routed_by_patch_trainer(tmp_path, seed, monkeyp
     assert abs(out.training_loss - ref.training_loss) < 1e-5 * abs(ref.training_loss), seed
     stock_params = dict(stock.named_parameters())
     for n, p in fused.named_parameters():
-        torch.testing.assert_close(p, stock_params[n], atol=2e-6, rtol=1e-5, msg=lambda m: f"seed={seed} {n}: {m}")
+        torch.testing.assert_close(p, stock_params[n], atol=2e-6, rtol=1e-5,
+                                   msg=lambda m: f"seed={seed} {n}: {m}")
     # eval: real logits for compute_metrics, and the smoothed loss as the stock LabelSmoother computes it
-    ref_eval = transformers.Trainer(model=stock, args=trainer_args(tmp_path / "stock", **kw), eval_dataset=data,
-                                    data_collator=collate).evaluate()
+    ref_eval = transformers.Trainer(model=stock, args=trainer_args(tmp_path / "stock", **kw),
+                                    eval_dataset=data, data_collator=collate).evaluate()
     calls.clear()
     got = trainer.evaluate()
     assert calls and abs(got["eval_loss"] - ref_eval["eval_loss"]) < 1e-5 * ref_eval["eval_loss"], seed
@@ -255,7 +258,8 @@ def test_autopatch_off_by_default_and_env_options(monkeypatch):
     assert hf.autopatch() is False
     monkeypatch.setenv("FUSED_LINEAR_CE", "0")
     assert hf.autopatch() is False
-    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss=1e-4,ignore_index=-1,backend=torch,log_entropy=off,")
+    monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS",
+                       "z_loss=1e-4,ignore_index=-1,backend=torch,log_entropy=off,")
     assert hf.env_options() == {"z_loss": 1e-4, "ignore_index": -1, "backend": "torch", "log_entropy": False}
     monkeypatch.setenv("FUSED_LINEAR_CE_OPTIONS", "z_loss")
     with pytest.raises(ValueError, match="FUSED_LINEAR_CE_OPTIONS"):

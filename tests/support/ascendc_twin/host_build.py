@@ -21,11 +21,13 @@ OP_HOST_SOURCES = sorted(glob.glob(os.path.join(ASCEND, "*", "op_host", "*.cpp")
 # and csrc/ascend/CMakeLists.txt passes no COMPILE_OPTIONS.
 OPBUILD_FLAGS = ["-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=0", "-std=c++11", f"-I{STUB_INCLUDE}"]
 
-# The TILING / GRAPH object libraries of npu_op_library (asc-devkit cmake/asc/fwk_modules/func.cmake) compile the same
-# sources with intf_pub (cmake/asc/fwk_modules/intf.cmake, Release) and OP_TILING_LIB / OP_PROTO_LIB; intf_pub asks
-# for cxx_std_11 only, so g++ 12 uses its default standard there. -Wall -Wextra -Werror are this project's additions.
-CMAKE_LIB_FLAGS = ["-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-O2", "-fstack-protector-strong",
-                   "-D_GLIBCXX_USE_CXX11_ABI=0", "-D_FORTIFY_SOURCE=2", f"-I{STUB_INCLUDE}"]
+# The TILING / GRAPH object libraries of npu_op_library (asc-devkit cmake/asc/fwk_modules/func.cmake) compile
+# the same sources with intf_pub (cmake/asc/fwk_modules/intf.cmake, Release) and OP_TILING_LIB / OP_PROTO_LIB;
+# intf_pub asks for cxx_std_11 only, so g++ 12 uses its default standard there. -Wall -Wextra -Werror are this
+# project's additions.
+CMAKE_LIB_FLAGS = ["-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-O2",
+                   "-fstack-protector-strong", "-D_GLIBCXX_USE_CXX11_ABI=0", "-D_FORTIFY_SOURCE=2",
+                   f"-I{STUB_INCLUDE}"]
 STRICT = ["-Wall", "-Wextra", "-Werror"]
 
 
@@ -67,7 +69,8 @@ class Driver:
         self.stderr = ""  # of the last call: the tilings' error messages
 
     def __call__(self, lines: list[str]) -> list[dict]:
-        r = subprocess.run([self.exe], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300)
+        r = subprocess.run([self.exe], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                           timeout=300)
         self.stderr = r.stderr
         outs = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
         if r.returncode != 0 or len(outs) != len(lines):

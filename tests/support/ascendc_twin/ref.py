@@ -21,8 +21,8 @@ def fresh_seed() -> int:
 # ---------------------------------------------------------------------------------------------- references
 # The float64 references are fused_lce.core.formulas' (reference_stats, reference_coef_grads, reference_loss);
 # the loss's coefficients are the driver's (formulas.loss_coefs).
-def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps, z_loss, softcap,
-                    mask):
+def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_start, vocab_total, eps,
+                    z_loss, softcap, mask):
     """The grad kernel on the twin with the loss's coefficients (what the npu provider sends for the loss)."""
     opts = Options(label_smoothing=eps, z_loss=z_loss, vocab_total=vocab_total)
     a, t, _, u = formulas.loss_coefs(lse.float(), grad_tok.float(), opts, weight.shape[0])
@@ -31,7 +31,8 @@ def twin_loss_grads(ops, grad_tok, hidden, weight, bias, labels, lse, vocab_star
 
 
 def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):
-    """Hidden (scaled), a weight whose logits spread over a few units, an optional bias: the statistics tests'."""
+    """Hidden (scaled), a weight whose logits spread over a few units, an optional bias: the statistics
+    tests'."""
     h = (torch.randn(n, d) * scale).to(dtype)
     w = (torch.randn(v, d) / d**0.5 * 3).to(dtype)
     b = torch.randn(v).to(dtype) if bias else None
@@ -39,7 +40,8 @@ def make_stats_inputs(n, d, v, dtype, bias, scale=1.0):
 
 
 # ---------------------------------------------------------------------------------------------- tolerances
-# relative L2 error of the gradients against float64: bf16 / fp16 round dz to the operand dtype before the GEMMs
+# relative L2 error of the gradients against float64: bf16 / fp16 round dz to the operand dtype before the
+# GEMMs
 GRAD_RTOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 
@@ -57,9 +59,11 @@ def assert_stats(got, ref, scale, vocab_start, msg):
     assert torch.allclose(m.double(), rm, rtol=1e-5, atol=atol), f"max {msg}: {(m.double() - rm).abs().max()}"
     rel_s = ((s.double() - rs) / rs).abs().max()
     assert torch.allclose(s.double(), rs, rtol=2e-5, atol=1e-6), f"sum_exp {msg}: {rel_s}"
-    assert torch.allclose(zt.double(), rzt, rtol=1e-5, atol=atol), f"target {msg}: {(zt.double() - rzt).abs().max()}"
+    assert torch.allclose(zt.double(), rzt, rtol=1e-5, atol=atol), \
+        f"target {msg}: {(zt.double() - rzt).abs().max()}"
     zs_tol = 2e-5 * scale * max(1, z.shape[1]) ** 0.5
-    assert torch.allclose(zs.double(), rzs, rtol=1e-5, atol=zs_tol), f"zsum {msg}: {(zs.double() - rzs).abs().max()}"
+    assert torch.allclose(zs.double(), rzs, rtol=1e-5, atol=zs_tol), \
+        f"zsum {msg}: {(zs.double() - rzs).abs().max()}"
     assert am.dtype == torch.int64
     # the argmax is the first index whose logit is the maximum; where two logits tie within float32 rounding
     # either may win, so check the value and the index where the top two are apart

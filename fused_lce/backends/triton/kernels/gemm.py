@@ -1,21 +1,22 @@
 """The logits GEMM with the cross-entropy work in its epilogue.
 
-``z = (h @ W.T (+ bias)) / temperature`` for a block of tokens, tile by tile (BM tokens x BN vocabulary columns, the
-full hidden size reduced in float32 on the tensor cores), then, on the float32 accumulator, one of three epilogues:
+``z = (h @ W.T (+ bias)) / temperature`` for a block of tokens, tile by tile (BM tokens x BN vocabulary
+columns, the full hidden size reduced in float32 on the tensor cores), then, on the float32 accumulator, one
+of three epilogues:
 
-* ``EXP``: per row of the tile its max ``m_t``, ``s_t = sum exp(z - m_t)``, first argmax (and ``sum z`` with label
-  smoothing, ``sum exp(z - m_t) (z - m_t)`` for the entropy) into small per-tile arrays, and ``exp(z - m_t)`` stored
-  in the input dtype. The gradient
-  ``dz = a exp(z - lse) - ...`` is then ``a exp(m_t - lse) * e`` (``rows.dz_from_exp``): every stored value lies in
-  [0, 1] and carries one rounding of relative size 2^-9 (bf16), where a bf16 logit would carry one of size
-  2^-9 * |z| into the exponent. The statistics come from the unrounded float32 accumulator.
+* ``EXP``: per row of the tile its max ``m_t``, ``s_t = sum exp(z - m_t)``, first argmax (and ``sum z`` with
+  label smoothing, ``sum exp(z - m_t) (z - m_t)`` for the entropy) into small per-tile arrays, and ``exp(z -
+  m_t)`` stored in the input dtype. The gradient ``dz = a exp(z - lse) - ...`` is then ``a exp(m_t - lse) *
+  e`` (``rows.dz_from_exp``): every stored value lies in [0, 1] and carries one rounding of relative size 2^-9
+  (bf16), where a bf16 logit would carry one of size 2^-9 * |z| into the exponent. The statistics come from
+  the unrounded float32 accumulator.
 * ``STATS``: the statistics only, nothing stored (the compact schedule's first pass).
 * ``DZ``: the lse is known (recompute / compact second pass): ``dz`` itself is stored, from the per-row
   coefficients the driver formed (``dz = p (a + b z) - t onehot - u``; ``b`` is the entropy's term).
 
-Tile order: groups of GROUP_M row tiles sweep the vocabulary, so a group's hidden rows stay in L2 while each weight
-tile is read from memory once per group. With ``PERSISTENT`` a fixed grid of programs walks the tiles (the next
-tile's loads can start during the epilogue; ``ws`` asks Triton to warp-specialise that loop).
+Tile order: groups of GROUP_M row tiles sweep the vocabulary, so a group's hidden rows stay in L2 while each
+weight tile is read from memory once per group. With ``PERSISTENT`` a fixed grid of programs walks the tiles
+(the next tile's loads can start during the epilogue; ``ws`` asks Triton to warp-specialise that loop).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U: tl.constexpr, HAS_B: tl.constexpr,
               HAS_SCALE: tl.constexpr, BR: tl.constexpr):
-    """The driver's per-row gradient coefficients ``(a, t, u, b)`` of ``rows`` (``u`` / ``b`` 0 when absent), each
-    times the 0-dim scale when there is one."""
+    """The driver's per-row gradient coefficients ``(a, t, u, b)`` of ``rows`` (``u`` / ``b`` 0 when absent),
+    each times the 0-dim scale when there is one."""
     a = tl.load(a_ptr + rows, mask=rmask, other=0.0)
     t = tl.load(t_ptr + rows, mask=rmask, other=0.0)
     u = tl.zeros([BR], tl.float32)
@@ -63,9 +64,11 @@ class GemmConfig:
     stages: int = 3
     warps: int = 8
     group_m: int = 8
-    subtile: int = 2  # the output tile is stored in this many column pieces (less shared memory for the store)
+    # the output tile is stored in this many column pieces (less shared memory for the store)
+    subtile: int = 2
     persistent: int = 1  # programs per SM of a persistent grid; 0: one program per tile
-    ws: int = 0  # persistent grid: Triton's automatic warp specialisation of the tile loop (loads / MMA / epilogue)
+    # persistent grid: Triton's automatic warp specialisation of the tile loop (loads / MMA / epilogue)
+    ws: int = 0
 
     @staticmethod
     @functools.lru_cache(maxsize=64)  # the launch path parses the environment's text on every call
@@ -77,8 +80,8 @@ class GemmConfig:
 
 def default_config(d: int) -> GemmConfig:
     """The tile configuration (measured on the H200, docs/performance.md: of ten configurations the persistent
-    128x256x64 grid, one program per SM, 3 stages, 8 warps, was fastest at D = 4096 and 2048 and for an odd V);
-    FUSED_LCE_GEMM_CONFIG overrides."""
+    128x256x64 grid, one program per SM, 3 stages, 8 warps, was fastest at D = 4096 and 2048 and for an odd
+    V); FUSED_LCE_GEMM_CONFIG overrides."""
     env = os.environ.get("FUSED_LCE_GEMM_CONFIG", "").strip()
     if env:
         return GemmConfig.parse(env)
@@ -97,12 +100,12 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _one_tile(
-    tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr,
-    label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr,
+    stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr,
+    OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    SUBTILE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     num_n = tl.cdiv(V, BN)
     pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
@@ -126,9 +129,11 @@ def _one_tile(
     if TEMP:  # z = logits / temperature (log-probs)
         acc = acc * inv_temp
     z = tl.where(cmask[None, :], acc, float("-inf"))
-    if MODE == 2:  # DZ: the gradient of this tile, the row lse known: dz = p (a + b z) - t onehot - u (driver's rows)
+    # DZ: the gradient of this tile, the row lse known: dz = p (a + b z) - t onehot - u (driver's rows)
+    if MODE == 2:
         lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-        a, tc, uc, cb = row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U, HAS_B, HAS_SCALE, BM)
+        a, tc, uc, cb = row_coefs(a_ptr, t_ptr, u_ptr, b_ptr, scale_ptr, rows, rmask, HAS_U, HAS_B,
+                                  HAS_SCALE, BM)
         yl = tl.load(y_ptr + rows, mask=rmask, other=-1).to(tl.int64) - label_off
         p = tl.exp2((z - lse[:, None]) * 1.4426950408889634)
         if HAS_B:  # the entropy term; z floored where p underflows, so p = 0 gives 0 also where z = -inf
@@ -138,7 +143,8 @@ def _one_tile(
         if HAS_U:
             out = out - uc[:, None]
         out = tl.where(cols[None, :] == yl[:, None], out - tc[:, None], out)
-        dead = (a == 0.0) & (tc == 0.0) & (uc == 0.0) & (cb == 0.0)  # ignored rows (a NaN is not 0: it poisons)
+        # ignored rows (a NaN is not 0: it poisons)
+        dead = (a == 0.0) & (tc == 0.0) & (uc == 0.0) & (cb == 0.0)
         out = tl.where(dead[:, None], 0.0, out)  # ignored rows: exact zeros whatever the logits
     else:
         m_t = tl.max(z, axis=1)
@@ -169,19 +175,22 @@ def _one_tile(
 # sizes, strides and label offsets vary per chunk and shard: one compiled kernel for all of them
 @triton.jit(do_not_specialize=["M", "V", "D", "stride_t", "label_off", "inv_temp"])
 def _lce_gemm_kernel(
-    h_desc, w_desc, o_desc,  # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
+    # tensor descriptors: hidden [M, D], weight [V, D], output [M, V] (row stride padded)
+    h_desc, w_desc, o_desc,
     M, V, D,
     live_ptr,  # LIVE: the number of leading rows to compute (a device int), the other row tiles are skipped
     bias_ptr,  # bias [V] (HAS_BIAS)
     # per-tile max / sum-exp / argmax (int32) / sum z (SMOOTH) / entropy sum (ENTROPY): [M, tiles]
     tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t,
     y_ptr, label_off,  # DZ: labels (global ids) and this weight's first id
-    lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,  # DZ: row lse, coefficients a, t (, b: HAS_B, u: HAS_U), scale
+    # DZ: row lse, coefficients a, t (, b: HAS_B, u: HAS_U), scale
+    lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,
     inv_temp,  # 1 / temperature (TEMP)
-    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr, ENTROPY: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
-    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr, LIVE: tl.constexpr,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_B: tl.constexpr, HAS_U: tl.constexpr, HAS_SCALE: tl.constexpr,
+    OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    SUBTILE: tl.constexpr, NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr,
+    UPCAST: tl.constexpr, LIVE: tl.constexpr,
 ):
     m_live = M
     if LIVE:  # read on the device: the host never waits for the count
@@ -190,16 +199,16 @@ def _lce_gemm_kernel(
     num_tiles = num_m * tl.cdiv(V, BN)
     if NUM_PROGS == 0:  # one tile per program
         if tl.program_id(0) < num_tiles:
-            _one_tile(tl.program_id(0), num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr,
-                      tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr,
-                      inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
-                      GROUP_M, SUBTILE, UPCAST)
+            _one_tile(tl.program_id(0), num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr,
+                      ts_ptr, ta_ptr, tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr,
+                      b_ptr, u_ptr, scale_ptr, inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U,
+                      HAS_SCALE, OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
     else:  # persistent: a fixed grid walks the tiles
         for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WS):
-            _one_tile(tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr, tz_ptr, te_ptr,
-                      stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr, scale_ptr, inv_temp,
-                      MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE, OUT_BF16, BM, BN, BK,
-                      GROUP_M, SUBTILE, UPCAST)
+            _one_tile(tile, num_m, h_desc, w_desc, o_desc, M, V, D, bias_ptr, tm_ptr, ts_ptr, ta_ptr,
+                      tz_ptr, te_ptr, stride_t, y_ptr, label_off, lse_ptr, a_ptr, t_ptr, b_ptr, u_ptr,
+                      scale_ptr, inv_temp, MODE, HAS_BIAS, TEMP, SMOOTH, ENTROPY, HAS_B, HAS_U, HAS_SCALE,
+                      OUT_BF16, BM, BN, BK, GROUP_M, SUBTILE, UPCAST)
 
 
 def num_tiles_n(v: int, cfg: GemmConfig) -> int:
@@ -221,7 +230,8 @@ def _cuda_sm_count(index: int) -> int:
 
 @dataclass
 class TileStats:
-    """Per (row, vocabulary tile) statistics written by the EXP / STATS epilogues: ``[rows, tiles]`` arrays."""
+    """Per (row, vocabulary tile) statistics written by the EXP / STATS epilogues: ``[rows, tiles]``
+    arrays."""
 
     m: torch.Tensor
     s: torch.Tensor
@@ -242,15 +252,16 @@ class TileStats:
 
 def lce_gemm(mode: int, h: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], cfg: GemmConfig, *,
              bias: Optional[torch.Tensor] = None, tiles: Optional[TileStats] = None, smooth: bool = False,
-             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None, b=None, u=None,
-             scale=None, inv_temp: float = 1.0, live: Optional[torch.Tensor] = None) -> None:
-    """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T`` (divided by the temperature when ``inv_temp``
-    is not 1). ``out``: an ``[M, V]`` view with unit column stride and a 16-byte aligned row stride (EXP / DZ), in
-    the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez`` given: the entropy sums too).
-    DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``b``, ``u`` of ``dz = softmax (a + b z) - t onehot
-    - u`` (times the 0-dim ``scale``). ``live``: a 0-dim integer device tensor; only rows ``[0, live)`` are computed
-    (whole row tiles: the rest of the last one too). Nothing is written for the other rows: their tile statistics and
-    outputs keep whatever the buffers held (the caller overwrites them)."""
+             labels: Optional[torch.Tensor] = None, label_off: int = 0, lse=None, a=None, t=None,
+             b=None, u=None, scale=None, inv_temp: float = 1.0, live: Optional[torch.Tensor] = None) -> None:
+    """One launch of the logits GEMM over ``h [M, D] @ w[V, D].T`` (divided by the temperature when
+    ``inv_temp`` is not 1). ``out``: an ``[M, V]`` view with unit column stride and a 16-byte aligned row
+    stride (EXP / DZ), in the input dtype. ``tiles``: ``[M, >= tiles]`` arrays (EXP / STATS; ``tiles.ez``
+    given: the entropy sums too). DZ: per-row float32 coefficients ``a``, ``t`` and optionally ``b``, ``u`` of
+    ``dz = softmax (a + b z) - t onehot - u`` (times the 0-dim ``scale``). ``live``: a 0-dim integer device
+    tensor; only rows ``[0, live)`` are computed (whole row tiles: the rest of the last one too). Nothing is
+    written for the other rows: their tile statistics and outputs keep whatever the buffers held (the caller
+    overwrites them)."""
     m, d = h.shape
     v = w.shape[0]
     if m == 0 or v == 0:

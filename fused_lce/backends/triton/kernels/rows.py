@@ -1,5 +1,6 @@
-"""Small kernels around the logits GEMM: tile statistics -> row statistics, exp tiles -> dz, the label's logit,
-fused scale + cast, and the in-place upstream scale that costs nothing when the upstream gradient is 1."""
+"""Small kernels around the logits GEMM: tile statistics -> row statistics, exp tiles -> dz, the label's
+logit, fused scale + cast, and the in-place upstream scale that costs nothing when the upstream gradient
+is 1."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -14,8 +15,8 @@ from .gemm import TileStats, row_coefs
 # ---------------------------------------------------------------------------------------------- statistics
 @triton.jit
 def store_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, MERGE: tl.constexpr, ENTROPY: tl.constexpr):
-    """Stores the row's statistics ``(m, s, am, ez)``, merged first (MERGE) into the stored ones of the columns to
-    their left; returns the stored ``(m, s)``."""
+    """Stores the row's statistics ``(m, s, am, ez)``, merged first (MERGE) into the stored ones of the
+    columns to their left; returns the stored ``(m, s)``."""
     if MERGE:
         m, s, am, ez = merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY)
     tl.store(m_ptr + row, m)
@@ -28,9 +29,9 @@ def store_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, MERGE: tl.const
 
 @triton.jit
 def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.constexpr):
-    """The row's stored statistics (max, sum-exp, first argmax, entropy sum ``ez``: columns to the left) merged with
-    ``(m, s, am, ez)`` of the columns to its right (lower ids win argmax ties); sums moved to the common max, their
-    ``z - m`` factors floored where the exp underflows (a -inf logit adds 0)."""
+    """The row's stored statistics (max, sum-exp, first argmax, entropy sum ``ez``: columns to the left)
+    merged with ``(m, s, am, ez)`` of the columns to its right (lower ids win argmax ties); sums moved to the
+    common max, their ``z - m`` factors floored where the exp underflows (a -inf logit adds 0)."""
     m0 = tl.load(m_ptr + row)
     s0 = tl.load(s_ptr + row)
     new_m = tl.maximum(m0, m)
@@ -40,7 +41,8 @@ def merge_stats(m_ptr, s_ptr, am_ptr, ez_ptr, row, m, s, am, ez, ENTROPY: tl.con
     f0 = tl.exp(d0)
     f1 = tl.exp(d1)
     if ENTROPY:
-        ez = f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0) + f1 * (ez + tl.maximum(d1, -104.0) * s)
+        ez = (f0 * (tl.load(ez_ptr + row) + tl.maximum(d0, -104.0) * s0)
+              + f1 * (ez + tl.maximum(d1, -104.0) * s))
     am = tl.where(m > m0, am, tl.load(am_ptr + row))
     return new_m, s0 * f0 + s * f1, am, ez
 
@@ -75,7 +77,8 @@ def _combine_kernel(
         # exp(-inf - ref) = 0 for empty tiles; a NaN in st (a NaN logit) poisons the sum
         f = tl.exp(mt - ref)
         s_v += tl.where(mt == float("-inf"), tl.where(st != st, st, 0.0), st * f)
-        if ENTROPY:  # each tile's sum moved to the row max: e^(m_t - m) (ez_t + (m_t - m) s_t), floored like s
+        # each tile's sum moved to the row max: e^(m_t - m) (ez_t + (m_t - m) s_t), floored like s
+        if ENTROPY:
             et = tl.load(te_ptr + base + t0 + offs, mask=msk, other=0.0)
             e_v += tl.where(mt == float("-inf"), 0.0, f * (et + tl.maximum(mt - ref, -104.0) * st))
         a_v = tl.minimum(a_v, tl.where(msk & (mt == m), tl.load(ta_ptr + base + t0 + offs, mask=msk, other=0),
@@ -110,10 +113,10 @@ def combine(tiles: TileStats, ntiles: int, m, s, zs, am, *, col_off: int, merge:
             lse: Optional[torch.Tensor] = None, ez: Optional[torch.Tensor] = None,
             rows_out: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None) -> None:
     """Row statistics from tile statistics (``ntiles`` columns of the tile arrays), optionally merged into
-    ``m, s, zs, am`` (and ``ez``, the entropy sum, when the tiles have one); the lse too when ``lse`` is given (one
-    device: the row's statistics are global). ``rows_out``: tile row ``r``'s statistics go to row ``rows_out[r]``
-    of the outputs (its lse stays at ``r``). ``count`` (a device integer): tile rows from ``count`` on were not
-    computed; their outputs get neutral statistics (m 0, s 1, the rest 0)."""
+    ``m, s, zs, am`` (and ``ez``, the entropy sum, when the tiles have one); the lse too when ``lse`` is given
+    (one device: the row's statistics are global). ``rows_out``: tile row ``r``'s statistics go to row
+    ``rows_out[r]`` of the outputs (its lse stays at ``r``). ``count`` (a device integer): tile rows from
+    ``count`` on were not computed; their outputs get neutral statistics (m 0, s 1, the rest 0)."""
     rows = rows_out.shape[0] if rows_out is not None else m.shape[0]
     if rows == 0:
         return
@@ -155,8 +158,8 @@ def _target_kernel(h_ptr, w_ptr, b_ptr, y_ptr, out_ptr, stride_h, stride_w, labe
 
 
 def target_logit(h, w, bias, labels, label_off: int, out, inv_temp: float = 1.0) -> None:
-    """out[i] = (h[i] . w[label_i - label_off] (+ bias)) * inv_temp in float32 where the label is a row of ``w``,
-    else 0."""
+    """out[i] = (h[i] . w[label_i - label_off] (+ bias)) * inv_temp in float32 where the label is a row of
+    ``w``, else 0."""
     n, d = h.shape
     if n == 0:
         return
@@ -172,8 +175,8 @@ def target_logit(h, w, bias, labels, label_off: int, out, inv_temp: float = 1.0)
 def _dz_from_exp_kernel(
     e_ptr, ld, tm_ptr, stride_t, lse_ptr, a_ptr, t_ptr, u_ptr, scale_ptr, y_ptr, label_off, M,
     a0, a1, t0, u0,
-    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, HAS_A1: tl.constexpr, TILE_N: tl.constexpr,
-    BR: tl.constexpr,
+    LOSS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_U: tl.constexpr, HAS_A1: tl.constexpr,
+    TILE_N: tl.constexpr, BR: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     t = tl.program_id(1)
@@ -182,7 +185,9 @@ def _dz_from_exp_kernel(
     rows64 = rows.to(tl.int64)
     m_t = tl.load(tm_ptr + rows64 * stride_t + t, mask=rmask, other=0.0)
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-    if LOSS:  # the one-pass loss: a = g (a0 + a1 lse), t = g t0, u = g u0 (``fused_lce.core.formulas.loss_terms``), g from a_ptr
+    # the one-pass loss: a = g (a0 + a1 lse), t = g t0, u = g u0 (``fused_lce.core.formulas.loss_terms``), g
+    # from a_ptr
+    if LOSS:
         g = tl.load(a_ptr + rows, mask=rmask, other=0.0)
         if HAS_SCALE:
             g = g * tl.load(scale_ptr)
@@ -193,7 +198,8 @@ def _dz_from_exp_kernel(
         u = g * u0
         keep = g != 0.0
     else:  # the driver's per-row coefficients
-        coef, tgt, u, _ = row_coefs(a_ptr, t_ptr, u_ptr, a_ptr, scale_ptr, rows, rmask, HAS_U, False, HAS_SCALE, BR)
+        coef, tgt, u, _ = row_coefs(a_ptr, t_ptr, u_ptr, a_ptr, scale_ptr, rows, rmask, HAS_U, False,
+                                    HAS_SCALE, BR)
         keep = (coef != 0.0) | (tgt != 0.0) | (u != 0.0)  # a NaN is not 0: it poisons its row
     ref = tl.where(m_t == float("-inf"), 0.0, m_t)
     c = coef * tl.exp(ref - lse)  # the tile's exp values were taken relative to its max
@@ -210,13 +216,14 @@ def _dz_from_exp_kernel(
     tl.store(ptr, d.to(e_ptr.dtype.element_ty), mask=msk)
 
 
-def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels, label_off: int, *,
-                terms=(1.0, 0.0, 1.0, 0.0)) -> None:
-    """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of 64
-    elements; the padding columns are overwritten): ``dz = a exp(m_t - lse) e - t [col == label] - u``, 0 on rows
-    whose coefficients are all 0; ``scale`` (0-dim) multiplies them. ``coef``: the driver's per-row ``(a, t, u)``
-    (``u`` may be None), or a tensor ``g`` of token weights (the one-pass loss), whose coefficients are formed
-    here from the loss's ``terms`` (``fused_lce.core.LossTerms``): ``a = g (a0 + a1 lse)``, ``t = g t0``, ``u = g u0``."""
+def dz_from_exp(e: torch.Tensor, tile_m: torch.Tensor, tile_n: int, lse, coef, scale, labels,
+                label_off: int, *, terms=(1.0, 0.0, 1.0, 0.0)) -> None:
+    """In place over the EXP tiles ``e [M, V]`` (a column slice of a buffer whose row stride is a multiple of
+    64 elements; the padding columns are overwritten): ``dz = a exp(m_t - lse) e - t [col == label] - u``, 0
+    on rows whose coefficients are all 0; ``scale`` (0-dim) multiplies them. ``coef``: the driver's per-row
+    ``(a, t, u)`` (``u`` may be None), or a tensor ``g`` of token weights (the one-pass loss), whose
+    coefficients are formed here from the loss's ``terms`` (``fused_lce.core.LossTerms``): ``a = g (a0 + a1
+    lse)``, ``t = g t0``, ``u = g u0``."""
     m, v = e.shape
     if m == 0 or v == 0:
         return
@@ -248,8 +255,8 @@ def _scale_cast_kernel(src_ptr, dst_ptr, n, scale_ptr, HAS_SCALE: tl.constexpr, 
 
 def scale_cast(src: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor],
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``(src * scale).to(dtype)`` in one pass (contiguous ``src`` and ``out``; ``scale`` a 0-dim float32 tensor
-    or None), into ``out`` when given."""
+    """``(src * scale).to(dtype)`` in one pass (contiguous ``src`` and ``out``; ``scale`` a 0-dim float32
+    tensor or None), into ``out`` when given."""
     if src.dtype == dtype and scale is None and out is None:
         return src
     dst = torch.empty(src.shape, device=src.device, dtype=dtype) if out is None else out
@@ -271,8 +278,8 @@ def _scale_part(x_ptr, n, g, BLOCK: tl.constexpr, NPROG: tl.constexpr):
 
 
 @triton.jit
-def _scale_unless_one_kernel(x0_ptr, n0, x1_ptr, n1, x2_ptr, n2, g_ptr, COUNT: tl.constexpr, BLOCK: tl.constexpr,
-                             NPROG: tl.constexpr):
+def _scale_unless_one_kernel(x0_ptr, n0, x1_ptr, n1, x2_ptr, n2, g_ptr, COUNT: tl.constexpr,
+                             BLOCK: tl.constexpr, NPROG: tl.constexpr):
     g = tl.load(g_ptr).to(tl.float32)
     if g != 1.0:  # the usual upstream gradient is exactly 1: then no byte of x is read or written
         _scale_part(x0_ptr, n0, g, BLOCK, NPROG)
@@ -283,9 +290,10 @@ def _scale_unless_one_kernel(x0_ptr, n0, x1_ptr, n1, x2_ptr, n2, g_ptr, COUNT: t
 
 
 def scale_unless_one_(tensors: Sequence[torch.Tensor], g: torch.Tensor) -> None:
-    """In place ``x *= g`` for each contiguous tensor (``g`` a 0-dim float32 tensor on the same device), reading
-    ``g`` on the device: a few microseconds when ``g == 1``, one pass otherwise. No host synchronisation; one launch
-    for up to three tensors (dX, dW, db: each launch costs tens of microseconds of host time)."""
+    """In place ``x *= g`` for each contiguous tensor (``g`` a 0-dim float32 tensor on the same device),
+    reading ``g`` on the device: a few microseconds when ``g == 1``, one pass otherwise. No host
+    synchronisation; one launch for up to three tensors (dX, dW, db: each launch costs tens of microseconds of
+    host time)."""
     block, nprog = 4096, 1024
     xs = [x for x in tensors if x.numel()]
     for k in range(0, len(xs), 3):

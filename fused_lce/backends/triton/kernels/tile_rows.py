@@ -1,5 +1,6 @@
-"""The row kernel of the cuBLAS path: over float32 logits rows (bias, softcap and temperature applied here), the
-per-row statistics (online softmax, first argmax, sums) and / or the gradient rows ``dz``, written in place."""
+"""The row kernel of the cuBLAS path: over float32 logits rows (bias, softcap and temperature applied here),
+the per-row statistics (online softmax, first argmax, sums) and / or the gradient rows ``dz``, written in
+place."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,10 +17,11 @@ NUM_WARPS = 8
 
 @triton.jit
 def _softcap(x, cap):
-    """``cap * tanh(x / cap)`` to about one float32 unit for every ``cap`` (as Cephes' tanhf), no libdevice (runs
-    under the interpreter): with ``y = x / cap``, ``x (1 + y^2 P(y^2))`` for ``|y| < 0.625`` (tanhf's odd polynomial;
-    ``x`` itself where ``y^2`` underflows), else ``cap * sign(y) (1 - e) / (1 + e)``, ``e = exp(-2|y|)`` in (0, 1]
-    (exact limits at +-inf, no overflow). The quotient alone loses small ``|y|``: ``1 - e`` cancels."""
+    """``cap * tanh(x / cap)`` to about one float32 unit for every ``cap`` (as Cephes' tanhf), no libdevice
+    (runs under the interpreter): with ``y = x / cap``, ``x (1 + y^2 P(y^2))`` for ``|y| < 0.625`` (tanhf's
+    odd polynomial; ``x`` itself where ``y^2`` underflows), else ``cap * sign(y) (1 - e) / (1 + e)``, ``e =
+    exp(-2|y|)`` in (0, 1] (exact limits at +-inf, no overflow). The quotient alone loses small ``|y|``: ``1 -
+    e`` cancels."""
     y = x / cap
     q = y * y
     p = -5.70498872745e-3 * q + 2.06390887954e-2
@@ -33,7 +35,8 @@ def _softcap(x, cap):
 
 @triton.jit
 def _capped(z_row, bias_ptr, cols, msk, cap, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr):
-    """The logits of ``cols`` of one row as the loss sees them: plus the bias, then softcapped (0 where masked)."""
+    """The logits of ``cols`` of one row as the loss sees them: plus the bias, then softcapped (0 where
+    masked)."""
     z = tl.load(z_row + cols, mask=msk, other=0.0)
     if HAS_BIAS:
         z += tl.load(bias_ptr + cols, mask=msk, other=0.0).to(tl.float32)
@@ -55,7 +58,8 @@ def _rows_kernel(
     a_ptr, t_ptr, b_ptr, u_ptr,
     scale_ptr,  # 0-dim float32 factor of every gradient (HAS_SCALE)
     lse_ptr,  # STATS == 0 and GRAD: the row's global lse (read)
-    m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr, ez_ptr,  # STATS: raw statistics (read first when MERGE); ez: ENTROPY
+    # STATS: raw statistics (read first when MERGE); ez: ENTROPY
+    m_ptr, s_ptr, zt_ptr, zs_ptr, am_ptr, ez_ptr,
     ncols, label_off, a0, a1, t0, u0, cap, inv_temp,
     STATS: tl.constexpr, MERGE: tl.constexpr, GRAD: tl.constexpr, LOSS: tl.constexpr, HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, TEMP: tl.constexpr, SMOOTH: tl.constexpr,
@@ -189,11 +193,12 @@ def _rows_kernel(
 
 
 def launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False, grad=False, dz=None, g=None,
-            terms: LossTerms = LossTerms(1.0, 0.0, 1.0, 0.0), coef: Optional[Coefs] = None, scale=None, lse=None,
-            v0=0, v1=None):
+            terms: LossTerms = LossTerms(1.0, 0.0, 1.0, 0.0), coef: Optional[Coefs] = None,
+            scale=None, lse=None, v0=0, v1=None):
     """The row kernel over the rows of a logits tile ``z`` (columns ``[v0, v1)`` of this shard). ``stats``: a
-    ``Stats`` / ``EntropyStats`` to write (and merge into). Gradients: from the driver's per-row ``coef`` or, for
-    the one-pass loss only (``stats`` and ``grad``), from the token weight ``g`` (the loss formula in the kernel)."""
+    ``Stats`` / ``EntropyStats`` to write (and merge into). Gradients: from the driver's per-row ``coef`` or,
+    for the one-pass loss only (``stats`` and ``grad``), from the token weight ``g`` (the loss formula in the
+    kernel)."""
     nrows = z.shape[0]
     if nrows == 0:
         return
@@ -216,8 +221,8 @@ def launch(t: Tensors, opts: Options, z, rows: slice, *, stats=None, merge=False
         arg(dz), dz.stride(0) if dz is not None else 0,
         arg(bias), t.labels[rows], arg(a), arg(tc), arg(cb), arg(u), arg(scale), arg(lse), *raw, arg(ez),
         v1 - v0, int(opts.vocab_start + v0), k.a0, k.a1, k.t0, k.u0, float(opts.softcap or 1.0), 1.0 / temp,
-        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss), HAS_SCALE=scale is not None,
-        HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
+        STATS=stats is not None, MERGE=bool(merge), GRAD=bool(grad), LOSS=bool(loss),
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, SOFTCAP=bool(opts.softcap), TEMP=temp != 1.0,
         SMOOTH=opts.wants_zsum, HAS_A1=bool(k.a1), ENTROPY=ez is not None,
         HAS_B=cb is not None, HAS_U=bool(k.u0) if loss else u is not None,
         COMPACT=bool(grad and dz is not None and dz.element_size() != z.element_size()),

@@ -1,19 +1,23 @@
-"""A fake ``torch_npu`` for tests: the simulated "npu" device (tests/support/npu_sim.py) plus the CANN fused trio
-implemented in torch from its documentation (torch_npu API docs and the aclnn docs in hicann/ops-nn), including the
-argument checks those documents list, so the "npu_cann" wrapper is exercised against the documented contract.
+"""A fake ``torch_npu`` for tests: the simulated "npu" device (tests/support/npu_sim.py) plus the CANN fused
+trio implemented in torch from its documentation (torch_npu API docs and the aclnn docs in hicann/ops-nn),
+including the argument checks those documents list, so the "npu_cann" wrapper is exercised against the
+documented contract.
 
 Documented semantics implemented here:
-* ``npu_fused_linear_online_max_sum``: logits ``input @ weight.T`` (float32 accumulate, then rounded to the input
-  dtype as the kernel's bf16/fp16 workspace does), per-row local max, sum of ``exp(z - max)``, ``z[t] - max`` for
-  targets in ``[vocab_start, vocab_end)`` (end exclusive, as the kernel and its golden test compare with >=),
-  the out-of-range bit mask (token 8k+j in bit j of byte k, padding bits 1), the shard-local target (0 when out).
-* ``npu_fused_cross_entropy_loss_with_max_sum``: ``log(sum_exp_logits) - predicted_logits`` (label_smoothing 0 only).
+* ``npu_fused_linear_online_max_sum``: logits ``input @ weight.T`` (float32 accumulate, then rounded to the
+  input dtype as the kernel's bf16/fp16 workspace does), per-row local max, sum of ``exp(z - max)``, ``z[t] -
+  max`` for targets in ``[vocab_start, vocab_end)`` (end exclusive, as the kernel and its golden test compare
+  with >=), the out-of-range bit mask (token 8k+j in bit j of byte k, padding bits 1), the shard-local target
+  (0 when out).
+* ``npu_fused_cross_entropy_loss_with_max_sum``: ``log(sum_exp_logits) - predicted_logits`` (label_smoothing 0
+  only).
 * ``npu_fused_linear_cross_entropy_loss_with_max_sum_backward`` (memory-saving branch):
-  ``dz = grad * (exp(z - logits_max) / sum_exp_logits - onehot)``, ``dX = dz @ W``, ``dW = dz.T @ X`` in the input
-  dtype (dz rounded to it before the matmuls).
+  ``dz = grad * (exp(z - logits_max) / sum_exp_logits - onehot)``, ``dX = dz @ W``, ``dW = dz.T @ X`` in the
+  input dtype (dz rounded to it before the matmuls).
 
 Knobs for scenarios (read at call time): FAKE_CANN_VERSION (default "9.0.0"), FAKE_NPU_DEVICES (default 1),
-FAKE_NO_TRIO=1 (hide the trio, as an older torch_npu), FAKE_TRIO_FAIL=1 (the functions raise). ``calls`` counts calls.
+FAKE_NO_TRIO=1 (hide the trio, as an older torch_npu), FAKE_TRIO_FAIL=1 (the functions raise). ``calls``
+counts calls.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ __version__ = "2.13.0"
 calls: Counter = Counter()
 
 utils = types.ModuleType("torch_npu.utils")
-utils.get_cann_version = lambda module="CANN": os.environ.get("FAKE_CANN_VERSION", "9.0.0") if module == "CANN" else ""
+utils.get_cann_version = (lambda module="CANN": os.environ.get("FAKE_CANN_VERSION", "9.0.0")
+                          if module == "CANN" else "")
 sys.modules["torch_npu.utils"] = utils
 
 
@@ -50,11 +55,13 @@ def _logits(input, weight):
     return (input.float() @ weight.float().t()).to(input.dtype).float()
 
 
-def _npu_fused_linear_online_max_sum(input, weight, target, vocab_start_index, vocab_end_index, return_logits=False):
+def _npu_fused_linear_online_max_sum(input, weight, target, vocab_start_index, vocab_end_index,
+                                     return_logits=False):
     _trio_on()
     calls["npu_fused_linear_online_max_sum"] += 1
     _check(input.dim() == 2 and weight.dim() == 2 and target.dim() == 1, "input/weight 2-D, target 1-D")
-    _check(input.dtype in (torch.bfloat16, torch.float16) and weight.dtype == input.dtype, "bf16/fp16, same dtype")
+    _check(input.dtype in (torch.bfloat16, torch.float16) and weight.dtype == input.dtype,
+           "bf16/fp16, same dtype")
     _check(target.dtype in (torch.int32, torch.int64), "target int32/int64")
     _check(input.shape[1] <= 65534 and weight.shape[1] == input.shape[1], "input.size(1) <= 65534, same K")
     _check(target.shape[0] == input.shape[0] and weight.shape[0] > 0, "target.size(0) == input.size(0)")
@@ -75,7 +82,8 @@ def _npu_fused_linear_online_max_sum(input, weight, target, vocab_start_index, v
     return m, s, pred, packed, masked.to(target.dtype), logits
 
 
-def _npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predicted_logits, *, label_smoothing=0.0,
+def _npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predicted_logits, *,
+                                               label_smoothing=0.0,
                                               input=None, weight=None, vocab_parallel_logits=None):
     _trio_on()
     calls["npu_fused_cross_entropy_loss_with_max_sum"] += 1
@@ -90,7 +98,8 @@ def _npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predi
     return loss, softmax
 
 
-def _npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weight, target_mask, masked_target,
+def _npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weight, target_mask,
+                                                               masked_target,
                                                               label_smoothing=0.0, logits_max=None,
                                                               sum_exp_logits=None, softmax=None):
     _trio_on()
@@ -103,9 +112,11 @@ def _npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weig
     _check(masked_target.dtype in (torch.int32, torch.int64) and masked_target.shape[0] == grad.shape[0],
            "masked_target int32/int64 (N,)")
     n = grad.shape[0]
-    bits = ((target_mask.to(torch.int32)[:, None] >> torch.arange(8, device=target_mask.device)) & 1).reshape(-1)[:n]
+    bits = ((target_mask.to(torch.int32)[:, None] >> torch.arange(8, device=target_mask.device))
+            & 1).reshape(-1)[:n]
     if softmax is None:
-        _check(logits_max is not None and sum_exp_logits is not None, "logits_max and sum_exp_logits required")
+        _check(logits_max is not None and sum_exp_logits is not None,
+               "logits_max and sum_exp_logits required")
         p = torch.exp(_logits(input, weight) - logits_max[:, None]) / sum_exp_logits[:, None]
     else:
         p = softmax.float().clone()
