@@ -101,7 +101,10 @@ inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uin
         return m;
     }
     m.base = ft::plan(n, d, v, elt, flags & ~static_cast<uint32_t>(ft::kBackward), hw,
-                      [&](uint64_t vr, uint64_t bn) { CubePlan s; return layout_stats(&s, vr, bn, elt, flags, ez); });
+                      [&](uint64_t vr, uint64_t bn) -> uint64_t {
+                          CubePlan s;
+                          return layout_stats(&s, vr, bn, elt, flags, ez);
+                      });
     if (m.base.status != ft::kOk) {
         m.status = m.base.status;
         return m;
@@ -114,7 +117,7 @@ inline CubePlan plan_stats(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, uin
     // waves of 1187 tiles -> 4 x 396 with 3 segments; 18 blocks: 18 of 24 cores busy -> 72 tasks of 297 tiles with
     // 4 segments); the finishing phase merges them (O(N x segments)).
     if (p.m_blocks % hw.cube_cores != 0) {
-        const auto busiest = [&](uint64_t s) {
+        const auto busiest = [&](uint64_t s) -> uint64_t {
             const uint64_t sb = ft::ceil_div(p.n_blocks, s), segs = ft::ceil_div(p.n_blocks, sb);
             return ft::ceil_div(p.m_blocks * segs, hw.cube_cores) * sb;
         };
@@ -212,7 +215,10 @@ inline CubeGradPlan plan_grad(uint64_t n, uint64_t d, uint64_t v, uint32_t elt, 
     }
     const bool bias = (flags & ft::kBias) != 0;
     m.base = ft::plan(n, d, v, elt, flags | ft::kBackward, hw,
-                      [&](uint64_t vr, uint64_t bn) { CubeGradPlan s; return layout_grad(&s, vr, bn, elt, flags); });
+                      [&](uint64_t vr, uint64_t bn) -> uint64_t {
+                          CubeGradPlan s;
+                          return layout_grad(&s, vr, bn, elt, flags);
+                      });
     if (m.base.status != ft::kOk) {
         m.status = m.base.status;
         return m;

@@ -1,7 +1,8 @@
 // Host-side helpers of the two ops' tiling functions: reading and validating the node (inputs by IR index, shapes,
 // attributes), the part's memories from PlatformAscendC, the Matmul API tilings of the kernels' GEMMs, logging.
 // C++11 and only CANN's public host headers: opbuild compiles the op_host sources with
-// `-fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -std=c++11 -I${CANN}/include` and nothing else (asc-devkit
+// `-fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -std=c++11 -I${CANN}/include` and the project's OPBUILD_COMPILE_OPTIONS,
+// none here (asc-devkit
 // cmake/asc/fwk_modules/util/compile_ascendc_all_ops_so.py, gen_compile_make_file); the relative include of the
 // tiling data below resolves without any -I.
 // Status: compiled with those flags against the host twin's stub headers (tests/support/ascendc_twin/host/include) and

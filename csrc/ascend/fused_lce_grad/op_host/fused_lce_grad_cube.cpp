@@ -42,7 +42,7 @@ static bool plane_ok(const fused_lce_host::Input& in, int64_t n) {
     return fused_lce_host::is_vector(in, n) && in.dtype == ge::DT_FLOAT;
 }
 
-static ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTilingData* td, const fh::Problem& pr,
+ge::graphStatus GradTiling(gert::TilingContext* ctx, FusedLceGradCubeTilingData* td, const fh::Problem& pr,
                                   platform_ascendc::PlatformAscendC& plat) {
     using namespace grad_cube;
     const fh::Input a = fh::input(ctx, kCoefA), t = fh::input(ctx, kCoefT), b = fh::input(ctx, kCoefB),

@@ -33,7 +33,7 @@ constexpr size_t kHidden = 0;
 constexpr size_t kZCacheOut = 6;  // output index of the optional z_cache (the last output)
 }  // namespace stats_cube
 
-static ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTilingData* td, const fh::Problem& pr,
+ge::graphStatus StatsTiling(gert::TilingContext* ctx, FusedLceStatsCubeTilingData* td, const fh::Problem& pr,
                                    platform_ascendc::PlatformAscendC& plat) {
     using namespace stats_cube;
     const uint64_t n = pr.n, d = pr.d, v = pr.v;
