@@ -145,3 +145,30 @@ def test_undo_check_sees_patches_not_warning_registries(monkeypatch):
     assert e2e.module_state(model) != before
     e2e.undo_method("cce", model)
     assert e2e.module_state(model) == before
+
+
+def test_readme_table_comes_from_the_committed_result():
+    """Every cell of the README's whole-step table (tokens/s / peak GiB at 16K tokens, the longest fits) is the
+    committed benchmarks/results/e2e.json rounded as printed."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "e2e.json")) as f:
+        models = json.load(f)["models"]
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    rows = [line for line in readme.splitlines() if line.startswith("| Qwen")]
+    names = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-1.7b-vocab248k", "qwen3-4b", "qwen2.5-7b"]
+    assert len(rows) == len(names)
+    for row, name in zip(rows, names):
+        cells = [c.strip().replace("**", "") for c in row.strip("|").split("|")]
+        methods = models[name]["methods"]
+        for cell, method in zip(cells[1:5], ("stock", "fused_lce", "liger", "cce")):
+            at = methods[method]["lengths"]["16384"]
+            assert cell == f"{at['tokens_per_s']:.0f} / {at['peak_gib']:.1f}", (name, method, cell)
+        longest = []
+        for method in ("stock", "fused_lce"):
+            fit = methods[method]["longest"]
+            if fit["exact"]:
+                longest.append(str(fit["longest"]))
+            elif fit["oom_at"] is not None:
+                longest.append(f"< {fit['oom_at']}")
+            else:
+                longest.append(f"≥ {fit['longest']}")
+        assert cells[5] == " / ".join(longest), (name, cells[5])
