@@ -148,8 +148,8 @@ def test_undo_check_sees_patches_not_warning_registries(monkeypatch):
 
 
 def test_readme_table_comes_from_the_committed_result():
-    """Every cell of the README's whole-step table (tokens/s / peak GiB at 16K tokens, the longest fits) is the
-    committed benchmarks/results/e2e.json rounded as printed."""
+    """Every cell of the README's whole-step table (tokens/s / peak GiB at 16K tokens, the longest fits) is
+    the committed benchmarks/results/e2e.json rounded as printed."""
     with open(os.path.join(ROOT, "benchmarks", "results", "e2e.json")) as f:
         models = json.load(f)["models"]
     readme = open(os.path.join(ROOT, "README.md")).read()
