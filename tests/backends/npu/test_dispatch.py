@@ -1,16 +1,14 @@
-"""(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons on
-    this
-host. The scenarios run in one subprocess (dispatch_scenarios.py, beside this file) because renaming
+"""(d) Backend selection and the CANN-trio wrapper on a simulated "npu" device, plus availability reasons
+on this host. The scenarios run in one subprocess (dispatch_scenarios.py, beside this file) because renaming
 PrivateUse1 to "npu" is process-global; each scenario is reported as its own test."""
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 import fused_lce
 from fused_lce.backends.npu import cann as npu_cann, provider as npu_provider
+from tests.support import run_reporting_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "trio_shift_3d_and_stats",
@@ -22,12 +20,7 @@ SCENARIOS = ["import_and_backend_info", "auto_uses_trio_bf16_all_reductions", "t
 
 @pytest.fixture(scope="module")
 def scenario_results():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSED_LCE_", "ASCEND_", "FAKE_"))}
-    r = subprocess.run([sys.executable, os.path.join(HERE, "dispatch_scenarios.py")], capture_output=True,
-                       text=True, env=env, timeout=600)
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULTS ")), None)
-    assert line is not None, f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return json.loads(line[len("RESULTS "):])
+    return run_reporting_script(os.path.join(HERE, "dispatch_scenarios.py"), "RESULTS ", timeout=600)
 
 
 def test_every_scenario_ran(scenario_results):

@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from ...support import fake_cann
+from ...support import clean_env, fake_cann
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 FAKE_TORCH_NPU = os.path.join(ROOT, "tests", "support", "fake_torch_npu")
@@ -213,7 +213,7 @@ def pip_env(tmp_path):
     bindir = tmp_path / "bin"
     fake_cann.make_cmake(str(bindir))
     cxx = fake_cann.make_cxx(str(bindir))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSED_LCE_", "ASCEND_", "FAKE_"))}
+    env = clean_env()
     env.update(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
                FAKE_CMAKE_CALLS=str(tmp_path / "cmake_calls"), FAKE_CXX_CALLS=str(tmp_path / "cxx_calls"),
                CC=cxx, CXX=cxx, LDSHARED=f"{cxx} -shared",

@@ -2,14 +2,12 @@
 in, is one torch_npu implements. The ops are recorded on the simulated npu device by torch_route_ops.py
 (beside this file, in a subprocess: renaming PrivateUse1 is process-global) and checked against the committed
 list tests/support/torch_npu_ops.py, which names the torch_npu sources of each entry."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.support import run_reporting_script
 from tests.support.torch_npu_ops import COMPOSITE, NPU, OPS, VIEW, op_name, problems
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,12 +17,7 @@ N_CASES = 3 * 2 * (12 + 4) + 3
 
 @pytest.fixture(scope="module")
 def recorded():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSED_LCE_", "ASCEND_", "FAKE_"))}
-    r = subprocess.run([sys.executable, os.path.join(HERE, "torch_route_ops.py")], capture_output=True,
-                       text=True, env=env, timeout=900)
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RECORDED ")), None)
-    assert line is not None, f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return json.loads(line[len("RECORDED "):])
+    return run_reporting_script(os.path.join(HERE, "torch_route_ops.py"), "RECORDED ", timeout=900)
 
 
 def test_the_sweep_ran_every_case(recorded):
