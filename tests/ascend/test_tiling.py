@@ -1,7 +1,7 @@
 """(a) The tiling header csrc/ascend/common/fused_lce_tiling.h: C++ unit tests (UB / L1 / L0 budgets, UB
-    regions, tails,
-V not a multiple of the block, N beyond 32 bits). The kernels run with this header's plan on the AscendC CPU
-twin (tests/ascend), whose index helpers (task map, segments, tails) the C++ tests check to be a bijection."""
+regions, tails, V not a multiple of the block, N beyond 32 bits). The kernels run with this header's plan on
+the AscendC CPU twin (tests/ascend), whose index helpers (task map, segments, tails) the C++ tests check to be
+a bijection."""
 import re
 import subprocess
 
