@@ -142,6 +142,14 @@ def device_name(device: torch.device) -> str:
         return str(device)
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (timings; an asynchronous kernel fault surfaces here); nothing on
+    CPU."""
+    mod = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(mod, "synchronize"):
+        mod.synchronize(device)
+
+
 def file_digest(paths) -> str:
     """A short digest of the files' bytes (compiled kernels: a rebuilt library is another build); '' for
     none."""

@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from .provider import sync
 from .types import LOGPROBS, LOSS, Options, Problem
 
 ENV = "FUSED_LCE_SELFCHECK"
@@ -234,7 +235,7 @@ def _attempt(case: Case, backend: str, inputs, opts, device):
     """(outputs, None), or (None, the error) when the run or the device's queued work failed."""
     try:
         out = run_case(case, backend, inputs, opts)
-        _sync(device)
+        sync(device)  # an asynchronous kernel fault surfaces here, inside the battery
         return out, None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {str(e)[:300]}"
@@ -312,13 +313,6 @@ def _compare(case: Case, got: dict, want: dict, errors: dict) -> Optional[str]:
         if err > tol:
             return f"{key} differs from the torch backend: relative error {err:.3g} > {tol:g}"
     return None
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for the device's queued work (an asynchronous kernel fault surfaces here, inside the battery)."""
-    mod = getattr(torch, device.type, None)
-    if device.type != "cpu" and hasattr(mod, "synchronize"):
-        mod.synchronize(device)
 
 
 def _no_autocast(device: torch.device):

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.formulas import reference_mean_loss_grads
+from ..core.provider import sync
 
 PRESETS = {  # LM heads: (hidden size, vocabulary)
     "qwen2.5-0.5b": (896, 151936), "qwen2.5-1.5b": (1536, 151936), "qwen2.5-3b": (2048, 151936),
@@ -81,11 +82,6 @@ def _fused(name):
     return run
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
     """(median seconds, peak extra bytes, loss, dX, dW) of forward+backward."""
     def step():
@@ -99,7 +95,7 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
         step()
     h.grad = None  # measure from a state without gradients, so each timed step allocates its own
     w.grad = None
-    _sync(device)
+    sync(device)
     times = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -111,10 +107,10 @@ def measure(fn, h, w, y, device, repeat, warmup, tile_mb):
         for _ in range(repeat):
             h.grad = None
             w.grad = None
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             loss = step()
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
     finally:
         if sampler:

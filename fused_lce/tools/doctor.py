@@ -25,6 +25,9 @@ from typing import Optional
 
 import torch
 
+from ..backends.npu.env import toolkit_version
+from ..core.provider import sync
+
 DEFAULT_SHAPE = {"cpu": "128x896x151936", "accelerator": "4096x896x151936"}  # Qwen2.5-0.5B's head
 VARIANTS = {1: "plain tiling", 2: "serial matmul", 3: "plain tiling + serial matmul"}
 
@@ -91,7 +94,7 @@ def versions() -> dict:
            "triton": _pkg("triton"), "cuda_runtime": torch.version.cuda}
     home = os.environ.get("ASCEND_HOME_PATH")
     out["ascend_home_path"] = home
-    out["cann"] = _cann_version(home)
+    out["cann"] = toolkit_version(home)
     out["npu_driver"] = _first_line("/usr/local/Ascend/driver/version.info")
     if out["torch_npu"] is not None:
         from ..backends.npu.env import usable_torch_npu
@@ -104,22 +107,6 @@ def versions() -> dict:
                        for i in range(torch.cuda.device_count())]
         out["nvidia_driver"] = _nvidia_driver()
     return out
-
-
-def _cann_version(home: Optional[str]) -> Optional[str]:
-    """The toolkit's version as its install states it (fused_lce.backends.npu.env reads the same files)."""
-    from ..backends.npu import env
-
-    reader = getattr(env, "toolkit_version", None)
-    if reader is not None:
-        return reader()
-    if not home:
-        return None
-    for rel in ("version.cfg", "ascend_toolkit_install.info", os.path.join("compiler", "version.info")):
-        text = _first_line(os.path.join(home, rel))
-        if text:
-            return text
-    return None
 
 
 def _nvidia_driver() -> Optional[str]:
@@ -269,16 +256,13 @@ def timings(shape: Optional[tuple], reps: int, only=None) -> dict:
 
 
 def _time(fn, h, w, dev, reps: int) -> float:
-    mod = getattr(torch, dev.type, None)
-    sync = ((lambda: mod.synchronize()) if dev.type != "cpu" and hasattr(mod, "synchronize")
-            else (lambda: None))
     times = []
     for i in range(reps + 1):
         h.grad = w.grad = None
-        sync()
+        sync(dev)
         t0 = time.perf_counter()
         fn().backward()
-        sync()
+        sync(dev)
         if i:
             times.append((time.perf_counter() - t0) * 1e3)
     return round(statistics.median(times), 2)
