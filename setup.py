@@ -41,6 +41,7 @@ PTH = "fused_lce-autopatch.pth"  # start-up hook for site-packages (a .pth runs 
 REQUIRE = os.environ.get("FUSED_LCE_REQUIRE_EXT", "") not in ("", "0")
 NPU_REQUESTED = bool(os.environ.get("ASCEND_HOME_PATH"))
 PARTS: dict = {}  # this build's status per part, written by write_status
+NO_ASCEND = "not built: ASCEND_HOME_PATH was not set at install time"
 
 
 def note(msg: str) -> None:
@@ -92,8 +93,7 @@ def npu_build():
 def npu_extensions() -> list:
     """The host adapter extension when ASCEND_HOME_PATH is set; why there is none goes into PARTS."""
     if not NPU_REQUESTED:
-        PARTS["npu_adapter"] = part(False, "not built: ASCEND_HOME_PATH was not set at install time",
-                                    attempted=False)
+        PARTS["npu_adapter"] = part(False, NO_ASCEND, attempted=False)
         return []
     try:
         return list(npu_build().npu_extensions(ROOT))
@@ -140,8 +140,8 @@ class BuildNpuOpp(Command):
         pass
 
     def run(self):
-        PARTS["npu_opp"] = npu_build().opp_step(ROOT, force=bool(self.force)) if NPU_REQUESTED else part(
-            False, "not built: ASCEND_HOME_PATH was not set at install time", attempted=False)
+        PARTS["npu_opp"] = (npu_build().opp_step(ROOT, force=bool(self.force)) if NPU_REQUESTED
+                            else part(False, NO_ASCEND, attempted=False))
         write_status(parts={"npu_opp": PARTS["npu_opp"]})
 
 
